@@ -1,0 +1,2 @@
+//! cairn: a checkpointing queue runner.
+pub mod store;

@@ -1,0 +1,54 @@
+//! The checkpoint store: everything cairn keeps on disk goes through here.
+//!
+//! Two layers:
+//! - [`Storage`] is the backend seam: durable key → bytes objects (keys are paths relative to the
+//!   queue root, such as `incremental/t1.json.gz`). [`FileStorage`] is the file backend; a
+//!   database backend would implement the same trait without touching the runner.
+//! - [`CheckpointStore`] is the checkpoint format on top of it: gzip JSON iteration checkpoints
+//!   with generations, the one implementation the daemon and embedding programs share.
+//!
+//! [`FileStorage`] performs its syscalls through [`FileOps`], so tests can swap in
+//! [`FaultyFileOps`] and fail or "crash" at every write step in turn.
+
+mod checkpoint;
+mod checkpoint_store;
+mod faulty;
+mod file;
+mod file_ops;
+mod loop_checkpointer;
+
+pub use checkpoint::{decode_checkpoint, encode_checkpoint, CheckpointError, IterationCheckpoint, FORMAT_VERSION};
+pub use checkpoint_store::{CheckpointStore, GenerationInfo, LoadedCheckpoint, StoreError};
+pub use faulty::{FaultMode, FaultyFileOps};
+pub use file::FileStorage;
+pub use file_ops::{FileOps, RealFileOps, TempFile};
+pub use loop_checkpointer::LoopCheckpointer;
+
+use std::io;
+
+/// Durable objects addressed by keys relative to the queue root (`dir/name`, `/`-separated).
+///
+/// Every `put` is atomic (a reader sees the old or the new bytes, never a mix) and durable when it
+/// returns `Ok`. An `Err` from `put` leaves the previous object intact.
+pub trait Storage: Send + Sync + std::fmt::Debug {
+    /// Atomically and durably replace the object at `key` with `bytes`.
+    ///
+    /// When `keep_previous_as` is given and an object exists at `key`, the previous object stays
+    /// readable under that key as well (the file backend hard-links it), made durable by the same
+    /// barrier as the new object.
+    fn put(&self, key: &str, bytes: &[u8], keep_previous_as: Option<&str>) -> io::Result<()>;
+
+    /// The object's bytes, or `None` when there is no object at `key`.
+    fn get(&self, key: &str) -> io::Result<Option<Vec<u8>>>;
+
+    /// The names (not keys) of the objects directly in `dir`, temp files excluded, sorted.
+    /// A missing directory lists as empty.
+    fn list(&self, dir: &str) -> io::Result<Vec<String>>;
+
+    /// Remove the object at `key`; a missing object is not an error.
+    fn remove(&self, key: &str) -> io::Result<()>;
+
+    /// Remove temp files left behind by writes that never finished (a crash mid-write).
+    /// Returns the keys removed. Called once at daemon start, while the queue lock is held.
+    fn remove_temp_files(&self) -> io::Result<Vec<String>>;
+}
