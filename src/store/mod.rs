@@ -12,10 +12,12 @@
 
 mod checkpoint;
 mod checkpoint_store;
+pub mod current_work;
 mod faulty;
 mod file;
 mod file_ops;
 mod loop_checkpointer;
+pub mod records;
 
 pub use checkpoint::{decode_checkpoint, encode_checkpoint, CheckpointError, IterationCheckpoint, FORMAT_VERSION};
 pub use checkpoint_store::{CheckpointStore, GenerationInfo, LoadedCheckpoint, StoreError};

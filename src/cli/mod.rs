@@ -1,0 +1,98 @@
+//! The `cairn` command line: one file per subcommand. `main.rs` only calls [`main`].
+
+mod run;
+mod submit;
+mod validate;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// Exit codes, documented in `cairn --help`.
+pub mod exit {
+    /// Success.
+    pub const OK: u8 = 0;
+    /// A runtime failure (I/O, an unreadable queue, ...).
+    pub const FAILURE: u8 = 1;
+    /// Bad command-line usage.
+    pub const USAGE: u8 = 2;
+    /// The task file is invalid.
+    pub const INVALID_TASK: u8 = 3;
+    /// The queue is owned by another running daemon.
+    pub const QUEUE_LOCKED: u8 = 4;
+    /// A second stop signal cut the shutdown short (committed work was flushed).
+    pub const STOPPED_AT_ONCE: u8 = 130;
+}
+
+const AFTER_HELP: &str = "\
+Exit codes:
+  0    success
+  1    runtime failure (I/O error, unreadable queue)
+  2    bad usage
+  3    invalid task file (submit, validate)
+  4    the queue is owned by another running daemon (run)
+  130  a second SIGINT/SIGTERM stopped the daemon at once, after flushing committed work
+
+The queue directory is --queue, else $CAIRN_QUEUE, else ./queue.";
+
+/// cairn runs task files from a queue directory, phase by phase, and checkpoints every
+/// iteration of their loops so that a crash, a reboot or Ctrl-C loses at most the iteration in
+/// flight.
+#[derive(Debug, Parser)]
+#[command(name = "cairn", version, after_help = AFTER_HELP)]
+pub struct Cli {
+    /// The queue directory.
+    #[arg(long, global = true, env = "CAIRN_QUEUE", default_value = "./queue", value_name = "DIR")]
+    queue: PathBuf,
+
+    /// More log output (-v debug, -vv trace); RUST_LOG overrides.
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    verbose: u8,
+
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the daemon in the foreground (Ctrl-C flushes checkpoints and exits).
+    Run(run::RunArgs),
+    /// Validate a task file and put it into the queue's inbox; prints the task id.
+    Submit(submit::SubmitArgs),
+    /// Check a task file without submitting it.
+    Validate(validate::ValidateArgs),
+}
+
+/// Parse the command line, run the subcommand, and map the outcome to an exit code.
+pub fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            return ExitCode::from(if e.use_stderr() { exit::USAGE } else { exit::OK });
+        }
+    };
+    init_logging(cli.verbose);
+    let code = match cli.command {
+        Command::Run(args) => run::run(&cli.queue, args),
+        Command::Submit(args) => submit::run(&cli.queue, args),
+        Command::Validate(args) => validate::run(args),
+    };
+    ExitCode::from(code)
+}
+
+fn init_logging(verbose: u8) {
+    let default = match verbose {
+        0 => "info",
+        1 => "debug",
+        _ => "trace",
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .try_init();
+}

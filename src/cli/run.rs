@@ -1,0 +1,87 @@
+//! `cairn run`: the daemon in the foreground, with SIGINT/SIGTERM wired to a clean stop.
+
+use std::path::Path;
+use std::time::Duration;
+
+use clap::Args;
+use futures::StreamExt;
+use signal_hook::consts::{SIGINT, SIGTERM};
+use signal_hook_tokio::Signals;
+
+use super::exit;
+use crate::daemon::{self, DaemonConfig, DaemonError, DaemonExit};
+use crate::shutdown::Shutdown;
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// Exit 0 once no task is pending, running or waiting for a retry.
+    #[arg(long)]
+    exit_when_idle: bool,
+
+    /// After SIGINT/SIGTERM, how long commands in flight may take to finish their iteration
+    /// before they get SIGTERM (then SIGKILL 5s later). Keep it below systemd's TimeoutStopSec.
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration, value_name = "DURATION")]
+    stop_grace: Duration,
+
+    /// Tasks run at once.
+    #[arg(long, default_value_t = 4, value_name = "N")]
+    max_tasks: usize,
+}
+
+pub fn run(queue: &Path, args: RunArgs) -> u8 {
+    // One thread: children get PR_SET_PDEATHSIG, which fires when the spawning *thread* exits.
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("error: cannot start the runtime: {e}");
+            return exit::FAILURE;
+        }
+    };
+    let mut config = DaemonConfig::new(queue);
+    config.exit_when_idle = args.exit_when_idle;
+    config.stop_grace = args.stop_grace;
+    config.max_tasks = args.max_tasks;
+
+    runtime.block_on(async move {
+        let shutdown = Shutdown::new();
+        let signals = match Signals::new([SIGINT, SIGTERM]) {
+            Ok(signals) => signals,
+            Err(e) => {
+                eprintln!("error: cannot install signal handlers: {e}");
+                return exit::FAILURE;
+            }
+        };
+        let handle = signals.handle();
+        let on_signal = shutdown.clone();
+        let listener = tokio::spawn(async move {
+            let mut signals = signals;
+            while let Some(signal) = signals.next().await {
+                if on_signal.is_stopping() {
+                    tracing::warn!(signal, "second stop signal: flushing committed work and exiting now");
+                    on_signal.request_immediate();
+                } else {
+                    tracing::info!(signal, "stop signal: finishing iterations in flight, then exiting");
+                    on_signal.request_stop();
+                }
+            }
+        });
+        let outcome = daemon::run(config, shutdown).await;
+        handle.close();
+        let _ = listener.await;
+        match outcome {
+            Ok(DaemonExit::Idle | DaemonExit::Stopped) => exit::OK,
+            Ok(DaemonExit::StoppedImmediately) => exit::STOPPED_AT_ONCE,
+            Err(DaemonError::Lock(e @ crate::queue::LockError::Held { .. })) => {
+                eprintln!("error: {e}");
+                exit::QUEUE_LOCKED
+            }
+            Err(e) => {
+                eprintln!("error: {e}");
+                exit::FAILURE
+            }
+        }
+    })
+}

@@ -1,0 +1,126 @@
+//! `cairn submit FILE|-`: validate a task and write it atomically into the inbox.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+use clap::Args;
+
+use super::exit;
+use crate::queue::QueueDir;
+use crate::store::{FileStorage, Storage};
+use crate::task::{generate_id, random_suffix, Task, MAX_TASK_FILE_BYTES};
+
+#[derive(Debug, Args)]
+pub struct SubmitArgs {
+    /// The task file ("-" for stdin).
+    file: PathBuf,
+}
+
+pub fn run(queue: &Path, args: SubmitArgs) -> u8 {
+    let (stem, mut task) = match read_task_file(&args.file) {
+        Ok(read) => read,
+        Err(code) => return code,
+    };
+    let id = task
+        .id
+        .get_or_insert_with(|| generate_id(&stem, &random_suffix()))
+        .clone();
+    let queue_dir = QueueDir::new(queue);
+    if let Err(e) = queue_dir.create_all() {
+        eprintln!("error: {e}");
+        return exit::FAILURE;
+    }
+    let storage = FileStorage::new(queue);
+    let inbox_key = format!("inbox/{id}.json");
+    for key in [
+        QueueDir::task_key(&id),
+        QueueDir::done_key(&id),
+        QueueDir::failed_key(&id),
+        inbox_key.clone(),
+    ] {
+        match storage.get(&key) {
+            Ok(None) => {}
+            Ok(Some(_)) => {
+                eprintln!(
+                    "error: {}: a task with id {id:?} already exists in the queue ({})",
+                    args.file.display(),
+                    queue_dir.display_key(&key)
+                );
+                return exit::INVALID_TASK;
+            }
+            Err(e) => {
+                eprintln!("error: reading {}: {e}", queue_dir.display_key(&key));
+                return exit::FAILURE;
+            }
+        }
+    }
+    // The inbox file appears whole or not at all: temp file, fsync, rename, directory fsync.
+    if let Err(e) = storage.put(&inbox_key, &task.to_json_bytes(), None) {
+        eprintln!("error: writing {}: {e}", queue_dir.display_key(&inbox_key));
+        return exit::FAILURE;
+    }
+    println!("{id}");
+    exit::OK
+}
+
+/// Read and validate a task file ("-" is stdin). Returns the name to derive an id from, or
+/// prints the error naming the file and returns the exit code.
+pub fn read_task_file(file: &Path) -> Result<(String, Task), u8> {
+    let (bytes, stem) = if file == Path::new("-") {
+        let mut bytes = Vec::new();
+        let read = std::io::stdin()
+            .take(MAX_TASK_FILE_BYTES + 1)
+            .read_to_end(&mut bytes);
+        if let Err(e) = read {
+            eprintln!("error: reading stdin: {e}");
+            return Err(exit::FAILURE);
+        }
+        (bytes, "task".to_string())
+    } else {
+        let meta = match std::fs::metadata(file) {
+            Ok(meta) => meta,
+            Err(e) => {
+                eprintln!("error: {}: {e}", file.display());
+                return Err(exit::FAILURE);
+            }
+        };
+        if !meta.is_file() {
+            eprintln!("error: {}: not a regular file", file.display());
+            return Err(exit::INVALID_TASK);
+        }
+        if meta.len() > MAX_TASK_FILE_BYTES {
+            eprintln!(
+                "error: {}: file is {} bytes, larger than the limit of {MAX_TASK_FILE_BYTES} bytes",
+                file.display(),
+                meta.len()
+            );
+            return Err(exit::INVALID_TASK);
+        }
+        match std::fs::read(file) {
+            Ok(bytes) => {
+                let stem = file
+                    .file_stem()
+                    .and_then(|s| s.to_str())
+                    .unwrap_or("task")
+                    .to_string();
+                (bytes, stem)
+            }
+            Err(e) => {
+                eprintln!("error: {}: {e}", file.display());
+                return Err(exit::FAILURE);
+            }
+        }
+    };
+    match Task::parse(&bytes) {
+        Ok(task) => Ok((stem, task)),
+        Err(e) => {
+            let name = if file == Path::new("-") {
+                "<stdin>".to_string()
+            } else {
+                file.display().to_string()
+            };
+            eprintln!("error: {name}: {e}");
+            Err(exit::INVALID_TASK)
+        }
+    }
+}

@@ -1,0 +1,86 @@
+//! Where everything lives inside a queue directory (see `queue/README.md`).
+
+use std::io;
+use std::path::{Path, PathBuf};
+
+/// A queue directory and the names of its parts.
+#[derive(Debug, Clone)]
+pub struct QueueDir {
+    root: PathBuf,
+}
+
+/// Subdirectories cairn creates when it opens a queue.
+const SUBDIRS: [&str; 7] = [
+    "inbox",
+    "tasks",
+    "incremental",
+    "runs",
+    "done",
+    "failed",
+    "control",
+];
+
+impl QueueDir {
+    pub fn new(root: impl Into<PathBuf>) -> Self {
+        QueueDir { root: root.into() }
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// Create the queue's directories if they are missing.
+    pub fn create_all(&self) -> io::Result<()> {
+        for dir in SUBDIRS {
+            let path = self.root.join(dir);
+            std::fs::create_dir_all(&path).map_err(|e| {
+                io::Error::new(e.kind(), format!("creating {}: {e}", path.display()))
+            })?;
+        }
+        Ok(())
+    }
+
+    pub fn inbox(&self) -> PathBuf {
+        self.root.join("inbox")
+    }
+
+    pub fn tasks(&self) -> PathBuf {
+        self.root.join("tasks")
+    }
+
+    pub fn lock_file(&self) -> PathBuf {
+        self.root.join(".lock")
+    }
+
+    /// Per-task working files (logs, large phase outputs).
+    pub fn run_dir(&self, task_id: &str) -> PathBuf {
+        self.root.join("runs").join(task_id)
+    }
+
+    /// Storage key of a task's accepted definition.
+    pub fn task_key(task_id: &str) -> String {
+        format!("tasks/{task_id}.json")
+    }
+
+    /// Storage key of a finished task's record.
+    pub fn done_key(task_id: &str) -> String {
+        format!("done/{task_id}.json")
+    }
+
+    /// Storage key of a failed task's (or rejected file's) record.
+    pub fn failed_key(task_id: &str) -> String {
+        format!("failed/{task_id}.json")
+    }
+
+    /// Storage key of a large phase output kept outside `current_work.json`.
+    pub fn phase_output_key(task_id: &str, phase_index: usize) -> String {
+        format!("runs/{task_id}/output-{phase_index}.json")
+    }
+
+    pub const CURRENT_WORK_KEY: &'static str = "current_work.json";
+
+    /// A path inside the queue, for messages.
+    pub fn display_key(&self, key: &str) -> String {
+        self.root.join(key).display().to_string()
+    }
+}

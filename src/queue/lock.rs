@@ -1,0 +1,66 @@
+//! The one-owner lock: an exclusive `flock` on `<queue>/.lock`, held for the daemon's lifetime.
+//!
+//! The kernel releases the lock when its owner dies, so a crashed daemon never leaves a stale
+//! lock behind. The owner's pid is written into the file only to name it in error messages.
+
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Seek, Write};
+use std::path::PathBuf;
+
+use nix::errno::Errno;
+use nix::fcntl::{Flock, FlockArg};
+
+use super::QueueDir;
+
+/// Why the lock could not be taken.
+#[derive(Debug, thiserror::Error)]
+pub enum LockError {
+    #[error("queue {queue} is owned by a running daemon (pid {pid}); stop it first or use another --queue")]
+    Held { queue: PathBuf, pid: String },
+    #[error("cannot lock {path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+/// Held while the daemon owns the queue; dropping it releases the lock.
+#[derive(Debug)]
+pub struct QueueLock {
+    _lock: Flock<File>,
+}
+
+impl QueueLock {
+    /// Take the queue's lock without waiting.
+    pub fn acquire(queue: &QueueDir) -> Result<QueueLock, LockError> {
+        let path = queue.lock_file();
+        let io_err = |source| LockError::Io {
+            path: path.clone(),
+            source,
+        };
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .map_err(io_err)?;
+        let mut lock = match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+            Ok(lock) => lock,
+            Err((mut file, Errno::EWOULDBLOCK)) => {
+                let mut pid = String::new();
+                let _ = file.read_to_string(&mut pid);
+                let pid = pid.trim();
+                return Err(LockError::Held {
+                    queue: queue.root().to_path_buf(),
+                    pid: if pid.is_empty() { "unknown".into() } else { pid.into() },
+                });
+            }
+            Err((_, errno)) => return Err(io_err(std::io::Error::from(errno))),
+        };
+        lock.set_len(0).map_err(io_err)?;
+        lock.rewind().map_err(io_err)?;
+        writeln!(lock, "{}", std::process::id()).map_err(io_err)?;
+        Ok(QueueLock { _lock: lock })
+    }
+}

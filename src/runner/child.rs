@@ -1,0 +1,180 @@
+//! Child processes: one command run with a JSON request on stdin and its reply on stdout.
+//!
+//! Every child leads its own process group (so a stop reaches its helpers too) and is killed by
+//! the kernel if the daemon dies (`PR_SET_PDEATHSIG`), so a restarted daemon never races an
+//! orphan doing the same work. The daemon runs on a single-threaded runtime, which matters here:
+//! the death signal fires when the *thread* that spawned the child exits.
+
+use std::fs::OpenOptions;
+use std::io::{self, Write};
+use std::path::PathBuf;
+use std::process::{ExitStatus, Stdio};
+use std::time::Duration;
+
+use nix::sys::signal::{killpg, Signal};
+use nix::unistd::Pid;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::shutdown::Shutdown;
+
+/// Time between SIGTERM and SIGKILL when a child is stopped.
+pub const KILL_AFTER: Duration = Duration::from_secs(5);
+
+/// Largest reply read from a command's stdout.
+pub const MAX_REPLY_BYTES: usize = 64 * 1024 * 1024;
+
+/// One command run.
+#[derive(Debug)]
+pub struct CommandRun {
+    pub argv: Vec<String>,
+    pub cwd: PathBuf,
+    pub env: Vec<(String, String)>,
+    pub stdin: Vec<u8>,
+    /// stderr is appended here, after `log_header`.
+    pub log: PathBuf,
+    pub log_header: String,
+    pub timeout: Option<Duration>,
+}
+
+/// How a command run ended.
+#[derive(Debug)]
+pub enum RunEnd {
+    Exited { status: ExitStatus, stdout: Vec<u8> },
+    /// Stopped by the daemon's shutdown (SIGTERM/SIGKILL to its group).
+    Interrupted,
+    TimedOut,
+    /// It printed more than [`MAX_REPLY_BYTES`] on stdout.
+    ReplyTooLarge,
+}
+
+/// Run the command to its end, or until the shutdown or its timeout stops it.
+pub async fn run_command(run: CommandRun, shutdown: &Shutdown) -> io::Result<RunEnd> {
+    let mut log = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&run.log)
+        .map_err(|e| io::Error::new(e.kind(), format!("opening log {}: {e}", run.log.display())))?;
+    writeln!(log, "{}", run.log_header)?;
+
+    let Some((program, args)) = run.argv.split_first() else {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, "empty command"));
+    };
+    let mut command = tokio::process::Command::new(program);
+    command
+        .args(args)
+        .current_dir(&run.cwd)
+        .envs(run.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::from(log))
+        .process_group(0)
+        .kill_on_drop(true);
+    let daemon_pid = nix::unistd::getpid();
+    // SAFETY: the closure runs between fork and exec and only makes async-signal-safe system
+    // calls (prctl, getppid); it allocates nothing.
+    unsafe {
+        command.pre_exec(move || {
+            nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(io::Error::from)?;
+            // The daemon may have died before the death signal was armed.
+            if nix::unistd::getppid() != daemon_pid {
+                return Err(io::Error::other("cairn daemon exited"));
+            }
+            Ok(())
+        });
+    }
+    let mut child = command.spawn().map_err(|e| {
+        io::Error::new(e.kind(), format!("cannot start {program:?}: {e}"))
+    })?;
+    // The child leads its own group, so its pid is the group id.
+    let group = child.id().map(|id| Pid::from_raw(id as i32));
+    let mut stdin = child.stdin.take();
+    let mut stdout = child.stdout.take();
+
+    let finished = {
+        let exchange = async {
+            let write = async {
+                if let Some(mut pipe) = stdin.take() {
+                    // A command that does not read its stdin is fine: ignore EPIPE.
+                    let _ = pipe.write_all(&run.stdin).await;
+                }
+            };
+            let read = async {
+                let mut buf = Vec::new();
+                if let Some(pipe) = stdout.as_mut() {
+                    pipe.take(MAX_REPLY_BYTES as u64 + 1)
+                        .read_to_end(&mut buf)
+                        .await?;
+                }
+                io::Result::Ok(buf)
+            };
+            let ((), out) = tokio::join!(write, read);
+            io::Result::Ok(out?)
+        };
+        let timeout = async {
+            match run.timeout {
+                Some(t) => tokio::time::sleep(t).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            out = exchange => Some(out),
+            _ = shutdown.terminating() => None,
+            _ = timeout => {
+                stop_group(group, &mut child, shutdown).await;
+                return Ok(RunEnd::TimedOut);
+            }
+        }
+    };
+    match finished {
+        Some(Ok(out)) if out.len() > MAX_REPLY_BYTES => {
+            kill_group(group, Signal::SIGKILL);
+            child.wait().await?;
+            Ok(RunEnd::ReplyTooLarge)
+        }
+        Some(Ok(out)) => {
+            let status = tokio::select! {
+                status = child.wait() => status?,
+                _ = shutdown.terminating() => {
+                    stop_group(group, &mut child, shutdown).await;
+                    return Ok(RunEnd::Interrupted);
+                }
+            };
+            Ok(RunEnd::Exited {
+                status,
+                stdout: out,
+            })
+        }
+        Some(Err(e)) => {
+            kill_group(group, Signal::SIGKILL);
+            child.wait().await?;
+            Err(e)
+        }
+        None => {
+            stop_group(group, &mut child, shutdown).await;
+            Ok(RunEnd::Interrupted)
+        }
+    }
+}
+
+/// SIGTERM the group, give it [`KILL_AFTER`] (none after a second signal), then SIGKILL it.
+async fn stop_group(group: Option<Pid>, child: &mut tokio::process::Child, shutdown: &Shutdown) {
+    if shutdown.is_immediate() {
+        kill_group(group, Signal::SIGKILL);
+    } else {
+        kill_group(group, Signal::SIGTERM);
+        tokio::select! {
+            _ = child.wait() => {}
+            _ = tokio::time::sleep(KILL_AFTER) => {}
+            _ = shutdown.immediately() => {}
+        }
+        kill_group(group, Signal::SIGKILL);
+    }
+    let _ = child.wait().await;
+}
+
+fn kill_group(group: Option<Pid>, signal: Signal) {
+    if let Some(group) = group {
+        // ESRCH: the group is already gone, which is what we want.
+        let _ = killpg(group, signal);
+    }
+}

@@ -1,0 +1,338 @@
+//! Running tasks: one attempt of a task, phase by phase, resuming from its checkpoints.
+//!
+//! The scheduler (in [`crate::daemon`]) decides which task runs when and what happens after an
+//! attempt; this module runs the attempt itself. One file per phase kind; `child` runs commands.
+
+mod child;
+mod loop_phase;
+mod once;
+mod work_state;
+
+pub use child::{CommandRun, RunEnd, KILL_AFTER, MAX_REPLY_BYTES};
+pub use work_state::{LoadError, WorkState};
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use chrono::Utc;
+use serde_json::{Map, Value};
+
+use crate::queue::QueueDir;
+use crate::shutdown::Shutdown;
+use crate::store::current_work::{PhaseTiming, StoredOutput, INLINE_OUTPUT_LIMIT};
+use crate::store::{CheckpointStore, Storage};
+use crate::task::{Phase, PhaseKind, Task};
+
+/// What every running task shares.
+#[derive(Debug)]
+pub struct RunContext {
+    /// The queue, with an absolute root (commands run in it by default).
+    pub queue: QueueDir,
+    pub storage: Arc<dyn Storage>,
+    pub checkpoints: CheckpointStore,
+    pub work: Arc<WorkState>,
+    pub shutdown: Shutdown,
+}
+
+/// How one attempt of a task ended.
+#[derive(Debug, Clone, PartialEq)]
+pub enum AttemptEnd {
+    /// Every phase has finished; the outputs are in the task's `current_work` entry.
+    Done,
+    /// The attempt failed. `counts` is false for failures of cairn's own storage (a full disk),
+    /// which are retried without using up the task's attempts.
+    Failed { error: String, counts: bool },
+    /// Stopped by a shutdown; resumes at the next start.
+    Interrupted,
+}
+
+/// Why a phase did not finish.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum PhaseError {
+    /// The command failed, timed out or replied badly.
+    #[error("{0}")]
+    Command(String),
+    /// cairn could not write its own state.
+    #[error("{0}")]
+    Storage(String),
+}
+
+/// How a phase run ended without error.
+#[derive(Debug)]
+pub enum PhaseEnd {
+    Completed(Value),
+    Interrupted,
+}
+
+/// Run the task from where its `current_work` entry stands to its end (or to a stop/failure).
+/// The entry must exist and carry the attempt number.
+pub async fn run_attempt(ctx: &Arc<RunContext>, task: &Arc<Task>) -> AttemptEnd {
+    let id = task.id();
+    if let Err(e) = std::fs::create_dir_all(ctx.queue.run_dir(id)) {
+        return AttemptEnd::Failed {
+            error: format!("creating {}: {e}", ctx.queue.run_dir(id).display()),
+            counts: false,
+        };
+    }
+    loop {
+        let Some(entry) = ctx.work.update(|w| w.get(id).cloned()) else {
+            return AttemptEnd::Failed {
+                error: format!("internal error: task {id} is not in current_work"),
+                counts: false,
+            };
+        };
+        let index = entry.phase_index;
+        let Some(phase) = task.phases.get(index) else {
+            return AttemptEnd::Done;
+        };
+        if ctx.shutdown.is_stopping() {
+            return AttemptEnd::Interrupted;
+        }
+        let inputs = match load_inputs(ctx, &entry.phase_outputs).await {
+            Ok(inputs) => inputs,
+            Err(error) => return AttemptEnd::Failed { error, counts: false },
+        };
+        ctx.work.update(|w| {
+            if let Some(e) = w.get_mut(id) {
+                e.phase = phase.name.clone();
+                let started = e
+                    .phases
+                    .last()
+                    .is_some_and(|t| t.name == phase.name && t.finished_at.is_none());
+                if !started {
+                    e.phases.push(PhaseTiming {
+                        name: phase.name.clone(),
+                        started_at: Utc::now(),
+                        finished_at: None,
+                        iterations: None,
+                    });
+                }
+            }
+        });
+        tracing::info!(task_id = id, phase = %phase.name, attempt = entry.attempt, "phase started");
+        let run = PhaseRun {
+            ctx,
+            task,
+            index,
+            phase,
+            attempt: entry.attempt,
+            inputs,
+        };
+        let result = match phase.kind {
+            PhaseKind::Once => once::run(&run).await,
+            PhaseKind::Loop => loop_phase::run(&run).await,
+            PhaseKind::Items | PhaseKind::Worker => Err(PhaseError::Command(format!(
+                "phase kind {:?} is not supported by this version of cairn",
+                phase.kind.as_str()
+            ))),
+        };
+        match result {
+            Ok(PhaseEnd::Completed(output)) => {
+                if let Err(error) = finish_phase(ctx, task, index, output).await {
+                    return AttemptEnd::Failed { error, counts: false };
+                }
+                tracing::info!(task_id = id, phase = %phase.name, "phase finished");
+            }
+            Ok(PhaseEnd::Interrupted) => return AttemptEnd::Interrupted,
+            Err(PhaseError::Command(error)) => return AttemptEnd::Failed { error, counts: true },
+            Err(PhaseError::Storage(error)) => return AttemptEnd::Failed { error, counts: false },
+        }
+    }
+}
+
+/// Record a phase's output and move the task to its next phase, durably.
+async fn finish_phase(
+    ctx: &Arc<RunContext>,
+    task: &Task,
+    index: usize,
+    output: Value,
+) -> Result<(), String> {
+    let id = task.id().to_string();
+    let bytes = serde_json::to_vec(&output).map_err(|e| e.to_string())?;
+    let stored = if bytes.len() <= INLINE_OUTPUT_LIMIT {
+        StoredOutput::Inline(output)
+    } else {
+        let key = QueueDir::phase_output_key(&id, index);
+        let storage = Arc::clone(&ctx.storage);
+        let put_key = key.clone();
+        blocking(move || storage.put(&put_key, &bytes, None))
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| format!("writing {key}: {e}"))?;
+        StoredOutput::File(key)
+    };
+    let next = task.phases.get(index + 1).map(|p| p.name.clone());
+    ctx.work.update(|w| {
+        if let Some(e) = w.get_mut(&id) {
+            e.phase_outputs.insert(task.phases[index].name.clone(), stored);
+            e.phase_index = index + 1;
+            if let Some(timing) = e.phases.last_mut() {
+                timing.finished_at = Some(Utc::now());
+                if task.phases[index].kind != PhaseKind::Once {
+                    timing.iterations = Some(e.iterations);
+                }
+            }
+            e.iterations = 0;
+            if let Some(next) = next {
+                e.phase = next;
+            }
+        }
+    });
+    ctx.work.persist().await.map_err(|e| e.to_string())
+}
+
+/// The outputs of the finished phases, by name, as given to commands in `inputs`.
+pub async fn load_inputs(
+    ctx: &RunContext,
+    outputs: &std::collections::BTreeMap<String, StoredOutput>,
+) -> Result<Value, String> {
+    let mut inputs = Map::new();
+    for (name, stored) in outputs {
+        let value = match stored {
+            StoredOutput::Inline(value) => value.clone(),
+            StoredOutput::File(key) => {
+                let storage = Arc::clone(&ctx.storage);
+                let get_key = key.clone();
+                let bytes = blocking(move || storage.get(&get_key))
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .map_err(|e| format!("reading {key}: {e}"))?
+                    .ok_or_else(|| format!("the output of phase {name:?} ({key}) is missing"))?;
+                serde_json::from_slice(&bytes).map_err(|e| format!("reading {key}: {e}"))?
+            }
+        };
+        inputs.insert(name.clone(), value);
+    }
+    Ok(Value::Object(inputs))
+}
+
+/// Run blocking work (file I/O, fsync) off the daemon's async thread.
+pub(crate) async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, PhaseError> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| PhaseError::Storage(format!("internal error in a blocking task: {e}")))
+}
+
+/// One phase of one attempt: what its kind's runner needs.
+pub(crate) struct PhaseRun<'a> {
+    pub ctx: &'a RunContext,
+    pub task: &'a Task,
+    pub index: usize,
+    pub phase: &'a Phase,
+    pub attempt: u32,
+    pub inputs: Value,
+}
+
+impl PhaseRun<'_> {
+    /// Run the phase's command once with `request` on stdin. `Ok(None)` means a stop interrupted
+    /// it; `Ok(Some(stdout))` means it exited 0.
+    pub async fn call(
+        &self,
+        request: &Value,
+        iteration: Option<u64>,
+    ) -> Result<Option<Vec<u8>>, PhaseError> {
+        let id = self.task.id();
+        let log = self.log_path();
+        let mut env: Vec<(String, String)> = self
+            .task
+            .env
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        let key_iteration = iteration.unwrap_or(0);
+        env.extend([
+            ("CAIRN_TASK_ID".to_string(), id.to_string()),
+            ("CAIRN_PHASE".to_string(), self.phase.name.clone()),
+            ("CAIRN_ATTEMPT".to_string(), self.attempt.to_string()),
+            (
+                "CAIRN_IDEMPOTENCY_KEY".to_string(),
+                format!("{id}:{}:{key_iteration}", self.phase.name),
+            ),
+            (
+                "CAIRN_RUN_DIR".to_string(),
+                self.ctx.queue.run_dir(id).display().to_string(),
+            ),
+        ]);
+        if let Some(iteration) = iteration {
+            env.push(("CAIRN_ITERATION".to_string(), iteration.to_string()));
+        }
+        let header = match iteration {
+            Some(i) => format!(
+                "=== {} attempt {} iteration {i} ===",
+                Utc::now().to_rfc3339(),
+                self.attempt
+            ),
+            None => format!("=== {} attempt {} ===", Utc::now().to_rfc3339(), self.attempt),
+        };
+        let stdin = serde_json::to_vec(request)
+            .map_err(|e| PhaseError::Command(format!("encoding the request: {e}")))?;
+        let run = CommandRun {
+            argv: self.phase.run.clone(),
+            cwd: self.cwd(),
+            env,
+            stdin,
+            log: log.clone(),
+            log_header: header,
+            timeout: self.phase.timeout,
+        };
+        let what = self.describe(iteration);
+        let end = child::run_command(run, &self.ctx.shutdown)
+            .await
+            .map_err(|e| PhaseError::Command(format!("{what}: {e}")))?;
+        let log_note = format!("its stderr is in {}", log.display());
+        match end {
+            RunEnd::Exited { status, stdout } if status.success() => Ok(Some(stdout)),
+            RunEnd::Exited { status, .. } => Err(PhaseError::Command(format!(
+                "{what}: command failed ({status}); {log_note}"
+            ))),
+            RunEnd::Interrupted => Ok(None),
+            RunEnd::TimedOut => Err(PhaseError::Command(format!(
+                "{what}: command timed out after {}; {log_note}",
+                humantime::format_duration(self.phase.timeout.unwrap_or_default())
+            ))),
+            RunEnd::ReplyTooLarge => Err(PhaseError::Command(format!(
+                "{what}: command printed more than {MAX_REPLY_BYTES} bytes on stdout"
+            ))),
+        }
+    }
+
+    /// Parse a command's stdout as JSON, quoting the start of it when it is not.
+    pub fn parse_reply<T: serde::de::DeserializeOwned>(
+        &self,
+        stdout: &[u8],
+        iteration: Option<u64>,
+    ) -> Result<T, PhaseError> {
+        serde_json::from_slice(stdout).map_err(|e| {
+            let text = String::from_utf8_lossy(stdout);
+            let start: String = text.chars().take(200).collect();
+            let more = if text.chars().count() > 200 { "..." } else { "" };
+            PhaseError::Command(format!(
+                "{}: the reply on stdout is not valid: {e}; it printed: {start:?}{more}",
+                self.describe(iteration)
+            ))
+        })
+    }
+
+    fn describe(&self, iteration: Option<u64>) -> String {
+        match iteration {
+            Some(i) => format!("phase {:?} iteration {i}", self.phase.name),
+            None => format!("phase {:?}", self.phase.name),
+        }
+    }
+
+    fn log_path(&self) -> PathBuf {
+        self.ctx
+            .queue
+            .run_dir(self.task.id())
+            .join(format!("{}-{}.log", self.index, self.phase.name))
+    }
+
+    fn cwd(&self) -> PathBuf {
+        match &self.task.cwd {
+            Some(cwd) => self.ctx.queue.root().join(cwd),
+            None => self.ctx.queue.root().to_path_buf(),
+        }
+    }
+}

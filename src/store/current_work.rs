@@ -1,0 +1,147 @@
+//! `current_work.json`: the coarse, phase-level checkpoint of every task in flight.
+//!
+//! It is rewritten atomically whenever a task starts an attempt, finishes a phase, changes status
+//! or leaves; iteration-level progress lives in the task's iteration checkpoint instead, so the
+//! `iterations` counter here is as of the last rewrite. Phase outputs larger than
+//! [`INLINE_OUTPUT_LIMIT`] are kept in per-task files and only referenced from here.
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// The layout version of `current_work.json`.
+pub const CURRENT_WORK_VERSION: u32 = 1;
+
+/// Phase outputs up to this many bytes of JSON are kept inline in `current_work.json`.
+pub const INLINE_OUTPUT_LIMIT: usize = 4096;
+
+/// The whole file.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CurrentWork {
+    pub version: u32,
+    pub updated_at: DateTime<Utc>,
+    pub active_tasks: Vec<ActiveTask>,
+}
+
+impl Default for CurrentWork {
+    fn default() -> Self {
+        CurrentWork {
+            version: CURRENT_WORK_VERSION,
+            updated_at: Utc::now(),
+            active_tasks: Vec::new(),
+        }
+    }
+}
+
+impl CurrentWork {
+    pub fn get(&self, task_id: &str) -> Option<&ActiveTask> {
+        self.active_tasks.iter().find(|t| t.task_id == task_id)
+    }
+
+    pub fn get_mut(&mut self, task_id: &str) -> Option<&mut ActiveTask> {
+        self.active_tasks.iter_mut().find(|t| t.task_id == task_id)
+    }
+
+    /// Insert or replace the entry of `task.task_id`.
+    pub fn upsert(&mut self, task: ActiveTask) {
+        match self.get_mut(&task.task_id) {
+            Some(entry) => *entry = task,
+            None => self.active_tasks.push(task),
+        }
+    }
+
+    pub fn remove(&mut self, task_id: &str) -> Option<ActiveTask> {
+        let index = self.active_tasks.iter().position(|t| t.task_id == task_id)?;
+        Some(self.active_tasks.remove(index))
+    }
+}
+
+/// Where a task in flight stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ActiveStatus {
+    /// An attempt is running (or was, when the daemon died).
+    Running,
+    /// Held by an operator.
+    Paused,
+    /// Stopped cleanly by a daemon shutdown; resumes at the next start.
+    Interrupted,
+    /// A failed attempt waits for its backoff to pass.
+    WaitingRetry,
+}
+
+/// A finished phase's output, inline or in a per-task file (a storage key).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StoredOutput {
+    Inline(Value),
+    File(String),
+}
+
+/// When a phase ran.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PhaseTiming {
+    pub name: String,
+    pub started_at: DateTime<Utc>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finished_at: Option<DateTime<Utc>>,
+    /// Completed iterations, for iterative phases.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub iterations: Option<u64>,
+}
+
+/// One task in flight.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ActiveTask {
+    pub task_id: String,
+    /// Name of the phase to run (or running).
+    pub phase: String,
+    pub phase_index: usize,
+    /// Outputs of the finished phases, by phase name.
+    pub phase_outputs: BTreeMap<String, StoredOutput>,
+    pub started_at: DateTime<Utc>,
+    #[serde(default)]
+    pub last_checkpoint_at: Option<DateTime<Utc>>,
+    /// Attempts started so far (the current one included); given to commands as `attempt`.
+    pub attempt: u32,
+    /// Attempts that failed; the task fails when this reaches `retry.max_attempts`.
+    pub failed_attempts: u32,
+    pub status: ActiveStatus,
+    /// Completed iterations of the current phase, as of the last rewrite.
+    pub iterations: u64,
+    /// The phase index when the current attempt began, to tell whether a crashed attempt made
+    /// progress (a crash without progress counts as a failed attempt).
+    pub attempt_started_phase: usize,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_attempt_at: Option<DateTime<Utc>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+    #[serde(default)]
+    pub phases: Vec<PhaseTiming>,
+}
+
+impl ActiveTask {
+    /// A task about to start its first attempt.
+    pub fn new(task_id: &str, first_phase: &str) -> Self {
+        ActiveTask {
+            task_id: task_id.to_string(),
+            phase: first_phase.to_string(),
+            phase_index: 0,
+            phase_outputs: BTreeMap::new(),
+            started_at: Utc::now(),
+            last_checkpoint_at: None,
+            attempt: 0,
+            failed_attempts: 0,
+            status: ActiveStatus::Running,
+            iterations: 0,
+            attempt_started_phase: 0,
+            next_attempt_at: None,
+            last_error: None,
+            phases: Vec::new(),
+        }
+    }
+}

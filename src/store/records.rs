@@ -1,0 +1,53 @@
+//! Final task records: `done/<id>.json` and `failed/<id>.json`.
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::current_work::PhaseTiming;
+
+/// Written once a task's last phase has finished.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DoneRecord {
+    /// Always `"done"`.
+    pub status: String,
+    pub task_id: String,
+    /// The last phase's output.
+    pub result: Value,
+    pub phase_outputs: BTreeMap<String, Value>,
+    /// Attempts started, and how many of them failed.
+    pub attempts: u32,
+    pub failed_attempts: u32,
+    pub started_at: DateTime<Utc>,
+    pub finished_at: DateTime<Utc>,
+    pub duration_seconds: f64,
+    pub phases: Vec<PhaseTiming>,
+}
+
+/// Written when a task has used up its attempts (its checkpoints are kept).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FailedRecord {
+    /// Always `"failed"`.
+    pub status: String,
+    pub task_id: String,
+    pub error: String,
+    /// The phase that failed.
+    pub phase: String,
+    pub phase_index: usize,
+    pub attempts: u32,
+    pub failed_attempts: u32,
+    pub started_at: DateTime<Utc>,
+    pub failed_at: DateTime<Utc>,
+    pub phase_outputs: BTreeMap<String, Value>,
+    pub phases: Vec<PhaseTiming>,
+}
+
+/// A record as JSON bytes, pretty-printed for people reading `done/` and `failed/`.
+pub fn to_record_bytes<T: Serialize>(record: &T) -> Vec<u8> {
+    // Records hold plain data with string keys, which always serializes.
+    let mut bytes = serde_json::to_vec_pretty(record).unwrap_or_default();
+    bytes.push(b'\n');
+    bytes
+}

@@ -1,0 +1,538 @@
+//! The task file: its types, parsing and validation, with errors that name the field at fault.
+//!
+//! A task file is JSON. Unknown fields are errors (free-form data goes under `meta`), and every
+//! error says which field is wrong and why, so that a rejected file can be fixed without guessing.
+
+use std::collections::{BTreeMap, HashSet};
+use std::fmt;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// Largest task file cairn accepts; larger files are rejected unread.
+pub const MAX_TASK_FILE_BYTES: u64 = 1024 * 1024;
+/// Longest task id.
+pub const MAX_ID_LEN: usize = 128;
+
+/// A task as written by a user (and, with its id filled in, as kept in `tasks/<id>.json`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Task {
+    /// Names the task's files; generated at intake when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    /// Higher runs first among pending tasks.
+    #[serde(default)]
+    pub priority: i32,
+    /// Working directory of the task's commands; relative paths are taken from the queue directory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cwd: Option<PathBuf>,
+    /// Extra environment for the task's commands.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
+    #[serde(default)]
+    pub retry: RetryPolicy,
+    /// Cost limits (not supported yet: rejected so that nobody believes a limit is enforced).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget: Option<Value>,
+    pub phases: Vec<Phase>,
+    /// Free-form user data, kept and never interpreted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub meta: Option<Value>,
+}
+
+/// How often and how patiently a failing task is tried again.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RetryPolicy {
+    /// Failed attempts after which the task goes to `failed/`.
+    #[serde(default = "default_max_attempts")]
+    pub max_attempts: u32,
+    /// Wait before the second attempt; doubled for each later one, up to `max_backoff`.
+    #[serde(default = "default_backoff", with = "humantime_serde_compat")]
+    pub backoff: Duration,
+    #[serde(default = "default_max_backoff", with = "humantime_serde_compat")]
+    pub max_backoff: Duration,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        RetryPolicy {
+            max_attempts: default_max_attempts(),
+            backoff: default_backoff(),
+            max_backoff: default_max_backoff(),
+        }
+    }
+}
+
+impl RetryPolicy {
+    /// The wait after `failures` failed attempts (1 → `backoff`, 2 → twice that, ...), capped.
+    pub fn delay_after(&self, failures: u32) -> Duration {
+        let doublings = failures.saturating_sub(1).min(32);
+        self.backoff
+            .checked_mul(1u32 << doublings)
+            .unwrap_or(self.max_backoff)
+            .min(self.max_backoff)
+    }
+}
+
+fn default_max_attempts() -> u32 {
+    3
+}
+fn default_backoff() -> Duration {
+    Duration::from_secs(10)
+}
+fn default_max_backoff() -> Duration {
+    Duration::from_secs(600)
+}
+
+/// Durations in task files are human-readable strings such as `"30s"` or `"5m"`.
+mod humantime_serde_compat {
+    use serde::{Deserialize, Deserializer, Serializer};
+    use std::time::Duration;
+
+    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&humantime::format_duration(*d).to_string())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        let text = String::deserialize(d)?;
+        humantime::parse_duration(&text).map_err(|e| {
+            serde::de::Error::custom(format!("{text:?} is not a duration like \"30s\": {e}"))
+        })
+    }
+
+    pub mod option {
+        use super::*;
+        pub fn serialize<S: Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+            match d {
+                Some(d) => super::serialize(d, s),
+                None => s.serialize_none(),
+            }
+        }
+        pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+            super::deserialize(d).map(Some)
+        }
+    }
+}
+
+/// What cairn does with a phase's command.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PhaseKind {
+    /// Run once; stdout (JSON) is the phase output.
+    #[default]
+    Once,
+    /// cairn drives the loop: one command run per iteration, state checkpointed in between.
+    Loop,
+    /// One command run per item of a list.
+    Items,
+    /// One long-running process reporting its own checkpoints.
+    Worker,
+}
+
+impl PhaseKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PhaseKind::Once => "once",
+            PhaseKind::Loop => "loop",
+            PhaseKind::Items => "items",
+            PhaseKind::Worker => "worker",
+        }
+    }
+}
+
+/// One step of a task.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Phase {
+    pub name: String,
+    #[serde(default)]
+    pub kind: PhaseKind,
+    /// The command and its arguments (no shell).
+    pub run: Vec<String>,
+    /// Kill one run of the command after this long (the attempt fails).
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "humantime_serde_compat::option"
+    )]
+    pub timeout: Option<Duration>,
+    /// `loop`: stop after this many iterations at the latest.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_iterations: Option<u64>,
+    /// `loop`: the state given to iteration 0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub initial_state: Option<Value>,
+    /// Iterative kinds: write the iteration checkpoint every N completed iterations.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint_every: Option<u64>,
+    /// `items`: the literal list.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub items: Option<Vec<Value>>,
+    /// `items`: the earlier phase whose output is the list.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub items_from: Option<String>,
+    /// `items`: runs at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub concurrency: Option<u32>,
+    /// `worker`: kill a worker silent for longer than this.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "humantime_serde_compat::option"
+    )]
+    pub heartbeat_timeout: Option<Duration>,
+}
+
+impl Phase {
+    /// Iterations per checkpoint write (at least 1).
+    pub fn checkpoint_every(&self) -> u64 {
+        self.checkpoint_every.unwrap_or(1).max(1)
+    }
+}
+
+/// Why a task file was refused: the field at fault (a path like `phases[1].run`) and the problem.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TaskError {
+    /// `None` when the problem is with the file as a whole (not JSON, too large, ...).
+    pub field: Option<String>,
+    pub problem: String,
+}
+
+impl TaskError {
+    pub fn new(field: impl Into<String>, problem: impl Into<String>) -> Self {
+        TaskError {
+            field: Some(field.into()),
+            problem: problem.into(),
+        }
+    }
+
+    pub fn whole_file(problem: impl Into<String>) -> Self {
+        TaskError {
+            field: None,
+            problem: problem.into(),
+        }
+    }
+}
+
+impl fmt::Display for TaskError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.field {
+            Some(field) => write!(f, "field `{field}`: {}", self.problem),
+            None => f.write_str(&self.problem),
+        }
+    }
+}
+
+impl std::error::Error for TaskError {}
+
+impl Task {
+    /// Parse and validate a task file's bytes.
+    pub fn parse(bytes: &[u8]) -> Result<Task, TaskError> {
+        if bytes.len() as u64 > MAX_TASK_FILE_BYTES {
+            return Err(TaskError::whole_file(format!(
+                "file is {} bytes, larger than the limit of {MAX_TASK_FILE_BYTES} bytes",
+                bytes.len()
+            )));
+        }
+        let mut de = serde_json::Deserializer::from_slice(bytes);
+        let task: Task = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+            let path = e.path().to_string();
+            let inner = e.into_inner();
+            let problem = if inner.is_syntax() || inner.is_eof() {
+                format!("not valid JSON: {inner}")
+            } else {
+                inner.to_string()
+            };
+            if path == "." || path.is_empty() {
+                TaskError::whole_file(problem)
+            } else {
+                TaskError::new(path, problem)
+            }
+        })?;
+        de.end()
+            .map_err(|e| TaskError::whole_file(format!("not valid JSON: {e}")))?;
+        task.validate()?;
+        Ok(task)
+    }
+
+    /// The task as cairn keeps it in `tasks/<id>.json`.
+    pub fn to_json_bytes(&self) -> Vec<u8> {
+        // Serializing plain data with string keys cannot fail.
+        let mut bytes = serde_json::to_vec_pretty(self).unwrap_or_default();
+        bytes.push(b'\n');
+        bytes
+    }
+
+    /// The id, which intake always fills in before the task runs.
+    pub fn id(&self) -> &str {
+        self.id.as_deref().unwrap_or("")
+    }
+
+    /// Check everything the types alone do not.
+    pub fn validate(&self) -> Result<(), TaskError> {
+        if let Some(id) = &self.id {
+            validate_id(id).map_err(|p| TaskError::new("id", p))?;
+        }
+        if self.budget.is_some() {
+            return Err(TaskError::new(
+                "budget",
+                "budgets are not supported by this version of cairn yet; remove the field",
+            ));
+        }
+        if let Some(cwd) = &self.cwd {
+            if cwd.as_os_str().is_empty() {
+                return Err(TaskError::new("cwd", "must not be empty"));
+            }
+        }
+        for key in self.env.keys() {
+            if key.is_empty() || key.contains('=') || key.contains('\0') {
+                return Err(TaskError::new(
+                    format!("env.{key}"),
+                    "environment names must be non-empty and contain no '=' or NUL",
+                ));
+            }
+        }
+        if self.retry.max_attempts == 0 {
+            return Err(TaskError::new("retry.max_attempts", "must be at least 1"));
+        }
+        if self.phases.is_empty() {
+            return Err(TaskError::new("phases", "a task needs at least one phase"));
+        }
+        let mut seen = HashSet::new();
+        for (index, phase) in self.phases.iter().enumerate() {
+            phase.validate(index, &seen)?;
+            seen.insert(phase.name.as_str());
+        }
+        Ok(())
+    }
+}
+
+impl Phase {
+    fn validate(&self, index: usize, earlier: &HashSet<&str>) -> Result<(), TaskError> {
+        let at = |field: &str| format!("phases[{index}].{field}");
+        if let Err(problem) = validate_name(&self.name, 64) {
+            return Err(TaskError::new(at("name"), problem));
+        }
+        if earlier.contains(self.name.as_str()) {
+            return Err(TaskError::new(
+                at("name"),
+                format!("another phase is already named {:?}", self.name),
+            ));
+        }
+        if self.run.first().is_none_or(|program| program.is_empty()) {
+            return Err(TaskError::new(
+                at("run"),
+                "must name a program, e.g. [\"python3\", \"step.py\"]",
+            ));
+        }
+        if self.run.iter().any(|arg| arg.contains('\0')) {
+            return Err(TaskError::new(at("run"), "arguments must not contain NUL"));
+        }
+        if matches!(self.kind, PhaseKind::Items | PhaseKind::Worker) {
+            return Err(TaskError::new(
+                at("kind"),
+                format!(
+                    "phase kind {:?} is not supported by this version of cairn yet (use \"once\" or \"loop\")",
+                    self.kind.as_str()
+                ),
+            ));
+        }
+        let only_for = |field: &str, present: bool, kinds: &[PhaseKind]| {
+            if present && !kinds.contains(&self.kind) {
+                let names: Vec<&str> = kinds.iter().map(|k| k.as_str()).collect();
+                Err(TaskError::new(
+                    at(field),
+                    format!(
+                        "applies to {} phases only, and this phase is {:?}",
+                        names.join("/"),
+                        self.kind.as_str()
+                    ),
+                ))
+            } else {
+                Ok(())
+            }
+        };
+        use PhaseKind::*;
+        only_for("max_iterations", self.max_iterations.is_some(), &[Loop])?;
+        only_for("initial_state", self.initial_state.is_some(), &[Loop])?;
+        only_for(
+            "checkpoint_every",
+            self.checkpoint_every.is_some(),
+            &[Loop, Items, Worker],
+        )?;
+        only_for("items", self.items.is_some(), &[Items])?;
+        only_for("items_from", self.items_from.is_some(), &[Items])?;
+        only_for("concurrency", self.concurrency.is_some(), &[Items])?;
+        only_for(
+            "heartbeat_timeout",
+            self.heartbeat_timeout.is_some(),
+            &[Worker],
+        )?;
+        if self.checkpoint_every == Some(0) {
+            return Err(TaskError::new(at("checkpoint_every"), "must be at least 1"));
+        }
+        if self.max_iterations == Some(0) {
+            return Err(TaskError::new(at("max_iterations"), "must be at least 1"));
+        }
+        if self.timeout == Some(Duration::ZERO) {
+            return Err(TaskError::new(at("timeout"), "must be longer than zero"));
+        }
+        Ok(())
+    }
+}
+
+/// Task ids name files, so they are restricted to `[A-Za-z0-9._-]{1,128}`; they may not start with
+/// `.` (hidden and temp files) nor end in `.<digits>` (checkpoint generations are named
+/// `<id>.<generation>.json.gz`, which would make such ids ambiguous).
+pub fn validate_id(id: &str) -> Result<(), String> {
+    validate_name(id, MAX_ID_LEN)?;
+    if let Some((_, tail)) = id.rsplit_once('.') {
+        if !tail.is_empty() && tail.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(format!(
+                "{id:?} ends in '.{tail}', which cairn reserves for checkpoint generations"
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn validate_name(name: &str, max_len: usize) -> Result<(), String> {
+    if name.is_empty() {
+        return Err("must not be empty".into());
+    }
+    if name.len() > max_len {
+        return Err(format!("is {} characters, longer than {max_len}", name.len()));
+    }
+    if let Some(bad) = name
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')))
+    {
+        return Err(format!(
+            "{name:?} contains {bad:?}; only letters, digits, '.', '_' and '-' are allowed"
+        ));
+    }
+    if name.starts_with('.') {
+        return Err(format!("{name:?} must not start with '.'"));
+    }
+    Ok(())
+}
+
+/// A fresh id for a task that came without one: the file's stem (cleaned up) and a random suffix.
+pub fn generate_id(stem: &str, suffix: &str) -> String {
+    let mut base: String = stem
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '_' | '-') {
+                c
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    let base_trimmed = base.trim_matches('-');
+    base = if base_trimmed.is_empty() {
+        "task".to_string()
+    } else {
+        base_trimmed.chars().take(100).collect()
+    };
+    format!("{base}-{suffix}")
+}
+
+/// A short random suffix for generated names.
+pub fn random_suffix() -> String {
+    format!("{:06x}", fastrand::u32(..0x100_0000))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<Task, TaskError> {
+        Task::parse(text.as_bytes())
+    }
+
+    #[test]
+    fn a_minimal_task_parses_with_defaults() {
+        let task = parse(r#"{"phases":[{"name":"a","run":["true"]}]}"#).unwrap();
+        assert_eq!(task.retry.max_attempts, 3);
+        assert_eq!(task.phases[0].kind, PhaseKind::Once);
+        assert_eq!(task.phases[0].checkpoint_every(), 1);
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        let err = parse(r#"{"phases":[{"name":"a","run":["true"],"colour":1}]}"#).unwrap_err();
+        assert_eq!(err.field.as_deref(), Some("phases[0]"));
+        assert!(err.problem.contains("colour"), "{err}");
+
+        let err = parse(r#"{"phases":[{"name":"a","kind":"loop","run":["x"],"max_iterations":"5"}]}"#)
+            .unwrap_err();
+        assert_eq!(err.field.as_deref(), Some("phases[0].max_iterations"));
+
+        let err = parse(r#"{"id":"../x","phases":[{"name":"a","run":["x"]}]}"#).unwrap_err();
+        assert_eq!(err.field.as_deref(), Some("id"));
+
+        let err = parse(r#"{"phases":[{"name":"a","run":[]}]}"#).unwrap_err();
+        assert_eq!(err.field.as_deref(), Some("phases[0].run"));
+
+        let err = parse(r#"{"phases":[{"name":"a","run":["x"],"max_iterations":3}]}"#).unwrap_err();
+        assert!(err.problem.contains("loop"), "{err}");
+
+        let err = parse(r#"{"retry":{"backoff":"soon"},"phases":[{"name":"a","run":["x"]}]}"#)
+            .unwrap_err();
+        assert_eq!(err.field.as_deref(), Some("retry.backoff"));
+    }
+
+    #[test]
+    fn malformed_json_is_a_whole_file_error() {
+        let err = parse(r#"{"phases": ["#).unwrap_err();
+        assert!(err.problem.starts_with("not valid JSON"), "{err}");
+        let err = parse(r#"{"phases":[{"name":"a","run":["x"]}]} trailing"#).unwrap_err();
+        assert!(err.problem.starts_with("not valid JSON"), "{err}");
+    }
+
+    #[test]
+    fn ids_that_could_escape_or_collide_are_refused() {
+        for bad in ["", ".", "..", "../x", "a/b", ".hidden", "x.3", "a b", &"x".repeat(129)] {
+            assert!(validate_id(bad).is_err(), "{bad:?} was accepted");
+        }
+        for good in ["lit-review-42", "a.b", "run_2", "v1.2a", "X"] {
+            assert!(validate_id(good).is_ok(), "{good:?} was refused");
+        }
+    }
+
+    #[test]
+    fn backoff_doubles_and_is_capped() {
+        let policy = RetryPolicy {
+            max_attempts: 9,
+            backoff: Duration::from_secs(10),
+            max_backoff: Duration::from_secs(60),
+        };
+        assert_eq!(policy.delay_after(1), Duration::from_secs(10));
+        assert_eq!(policy.delay_after(2), Duration::from_secs(20));
+        assert_eq!(policy.delay_after(4), Duration::from_secs(60));
+        assert_eq!(policy.delay_after(100), Duration::from_secs(60));
+    }
+
+    #[test]
+    fn generated_ids_are_valid() {
+        for stem in ["report", "my report.v2", "...", "x.3"] {
+            let id = generate_id(stem, "abc123");
+            assert!(validate_id(&id).is_ok(), "{id}");
+        }
+    }
+
+    #[test]
+    fn a_task_round_trips_through_its_stored_form() {
+        let task = parse(
+            r#"{"id":"t","retry":{"backoff":"1m 30s"},"phases":[{"name":"a","kind":"loop","run":["x"],"max_iterations":4,"timeout":"5s"}]}"#,
+        )
+        .unwrap();
+        let again = Task::parse(&task.to_json_bytes()).unwrap();
+        assert_eq!(task, again);
+    }
+}
