@@ -43,6 +43,14 @@ impl FileStorage {
         &self.root
     }
 
+    /// Create the directory `dir` (a key relative to the root) and any missing ancestors,
+    /// durably: each directory that receives a new entry is synced, so the new directory
+    /// survives a crash along with the files later written into it.
+    pub fn create_dir(&self, dir: &str) -> io::Result<()> {
+        validate_dir_key(dir)?;
+        self.ensure_dir(&self.root.join(dir))
+    }
+
     /// The path of `key`, after checking that it stays inside the root.
     fn path_of(&self, key: &str) -> io::Result<PathBuf> {
         validate_key(key)?;
@@ -59,6 +67,7 @@ impl FileStorage {
         let mut missing: Vec<&Path> = dir
             .ancestors()
             .take_while(|ancestor| !ancestor.exists())
+            .filter(|ancestor| !ancestor.as_os_str().is_empty())
             .collect();
         missing.reverse();
         fs::create_dir_all(dir)?;

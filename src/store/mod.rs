@@ -10,19 +10,21 @@
 //! [`FileStorage`] performs its syscalls through [`FileOps`], so tests can swap in
 //! [`FaultyFileOps`] and fail or "crash" at every write step in turn.
 
-// (next commit) mod checkpoint;
-// (next commit) mod checkpoint_store;
-// (next commit) mod faulty;
+mod checkpoint;
+mod checkpoint_store;
+mod faulty;
 mod file;
 mod file_ops;
-// (next commit) mod loop_checkpointer;
+mod loop_checkpointer;
 
-// (next commit) pub use checkpoint::{decode_checkpoint, encode_checkpoint, CheckpointError, IterationCheckpoint, FORMAT_VERSION};
-// (next commit) pub use checkpoint_store::{CheckpointStore, GenerationInfo, LoadedCheckpoint, StoreError};
-// (next commit) pub use faulty::{FaultMode, FaultyFileOps};
+pub use checkpoint::{
+    decode_checkpoint, encode_checkpoint, CheckpointError, IterationCheckpoint, FORMAT_VERSION,
+};
+pub use checkpoint_store::{CheckpointStore, GenerationInfo, LoadedCheckpoint, StoreError};
+pub use faulty::{FaultMode, FaultyFileOps};
 pub use file::FileStorage;
 pub use file_ops::{FileOps, RealFileOps, TempFile};
-// (next commit) pub use loop_checkpointer::LoopCheckpointer;
+pub use loop_checkpointer::LoopCheckpointer;
 
 use std::io;
 
