@@ -19,7 +19,9 @@ mod file_ops;
 mod loop_checkpointer;
 pub mod records;
 
-pub use checkpoint::{decode_checkpoint, encode_checkpoint, CheckpointError, IterationCheckpoint, FORMAT_VERSION};
+pub use checkpoint::{
+    decode_checkpoint, encode_checkpoint, CheckpointError, IterationCheckpoint, FORMAT_VERSION,
+};
 pub use checkpoint_store::{CheckpointStore, GenerationInfo, LoadedCheckpoint, StoreError};
 pub use faulty::{FaultMode, FaultyFileOps};
 pub use file::FileStorage;

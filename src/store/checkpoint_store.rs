@@ -1,0 +1,533 @@
+//! Iteration checkpoints with generations: the API the daemon and embedding programs share.
+//!
+//! Layout under the queue root:
+//! ```text
+//! incremental/<id>.json.gz         the task's latest checkpoint
+//! incremental/<id>.<gen>.json.gz   older generations, the newest `keep_generations` of them
+//! ```
+//! A save keeps the previous latest as an older generation (a hard link made durable together
+//! with the new file), so a checkpoint that later fails to decode still has a fallback. Task ids
+//! never end in `.<digits>`, so `<id>.<gen>.json.gz` cannot be mistaken for another task's
+//! latest file.
+
+use std::collections::HashMap;
+use std::io;
+use std::path::Path;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+
+use super::checkpoint::{
+    decode_checkpoint, encode_checkpoint, CheckpointError, IterationCheckpoint, FORMAT_VERSION,
+};
+use super::file::FileStorage;
+use super::Storage;
+
+/// The directory, relative to the queue root, that holds iteration checkpoints.
+const INCREMENTAL_DIR: &str = "incremental";
+
+/// The suffix of every checkpoint file name.
+const CHECKPOINT_SUFFIX: &str = ".json.gz";
+
+/// How many older generations are kept besides the latest, unless configured otherwise.
+const DEFAULT_KEEP_GENERATIONS: usize = 3;
+
+/// The longest task id; ids name files, so they stay well below file-name limits.
+const MAX_TASK_ID_LEN: usize = 128;
+
+/// Why a checkpoint operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The storage failed; the message names the file and what was being done to it.
+    #[error("{action} {key}: {source}")]
+    Io {
+        /// What was being done: "writing", "reading", "listing", "removing", "creating".
+        action: &'static str,
+        /// The storage key (path relative to the queue root) involved.
+        key: String,
+        /// The underlying error.
+        #[source]
+        source: io::Error,
+    },
+    /// A checkpoint file exists but cannot be used (damaged, wrong version or wrong task).
+    #[error("checkpoint {key} is unusable: {source}")]
+    Corrupt {
+        /// The file's storage key.
+        key: String,
+        /// Why it could not be used.
+        #[source]
+        source: CheckpointError,
+    },
+    /// The checkpoint could not be encoded; nothing was written.
+    #[error("encoding the checkpoint of task {task_id:?}: {source}")]
+    Encode {
+        /// The task whose checkpoint was being saved.
+        task_id: String,
+        /// Why encoding failed.
+        #[source]
+        source: CheckpointError,
+    },
+    /// The asked-for generation is not on disk (pruned, or never written).
+    #[error("task {task_id:?} has no checkpoint generation {generation} on disk (its history lists the ones there are)")]
+    NoSuchGeneration {
+        /// The task asked about.
+        task_id: String,
+        /// The generation asked for.
+        generation: u64,
+    },
+    /// The task id cannot name checkpoint files.
+    #[error("invalid task id {task_id:?}: {reason}")]
+    InvalidTaskId {
+        /// The id as given.
+        task_id: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+    /// A loop's state could not be converted to or from JSON.
+    #[error("the loop state could not be converted to or from JSON: {0}")]
+    State(#[source] serde_json::Error),
+}
+
+/// A checkpoint read back by [`CheckpointStore::latest`], with what was skipped to find it.
+#[derive(Debug, Clone)]
+pub struct LoadedCheckpoint {
+    /// The newest checkpoint that decodes.
+    pub checkpoint: IterationCheckpoint,
+    /// The storage key it was read from (the latest file, or an older generation's).
+    pub key: String,
+    /// Newer files that did not decode, newest first: `(key, reason)`.
+    pub skipped: Vec<(String, String)>,
+}
+
+/// One checkpoint file of a task, as listed by [`CheckpointStore::history`].
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct GenerationInfo {
+    /// The generation number (for a latest file that does not decode: the number the next
+    /// save will keep it under).
+    pub generation: u64,
+    /// The file's storage key.
+    pub key: String,
+    /// The file's size in bytes.
+    pub bytes: u64,
+    /// Completed iterations, when the file decodes.
+    pub iteration_count: Option<u64>,
+    /// When it was written, when the file decodes.
+    pub last_checkpoint_at: Option<DateTime<Utc>>,
+    /// Why the file does not decode, if it does not.
+    pub error: Option<String>,
+}
+
+/// The generation of a task's latest checkpoint file, as far as this process knows.
+/// `None` means unknown: it is worked out from the files on disk at the next save.
+type GenerationSlot = Arc<Mutex<Option<u64>>>;
+
+/// Reads and writes iteration checkpoints, keeping a few older generations of each task.
+///
+/// Clones share one generation cache, so clones may save for different tasks concurrently;
+/// saves for one task are serialized.
+#[derive(Debug, Clone)]
+pub struct CheckpointStore {
+    /// Where the files live.
+    storage: Arc<dyn Storage>,
+    /// How many older generations to keep besides the latest.
+    keep_generations: usize,
+    /// Per task: the generation of its latest file, so a save needs no directory listing.
+    /// The per-task mutex is held for a whole save, so one task's generations never race.
+    latest_generations: Arc<Mutex<HashMap<String, GenerationSlot>>>,
+}
+
+impl CheckpointStore {
+    /// A store of the files under `queue_root` (creating `incremental/` if it is missing).
+    pub fn open(queue_root: impl AsRef<Path>) -> Result<Self, StoreError> {
+        let storage = FileStorage::new(queue_root.as_ref());
+        storage
+            .create_dir(INCREMENTAL_DIR)
+            .map_err(|source| StoreError::Io {
+                action: "creating",
+                key: INCREMENTAL_DIR.to_owned(),
+                source,
+            })?;
+        Ok(Self::with_storage(Arc::new(storage)))
+    }
+
+    /// A store on any [`Storage`] backend (or on fault-injecting file operations in tests).
+    pub fn with_storage(storage: Arc<dyn Storage>) -> Self {
+        Self {
+            storage,
+            keep_generations: DEFAULT_KEEP_GENERATIONS,
+            latest_generations: Arc::default(),
+        }
+    }
+
+    /// How many older generations to keep besides the latest (default 3).
+    pub fn keep_generations(mut self, n: usize) -> Self {
+        self.keep_generations = n;
+        self
+    }
+
+    /// The backend, for callers that store other files next to the checkpoints.
+    pub fn storage(&self) -> &Arc<dyn Storage> {
+        &self.storage
+    }
+
+    /// Durably write `cp` as the task's latest checkpoint and return its generation.
+    ///
+    /// Sets `cp.generation` (previous latest + 1, or 1 for the first), `cp.format_version` and
+    /// `cp.last_checkpoint_at` (now). The previous latest is kept as `<id>.<prevgen>.json.gz`;
+    /// the generation `keep_generations` older than that is removed (a failure to remove it
+    /// is logged, not returned: the new checkpoint is committed by then). On error the
+    /// previous latest is intact.
+    pub fn save(&self, cp: &mut IterationCheckpoint) -> Result<u64, StoreError> {
+        validate_task_id(&cp.task_id)?;
+        let slot = self.generation_slot(&cp.task_id);
+        let mut cached = slot.lock().unwrap_or_else(PoisonError::into_inner);
+        // Taken out, and put back only on success: after any failure the next save works the
+        // number out from disk again, whatever state the failed write left behind.
+        let previous = match cached.take() {
+            Some(generation) => generation,
+            None => self.last_generation_on_disk(&cp.task_id)?,
+        };
+        let generation = previous + 1;
+        cp.generation = generation;
+        cp.format_version = FORMAT_VERSION;
+        cp.last_checkpoint_at = Utc::now();
+        let bytes = encode_checkpoint(cp).map_err(|source| StoreError::Encode {
+            task_id: cp.task_id.clone(),
+            source,
+        })?;
+        let key = latest_key(&cp.task_id);
+        let keep_key = generation_key(&cp.task_id, previous);
+        self.storage
+            .put(&key, &bytes, Some(&keep_key))
+            .map_err(|source| StoreError::Io {
+                action: "writing",
+                key: key.clone(),
+                source,
+            })?;
+        *cached = Some(generation);
+        drop(cached);
+
+        if let Some(expired) = previous.checked_sub(self.keep_generations as u64) {
+            if expired >= 1 {
+                let expired_key = generation_key(&cp.task_id, expired);
+                if let Err(err) = self.storage.remove(&expired_key) {
+                    tracing::warn!(
+                        task_id = %cp.task_id,
+                        key = %expired_key,
+                        error = %err,
+                        "could not remove an old checkpoint generation; it stays on disk"
+                    );
+                }
+            }
+        }
+        Ok(generation)
+    }
+
+    /// The newest checkpoint of the task that decodes: the latest file, else older generations
+    /// newest first. Files that do not decode (or belong to another task) are logged and
+    /// listed in `skipped`. `Ok(None)` only when the task has no checkpoint file at all; when
+    /// files exist but none decodes, the error of the newest one is returned.
+    pub fn latest(&self, task_id: &str) -> Result<Option<LoadedCheckpoint>, StoreError> {
+        validate_task_id(task_id)?;
+        // Unusable files met on the way, newest first.
+        let mut failures: Vec<(String, CheckpointError)> = Vec::new();
+        // The older generations are listed only when the latest file is not usable.
+        let mut older: Option<std::vec::IntoIter<u64>> = None;
+        let mut key = latest_key(task_id);
+        loop {
+            match self.read_checkpoint(task_id, &key)? {
+                Some(Ok(checkpoint)) => {
+                    let skipped = failures
+                        .iter()
+                        .map(|(key, err)| (key.clone(), err.to_string()))
+                        .collect();
+                    return Ok(Some(LoadedCheckpoint {
+                        checkpoint,
+                        key,
+                        skipped,
+                    }));
+                }
+                Some(Err(err)) => {
+                    tracing::warn!(task_id, key = %key, error = %err, "skipping an unusable checkpoint");
+                    failures.push((key, err));
+                }
+                // No such file (or an older one pruned since the listing): nothing to report.
+                None => {}
+            }
+            let older = match &mut older {
+                Some(older) => older,
+                None => older.insert(self.older_generations(task_id)?.into_iter()),
+            };
+            match older.next() {
+                Some(generation) => key = generation_key(task_id, generation),
+                None => break,
+            }
+        }
+        match failures.into_iter().next() {
+            Some((key, source)) => Err(StoreError::Corrupt { key, source }),
+            None => Ok(None),
+        }
+    }
+
+    /// Every checkpoint file of the task, newest first: the latest file (with the generation
+    /// recorded inside it), then the older generations.
+    pub fn history(&self, task_id: &str) -> Result<Vec<GenerationInfo>, StoreError> {
+        validate_task_id(task_id)?;
+        let older = self.older_generations(task_id)?;
+        let mut history = Vec::with_capacity(older.len() + 1);
+        let key = latest_key(task_id);
+        if let Some(bytes) = self.read(&key)? {
+            let decoded = decode_for_task(task_id, &bytes);
+            let newest_older = older.first().copied().unwrap_or(0);
+            let generation = match &decoded {
+                Ok(cp) => cp.generation,
+                // The number the next save keeps this file under (see last_generation_on_disk).
+                Err(_) => newest_older + 1,
+            };
+            history.push(generation_info(generation, key, &bytes, decoded));
+        }
+        for generation in older {
+            let key = generation_key(task_id, generation);
+            if let Some(bytes) = self.read(&key)? {
+                let decoded = decode_for_task(task_id, &bytes);
+                history.push(generation_info(generation, key, &bytes, decoded));
+            }
+        }
+        Ok(history)
+    }
+
+    /// The checkpoint of one generation (an older generation's file, or the latest file when
+    /// it holds that generation).
+    pub fn generation(
+        &self,
+        task_id: &str,
+        generation: u64,
+    ) -> Result<IterationCheckpoint, StoreError> {
+        validate_task_id(task_id)?;
+        let key = generation_key(task_id, generation);
+        if let Some(result) = self.read_checkpoint(task_id, &key)? {
+            return result.map_err(|source| StoreError::Corrupt { key, source });
+        }
+        let key = latest_key(task_id);
+        if let Some(Ok(cp)) = self.read_checkpoint(task_id, &key)? {
+            if cp.generation == generation {
+                return Ok(cp);
+            }
+        }
+        Err(StoreError::NoSuchGeneration {
+            task_id: task_id.to_owned(),
+            generation,
+        })
+    }
+
+    /// Remove all of the task's checkpoint files.
+    pub fn delete(&self, task_id: &str) -> Result<(), StoreError> {
+        validate_task_id(task_id)?;
+        let slot = self.generation_slot(task_id);
+        let mut cached = slot.lock().unwrap_or_else(PoisonError::into_inner);
+        *cached = None;
+        let mut keys = vec![latest_key(task_id)];
+        keys.extend(
+            self.older_generations(task_id)?
+                .into_iter()
+                .map(|generation| generation_key(task_id, generation)),
+        );
+        for key in keys {
+            self.storage.remove(&key).map_err(|source| StoreError::Io {
+                action: "removing",
+                key,
+                source,
+            })?;
+        }
+        Ok(())
+    }
+
+    /// The task's cache slot, created empty on first use.
+    fn generation_slot(&self, task_id: &str) -> GenerationSlot {
+        let mut slots = self
+            .latest_generations
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        Arc::clone(slots.entry(task_id.to_owned()).or_default())
+    }
+
+    /// The generation of the task's latest file, worked out from disk, such that
+    /// `generation_key(result)` is free to keep the latest under and `result + 1` is used by no
+    /// file on disk. 0 when the task has no files.
+    fn last_generation_on_disk(&self, task_id: &str) -> Result<u64, StoreError> {
+        let newest_older = self
+            .older_generations(task_id)?
+            .first()
+            .copied()
+            .unwrap_or(0);
+        let Some(bytes) = self.read(&latest_key(task_id))? else {
+            return Ok(newest_older);
+        };
+        Ok(match decode_for_task(task_id, &bytes) {
+            // Equal happens when an earlier save linked the latest but failed before its
+            // rename: that older file is a copy of the latest and may be replaced.
+            Ok(cp) if cp.generation >= newest_older => cp.generation,
+            // The latest does not decode, or is older than a kept generation (restored by
+            // hand): keep it under a number above every file on disk, so nothing is replaced.
+            _ => newest_older + 1,
+        })
+    }
+
+    /// The generation numbers of the task's older files, newest first.
+    fn older_generations(&self, task_id: &str) -> Result<Vec<u64>, StoreError> {
+        let names = self
+            .storage
+            .list(INCREMENTAL_DIR)
+            .map_err(|source| StoreError::Io {
+                action: "listing",
+                key: INCREMENTAL_DIR.to_owned(),
+                source,
+            })?;
+        let mut generations: Vec<u64> = names
+            .iter()
+            .filter_map(|name| parse_generation(task_id, name))
+            .collect();
+        generations.sort_unstable_by(|a, b| b.cmp(a));
+        Ok(generations)
+    }
+
+    /// The bytes at `key`, `None` when there is no such file.
+    fn read(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        self.storage.get(key).map_err(|source| StoreError::Io {
+            action: "reading",
+            key: key.to_owned(),
+            source,
+        })
+    }
+
+    /// The checkpoint at `key`: `None` when there is no file, `Some(Err)` when it is unusable.
+    fn read_checkpoint(
+        &self,
+        task_id: &str,
+        key: &str,
+    ) -> Result<Option<Result<IterationCheckpoint, CheckpointError>>, StoreError> {
+        Ok(self
+            .read(key)?
+            .map(|bytes| decode_for_task(task_id, &bytes)))
+    }
+}
+
+/// Decode a checkpoint file and check that it belongs to `task_id`.
+fn decode_for_task(task_id: &str, bytes: &[u8]) -> Result<IterationCheckpoint, CheckpointError> {
+    let cp = decode_checkpoint(bytes)?;
+    if cp.task_id != task_id {
+        return Err(CheckpointError::WrongTask {
+            expected: task_id.to_owned(),
+            found: cp.task_id,
+        });
+    }
+    Ok(cp)
+}
+
+/// One history row.
+fn generation_info(
+    generation: u64,
+    key: String,
+    bytes: &[u8],
+    decoded: Result<IterationCheckpoint, CheckpointError>,
+) -> GenerationInfo {
+    let (iteration_count, last_checkpoint_at, error) = match decoded {
+        Ok(cp) => (Some(cp.iteration_count), Some(cp.last_checkpoint_at), None),
+        Err(err) => (None, None, Some(err.to_string())),
+    };
+    GenerationInfo {
+        generation,
+        key,
+        bytes: bytes.len() as u64,
+        iteration_count,
+        last_checkpoint_at,
+        error,
+    }
+}
+
+/// `incremental/<id>.json.gz`
+fn latest_key(task_id: &str) -> String {
+    format!("{INCREMENTAL_DIR}/{task_id}{CHECKPOINT_SUFFIX}")
+}
+
+/// `incremental/<id>.<gen>.json.gz`
+fn generation_key(task_id: &str, generation: u64) -> String {
+    format!("{INCREMENTAL_DIR}/{task_id}.{generation}{CHECKPOINT_SUFFIX}")
+}
+
+/// The generation in `name` if it is one of the task's older files (`<id>.<gen>.json.gz`,
+/// `gen` written as `generation_key` writes it, so every number has exactly one name).
+fn parse_generation(task_id: &str, name: &str) -> Option<u64> {
+    let digits = name
+        .strip_prefix(task_id)?
+        .strip_prefix('.')?
+        .strip_suffix(CHECKPOINT_SUFFIX)?;
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let generation: u64 = digits.parse().ok()?;
+    (generation.to_string() == digits).then_some(generation)
+}
+
+/// Task ids name files: `[A-Za-z0-9._-]{1,128}`, not starting with `.` (hidden and temp
+/// files) and not ending in `.<digits>` (which would read as another task's generation).
+fn validate_task_id(task_id: &str) -> Result<(), StoreError> {
+    let invalid = |reason| {
+        Err(StoreError::InvalidTaskId {
+            task_id: task_id.to_owned(),
+            reason,
+        })
+    };
+    if task_id.is_empty() || task_id.len() > MAX_TASK_ID_LEN {
+        return invalid("it must be 1 to 128 characters long");
+    }
+    if !task_id
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+    {
+        return invalid("only letters, digits, '.', '_' and '-' are allowed");
+    }
+    if task_id.starts_with('.') {
+        return invalid("it must not start with '.'");
+    }
+    if let Some((_, last)) = task_id.rsplit_once('.') {
+        if !last.is_empty() && last.bytes().all(|b| b.is_ascii_digit()) {
+            return invalid("it must not end in '.' followed by digits");
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn generation_names_parse_only_for_their_task() {
+        assert_eq!(parse_generation("t1", "t1.7.json.gz"), Some(7));
+        assert_eq!(parse_generation("t1", "t1.json.gz"), None);
+        assert_eq!(parse_generation("t1", "t1.07.json.gz"), None);
+        assert_eq!(parse_generation("t1", "t1.x.json.gz"), None);
+        assert_eq!(parse_generation("t1", "t1.a.7.json.gz"), None);
+        assert_eq!(parse_generation("t1.a", "t1.a.7.json.gz"), Some(7));
+        assert_eq!(parse_generation("t", "t1.7.json.gz"), None);
+    }
+
+    #[test]
+    fn task_ids_that_would_be_ambiguous_are_rejected() {
+        for bad in ["", ".hidden", "a/b", "..", "t.12", "x y", &"a".repeat(129)] {
+            assert!(validate_task_id(bad).is_err(), "{bad:?}");
+        }
+        for good in [
+            "t1",
+            "lit-review-42",
+            "a.b_c",
+            "v1.2a",
+            "t.",
+            &"a".repeat(128),
+        ] {
+            validate_task_id(good).unwrap();
+        }
+    }
+}

@@ -1,0 +1,331 @@
+//! The file backend of [`Storage`]: one file per key under the queue root.
+//!
+//! Every `put` is a crash-safe replace: write a uniquely named temp file in the target's
+//! directory, fsync it, rename it over the target, fsync the directory. There is no fallback
+//! to a direct write: if any step fails, the old file stays as it was and the error is returned.
+
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use super::file_ops::{FileOps, RealFileOps, TempFile, TEMP_SUFFIX};
+use super::Storage;
+
+/// The top-level directory that belongs to users (their task files); temp-file cleanup skips it.
+const INBOX_DIR: &str = "inbox";
+
+/// [`Storage`] on the local file system, rooted at the queue directory.
+#[derive(Debug, Clone)]
+pub struct FileStorage {
+    /// The queue root; every key is a path relative to it.
+    root: PathBuf,
+    /// The syscalls of a write; real ones, or fault-injecting ones in tests.
+    ops: Arc<dyn FileOps>,
+}
+
+impl FileStorage {
+    /// A store rooted at `root` that uses the real syscalls.
+    pub fn new(root: impl Into<PathBuf>) -> Self {
+        Self::with_ops(root, Arc::new(RealFileOps))
+    }
+
+    /// A store rooted at `root` that performs its write steps through `ops` (fault injection).
+    pub fn with_ops(root: impl Into<PathBuf>, ops: Arc<dyn FileOps>) -> Self {
+        Self {
+            root: root.into(),
+            ops,
+        }
+    }
+
+    /// The directory every key is relative to.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// Create the directory `dir` (a key relative to the root) and any missing ancestors,
+    /// durably: each directory that receives a new entry is synced, so the new directory
+    /// survives a crash along with the files later written into it.
+    pub fn create_dir(&self, dir: &str) -> io::Result<()> {
+        validate_dir_key(dir)?;
+        self.ensure_dir(&self.root.join(dir))
+    }
+
+    /// The path of `key`, after checking that it stays inside the root.
+    fn path_of(&self, key: &str) -> io::Result<PathBuf> {
+        validate_key(key)?;
+        Ok(self.root.join(key))
+    }
+
+    /// Create `dir` (and missing ancestors) and make each new entry durable by syncing the
+    /// directory that received it.
+    fn ensure_dir(&self, dir: &Path) -> io::Result<()> {
+        if dir.is_dir() {
+            return Ok(());
+        }
+        // The directories that do not exist yet, outermost first.
+        let mut missing: Vec<&Path> = dir
+            .ancestors()
+            .take_while(|ancestor| !ancestor.exists())
+            .filter(|ancestor| !ancestor.as_os_str().is_empty())
+            .collect();
+        missing.reverse();
+        fs::create_dir_all(dir)?;
+        for created in &missing {
+            let parent = match created.parent() {
+                Some(parent) if !parent.as_os_str().is_empty() => parent,
+                _ => Path::new("."),
+            };
+            if let Err(err) = self.ops.sync_dir(parent) {
+                // Undo what we created so the next put creates (and syncs) it again; a
+                // directory that exists but was never made durable would otherwise be trusted.
+                for undo in missing.iter().rev() {
+                    let _ = fs::remove_dir(undo);
+                }
+                return Err(err);
+            }
+        }
+        Ok(())
+    }
+
+    /// The steps of `put` after the temp file exists; the caller removes the temp file on error.
+    /// Sets `renamed` once the temp file has become the target, so the caller knows there is
+    /// no temp file left to remove.
+    fn write_and_commit(
+        &self,
+        temp: &mut TempFile,
+        bytes: &[u8],
+        target: &Path,
+        parent: &Path,
+        keep: Option<&Path>,
+        renamed: &mut bool,
+    ) -> io::Result<()> {
+        self.ops.write_all(temp, bytes)?;
+        self.ops.sync_file(temp)?;
+        if let Some(keep) = keep {
+            if fs::symlink_metadata(target).is_ok() {
+                match self.ops.remove_file(keep) {
+                    Err(err) if err.kind() != io::ErrorKind::NotFound => return Err(err),
+                    _ => {}
+                }
+                self.ops.hard_link(target, keep)?;
+                // The kept copy must be durable before the rename replaces the target; when it
+                // lives in the target's directory, the final directory sync covers both.
+                if let Some(keep_dir) = keep.parent() {
+                    if keep_dir != parent {
+                        self.ops.sync_dir(keep_dir)?;
+                    }
+                }
+            }
+        }
+        self.ops.rename(&temp.path, target)?;
+        *renamed = true;
+        self.ops.sync_dir(parent)
+    }
+}
+
+/// Reject keys that could leave the root or name no file: empty, absolute, `..`, `.` or empty
+/// components.
+fn validate_key(key: &str) -> io::Result<()> {
+    let invalid = |why: &str| {
+        Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("invalid storage key {key:?}: {why}"),
+        ))
+    };
+    if key.is_empty() {
+        return invalid("it is empty");
+    }
+    if Path::new(key).is_absolute() {
+        return invalid("it is absolute");
+    }
+    for part in key.split('/') {
+        match part {
+            "" => return invalid("it has an empty path component"),
+            "." | ".." => return invalid("it has a `.` or `..` component"),
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// Like [`validate_key`], but the empty key (the root itself) is allowed.
+fn validate_dir_key(dir: &str) -> io::Result<()> {
+    if dir.is_empty() {
+        Ok(())
+    } else {
+        validate_key(dir)
+    }
+}
+
+impl Storage for FileStorage {
+    fn put(&self, key: &str, bytes: &[u8], keep_previous_as: Option<&str>) -> io::Result<()> {
+        let target = self.path_of(key)?;
+        let keep = keep_previous_as.map(|k| self.path_of(k)).transpose()?;
+        let (Some(parent), Some(target_name)) = (target.parent(), target.file_name()) else {
+            // validate_key guarantees a non-empty last component, so this is unreachable.
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("invalid storage key {key:?}: it names no file"),
+            ));
+        };
+        let target_name = target_name.to_string_lossy();
+        self.ensure_dir(parent)?;
+        if let Some(keep_dir) = keep.as_deref().and_then(Path::parent) {
+            self.ensure_dir(keep_dir)?;
+        }
+
+        let mut temp = self.ops.create_temp(parent, &target_name)?;
+        let mut renamed = false;
+        let result = self.write_and_commit(
+            &mut temp,
+            bytes,
+            &target,
+            parent,
+            keep.as_deref(),
+            &mut renamed,
+        );
+        if result.is_err() && !renamed {
+            // Best effort: the original error is what the caller needs to see. A temp file that
+            // stays behind is removed by `remove_temp_files` at the next start.
+            let _ = self.ops.remove_file(&temp.path);
+        }
+        result
+    }
+
+    fn get(&self, key: &str) -> io::Result<Option<Vec<u8>>> {
+        let path = self.path_of(key)?;
+        match fs::read(path) {
+            Ok(bytes) => Ok(Some(bytes)),
+            Err(err) if err.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(err) => Err(err),
+        }
+    }
+
+    fn list(&self, dir: &str) -> io::Result<Vec<String>> {
+        validate_dir_key(dir)?;
+        let entries = match fs::read_dir(self.root.join(dir)) {
+            Ok(entries) => entries,
+            Err(err) if err.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(err) => return Err(err),
+        };
+        let mut names = Vec::new();
+        for entry in entries {
+            let entry = entry?;
+            if !entry.file_type()?.is_file() {
+                continue;
+            }
+            // Keys are UTF-8; a file whose name is not cannot be addressed by a key anyway.
+            let Ok(name) = entry.file_name().into_string() else {
+                continue;
+            };
+            if !name.starts_with('.') {
+                names.push(name);
+            }
+        }
+        names.sort();
+        Ok(names)
+    }
+
+    fn remove(&self, key: &str) -> io::Result<()> {
+        let path = self.path_of(key)?;
+        match self.ops.remove_file(&path) {
+            Err(err) if err.kind() == io::ErrorKind::NotFound => Ok(()),
+            other => other,
+        }
+    }
+
+    fn remove_temp_files(&self) -> io::Result<Vec<String>> {
+        let mut removed = Vec::new();
+        let mut pending_dirs = vec![(self.root.clone(), String::new())];
+        while let Some((dir, dir_key)) = pending_dirs.pop() {
+            let entries = match fs::read_dir(&dir) {
+                Ok(entries) => entries,
+                Err(err) if err.kind() == io::ErrorKind::NotFound => continue,
+                Err(err) => return Err(err),
+            };
+            for entry in entries {
+                let entry = entry?;
+                let Ok(name) = entry.file_name().into_string() else {
+                    continue;
+                };
+                let key = if dir_key.is_empty() {
+                    name.clone()
+                } else {
+                    format!("{dir_key}/{name}")
+                };
+                let file_type = entry.file_type()?;
+                if file_type.is_dir() {
+                    if !(dir_key.is_empty() && name == INBOX_DIR) {
+                        pending_dirs.push((entry.path(), key));
+                    }
+                } else if name.starts_with('.') && name.ends_with(TEMP_SUFFIX) {
+                    match self.ops.remove_file(&entry.path()) {
+                        Ok(()) => removed.push(key),
+                        Err(err) if err.kind() == io::ErrorKind::NotFound => {}
+                        Err(err) => return Err(err),
+                    }
+                }
+            }
+        }
+        removed.sort();
+        Ok(removed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rejects_keys_that_leave_the_root() {
+        for key in ["", "/etc/passwd", "../x", "a/../b", "a//b", "./a", "a/"] {
+            let err = validate_key(key).unwrap_err();
+            assert_eq!(err.kind(), io::ErrorKind::InvalidInput, "{key:?}");
+        }
+        validate_key("incremental/t1.json.gz").unwrap();
+    }
+
+    #[test]
+    fn put_get_list_remove_round_trip() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = FileStorage::new(dir.path().join("q"));
+        assert_eq!(store.get("a/b.txt").unwrap(), None);
+        assert!(store.list("a").unwrap().is_empty());
+        store.put("a/b.txt", b"one", None).unwrap();
+        store.put("a/b.txt", b"two", Some("a/b.1.txt")).unwrap();
+        assert_eq!(store.get("a/b.txt").unwrap().as_deref(), Some(&b"two"[..]));
+        assert_eq!(
+            store.get("a/b.1.txt").unwrap().as_deref(),
+            Some(&b"one"[..])
+        );
+        assert_eq!(store.list("a").unwrap(), vec!["b.1.txt", "b.txt"]);
+        store.remove("a/b.txt").unwrap();
+        store.remove("a/b.txt").unwrap();
+        assert_eq!(store.get("a/b.txt").unwrap(), None);
+    }
+
+    #[test]
+    fn temp_files_are_listed_never_and_cleaned_outside_the_inbox() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = FileStorage::new(dir.path());
+        fs::create_dir_all(dir.path().join("incremental/deep")).unwrap();
+        fs::create_dir_all(dir.path().join("inbox")).unwrap();
+        let stale = ".t1.json.gz.abc.cairn.tmp";
+        fs::write(dir.path().join("incremental").join(stale), b"x").unwrap();
+        fs::write(dir.path().join("incremental/deep").join(stale), b"x").unwrap();
+        fs::write(dir.path().join("inbox").join(stale), b"user's").unwrap();
+        fs::write(dir.path().join("incremental/.keep"), b"").unwrap();
+        assert!(store.list("incremental").unwrap().is_empty());
+        let removed = store.remove_temp_files().unwrap();
+        assert_eq!(
+            removed,
+            vec![
+                format!("incremental/{stale}"),
+                format!("incremental/deep/{stale}")
+            ]
+        );
+        assert!(dir.path().join("inbox").join(stale).exists());
+        assert!(dir.path().join("incremental/.keep").exists());
+    }
+}

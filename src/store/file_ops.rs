@@ -1,0 +1,116 @@
+//! The syscalls of one atomic file write, one method per step.
+//!
+//! [`FileStorage`](super::FileStorage) never touches the file system for a write except through
+//! [`FileOps`], so a test can replace [`RealFileOps`] with
+//! [`FaultyFileOps`](super::FaultyFileOps) and make any single step fail, or make the process
+//! "die" at that step, and then check what a restart finds on disk.
+
+use std::fmt::Debug;
+use std::fs::{File, OpenOptions};
+use std::io::{self, Write};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+
+/// Suffix of every temp file cairn creates; startup cleanup removes files that end with it.
+pub(crate) const TEMP_SUFFIX: &str = ".cairn.tmp";
+
+/// How many random names `create_temp` tries before giving up on collisions.
+const TEMP_NAME_ATTEMPTS: usize = 16;
+
+/// A temp file being written, with the path it must be renamed from (or removed at) later.
+#[derive(Debug)]
+pub struct TempFile {
+    /// The open file, written and synced through [`FileOps`].
+    pub file: File,
+    /// Where the temp file lives: the same directory as its target, so the rename is atomic.
+    pub path: PathBuf,
+}
+
+/// One method per syscall of an atomic write, so faults can be injected step by step.
+pub trait FileOps: Send + Sync + Debug {
+    /// Create a new uniquely named temp file in `dir` for the target file name `target_name`
+    /// (named `.{target_name}.{random}.cairn.tmp`, created with `create_new`).
+    fn create_temp(&self, dir: &Path, target_name: &str) -> io::Result<TempFile>;
+
+    /// Write all of `bytes` to the temp file.
+    fn write_all(&self, temp: &mut TempFile, bytes: &[u8]) -> io::Result<()>;
+
+    /// Flush the temp file's data and metadata to the disk (`fsync`).
+    fn sync_file(&self, temp: &mut TempFile) -> io::Result<()>;
+
+    /// Make `new` a second name of the file at `existing`.
+    fn hard_link(&self, existing: &Path, new: &Path) -> io::Result<()>;
+
+    /// Atomically replace `to` with `from`.
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()>;
+
+    /// Make the directory's entries (creates, links, renames) durable: `fsync` on the directory.
+    fn sync_dir(&self, dir: &Path) -> io::Result<()>;
+
+    /// Remove the file at `path`.
+    fn remove_file(&self, path: &Path) -> io::Result<()>;
+}
+
+/// The real syscalls; what every store uses outside of fault-injection tests.
+#[derive(Debug, Default, Clone)]
+pub struct RealFileOps;
+
+impl FileOps for RealFileOps {
+    fn create_temp(&self, dir: &Path, target_name: &str) -> io::Result<TempFile> {
+        let mut last_collision = None;
+        for _ in 0..TEMP_NAME_ATTEMPTS {
+            let random: String = std::iter::repeat_with(fastrand::alphanumeric)
+                .take(12)
+                .collect();
+            let path = dir.join(format!(".{target_name}.{random}{TEMP_SUFFIX}"));
+            match OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o644)
+                .open(&path)
+            {
+                Ok(file) => return Ok(TempFile { file, path }),
+                Err(err) if err.kind() == io::ErrorKind::AlreadyExists => {
+                    last_collision = Some(err);
+                }
+                Err(err) => return Err(err),
+            }
+        }
+        Err(last_collision.unwrap_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::AlreadyExists,
+                "could not find an unused temp file name",
+            )
+        }))
+    }
+
+    fn write_all(&self, temp: &mut TempFile, bytes: &[u8]) -> io::Result<()> {
+        temp.file.write_all(bytes)
+    }
+
+    fn sync_file(&self, temp: &mut TempFile) -> io::Result<()> {
+        temp.file.sync_all()
+    }
+
+    fn hard_link(&self, existing: &Path, new: &Path) -> io::Result<()> {
+        std::fs::hard_link(existing, new)
+    }
+
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        std::fs::rename(from, to)
+    }
+
+    fn sync_dir(&self, dir: &Path) -> io::Result<()> {
+        // O_RDONLY is what `read(true)` gives; O_DIRECTORY makes opening a non-directory fail
+        // instead of silently syncing the wrong thing.
+        OpenOptions::new()
+            .read(true)
+            .custom_flags(nix::libc::O_DIRECTORY)
+            .open(dir)?
+            .sync_all()
+    }
+
+    fn remove_file(&self, path: &Path) -> io::Result<()> {
+        std::fs::remove_file(path)
+    }
+}

@@ -1,0 +1,209 @@
+//! Checkpointing for one loop: resume where it stopped, save every N iterations, flush on stop.
+//!
+//! This is the small helper a Rust program wraps around its own loop (the daemon's loop phases
+//! use it too):
+//! ```no_run
+//! # fn main() -> Result<(), cairn::store::StoreError> {
+//! use cairn::store::{CheckpointStore, LoopCheckpointer};
+//! let store = CheckpointStore::open("queue")?;
+//! let mut checkpointer = LoopCheckpointer::new(store, "my-task", "sum").every(5);
+//! let (start, mut sum) = checkpointer.resume::<u64>()?.unwrap_or((0, 0));
+//! for i in start..100 {
+//!     sum += i; // the expensive iteration
+//!     checkpointer.checkpoint(i + 1, &sum)?;
+//! }
+//! checkpointer.finish(100, &sum, Some(serde_json::json!(sum)))?;
+//! # Ok(())
+//! # }
+//! ```
+
+use chrono::Utc;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use super::checkpoint::{IterationCheckpoint, FORMAT_VERSION};
+use super::checkpoint_store::{CheckpointStore, StoreError};
+
+/// Writes one loop's iteration checkpoints through a [`CheckpointStore`].
+///
+/// Dropping it flushes the pending iteration, so a loop that stops early (an error, a
+/// shutdown) still commits the last iteration it completed.
+#[derive(Debug)]
+pub struct LoopCheckpointer {
+    /// Where checkpoints go.
+    store: CheckpointStore,
+    /// The task the loop belongs to (names its checkpoint files).
+    task_id: String,
+    /// The phase's name, recorded in each checkpoint.
+    phase: String,
+    /// The phase's position; with `scope`, tells this loop's checkpoints from other loops'.
+    phase_index: usize,
+    /// Which loop of the phase this is.
+    scope: String,
+    /// The attempt recorded in each checkpoint.
+    attempt: u32,
+    /// Write every this many completed iterations (at least 1).
+    every: u64,
+    /// A completed iteration not yet written (between two `every` boundaries).
+    pending: Option<IterationCheckpoint>,
+    /// The iteration count of the last checkpoint committed (written, or found by resume).
+    last_written: Option<u64>,
+}
+
+impl LoopCheckpointer {
+    /// A checkpointer for the loop `scope` of `task_id`: phase named like the scope, index 0,
+    /// attempt 1, a checkpoint after every iteration.
+    pub fn new(
+        store: CheckpointStore,
+        task_id: impl Into<String>,
+        scope: impl Into<String>,
+    ) -> Self {
+        let scope = scope.into();
+        Self {
+            store,
+            task_id: task_id.into(),
+            phase: scope.clone(),
+            phase_index: 0,
+            scope,
+            attempt: 1,
+            every: 1,
+            pending: None,
+            last_written: None,
+        }
+    }
+
+    /// The phase this loop runs in (name and position in the task).
+    pub fn phase(mut self, name: impl Into<String>, index: usize) -> Self {
+        self.phase = name.into();
+        self.phase_index = index;
+        self
+    }
+
+    /// The attempt recorded in the checkpoints (1 for the first run).
+    pub fn attempt(mut self, attempt: u32) -> Self {
+        self.attempt = attempt;
+        self
+    }
+
+    /// Write a checkpoint every `n` completed iterations (0 is treated as 1). The pending
+    /// iteration is still written by [`flush`](Self::flush), [`finish`](Self::finish) and drop.
+    pub fn every(mut self, n: u64) -> Self {
+        self.every = n.max(1);
+        self
+    }
+
+    /// The last committed checkpoint of this loop, if any, as `(iteration_count, state)`:
+    /// continue with iteration `iteration_count` (0-based). A checkpoint of another loop
+    /// (different phase index or scope) is not this loop's, so it gives `None`.
+    pub fn resume<S: DeserializeOwned>(&mut self) -> Result<Option<(u64, S)>, StoreError> {
+        let Some(cp) = self.resume_checkpoint()? else {
+            return Ok(None);
+        };
+        let state = serde_json::from_value(cp.partial_results).map_err(StoreError::State)?;
+        Ok(Some((cp.iteration_count, state)))
+    }
+
+    /// Like [`resume`](Self::resume), but the whole checkpoint (with `done` and `output`).
+    pub fn resume_checkpoint(&mut self) -> Result<Option<IterationCheckpoint>, StoreError> {
+        let Some(loaded) = self.store.latest(&self.task_id)? else {
+            return Ok(None);
+        };
+        let cp = loaded.checkpoint;
+        if cp.phase_index != self.phase_index || cp.scope != self.scope {
+            return Ok(None);
+        }
+        self.last_written = Some(cp.iteration_count);
+        Ok(Some(cp))
+    }
+
+    /// Record that `iteration_count` iterations are complete, leaving `state`. Writes the
+    /// checkpoint when `iteration_count` is a multiple of `every` and returns `Ok(true)`;
+    /// otherwise keeps it pending and returns `Ok(false)`.
+    pub fn checkpoint<S: Serialize>(
+        &mut self,
+        iteration_count: u64,
+        state: &S,
+    ) -> Result<bool, StoreError> {
+        let cp = self.build(iteration_count, state, false, None)?;
+        self.pending = Some(cp);
+        if iteration_count % self.every == 0 {
+            self.flush()?;
+            Ok(true)
+        } else {
+            Ok(false)
+        }
+    }
+
+    /// Write the loop's final checkpoint (`done`, with `output`); always written.
+    pub fn finish<S: Serialize>(
+        &mut self,
+        iteration_count: u64,
+        state: &S,
+        output: Option<serde_json::Value>,
+    ) -> Result<(), StoreError> {
+        let cp = self.build(iteration_count, state, true, output)?;
+        self.pending = Some(cp);
+        self.flush()
+    }
+
+    /// Write the pending iteration, if any (call it when the loop stops). Idempotent; on
+    /// error the iteration stays pending, so a later flush can retry it.
+    pub fn flush(&mut self) -> Result<(), StoreError> {
+        let Some(mut cp) = self.pending.take() else {
+            return Ok(());
+        };
+        match self.store.save(&mut cp) {
+            Ok(_) => {
+                self.last_written = Some(cp.iteration_count);
+                Ok(())
+            }
+            Err(err) => {
+                self.pending = Some(cp);
+                Err(err)
+            }
+        }
+    }
+
+    /// The iteration count of the last checkpoint committed (written, or found by resume).
+    pub fn last_committed(&self) -> Option<u64> {
+        self.last_written
+    }
+
+    /// A checkpoint of this loop; `save` fills in the generation and the time.
+    fn build<S: Serialize>(
+        &self,
+        iteration_count: u64,
+        state: &S,
+        done: bool,
+        output: Option<serde_json::Value>,
+    ) -> Result<IterationCheckpoint, StoreError> {
+        Ok(IterationCheckpoint {
+            format_version: FORMAT_VERSION,
+            task_id: self.task_id.clone(),
+            phase: self.phase.clone(),
+            phase_index: self.phase_index,
+            scope: self.scope.clone(),
+            iteration_count,
+            checkpoint_interval: self.every,
+            partial_results: serde_json::to_value(state).map_err(StoreError::State)?,
+            last_checkpoint_at: Utc::now(),
+            attempt: self.attempt,
+            generation: 0,
+            done,
+            output,
+        })
+    }
+}
+
+impl Drop for LoopCheckpointer {
+    fn drop(&mut self) {
+        if let Err(err) = self.flush() {
+            tracing::error!(
+                task_id = %self.task_id,
+                phase = %self.phase,
+                error = %err,
+                "could not write the loop's last completed iteration on drop"
+            );
+        }
+    }
+}
