@@ -70,7 +70,7 @@ impl Default for RetryPolicy {
 impl RetryPolicy {
     /// The wait after `failures` failed attempts (1 → `backoff`, 2 → twice that, ...), capped.
     pub fn delay_after(&self, failures: u32) -> Duration {
-        let doublings = failures.saturating_sub(1).min(32);
+        let doublings = failures.saturating_sub(1).min(31);
         self.backoff
             .checked_mul(1u32 << doublings)
             .unwrap_or(self.max_backoff)
@@ -466,7 +466,7 @@ mod tests {
     #[test]
     fn errors_name_the_field() {
         let err = parse(r#"{"phases":[{"name":"a","run":["true"],"colour":1}]}"#).unwrap_err();
-        assert_eq!(err.field.as_deref(), Some("phases[0]"));
+        assert_eq!(err.field.as_deref(), Some("phases[0].colour"));
         assert!(err.problem.contains("colour"), "{err}");
 
         let err = parse(r#"{"phases":[{"name":"a","kind":"loop","run":["x"],"max_iterations":"5"}]}"#)

@@ -11,7 +11,7 @@ use std::collections::HashSet;
 use std::fs;
 use std::io::{self, Read};
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -333,7 +333,7 @@ fn read_regular_file(path: &Path) -> io::Result<Vec<u8>> {
 }
 
 /// True when the file's bytes so far end in the middle of a JSON document.
-fn looks_truncated(path: &PathBuf) -> bool {
+fn looks_truncated(path: &Path) -> bool {
     match read_regular_file(path) {
         Ok(bytes) => serde_json::from_slice::<serde::de::IgnoredAny>(&bytes)
             .err()

@@ -108,7 +108,7 @@ pub async fn run_command(run: CommandRun, shutdown: &Shutdown) -> io::Result<Run
                 io::Result::Ok(buf)
             };
             let ((), out) = tokio::join!(write, read);
-            io::Result::Ok(out?)
+            out
         };
         let timeout = async {
             match run.timeout {

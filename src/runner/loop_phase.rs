@@ -68,6 +68,7 @@ pub(super) async fn run(run: &PhaseRun<'_>) -> Result<PhaseEnd, PhaseError> {
 
     loop {
         if run.phase.max_iterations.is_some_and(|max| count >= max) {
+            set_progress(run, count, true);
             return finish(checkpointer, count, state, None).await;
         }
         if run.ctx.shutdown.is_stopping() {
@@ -95,7 +96,9 @@ pub(super) async fn run(run: &PhaseRun<'_>) -> Result<PhaseEnd, PhaseError> {
         tracing::debug!(task_id, phase = %run.phase.name, iteration = count - 1, "iteration done");
         let last = reply.done || run.phase.max_iterations.is_some_and(|max| count >= max);
         if last {
-            return finish(checkpointer, count, state, reply.output).await;
+            let end = finish(checkpointer, count, state, reply.output).await;
+            set_progress(run, count, end.is_ok());
+            return end;
         }
         let to_save = state.clone();
         let (returned, written) =
