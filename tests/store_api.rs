@@ -189,6 +189,15 @@ fn generation_numbers_are_never_reused_after_a_restart() {
 }
 
 #[test]
+fn store_types_can_move_between_threads() {
+    fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<CheckpointStore>();
+    assert_send_sync::<LoopCheckpointer>();
+    assert_send_sync::<FaultyFileOps>();
+    assert_send_sync::<StoreError>();
+}
+
+#[test]
 fn clones_share_the_generation_numbering() {
     let dir = tempfile::tempdir().unwrap();
     let store = CheckpointStore::open(dir.path()).unwrap();
@@ -232,6 +241,28 @@ fn errors_name_the_file_and_the_problem() {
     bad.task_id = "../escape".into();
     let err = store.save(&mut bad).unwrap_err();
     assert!(matches!(err, StoreError::InvalidTaskId { .. }), "{err}");
+    // A hand-made file with the largest generation number: an error, not an overflow.
+    let real = CheckpointStore::open(dir.path()).unwrap();
+    real.save(&mut checkpoint(1)).unwrap();
+    fs::copy(
+        dir.path().join("incremental/t1.json.gz"),
+        dir.path()
+            .join(format!("incremental/t1.{}.json.gz", u64::MAX)),
+    )
+    .unwrap();
+    let fresh = CheckpointStore::open(dir.path()).unwrap();
+    let err = fresh.save(&mut checkpoint(2)).unwrap_err();
+    assert!(err.to_string().contains("exhausted"), "{err}");
+    assert_eq!(
+        fresh
+            .latest(TASK)
+            .unwrap()
+            .unwrap()
+            .checkpoint
+            .iteration_count,
+        1
+    );
+
     assert!(matches!(
         store.latest("t.12"),
         Err(StoreError::InvalidTaskId { .. })
