@@ -42,7 +42,8 @@ pub enum StoreError {
     /// The storage failed; the message names the file and what was being done to it.
     #[error("{action} {key}: {source}")]
     Io {
-        /// What was being done: "writing", "reading", "listing", "removing", "creating".
+        /// What was being done: "writing", "reading", "listing", "removing", "creating",
+        /// "numbering".
         action: &'static str,
         /// The storage key (path relative to the queue root) involved.
         key: String,
@@ -188,7 +189,15 @@ impl CheckpointStore {
             Some(generation) => generation,
             None => self.last_generation_on_disk(&cp.task_id)?,
         };
-        let generation = previous + 1;
+        // Only a hand-made file can hold u64::MAX; refuse rather than wrap around.
+        let generation = previous.checked_add(1).ok_or_else(|| StoreError::Io {
+            action: "numbering",
+            key: latest_key(&cp.task_id),
+            source: io::Error::new(
+                io::ErrorKind::InvalidData,
+                "generation numbers are exhausted (a file claims generation u64::MAX)",
+            ),
+        })?;
         cp.generation = generation;
         cp.format_version = FORMAT_VERSION;
         cp.last_checkpoint_at = Utc::now();
@@ -283,7 +292,7 @@ impl CheckpointStore {
             let generation = match &decoded {
                 Ok(cp) => cp.generation,
                 // The number the next save keeps this file under (see last_generation_on_disk).
-                Err(_) => newest_older + 1,
+                Err(_) => newest_older.saturating_add(1),
             };
             history.push(generation_info(generation, key, &bytes, decoded));
         }
@@ -370,7 +379,7 @@ impl CheckpointStore {
             Ok(cp) if cp.generation >= newest_older => cp.generation,
             // The latest does not decode, or is older than a kept generation (restored by
             // hand): keep it under a number above every file on disk, so nothing is replaced.
-            _ => newest_older + 1,
+            _ => newest_older.saturating_add(1),
         })
     }
 

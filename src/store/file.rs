@@ -162,6 +162,13 @@ impl Storage for FileStorage {
     fn put(&self, key: &str, bytes: &[u8], keep_previous_as: Option<&str>) -> io::Result<()> {
         let target = self.path_of(key)?;
         let keep = keep_previous_as.map(|k| self.path_of(k)).transpose()?;
+        if keep.as_deref() == Some(target.as_path()) {
+            // Keeping the old object under its own key would remove it before the rename.
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("cannot keep the previous object of {key:?} under the same key"),
+            ));
+        }
         let (Some(parent), Some(target_name)) = (target.parent(), target.file_name()) else {
             // validate_key guarantees a non-empty last component, so this is unreachable.
             return Err(io::Error::new(
@@ -303,6 +310,21 @@ mod tests {
         store.remove("a/b.txt").unwrap();
         store.remove("a/b.txt").unwrap();
         assert_eq!(store.get("a/b.txt").unwrap(), None);
+    }
+
+    #[test]
+    fn keeping_the_previous_object_elsewhere_or_nowhere() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = FileStorage::new(dir.path());
+        store.put("a/x", b"one", None).unwrap();
+        let err = store.put("a/x", b"two", Some("a/x")).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::InvalidInput);
+        assert_eq!(store.get("a/x").unwrap().as_deref(), Some(&b"one"[..]));
+        store.put("a/x", b"two", Some("old/x")).unwrap();
+        assert_eq!(store.get("old/x").unwrap().as_deref(), Some(&b"one"[..]));
+        // Nothing to keep on a first write: the keep key stays absent.
+        store.put("b/y", b"new", Some("b/y.1")).unwrap();
+        assert_eq!(store.get("b/y.1").unwrap(), None);
     }
 
     #[test]
