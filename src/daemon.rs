@@ -4,8 +4,8 @@
 //! [`run`] takes its stop signal as a [`Shutdown`] handle, so an embedding program or a test can
 //! stop it without sending signals; the `cairn run` command wires SIGINT/SIGTERM to it.
 
-use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -72,9 +72,8 @@ pub enum DaemonError {
 
 /// Run the daemon on a queue until it is stopped (or idle, with `exit_when_idle`).
 pub async fn run(config: DaemonConfig, shutdown: Shutdown) -> Result<DaemonExit, DaemonError> {
-    let root = std::path::absolute(&config.queue_dir).map_err(|e| {
-        DaemonError::Setup(format!("queue {}: {e}", config.queue_dir.display()))
-    })?;
+    let root = std::path::absolute(&config.queue_dir)
+        .map_err(|e| DaemonError::Setup(format!("queue {}: {e}", config.queue_dir.display())))?;
     let queue = QueueDir::new(&root);
     queue
         .create_all()
@@ -85,7 +84,10 @@ pub async fn run(config: DaemonConfig, shutdown: Shutdown) -> Result<DaemonExit,
     let storage: Arc<dyn Storage> = Arc::new(FileStorage::new(&root));
     match storage.remove_temp_files() {
         Ok(removed) if !removed.is_empty() => {
-            tracing::info!(count = removed.len(), "removed temp files left by an earlier crash")
+            tracing::info!(
+                count = removed.len(),
+                "removed temp files left by an earlier crash"
+            )
         }
         Ok(_) => {}
         Err(e) => return Err(DaemonError::Setup(format!("cleaning temp files: {e}"))),
@@ -163,7 +165,9 @@ impl Scheduler {
         }
         self.load_pending().await?;
         if let Err(e) = self.ctx.work.persist().await {
-            return Err(DaemonError::Setup(format!("writing current_work.json: {e}")));
+            return Err(DaemonError::Setup(format!(
+                "writing current_work.json: {e}"
+            )));
         }
         tracing::info!(
             resumed = self.resume.len(),
@@ -458,7 +462,10 @@ impl Scheduler {
         });
     }
 
-    async fn attempt_finished(&mut self, joined: Result<(String, AttemptEnd), tokio::task::JoinError>) {
+    async fn attempt_finished(
+        &mut self,
+        joined: Result<(String, AttemptEnd), tokio::task::JoinError>,
+    ) {
         let (id, end) = match joined {
             Ok(result) => result,
             Err(e) => {
@@ -631,7 +638,9 @@ impl Scheduler {
 }
 
 fn lock(intake: &Mutex<Intake>) -> std::sync::MutexGuard<'_, Intake> {
-    intake.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    intake
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// Run blocking file work off the async thread; a panic there is re-raised here.

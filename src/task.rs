@@ -405,7 +405,10 @@ fn validate_name(name: &str, max_len: usize) -> Result<(), String> {
         return Err("must not be empty".into());
     }
     if name.len() > max_len {
-        return Err(format!("is {} characters, longer than {max_len}", name.len()));
+        return Err(format!(
+            "is {} characters, longer than {max_len}",
+            name.len()
+        ));
     }
     if let Some(bad) = name
         .chars()
@@ -469,8 +472,9 @@ mod tests {
         assert_eq!(err.field.as_deref(), Some("phases[0].colour"));
         assert!(err.problem.contains("colour"), "{err}");
 
-        let err = parse(r#"{"phases":[{"name":"a","kind":"loop","run":["x"],"max_iterations":"5"}]}"#)
-            .unwrap_err();
+        let err =
+            parse(r#"{"phases":[{"name":"a","kind":"loop","run":["x"],"max_iterations":"5"}]}"#)
+                .unwrap_err();
         assert_eq!(err.field.as_deref(), Some("phases[0].max_iterations"));
 
         let err = parse(r#"{"id":"../x","phases":[{"name":"a","run":["x"]}]}"#).unwrap_err();
@@ -497,7 +501,17 @@ mod tests {
 
     #[test]
     fn ids_that_could_escape_or_collide_are_refused() {
-        for bad in ["", ".", "..", "../x", "a/b", ".hidden", "x.3", "a b", &"x".repeat(129)] {
+        for bad in [
+            "",
+            ".",
+            "..",
+            "../x",
+            "a/b",
+            ".hidden",
+            "x.3",
+            "a b",
+            &"x".repeat(129),
+        ] {
             assert!(validate_id(bad).is_err(), "{bad:?} was accepted");
         }
         for good in ["lit-review-42", "a.b", "run_2", "v1.2a", "X"] {

@@ -43,7 +43,13 @@ The queue directory is --queue, else $CAIRN_QUEUE, else ./queue.";
 #[command(name = "cairn", version, after_help = AFTER_HELP)]
 pub struct Cli {
     /// The queue directory.
-    #[arg(long, global = true, env = "CAIRN_QUEUE", default_value = "./queue", value_name = "DIR")]
+    #[arg(
+        long,
+        global = true,
+        env = "CAIRN_QUEUE",
+        default_value = "./queue",
+        value_name = "DIR"
+    )]
     queue: PathBuf,
 
     /// More log output (-v debug, -vv trace); RUST_LOG overrides.
@@ -70,7 +76,11 @@ pub fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(e) => {
             let _ = e.print();
-            return ExitCode::from(if e.use_stderr() { exit::USAGE } else { exit::OK });
+            return ExitCode::from(if e.use_stderr() {
+                exit::USAGE
+            } else {
+                exit::OK
+            });
         }
     };
     init_logging(cli.verbose);

@@ -60,10 +60,16 @@ pub fn run(queue: &Path, args: RunArgs) -> u8 {
             let mut signals = signals;
             while let Some(signal) = signals.next().await {
                 if on_signal.is_stopping() {
-                    tracing::warn!(signal, "second stop signal: flushing committed work and exiting now");
+                    tracing::warn!(
+                        signal,
+                        "second stop signal: flushing committed work and exiting now"
+                    );
                     on_signal.request_immediate();
                 } else {
-                    tracing::info!(signal, "stop signal: finishing iterations in flight, then exiting");
+                    tracing::info!(
+                        signal,
+                        "stop signal: finishing iterations in flight, then exiting"
+                    );
                     on_signal.request_stop();
                 }
             }

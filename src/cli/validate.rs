@@ -20,7 +20,11 @@ pub fn run(args: ValidateArgs) -> u8 {
                 .iter()
                 .map(|p| format!("{} ({})", p.name, p.kind.as_str()))
                 .collect();
-            println!("{}: valid; phases: {}", args.file.display(), phases.join(", "));
+            println!(
+                "{}: valid; phases: {}",
+                args.file.display(),
+                phases.join(", ")
+            );
             exit::OK
         }
         Err(code) => code,

@@ -53,7 +53,11 @@ impl QueueLock {
                 let pid = pid.trim();
                 return Err(LockError::Held {
                     queue: queue.root().to_path_buf(),
-                    pid: if pid.is_empty() { "unknown".into() } else { pid.into() },
+                    pid: if pid.is_empty() {
+                        "unknown".into()
+                    } else {
+                        pid.into()
+                    },
                 });
             }
             Err((_, errno)) => return Err(io_err(std::io::Error::from(errno))),

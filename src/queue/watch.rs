@@ -30,35 +30,38 @@ impl std::fmt::Debug for InboxWatcher {
 impl InboxWatcher {
     /// Watch `inbox`. Errors and overflows from the watcher become `Changed` hints, so a lost
     /// event costs at most a re-scan.
-    pub fn start(inbox: &Path) -> notify::Result<(InboxWatcher, mpsc::UnboundedReceiver<InboxHint>)> {
+    pub fn start(
+        inbox: &Path,
+    ) -> notify::Result<(InboxWatcher, mpsc::UnboundedReceiver<InboxHint>)> {
         let (tx, rx) = mpsc::unbounded_channel();
-        let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
-            let hint = match event {
-                Ok(event) => {
-                    let complete = matches!(
-                        event.kind,
-                        EventKind::Access(AccessKind::Close(AccessMode::Write))
-                            | EventKind::Modify(ModifyKind::Name(RenameMode::To))
-                            | EventKind::Modify(ModifyKind::Name(RenameMode::Both))
-                    );
-                    let name = event
-                        .paths
-                        .last()
-                        .and_then(|p| p.file_name())
-                        .and_then(|n| n.to_str())
-                        .map(str::to_string);
-                    match (complete, name) {
-                        (true, Some(name)) => InboxHint::Complete(name),
-                        _ => InboxHint::Changed,
+        let mut watcher =
+            notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+                let hint = match event {
+                    Ok(event) => {
+                        let complete = matches!(
+                            event.kind,
+                            EventKind::Access(AccessKind::Close(AccessMode::Write))
+                                | EventKind::Modify(ModifyKind::Name(RenameMode::To))
+                                | EventKind::Modify(ModifyKind::Name(RenameMode::Both))
+                        );
+                        let name = event
+                            .paths
+                            .last()
+                            .and_then(|p| p.file_name())
+                            .and_then(|n| n.to_str())
+                            .map(str::to_string);
+                        match (complete, name) {
+                            (true, Some(name)) => InboxHint::Complete(name),
+                            _ => InboxHint::Changed,
+                        }
                     }
-                }
-                Err(e) => {
-                    tracing::warn!("inbox watcher: {e}; re-scanning");
-                    InboxHint::Changed
-                }
-            };
-            let _ = tx.send(hint);
-        })?;
+                    Err(e) => {
+                        tracing::warn!("inbox watcher: {e}; re-scanning");
+                        InboxHint::Changed
+                    }
+                };
+                let _ = tx.send(hint);
+            })?;
         watcher.watch(inbox, RecursiveMode::NonRecursive)?;
         Ok((InboxWatcher { _watcher: watcher }, rx))
     }

@@ -39,7 +39,10 @@ pub struct CommandRun {
 /// How a command run ended.
 #[derive(Debug)]
 pub enum RunEnd {
-    Exited { status: ExitStatus, stdout: Vec<u8> },
+    Exited {
+        status: ExitStatus,
+        stdout: Vec<u8>,
+    },
     /// Stopped by the daemon's shutdown (SIGTERM/SIGKILL to its group).
     Interrupted,
     TimedOut,
@@ -82,9 +85,9 @@ pub async fn run_command(run: CommandRun, shutdown: &Shutdown) -> io::Result<Run
             Ok(())
         });
     }
-    let mut child = command.spawn().map_err(|e| {
-        io::Error::new(e.kind(), format!("cannot start {program:?}: {e}"))
-    })?;
+    let mut child = command
+        .spawn()
+        .map_err(|e| io::Error::new(e.kind(), format!("cannot start {program:?}: {e}")))?;
     // The child leads its own group, so its pid is the group id.
     let group = child.id().map(|id| Pid::from_raw(id as i32));
     let mut stdin = child.stdin.take();

@@ -101,12 +101,11 @@ pub(super) async fn run(run: &PhaseRun<'_>) -> Result<PhaseEnd, PhaseError> {
             return end;
         }
         let to_save = state.clone();
-        let (returned, written) =
-            blocking(move || {
-                let written = checkpointer.checkpoint(count, &to_save);
-                (checkpointer, written)
-            })
-            .await?;
+        let (returned, written) = blocking(move || {
+            let written = checkpointer.checkpoint(count, &to_save);
+            (checkpointer, written)
+        })
+        .await?;
         checkpointer = returned;
         let written = written.map_err(storage_error)?;
         set_progress(run, count, written);

@@ -90,7 +90,12 @@ pub async fn run_attempt(ctx: &Arc<RunContext>, task: &Arc<Task>) -> AttemptEnd 
         }
         let inputs = match load_inputs(ctx, &entry.phase_outputs).await {
             Ok(inputs) => inputs,
-            Err(error) => return AttemptEnd::Failed { error, counts: false },
+            Err(error) => {
+                return AttemptEnd::Failed {
+                    error,
+                    counts: false,
+                }
+            }
         };
         ctx.work.update(|w| {
             if let Some(e) = w.get_mut(id) {
@@ -129,13 +134,26 @@ pub async fn run_attempt(ctx: &Arc<RunContext>, task: &Arc<Task>) -> AttemptEnd 
         match result {
             Ok(PhaseEnd::Completed(output)) => {
                 if let Err(error) = finish_phase(ctx, task, index, output).await {
-                    return AttemptEnd::Failed { error, counts: false };
+                    return AttemptEnd::Failed {
+                        error,
+                        counts: false,
+                    };
                 }
                 tracing::info!(task_id = id, phase = %phase.name, "phase finished");
             }
             Ok(PhaseEnd::Interrupted) => return AttemptEnd::Interrupted,
-            Err(PhaseError::Command(error)) => return AttemptEnd::Failed { error, counts: true },
-            Err(PhaseError::Storage(error)) => return AttemptEnd::Failed { error, counts: false },
+            Err(PhaseError::Command(error)) => {
+                return AttemptEnd::Failed {
+                    error,
+                    counts: true,
+                }
+            }
+            Err(PhaseError::Storage(error)) => {
+                return AttemptEnd::Failed {
+                    error,
+                    counts: false,
+                }
+            }
         }
     }
 }
@@ -164,7 +182,8 @@ async fn finish_phase(
     let next = task.phases.get(index + 1).map(|p| p.name.clone());
     ctx.work.update(|w| {
         if let Some(e) = w.get_mut(&id) {
-            e.phase_outputs.insert(task.phases[index].name.clone(), stored);
+            e.phase_outputs
+                .insert(task.phases[index].name.clone(), stored);
             e.phase_index = index + 1;
             if let Some(timing) = e.phases.last_mut() {
                 timing.finished_at = Some(Utc::now());
@@ -264,7 +283,11 @@ impl PhaseRun<'_> {
                 Utc::now().to_rfc3339(),
                 self.attempt
             ),
-            None => format!("=== {} attempt {} ===", Utc::now().to_rfc3339(), self.attempt),
+            None => format!(
+                "=== {} attempt {} ===",
+                Utc::now().to_rfc3339(),
+                self.attempt
+            ),
         };
         let stdin = serde_json::to_vec(request)
             .map_err(|e| PhaseError::Command(format!("encoding the request: {e}")))?;
@@ -307,7 +330,11 @@ impl PhaseRun<'_> {
         serde_json::from_slice(stdout).map_err(|e| {
             let text = String::from_utf8_lossy(stdout);
             let start: String = text.chars().take(200).collect();
-            let more = if text.chars().count() > 200 { "..." } else { "" };
+            let more = if text.chars().count() > 200 {
+                "..."
+            } else {
+                ""
+            };
             PhaseError::Command(format!(
                 "{}: the reply on stdout is not valid: {e}; it printed: {start:?}{more}",
                 self.describe(iteration)

@@ -67,7 +67,10 @@ impl WorkState {
 
     /// Change the in-memory state (call [`WorkState::persist`] to make it durable).
     pub fn update<R>(&self, change: impl FnOnce(&mut CurrentWork) -> R) -> R {
-        let mut work = self.work.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut work = self
+            .work
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
         change(&mut work)
     }
 
@@ -88,7 +91,10 @@ impl WorkState {
         self.storage
             .put(QueueDir::CURRENT_WORK_KEY, &bytes, None)
             .map_err(|e| {
-                std::io::Error::new(e.kind(), format!("writing {}: {e}", QueueDir::CURRENT_WORK_KEY))
+                std::io::Error::new(
+                    e.kind(),
+                    format!("writing {}: {e}", QueueDir::CURRENT_WORK_KEY),
+                )
             })
     }
 

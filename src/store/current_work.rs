@@ -54,7 +54,10 @@ impl CurrentWork {
     }
 
     pub fn remove(&mut self, task_id: &str) -> Option<ActiveTask> {
-        let index = self.active_tasks.iter().position(|t| t.task_id == task_id)?;
+        let index = self
+            .active_tasks
+            .iter()
+            .position(|t| t.task_id == task_id)?;
         Some(self.active_tasks.remove(index))
     }
 }
