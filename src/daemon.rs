@@ -36,6 +36,9 @@ pub struct DaemonConfig {
     pub max_tasks: usize,
     /// The slow re-scan of the inbox, in case a notification was lost.
     pub rescan_interval: Duration,
+    /// The storage backend; `None` is the file backend on `queue_dir`. Tests pass a
+    /// fault-injecting one.
+    pub storage: Option<Arc<dyn Storage>>,
 }
 
 impl DaemonConfig {
@@ -46,6 +49,7 @@ impl DaemonConfig {
             stop_grace: Duration::from_secs(30),
             max_tasks: 4,
             rescan_interval: Duration::from_secs(5),
+            storage: None,
         }
     }
 }
@@ -81,7 +85,10 @@ pub async fn run(config: DaemonConfig, shutdown: Shutdown) -> Result<DaemonExit,
     let _lock = QueueLock::acquire(&queue)?;
     tracing::info!(queue = %root.display(), pid = std::process::id(), "cairn daemon started");
 
-    let storage: Arc<dyn Storage> = Arc::new(FileStorage::new(&root));
+    let storage: Arc<dyn Storage> = match &config.storage {
+        Some(storage) => Arc::clone(storage),
+        None => Arc::new(FileStorage::new(&root)),
+    };
     match storage.remove_temp_files() {
         Ok(removed) if !removed.is_empty() => {
             tracing::info!(
@@ -165,9 +172,8 @@ impl Scheduler {
         }
         self.load_pending().await?;
         if let Err(e) = self.ctx.work.persist().await {
-            return Err(DaemonError::Setup(format!(
-                "writing current_work.json: {e}"
-            )));
+            // Not fatal: every later change writes the whole file again.
+            tracing::error!("{e}");
         }
         tracing::info!(
             resumed = self.resume.len(),
@@ -396,7 +402,10 @@ impl Scheduler {
                     self.add_pending(task);
                 }
             }
-            Err(e) => tracing::error!("scanning the inbox: {e}"),
+            Err(e) => {
+                tracing::error!("scanning the inbox: {e}; trying again shortly");
+                self.inbox_deferred = true;
+            }
         }
     }
 
@@ -510,7 +519,7 @@ impl Scheduler {
             }
         }
         if let Err(e) = self.ctx.work.persist().await {
-            tracing::error!("writing current_work.json: {e}");
+            tracing::error!("{e}");
         }
     }
 
@@ -632,7 +641,7 @@ impl Scheduler {
             }
         }
         if let Err(e) = self.ctx.work.persist().await {
-            tracing::error!("writing current_work.json: {e}");
+            tracing::error!("{e}");
         }
     }
 }

@@ -89,10 +89,13 @@ impl Intake {
             };
             let (suffix, original) = (suffix.to_string(), original.to_string());
             let path = self.queue.tasks().join(&claim);
-            self.record(
-                self.process_claim(&path, &original, &suffix, true)?,
-                &mut report,
-            );
+            match self.process_claim(&path, &original, &suffix, true) {
+                Ok(outcome) => self.record(outcome, &mut report),
+                Err(e) => {
+                    return_to_inbox(&path, &self.queue.inbox().join(&original));
+                    return Err(e);
+                }
+            }
         }
         Ok(report)
     }
@@ -147,8 +150,16 @@ impl Intake {
                     ))
                 }
             }
-            let outcome = self.process_claim(&claim, &name, &suffix, false)?;
-            self.record(outcome, &mut report);
+            match self.process_claim(&claim, &name, &suffix, false) {
+                Ok(outcome) => self.record(outcome, &mut report),
+                Err(e) => {
+                    return_to_inbox(&claim, &path);
+                    return Err(io::Error::new(
+                        e.kind(),
+                        format!("taking {}: {e}", path.display()),
+                    ));
+                }
+            }
         }
         Ok(report)
     }
@@ -246,7 +257,12 @@ impl Intake {
                 format!("a task with id {id:?} already exists in this queue"),
             ));
         }
-        self.storage.put(&task_key, &normalized, None)?;
+        if let Err(e) = self.storage.put(&task_key, &normalized, None) {
+            // The task did not exist before; if the write got as far as the rename, undo it so
+            // that taking the file again later does not find a "duplicate".
+            let _ = self.storage.remove(&task_key);
+            return Err(e);
+        }
         remove_claim(claim);
         Ok(Outcome::Accepted(task))
     }
@@ -277,7 +293,10 @@ impl Intake {
         });
         let mut bytes = serde_json::to_vec_pretty(&record).map_err(io::Error::other)?;
         bytes.push(b'\n');
-        self.storage.put(&record_key, &bytes, None)?;
+        if let Err(e) = self.storage.put(&record_key, &bytes, None) {
+            let _ = self.storage.remove(&record_key);
+            return Err(e);
+        }
         if link_target.is_some() {
             remove_claim(claim);
         } else {
@@ -288,6 +307,29 @@ impl Intake {
             file: file.to_string(),
             error,
         }))
+    }
+}
+
+/// Put a claimed file back where it was, when processing it failed (a full disk, say), so the
+/// next scan takes it again. Never replaces a file that has appeared there since.
+fn return_to_inbox(claim: &Path, inbox_path: &Path) {
+    let returned = match fs::hard_link(claim, inbox_path) {
+        Ok(()) => fs::remove_file(claim),
+        // Directories cannot be linked; they are moved back only if the name is still free.
+        Err(e) if claim.is_dir() && e.kind() != io::ErrorKind::AlreadyExists => {
+            if fs::symlink_metadata(inbox_path).is_ok() {
+                Err(io::Error::from(io::ErrorKind::AlreadyExists))
+            } else {
+                fs::rename(claim, inbox_path)
+            }
+        }
+        Err(e) => Err(e),
+    };
+    if let Err(e) = returned {
+        tracing::error!(
+            claim = %claim.display(),
+            "cannot return the file to the inbox ({e}); it is processed again at the next start"
+        );
     }
 }
 
