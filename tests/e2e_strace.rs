@@ -158,10 +158,8 @@ fn check_thread(text: &str, incremental: &str) -> usize {
                 if let Some(state) = temps.get_mut(&path) {
                     *state = (false, true);
                 }
-                if path == incremental {
-                    if awaiting_dir_sync.take().is_some() {
-                        committed += 1;
-                    }
+                if path == incremental && awaiting_dir_sync.take().is_some() {
+                    committed += 1;
                 }
             }
             "close" => {
