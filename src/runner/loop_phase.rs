@@ -34,8 +34,14 @@ struct LoopReply {
     output: Option<Value>,
 }
 
+/// An I/O error (a full disk) is retried without using up attempts; a checkpoint that cannot be
+/// used at all (every generation damaged) fails the attempt, so the task ends in `failed/` with
+/// the reason instead of retrying forever.
 fn storage_error(e: StoreError) -> PhaseError {
-    PhaseError::Storage(format!("checkpoint not written: {e}"))
+    match e {
+        StoreError::Io { .. } => PhaseError::Storage(format!("checkpoint storage: {e}")),
+        other => PhaseError::Command(format!("checkpoint: {other}")),
+    }
 }
 
 pub(super) async fn run(run: &PhaseRun<'_>) -> Result<PhaseEnd, PhaseError> {
