@@ -1,0 +1,533 @@
+//! Shared helpers for the end-to-end tests: a temp queue, the real `cairn` binary, a daemon
+//! handle that sends real signals, polling with deadlines, and readers for what cairn leaves on
+//! disk (records, checkpoints, `current_work.json`) and for the fixtures' side files.
+//!
+//! Each test reads as its scenario; the plumbing lives here. Nothing waits a fixed time for a
+//! state: [`wait_until`] polls with a generous deadline and says what it waited for.
+
+// Every test binary uses a different subset of these helpers.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant, SystemTime};
+
+use cairn::store::{decode_checkpoint, IterationCheckpoint};
+use nix::errno::Errno;
+use nix::sys::signal::{kill, killpg, Signal};
+use nix::unistd::Pid;
+use serde_json::{json, Value};
+use tempfile::TempDir;
+
+#[allow(unused_imports)] // not every test binary sends every signal
+pub use nix::sys::signal::Signal::{SIGINT, SIGKILL, SIGTERM};
+
+/// How long a test waits for a state before it fails. Generous: tests run in parallel on a
+/// small machine, and a deadline only costs time when something is wrong.
+pub const DEADLINE: Duration = Duration::from_secs(60);
+
+/// How often [`wait_until`] looks again.
+const POLL: Duration = Duration::from_millis(25);
+
+/// A test fixture's path (`tests/fixtures/<name>`).
+pub fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name)
+}
+
+/// Poll `condition` until it holds; panic with `what` once `timeout` has passed.
+pub fn wait_until(what: &str, timeout: Duration, mut condition: impl FnMut() -> bool) {
+    wait_for(what, timeout, || condition().then_some(()))
+}
+
+/// Poll `probe` until it returns a value; panic with `what` once `timeout` has passed.
+pub fn wait_for<T>(what: &str, timeout: Duration, mut probe: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(value) = probe() {
+            return value;
+        }
+        if Instant::now() >= deadline {
+            panic!("timed out after {timeout:?} waiting until {what}");
+        }
+        std::thread::sleep(POLL);
+    }
+}
+
+/// A queue directory in a fresh temp dir, plus room beside it (outside the queue) for side
+/// files and daemon logs. On a failing test its daemons' stderr is printed.
+pub struct TestQueue {
+    tmp: TempDir,
+    root: PathBuf,
+    daemons_started: AtomicUsize,
+}
+
+impl TestQueue {
+    pub fn new() -> TestQueue {
+        let tmp = tempfile::Builder::new()
+            .prefix("cairn-e2e-")
+            .tempdir()
+            .expect("creating a temp dir");
+        let root = tmp.path().join("queue");
+        fs::create_dir_all(root.join("inbox")).expect("creating the queue's inbox");
+        TestQueue {
+            tmp,
+            root,
+            daemons_started: AtomicUsize::new(0),
+        }
+    }
+
+    /// The queue directory.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// A path inside the queue, such as `done/t1.json`.
+    pub fn path(&self, rel: &str) -> PathBuf {
+        self.root.join(rel)
+    }
+
+    /// A path beside the queue (side files, helper files), never touched by cairn.
+    pub fn aux(&self, name: &str) -> PathBuf {
+        self.tmp.path().join(name)
+    }
+
+    /// `cairn --queue <queue>`, ready for a subcommand.
+    pub fn cairn(&self) -> Command {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_cairn"));
+        command.arg("--queue").arg(&self.root);
+        command.env_remove("CAIRN_QUEUE").env_remove("RUST_LOG");
+        command
+    }
+
+    /// Run `cairn --queue <queue> <args>` to its end, with `stdin` as its input.
+    pub fn cairn_output(&self, args: &[&str], stdin: &[u8]) -> Output {
+        let mut child = self
+            .cairn()
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("starting cairn");
+        child
+            .stdin
+            .take()
+            .expect("cairn's stdin")
+            .write_all(stdin)
+            .expect("writing cairn's stdin");
+        child.wait_with_output().expect("waiting for cairn")
+    }
+
+    /// Start `cairn run <args>` on this queue; its stderr goes to a file beside the queue.
+    pub fn start(&self, args: &[&str]) -> Daemon {
+        let n = self.daemons_started.fetch_add(1, Ordering::SeqCst) + 1;
+        let stderr_path = self.aux(&format!("daemon-{n}.stderr"));
+        let stderr = fs::File::create(&stderr_path).expect("creating the daemon's stderr file");
+        let child = self
+            .cairn()
+            .arg("run")
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(stderr)
+            .spawn()
+            .expect("starting cairn run");
+        Daemon {
+            child,
+            status: None,
+            stderr_path,
+            name: format!("daemon #{n}"),
+        }
+    }
+
+    /// Run `cairn run --exit-when-idle <args>` and expect it to drain the queue and exit 0.
+    pub fn run_until_idle(&self, args: &[&str]) {
+        let mut all = vec!["--exit-when-idle"];
+        all.extend_from_slice(args);
+        let mut daemon = self.start(&all);
+        let status = daemon.wait_exit(DEADLINE);
+        assert_eq!(
+            status.code(),
+            Some(0),
+            "{} exited with {status}",
+            daemon.name
+        );
+    }
+
+    /// Drop a task file into the inbox the way users are told to: write a dot-file, rename it.
+    pub fn drop_task(&self, name: &str, task: &Value) {
+        self.drop_bytes(name, &serde_json::to_vec_pretty(task).unwrap(), false);
+    }
+
+    /// Put a task file into the inbox of a queue whose daemon is not running, dated ten minutes
+    /// back, as a file copied in long ago: the daemon's first scan takes it at once instead of
+    /// waiting for a fresh file to settle.
+    pub fn seed_task(&self, name: &str, task: &Value) {
+        self.drop_bytes(name, &serde_json::to_vec_pretty(task).unwrap(), true);
+    }
+
+    /// Put `bytes` into `inbox/<name>` atomically (temp dot-file, then rename); `backdate`
+    /// dates the file ten minutes back, as if it had been there for a while.
+    pub fn drop_bytes(&self, name: &str, bytes: &[u8], backdate: bool) {
+        let temp = self.path(&format!("inbox/.{name}.writing"));
+        let mut file = fs::File::create(&temp).expect("creating a temp file in the inbox");
+        file.write_all(bytes).expect("writing a task file");
+        if backdate {
+            file.set_modified(SystemTime::now() - Duration::from_secs(600))
+                .expect("backdating a task file");
+        }
+        drop(file);
+        fs::rename(&temp, self.path(&format!("inbox/{name}"))).expect("renaming into the inbox");
+    }
+
+    /// `done/<id>.json`, if it exists.
+    pub fn done(&self, id: &str) -> Option<Value> {
+        read_json_if_exists(&self.path(&format!("done/{id}.json")))
+    }
+
+    /// `failed/<id>.json`, if it exists.
+    pub fn failed(&self, id: &str) -> Option<Value> {
+        read_json_if_exists(&self.path(&format!("failed/{id}.json")))
+    }
+
+    /// Wait for `done/<id>.json`; fail at once if the task lands in `failed/` instead.
+    pub fn wait_done(&self, id: &str) -> Value {
+        wait_for(&format!("task {id} is in done/"), DEADLINE, || {
+            if let Some(failed) = self.failed(id) {
+                panic!("task {id} failed instead of finishing: {failed:#}");
+            }
+            self.done(id)
+        })
+    }
+
+    /// Wait for `failed/<id>.json`; fail at once if the task lands in `done/` instead.
+    pub fn wait_failed(&self, id: &str) -> Value {
+        wait_for(&format!("task {id} is in failed/"), DEADLINE, || {
+            if let Some(done) = self.done(id) {
+                panic!("task {id} finished but was expected to fail: {done:#}");
+            }
+            self.failed(id)
+        })
+    }
+
+    /// The task's latest iteration checkpoint, `incremental/<id>.json.gz`, decoded.
+    pub fn checkpoint(&self, id: &str) -> IterationCheckpoint {
+        let path = self.path(&format!("incremental/{id}.json.gz"));
+        let bytes = fs::read(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+        decode_checkpoint(&bytes).unwrap_or_else(|e| panic!("decoding {}: {e}", path.display()))
+    }
+
+    /// `current_work.json`.
+    pub fn current_work(&self) -> Value {
+        read_json(&self.path("current_work.json"))
+    }
+
+    /// The task's entry in `current_work.json`'s `active_tasks`, if it has one.
+    pub fn active_entry(&self, id: &str) -> Option<Value> {
+        self.current_work()["active_tasks"]
+            .as_array()
+            .expect("current_work.json has an active_tasks list")
+            .iter()
+            .find(|entry| entry["task_id"] == id)
+            .cloned()
+    }
+
+    /// The rejection records in `failed/`, by the inbox file they were made for
+    /// (`inbox/<name>`).
+    pub fn rejections(&self) -> BTreeMap<String, Value> {
+        let mut found = BTreeMap::new();
+        let Ok(entries) = fs::read_dir(self.path("failed")) else {
+            return found;
+        };
+        for entry in entries {
+            let path = entry.unwrap().path();
+            if path.extension().is_some_and(|e| e == "json") {
+                let record = read_json(&path);
+                if record["status"] == "rejected" {
+                    let file = record["file"].as_str().expect("a rejection names its file");
+                    found.insert(file.to_string(), record);
+                }
+            }
+        }
+        found
+    }
+
+    /// The names in a directory of the queue (empty if it does not exist), sorted.
+    pub fn list(&self, rel: &str) -> Vec<String> {
+        list_dir(&self.path(rel))
+    }
+}
+
+impl Default for TestQueue {
+    fn default() -> Self {
+        TestQueue::new()
+    }
+}
+
+impl Drop for TestQueue {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            return;
+        }
+        for name in list_dir(self.tmp.path()) {
+            if name.ends_with(".stderr") {
+                let text = fs::read_to_string(self.tmp.path().join(&name)).unwrap_or_default();
+                eprintln!("----- {name} -----\n{text}----- end of {name} -----");
+            }
+        }
+    }
+}
+
+/// A running `cairn run`. Dropping it kills it (SIGKILL) if it is still running.
+pub struct Daemon {
+    child: Child,
+    status: Option<ExitStatus>,
+    stderr_path: PathBuf,
+    name: String,
+}
+
+impl Daemon {
+    pub fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    /// Send a real signal to the daemon process.
+    pub fn signal(&self, signal: Signal) {
+        kill(Pid::from_raw(self.pid()), signal)
+            .unwrap_or_else(|e| panic!("sending {signal} to {}: {e}", self.name));
+    }
+
+    /// The exit status, if it has exited.
+    pub fn try_status(&mut self) -> Option<ExitStatus> {
+        if self.status.is_none() {
+            self.status = self.child.try_wait().expect("checking on the daemon");
+        }
+        self.status
+    }
+
+    /// Wait for the daemon to exit; panic (with its stderr) after `timeout`.
+    pub fn wait_exit(&mut self, timeout: Duration) -> ExitStatus {
+        let name = self.name.clone();
+        wait_for(&format!("{name} exits"), timeout, || self.try_status())
+    }
+
+    /// SIGKILL the daemon and reap it.
+    pub fn kill_hard(&mut self) -> ExitStatus {
+        self.signal(SIGKILL);
+        self.wait_exit(DEADLINE)
+    }
+
+    /// What the daemon has written on stderr so far.
+    pub fn stderr(&self) -> String {
+        fs::read_to_string(&self.stderr_path).unwrap_or_default()
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if self.try_status().is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// True while a process with this pid exists and is not a zombie.
+pub fn process_alive(pid: i32) -> bool {
+    if kill(Pid::from_raw(pid), None).is_err() {
+        return false;
+    }
+    // A zombie still answers kill(pid, 0); it has stopped running, which is what counts here.
+    match fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => stat
+            .rsplit_once(") ")
+            .is_none_or(|(_, rest)| !rest.starts_with('Z')),
+        Err(_) => false,
+    }
+}
+
+/// The process group of a live (non-zombie) process.
+pub fn process_group_of(pid: i32) -> Option<i32> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name: state ppid pgrp ...
+    let (_, rest) = stat.rsplit_once(") ")?;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    if fields.first() == Some(&"Z") {
+        return None;
+    }
+    fields.get(2)?.parse().ok()
+}
+
+/// How many live (non-zombie) processes are in the process group `pgid`.
+pub fn group_members(pgid: i32) -> usize {
+    if killpg(Pid::from_raw(pgid), None) == Err(Errno::ESRCH) {
+        return 0;
+    }
+    list_dir(Path::new("/proc"))
+        .iter()
+        .filter_map(|name| name.parse::<i32>().ok())
+        .filter(|pid| process_group_of(*pid) == Some(pgid))
+        .count()
+}
+
+/// True while any process of the process group `pgid` is alive (zombies excepted).
+pub fn group_alive(pgid: i32) -> bool {
+    group_members(pgid) > 0
+}
+
+/// SIGKILLs a process group when dropped, so a test that fails does not leave its commands
+/// running behind it.
+pub struct KillGroupOnDrop(pub i32);
+
+impl Drop for KillGroupOnDrop {
+    fn drop(&mut self) {
+        let _ = killpg(Pid::from_raw(self.0), Signal::SIGKILL);
+    }
+}
+
+pub fn read_json(path: &Path) -> Value {
+    let bytes = fs::read(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    serde_json::from_slice(&bytes).unwrap_or_else(|e| panic!("parsing {}: {e}", path.display()))
+}
+
+pub fn read_json_if_exists(path: &Path) -> Option<Value> {
+    path.exists().then(|| read_json(path))
+}
+
+pub fn list_dir(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = match fs::read_dir(dir) {
+        Ok(entries) => entries
+            .filter_map(|e| e.ok())
+            .filter_map(|e| e.file_name().into_string().ok())
+            .collect(),
+        Err(_) => Vec::new(),
+    };
+    names.sort();
+    names
+}
+
+/// A loop task whose command is `tests/fixtures/logging_loop.py`: `iterations` iterations of
+/// `sleep` seconds each, logging to `side_file`. Change the returned JSON for variants.
+pub fn loop_task(id: &str, side_file: &Path, iterations: u64, sleep: f64) -> Value {
+    json!({
+        "id": id,
+        "phases": [{
+            "name": "count",
+            "kind": "loop",
+            "run": [
+                "python3",
+                fixture("logging_loop.py"),
+                side_file,
+                "--sleep",
+                sleep.to_string(),
+            ],
+            "max_iterations": iterations,
+        }],
+    })
+}
+
+/// Append arguments to the command of the task's first phase.
+pub fn add_args(task: &mut Value, args: &[&str]) {
+    let run = task["phases"][0]["run"].as_array_mut().expect("a run list");
+    run.extend(args.iter().map(|a| json!(a)));
+}
+
+/// What `logging_loop.py` returns after an uninterrupted run of `iterations` iterations.
+pub fn loop_result(iterations: u64) -> Value {
+    json!({
+        "sum": (0..iterations).map(|i| i * i).sum::<u64>(),
+        "seen": (0..iterations).collect::<Vec<_>>(),
+    })
+}
+
+/// One line of a `logging_loop.py` side file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SideEvent {
+    /// `start` or `end`.
+    pub event: String,
+    pub task: String,
+    pub iteration: u64,
+    pub attempt: u32,
+    pub pid: i32,
+}
+
+/// The side file's complete lines (a missing file has none; a line still being written is
+/// left out).
+pub fn side_events(path: &Path) -> Vec<SideEvent> {
+    let text = fs::read_to_string(path).unwrap_or_default();
+    let complete = match text.rfind('\n') {
+        Some(end) => &text[..=end],
+        None => "",
+    };
+    complete
+        .lines()
+        .map(|line| {
+            let f: Vec<&str> = line.split(' ').collect();
+            assert_eq!(f.len(), 5, "bad side-file line {line:?}");
+            SideEvent {
+                event: f[0].to_string(),
+                task: f[1].to_string(),
+                iteration: f[2].parse().unwrap(),
+                attempt: f[3].parse().unwrap(),
+                pid: f[4].parse().unwrap(),
+            }
+        })
+        .collect()
+}
+
+/// The iterations that ran to their end, in order, per the side file.
+pub fn ended_iterations(path: &Path) -> Vec<u64> {
+    side_events(path)
+        .into_iter()
+        .filter(|e| e.event == "end")
+        .map(|e| e.iteration)
+        .collect()
+}
+
+/// How many times each iteration was started, per the side file.
+pub fn start_counts(path: &Path) -> BTreeMap<u64, usize> {
+    let mut counts = BTreeMap::new();
+    for e in side_events(path) {
+        if e.event == "start" {
+            *counts.entry(e.iteration).or_default() += 1;
+        }
+    }
+    counts
+}
+
+/// Start an uninterrupted run of a task in a fresh queue, as the reference to compare an
+/// interrupted run with. `make_task` builds the task given a side file of the reference's own.
+/// Wait for it with [`Daemon::wait_exit`], then read its result with [`TestQueue::wait_done`].
+pub fn start_reference(make_task: impl FnOnce(&Path) -> Value) -> (TestQueue, Daemon) {
+    let queue = TestQueue::new();
+    let task = make_task(&queue.aux("reference.side"));
+    let id = task["id"].as_str().expect("the task has an id").to_string();
+    queue.seed_task(&format!("{id}.json"), &task);
+    let daemon = queue.start(&["--exit-when-idle"]);
+    (queue, daemon)
+}
+
+/// Wait for a reference run started by [`start_reference`] and return the task's result.
+pub fn reference_result(reference: &mut (TestQueue, Daemon), id: &str) -> Value {
+    let status = reference.1.wait_exit(DEADLINE);
+    assert_eq!(
+        status.code(),
+        Some(0),
+        "the reference daemon exited with {status}"
+    );
+    reference.0.wait_done(id)["result"].clone()
+}
+
+/// A one-phase task whose `once` command replies `reply` (JSON without single quotes).
+pub fn once_task(id: &str, reply: &Value) -> Value {
+    json!({
+        "id": id,
+        "phases": [{"name": "say", "run": ["sh", "-c", format!("printf '%s' '{reply}'")]}],
+    })
+}

@@ -1,0 +1,253 @@
+//! `cairn submit` and `cairn validate` as a user runs them: ids on stdout, atomic arrival in the
+//! inbox, exit codes that mean something (0 ok, 3 invalid task), errors that name the file and
+//! the field, and `-` for stdin.
+
+mod common;
+
+use std::fs;
+use std::path::Path;
+use std::sync::mpsc;
+
+use common::*;
+use notify::event::{ModifyKind, RenameMode};
+use notify::{EventKind, RecursiveMode, Watcher};
+use serde_json::{json, Value};
+
+fn stdout_of(output: &std::process::Output) -> String {
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+fn stderr_of(output: &std::process::Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+fn write_task_file(queue: &TestQueue, name: &str, task: &Value) -> String {
+    let path = queue.aux(name);
+    fs::write(&path, serde_json::to_vec_pretty(task).unwrap()).unwrap();
+    path.display().to_string()
+}
+
+#[test]
+fn submit_prints_the_id_the_file_arrives_atomically_and_the_task_completes() {
+    let queue = TestQueue::new();
+    let mut task = once_task("ignored", &json!({"submitted": true}));
+    task.as_object_mut().unwrap().remove("id");
+    let file = write_task_file(&queue, "report.json", &task);
+
+    // Watch the inbox while submitting: the file must appear by a rename, never be written
+    // in place under its final name.
+    let (tx, rx) = mpsc::channel();
+    let mut watcher = notify::recommended_watcher(move |event| {
+        let _ = tx.send(event);
+    })
+    .unwrap();
+    watcher
+        .watch(&queue.path("inbox"), RecursiveMode::NonRecursive)
+        .unwrap();
+
+    let output = queue.cairn_output(&["submit", &file], b"");
+    assert_eq!(output.status.code(), Some(0), "{}", stderr_of(&output));
+    let id = stdout_of(&output).trim_end_matches('\n').to_string();
+    assert!(!id.contains('\n'), "more than the id on stdout: {id:?}");
+    let suffix = id
+        .strip_prefix("report-")
+        .unwrap_or_else(|| panic!("the id {id:?} is not derived from the file name"));
+    assert_eq!(suffix.len(), 6, "{id}");
+    assert!(suffix.chars().all(|c| c.is_ascii_hexdigit()), "{id}");
+
+    let final_name = format!("{id}.json");
+    let mut events = Vec::new();
+    wait_until("the inbox watch sees the rename", DEADLINE, || {
+        while let Ok(event) = rx.try_recv() {
+            events.push(event.expect("inbox watch"));
+        }
+        events.iter().any(|e| {
+            matches!(e.kind, EventKind::Modify(ModifyKind::Name(RenameMode::To)))
+                && e.paths.iter().any(|p| p.ends_with(&final_name))
+        })
+    });
+    drop(watcher);
+    // (Closing the renamed file afterwards is fine: its content was whole before the rename.)
+    for event in &events {
+        let names_final = event.paths.iter().any(|p| p.ends_with(&final_name));
+        let writes = matches!(
+            event.kind,
+            EventKind::Create(_) | EventKind::Modify(ModifyKind::Data(_))
+        );
+        assert!(
+            !(names_final && writes),
+            "{final_name} was written in place: {event:?} (all events: {events:#?})"
+        );
+    }
+    let temp_names: Vec<String> = events
+        .iter()
+        .filter(|e| matches!(e.kind, EventKind::Create(_)))
+        .flat_map(|e| e.paths.iter())
+        .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        !temp_names.is_empty() && temp_names.iter().all(|n| n.starts_with('.')),
+        "the file was not written as a dot-file first: {temp_names:?}"
+    );
+
+    assert_eq!(queue.list("inbox"), vec![final_name.clone()]);
+    let queued = read_json(&queue.path(&format!("inbox/{final_name}")));
+    assert_eq!(
+        queued["id"],
+        json!(id),
+        "the id is written into the queued file"
+    );
+    assert_eq!(queued["phases"][0]["run"], task["phases"][0]["run"]);
+
+    queue.run_until_idle(&[]);
+    let done = queue.done(&id).expect("the submitted task is done");
+    assert_eq!(done["result"], json!({"submitted": true}));
+    assert!(queue.list("inbox").is_empty());
+
+    // The same id again is refused, and nothing new lands in the inbox.
+    let mut again = task.clone();
+    again["id"] = json!(id);
+    let again_file = write_task_file(&queue, "again.json", &again);
+    let output = queue.cairn_output(&["submit", &again_file], b"");
+    assert_eq!(output.status.code(), Some(3), "{output:?}");
+    assert!(stderr_of(&output).contains("already exists"), "{output:?}");
+    assert!(queue.list("inbox").is_empty());
+}
+
+#[test]
+fn submit_of_an_invalid_file_exits_3_naming_the_file_and_the_field() {
+    let queue = TestQueue::new();
+    let mut no_program = once_task("bad-run", &json!(1));
+    no_program["phases"][0]["run"] = json!([]);
+    let mut unknown = once_task("bad-field", &json!(1));
+    unknown["phases"][0]["retries"] = json!(2);
+    let mut bad_id = once_task("x", &json!(1));
+    bad_id["id"] = json!("../x");
+    for (name, task, field) in [
+        ("no-program.json", no_program, "phases[0].run"),
+        ("unknown.json", unknown, "phases[0].retries"),
+        ("bad-id.json", bad_id, "`id`"),
+    ] {
+        let file = write_task_file(&queue, name, &task);
+        let output = queue.cairn_output(&["submit", &file], b"");
+        let stderr = stderr_of(&output);
+        assert_eq!(output.status.code(), Some(3), "{name}: {stderr}");
+        assert!(
+            stderr.contains(&file),
+            "{name}: the file is not named: {stderr}"
+        );
+        assert!(
+            stderr.contains(field),
+            "{name}: {field} is not named: {stderr}"
+        );
+        assert_eq!(stdout_of(&output), "", "{name}");
+    }
+    let output = queue.cairn_output(&["submit", "/nonexistent/task.json"], b"");
+    assert_eq!(output.status.code(), Some(1), "{output:?}");
+    assert!(stderr_of(&output).contains("/nonexistent/task.json"));
+    assert!(queue.list("inbox").is_empty(), "{:?}", queue.list("inbox"));
+}
+
+#[test]
+fn validate_exits_0_for_a_valid_file_and_3_for_invalid_ones() {
+    let queue = TestQueue::new();
+    let valid = write_task_file(
+        &queue,
+        "valid.json",
+        &loop_task("v", Path::new("/dev/null"), 3, 0.0),
+    );
+    let output = queue.cairn_output(&["validate", &valid], b"");
+    assert_eq!(output.status.code(), Some(0), "{}", stderr_of(&output));
+    assert!(
+        stdout_of(&output).contains("valid"),
+        "{}",
+        stdout_of(&output)
+    );
+    assert!(
+        stdout_of(&output).contains("count (loop)"),
+        "{}",
+        stdout_of(&output)
+    );
+
+    let mut zero = loop_task("z", Path::new("/dev/null"), 3, 0.0);
+    zero["phases"][0]["checkpoint_every"] = json!(0);
+    let huge_meta =
+        json!({"phases": [{"name": "a", "run": ["true"]}], "meta": "x".repeat(1 << 21)});
+    let cases: Vec<(&str, Vec<u8>, &str)> = vec![
+        ("syntax.json", b"{\"phases\": [".to_vec(), "not valid JSON"),
+        (
+            "types.json",
+            br#"{"phases": "all of them"}"#.to_vec(),
+            "invalid type",
+        ),
+        (
+            "zero.json",
+            serde_json::to_vec(&zero).unwrap(),
+            "phases[0].checkpoint_every",
+        ),
+        (
+            "huge.json",
+            serde_json::to_vec(&huge_meta).unwrap(),
+            "larger than the limit",
+        ),
+    ];
+    for (name, bytes, word) in cases {
+        let path = queue.aux(name);
+        fs::write(&path, bytes).unwrap();
+        let file = path.display().to_string();
+        let output = queue.cairn_output(&["validate", &file], b"");
+        let stderr = stderr_of(&output);
+        assert_eq!(output.status.code(), Some(3), "{name}: {stderr}");
+        assert!(stderr.contains(&file), "{name}: {stderr}");
+        assert!(stderr.contains(word), "{name}: {word:?} missing: {stderr}");
+    }
+    let dir = queue.aux("a-dir.json");
+    fs::create_dir(&dir).unwrap();
+    let output = queue.cairn_output(&["validate", &dir.display().to_string()], b"");
+    assert_eq!(output.status.code(), Some(3), "{output:?}");
+    assert!(stderr_of(&output).contains("not a regular file"));
+    // validate changes nothing.
+    assert!(queue.list("inbox").is_empty());
+}
+
+#[test]
+fn submit_dash_reads_the_task_from_stdin() {
+    let queue = TestQueue::new();
+    let named = serde_json::to_vec(&once_task("from-stdin", &json!("piped"))).unwrap();
+    let output = queue.cairn_output(&["submit", "-"], &named);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr_of(&output));
+    assert_eq!(stdout_of(&output), "from-stdin\n");
+
+    let mut anonymous = once_task("x", &json!("anonymous"));
+    anonymous.as_object_mut().unwrap().remove("id");
+    let output = queue.cairn_output(&["submit", "-"], &serde_json::to_vec(&anonymous).unwrap());
+    assert_eq!(output.status.code(), Some(0), "{}", stderr_of(&output));
+    let generated = stdout_of(&output).trim().to_string();
+    assert!(generated.starts_with("task-"), "{generated}");
+
+    let output = queue.cairn_output(&["submit", "-"], b"{\"phases\": 7}");
+    assert_eq!(output.status.code(), Some(3), "{output:?}");
+    assert!(
+        stderr_of(&output).contains("<stdin>"),
+        "{}",
+        stderr_of(&output)
+    );
+    assert!(
+        stderr_of(&output).contains("phases"),
+        "{}",
+        stderr_of(&output)
+    );
+
+    let mut inbox = queue.list("inbox");
+    inbox.sort();
+    let mut expected = vec!["from-stdin.json".to_string(), format!("{generated}.json")];
+    expected.sort();
+    assert_eq!(inbox, expected);
+
+    queue.run_until_idle(&[]);
+    assert_eq!(queue.done("from-stdin").unwrap()["result"], json!("piped"));
+    assert_eq!(
+        queue.done(&generated).unwrap()["result"],
+        json!("anonymous")
+    );
+}

@@ -1,0 +1,239 @@
+//! Hard crashes of the real daemon: SIGKILL at random moments, several times in a row, loses at
+//! most the iteration in flight per kill (at most `checkpoint_every` of them with N > 1), and
+//! the task still ends with the result of an uninterrupted run. Children die with the daemon,
+//! and a stop whose grace runs out still ends every command's process group.
+
+mod common;
+
+use std::os::unix::process::ExitStatusExt;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use common::*;
+use serde_json::{json, Value};
+
+const ITERATIONS: u64 = 20;
+const SLEEP: f64 = 0.1;
+const KILLS: usize = 4;
+
+/// The loop task of the SIGKILL scenarios. Its attempts are plentiful: a kill that lands before
+/// an attempt has written a checkpoint counts as a failed attempt, which is not what is tested.
+fn crash_task(side: &Path, checkpoint_every: u64) -> Value {
+    let mut task = loop_task("crashy", side, ITERATIONS, SLEEP);
+    task["retry"] = json!({"max_attempts": 50, "backoff": "100ms"});
+    if checkpoint_every > 1 {
+        task["phases"][0]["checkpoint_every"] = json!(checkpoint_every);
+    }
+    task
+}
+
+/// SIGKILL the daemon `KILLS` times at random moments, restart it, and check the result and
+/// how much work each kill cost.
+fn sigkill_repeatedly(checkpoint_every: u64) {
+    let mut reference = start_reference(|side| crash_task(side, checkpoint_every));
+    let queue = TestQueue::new();
+    let side = queue.aux("crashy.side");
+    queue.seed_task("crashy.json", &crash_task(&side, checkpoint_every));
+
+    let mut kills = 0;
+    for _ in 0..KILLS {
+        let mut daemon = queue.start(&[]);
+        // A random moment, not a wait for a state: that is the point of the scenario.
+        std::thread::sleep(Duration::from_millis(300 + fastrand::u64(..1200)));
+        if queue.done("crashy").is_some() {
+            break;
+        }
+        let status = daemon.kill_hard();
+        assert_eq!(status.signal(), Some(9), "{status}");
+        kills += 1;
+
+        // Whatever the kill interrupted, the last checkpoint decodes and is consistent.
+        if queue.path("incremental/crashy.json.gz").exists() {
+            let checkpoint = queue.checkpoint("crashy");
+            let count = checkpoint.iteration_count;
+            assert_eq!(checkpoint.partial_results, loop_result(count));
+            let ended = ended_iterations(&side);
+            assert!(
+                count == 0 || ended.contains(&(count - 1)),
+                "checkpoint {count} ahead of the iterations run: {ended:?}"
+            );
+        }
+    }
+    assert!(
+        kills >= 2,
+        "only {kills} kills landed before the task finished"
+    );
+    queue.run_until_idle(&[]);
+
+    let done = queue.done("crashy").expect("done/crashy.json");
+    assert_eq!(done["status"], "done");
+    let expected = reference_result(&mut reference, "crashy");
+    assert_eq!(expected, loop_result(ITERATIONS), "the reference run");
+    assert_eq!(done["result"], expected);
+
+    // Each daemon run (one attempt each) continues where the checkpoint left off.
+    let events = side_events(&side);
+    let mut attempts: Vec<u32> = events.iter().map(|e| e.attempt).collect();
+    attempts.dedup();
+    let mut sorted = attempts.clone();
+    sorted.sort();
+    sorted.dedup();
+    assert_eq!(attempts, sorted, "attempts interleave in the side file");
+    let starts_of = |attempt: u32| -> Vec<u64> {
+        events
+            .iter()
+            .filter(|e| e.attempt == attempt && e.event == "start")
+            .map(|e| e.iteration)
+            .collect()
+    };
+    let mut previous_last: Option<u64> = None;
+    for &attempt in &attempts {
+        let starts = starts_of(attempt);
+        let first = starts[0];
+        let consecutive: Vec<u64> = (first..first + starts.len() as u64).collect();
+        assert_eq!(starts, consecutive, "attempt {attempt} skipped or repeated");
+        match previous_last {
+            None => assert_eq!(first, 0),
+            Some(last) => {
+                // Re-run: the iterations from the last checkpoint up to the one in flight.
+                let rerun = (last + 1).checked_sub(first);
+                assert!(
+                    rerun.is_some_and(|n| n <= checkpoint_every),
+                    "attempt {attempt} started at {first} after the previous one started {last}"
+                );
+                if first != last + 1 {
+                    assert_eq!(first % checkpoint_every, 0, "resumed between checkpoints");
+                }
+            }
+        }
+        previous_last = starts.last().copied();
+    }
+    assert_eq!(previous_last, Some(ITERATIONS - 1));
+
+    let counts = start_counts(&side);
+    assert_eq!(counts.len() as u64, ITERATIONS);
+    let reruns: usize = counts.values().map(|n| n - 1).sum();
+    assert!(
+        reruns <= kills * checkpoint_every as usize,
+        "{reruns} re-runs after {kills} kills: {counts:?}"
+    );
+    if checkpoint_every == 1 {
+        assert!(counts.values().all(|&n| n <= 1 + kills), "{counts:?}");
+    }
+    assert!(queue.active_entry("crashy").is_none());
+    let leftovers: Vec<String> = queue
+        .list("incremental")
+        .into_iter()
+        .filter(|n| n.ends_with(".tmp"))
+        .collect();
+    assert!(leftovers.is_empty(), "temp files left: {leftovers:?}");
+}
+
+#[test]
+fn sigkill_at_random_moments_reruns_at_most_the_iteration_in_flight() {
+    sigkill_repeatedly(1);
+}
+
+#[test]
+fn sigkill_with_checkpoint_every_3_reruns_at_most_3_iterations_per_kill() {
+    sigkill_repeatedly(3);
+}
+
+#[test]
+fn a_command_dies_with_the_daemon() {
+    let queue = TestQueue::new();
+    let side = queue.aux("sleepy.side");
+    queue.seed_task("sleepy.json", &loop_task("sleepy", &side, 3, 30.0));
+    let mut daemon = queue.start(&[]);
+    let child = wait_for("the command has started", DEADLINE, || {
+        side_events(&side).into_iter().next()
+    });
+    let _cleanup = KillGroupOnDrop(child.pid);
+    assert!(process_alive(child.pid));
+    daemon.kill_hard();
+    wait_until(
+        &format!("the command (pid {}) is gone", child.pid),
+        Duration::from_secs(10),
+        || !process_alive(child.pid),
+    );
+    assert!(ended_iterations(&side).is_empty());
+}
+
+#[test]
+fn a_commands_whole_process_group_dies_with_the_daemon() {
+    // A shell wrapper is a common command; its own children must not outlive the daemon
+    // either, or a restarted daemon races an orphan doing the same work.
+    let queue = TestQueue::new();
+    let pid_file = queue.aux("wrapper.pid");
+    let script = format!(
+        "echo $$ > {}; sleep 30; echo '{{\"ok\": true}}'",
+        pid_file.display()
+    );
+    queue.seed_task(
+        "wrapper.json",
+        &json!({"id": "wrapper", "phases": [{"name": "wrap", "run": ["sh", "-c", script]}]}),
+    );
+    let mut daemon = queue.start(&[]);
+    let group = wait_for("the wrapper has started", DEADLINE, || {
+        std::fs::read_to_string(&pid_file)
+            .ok()?
+            .trim()
+            .parse::<i32>()
+            .ok()
+    });
+    let _cleanup = KillGroupOnDrop(group);
+    wait_until("the wrapper's sleep has started", DEADLINE, || {
+        group_members(group) >= 2
+    });
+    daemon.kill_hard();
+    wait_until(
+        &format!("the command's process group {group} is gone"),
+        Duration::from_secs(10),
+        || !group_alive(group),
+    );
+}
+
+#[test]
+fn a_stop_whose_grace_runs_out_ends_the_command_group_and_exits_0() {
+    let queue = TestQueue::new();
+    let pid_file = queue.aux("stubborn.pid");
+    let script = format!(
+        "echo $$ > {}; sleep 30; echo '{{\"ok\": true}}'",
+        pid_file.display()
+    );
+    queue.seed_task(
+        "stubborn.json",
+        &json!({"id": "stubborn", "phases": [{"name": "wait", "run": ["sh", "-c", script]}]}),
+    );
+    let mut daemon = queue.start(&["--stop-grace", "1s"]);
+    let group = wait_for("the command has started", DEADLINE, || {
+        std::fs::read_to_string(&pid_file)
+            .ok()?
+            .trim()
+            .parse::<i32>()
+            .ok()
+    });
+    let _cleanup = KillGroupOnDrop(group);
+    wait_until("the command's sleep has started", DEADLINE, || {
+        group_members(group) >= 2
+    });
+    let stopped_at = Instant::now();
+    daemon.signal(SIGTERM);
+    let status = daemon.wait_exit(DEADLINE);
+    let took = stopped_at.elapsed();
+    assert_eq!(status.code(), Some(0), "{status}");
+    assert!(
+        took < Duration::from_secs(15),
+        "the stop took {took:?}, the command would have taken 30 s"
+    );
+    assert!(
+        !group_alive(group),
+        "the command's process group {group} outlived the daemon"
+    );
+    let entry = queue
+        .active_entry("stubborn")
+        .expect("the task is in flight");
+    assert_eq!(entry["status"], "interrupted", "{entry:#}");
+    assert!(queue.done("stubborn").is_none());
+    assert!(queue.failed("stubborn").is_none());
+}

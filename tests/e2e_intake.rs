@@ -1,0 +1,334 @@
+//! The inbox as users and accidents fill it: bad files dropped straight into `inbox/` end in
+//! `failed/` with a reason while the daemon keeps running, half-written files wait until they
+//! are complete, and only one daemon owns a queue.
+
+mod common;
+
+use std::fs;
+use std::io::Write;
+use std::time::Duration;
+
+use common::*;
+use serde_json::{json, Value};
+
+/// A file dropped into the inbox and what its rejection record must say.
+struct BadCase {
+    name: &'static str,
+    /// The record's `field` (`None`: the file as a whole).
+    field: Option<&'static str>,
+    /// A word the record's `problem` (and `reason`) must contain.
+    word: &'static str,
+}
+
+#[test]
+fn bad_input_is_rejected_with_a_reason_and_the_daemon_keeps_running() {
+    let queue = TestQueue::new();
+    let mut daemon = queue.start(&[]);
+    let valid = |id: &str| once_task(id, &json!({"task": id}));
+
+    // The first owner of the id "dup" is accepted and runs.
+    queue.drop_task("dup.json", &valid("dup"));
+    assert_eq!(queue.wait_done("dup")["result"], json!({"task": "dup"}));
+
+    let mut cases = Vec::new();
+    let mut kept_bytes: Vec<(&str, Vec<u8>)> = Vec::new();
+    let mut drop_case = |case: BadCase, bytes: Option<Vec<u8>>| {
+        if let Some(bytes) = bytes {
+            queue.drop_bytes(case.name, &bytes, false);
+            kept_bytes.push((case.name, bytes));
+        }
+        cases.push(case);
+    };
+
+    drop_case(
+        BadCase {
+            name: "malformed.json",
+            field: Some("phases[0]"),
+            word: "not valid JSON",
+        },
+        Some(br#"{"phases": [oops]}"#.to_vec()),
+    );
+    let mut unknown = valid("unknown-field");
+    unknown["colour"] = json!("red");
+    drop_case(
+        BadCase {
+            name: "unknown-field.json",
+            field: Some("colour"),
+            word: "unknown field `colour`",
+        },
+        Some(serde_json::to_vec(&unknown).unwrap()),
+    );
+    let mut wrong_type = valid("wrong-type");
+    wrong_type["priority"] = json!("high");
+    drop_case(
+        BadCase {
+            name: "wrong-type.json",
+            field: Some("priority"),
+            word: "invalid type",
+        },
+        Some(serde_json::to_vec(&wrong_type).unwrap()),
+    );
+    drop_case(
+        BadCase {
+            name: "escape.json",
+            field: Some("id"),
+            word: "'/'",
+        },
+        Some(serde_json::to_vec(&valid("../x")).unwrap()),
+    );
+    drop_case(
+        BadCase {
+            name: "dup-again.json",
+            field: Some("id"),
+            word: "already exists",
+        },
+        Some(serde_json::to_vec(&valid("dup")).unwrap()),
+    );
+    let mut huge = valid("huge");
+    huge["meta"] = json!({"padding": "x".repeat(1100 * 1024)});
+    drop_case(
+        BadCase {
+            name: "huge.json",
+            field: None,
+            word: "larger than the limit",
+        },
+        Some(serde_json::to_vec(&huge).unwrap()),
+    );
+    drop_case(
+        BadCase {
+            name: "notes.txt",
+            field: None,
+            word: "<name>.json",
+        },
+        Some(serde_json::to_vec(&valid("notes")).unwrap()),
+    );
+
+    // A symlink to a valid task file elsewhere.
+    let target = queue.aux("linked.json");
+    fs::write(&target, serde_json::to_vec(&valid("linked")).unwrap()).unwrap();
+    std::os::unix::fs::symlink(&target, queue.path("inbox/link.json")).unwrap();
+    drop_case(
+        BadCase {
+            name: "link.json",
+            field: None,
+            word: "symbolic link",
+        },
+        None,
+    );
+    nix::unistd::mkfifo(
+        &queue.path("inbox/pipe.json"),
+        nix::sys::stat::Mode::from_bits_truncate(0o644),
+    )
+    .unwrap();
+    drop_case(
+        BadCase {
+            name: "pipe.json",
+            field: None,
+            word: "FIFO",
+        },
+        None,
+    );
+    fs::create_dir(queue.path("inbox/x.json")).unwrap();
+    drop_case(
+        BadCase {
+            name: "x.json",
+            field: None,
+            word: "directory",
+        },
+        None,
+    );
+    // Truncated for good (left alone for minutes): rejected, not kept waiting forever.
+    let cut = br#"{"id": "cut", "phases": ["#.to_vec();
+    queue.drop_bytes("cut.json", &cut, true);
+    kept_bytes.push(("cut.json", cut));
+    cases.push(BadCase {
+        name: "cut.json",
+        field: Some("phases"),
+        word: "EOF",
+    });
+
+    // Ignored until renamed: dot-files and .tmp files.
+    fs::write(queue.path("inbox/.hidden.json"), b"{").unwrap();
+    fs::write(queue.path("inbox/later.json.tmp"), b"{").unwrap();
+
+    queue.drop_task("after.json", &valid("after"));
+    assert_eq!(queue.wait_done("after")["result"], json!({"task": "after"}));
+    wait_until(
+        &format!("{} rejection records are in failed/", cases.len()),
+        DEADLINE,
+        || queue.rejections().len() >= cases.len(),
+    );
+    assert!(daemon.try_status().is_none(), "the daemon exited");
+
+    let rejections = queue.rejections();
+    assert_eq!(rejections.len(), cases.len(), "{rejections:#?}");
+    for case in &cases {
+        let file = format!("inbox/{}", case.name);
+        let record = rejections
+            .get(&file)
+            .unwrap_or_else(|| panic!("no rejection record for {file}: {rejections:#?}"));
+        assert_eq!(record["status"], "rejected", "{record:#}");
+        assert_eq!(record["field"], json!(case.field), "{file}: {record:#}");
+        let problem = record["problem"].as_str().unwrap();
+        assert!(problem.contains(case.word), "{file}: {problem:?}");
+        let reason = record["reason"].as_str().unwrap();
+        assert!(reason.contains(&file), "{file}: {reason:?}");
+        assert!(reason.contains(case.word), "{file}: {reason:?}");
+        if let Some(field) = case.field {
+            assert!(reason.contains(field), "{file}: {reason:?}");
+        }
+    }
+
+    // Nothing is lost: the rejected bytes are kept beside their record.
+    for (name, bytes) in &kept_bytes {
+        let record = &rejections[&format!("inbox/{name}")];
+        let input = record["input"]
+            .as_str()
+            .expect("the record names the kept input");
+        assert_eq!(&fs::read(queue.path(input)).unwrap(), bytes, "{name}");
+    }
+    let link = &rejections["inbox/link.json"];
+    assert_eq!(link["symlink_target"], json!(target));
+    assert_eq!(
+        fs::read(&target).unwrap(),
+        serde_json::to_vec(&valid("linked")).unwrap()
+    );
+    for name in ["pipe.json", "x.json"] {
+        let input = rejections[&format!("inbox/{name}")]["input"]
+            .as_str()
+            .unwrap();
+        assert!(queue.path(input).exists(), "{name} was not kept at {input}");
+    }
+
+    // Only the valid tasks ran; the ignored files are still waiting in the inbox.
+    assert_eq!(queue.list("done"), vec!["after.json", "dup.json"]);
+    assert_eq!(queue.list("tasks"), vec!["after.json", "dup.json"]);
+    assert_eq!(queue.list("inbox"), vec![".hidden.json", "later.json.tmp"]);
+    assert_eq!(
+        queue.done("dup").unwrap()["result"],
+        json!({"task": "dup"}),
+        "the duplicate replaced the original"
+    );
+
+    daemon.signal(SIGTERM);
+    assert_eq!(daemon.wait_exit(DEADLINE).code(), Some(0));
+}
+
+/// A valid task split in two halves, neither of them valid JSON on its own.
+fn halves(task: &Value) -> (Vec<u8>, Vec<u8>) {
+    let bytes = serde_json::to_vec_pretty(task).unwrap();
+    let (first, second) = bytes.split_at(bytes.len() / 2);
+    (first.to_vec(), second.to_vec())
+}
+
+#[test]
+fn a_file_written_slowly_in_place_is_taken_once_complete() {
+    let queue = TestQueue::new();
+    let mut daemon = queue.start(&[]);
+    let (first, second) = halves(&once_task("slow", &json!({"whole": true})));
+
+    let mut file = fs::File::create(queue.path("inbox/slow.json")).unwrap();
+    file.write_all(&first).unwrap();
+    file.sync_all().unwrap();
+    // A slow writer: the pause is the scenario.
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        queue.path("inbox/slow.json").exists(),
+        "the half-written file was taken"
+    );
+    file.write_all(&second).unwrap();
+    drop(file);
+
+    assert_eq!(queue.wait_done("slow")["result"], json!({"whole": true}));
+    assert!(queue.rejections().is_empty(), "{:#?}", queue.rejections());
+    daemon.signal(SIGTERM);
+    assert_eq!(daemon.wait_exit(DEADLINE).code(), Some(0));
+}
+
+#[test]
+fn a_file_closed_between_two_writes_is_taken_once_complete() {
+    // Like `cat head > inbox/x.json; ...; cat tail >> inbox/x.json`: the first close looks
+    // like the end of the file.
+    let queue = TestQueue::new();
+    let mut daemon = queue.start(&[]);
+    let (first, second) = halves(&once_task("reopened", &json!({"whole": true})));
+
+    fs::write(queue.path("inbox/reopened.json"), &first).unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    let mut file = fs::OpenOptions::new()
+        .append(true)
+        .open(queue.path("inbox/reopened.json"))
+        .expect("the half-written file is still in the inbox");
+    file.write_all(&second).unwrap();
+    drop(file);
+
+    assert_eq!(
+        queue.wait_done("reopened")["result"],
+        json!({"whole": true})
+    );
+    assert!(queue.rejections().is_empty(), "{:#?}", queue.rejections());
+    daemon.signal(SIGTERM);
+    assert_eq!(daemon.wait_exit(DEADLINE).code(), Some(0));
+}
+
+#[test]
+fn a_second_daemon_on_the_same_queue_exits_4_naming_the_owner() {
+    let queue = TestQueue::new();
+    let mut first = queue.start(&[]);
+    wait_until("the first daemon owns the queue", DEADLINE, || {
+        first.stderr().contains("cairn daemon started")
+    });
+
+    let second = queue.cairn_output(&["run", "--exit-when-idle"], b"");
+    assert_eq!(second.status.code(), Some(4), "{second:?}");
+    let stderr = String::from_utf8_lossy(&second.stderr);
+    assert!(
+        stderr.contains("owned by a running daemon"),
+        "stderr: {stderr}"
+    );
+    assert!(
+        stderr.contains(&format!("pid {}", first.pid())),
+        "stderr does not name pid {}: {stderr}",
+        first.pid()
+    );
+    assert!(first.try_status().is_none(), "the first daemon exited");
+
+    // The owner still works the queue.
+    queue.drop_task("still.json", &once_task("still", &json!(1)));
+    assert_eq!(queue.wait_done("still")["result"], json!(1));
+
+    // A dead owner's lock goes with it: no stale lock after SIGKILL.
+    first.kill_hard();
+    queue.seed_task("next.json", &once_task("next", &json!(2)));
+    queue.run_until_idle(&[]);
+    assert_eq!(queue.done("next").unwrap()["result"], json!(2));
+}
+
+#[test]
+fn a_writer_pausing_longer_than_the_settle_time_is_not_rejected() {
+    // DESIGN.md: "a slow writer is never rejected for a half-written file". Here the writer
+    // keeps the file open and pauses for 2.5 s (a slow network copy, a program producing the
+    // task as it goes) before writing the second half.
+    let queue = TestQueue::new();
+    let mut daemon = queue.start(&[]);
+    let (first, second) = halves(&once_task("paused", &json!({"whole": true})));
+
+    let mut file = fs::File::create(queue.path("inbox/paused.json")).unwrap();
+    file.write_all(&first).unwrap();
+    file.sync_all().unwrap();
+    std::thread::sleep(Duration::from_millis(2500));
+    file.write_all(&second).unwrap();
+    drop(file);
+
+    wait_until("the task is done or rejected", DEADLINE, || {
+        queue.done("paused").is_some() || !queue.rejections().is_empty()
+    });
+    assert!(
+        queue.rejections().is_empty(),
+        "a half-written file was rejected: {:#?}",
+        queue.rejections()
+    );
+    assert_eq!(queue.wait_done("paused")["result"], json!({"whole": true}));
+    daemon.signal(SIGTERM);
+    assert_eq!(daemon.wait_exit(DEADLINE).code(), Some(0));
+}
