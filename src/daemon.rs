@@ -505,6 +505,11 @@ impl Scheduler {
                 tracing::info!(task_id = %id, phase = %entry.phase, iterations = entry.iterations, "task interrupted");
                 self.ctx.work.update(|w| w.upsert(entry));
             }
+            AttemptEnd::BudgetStopped { reason } => {
+                self.record_failure(&task, entry, reason, "budget_exceeded")
+                    .await;
+                self.tasks.remove(&id);
+            }
             AttemptEnd::Failed { error, counts } => {
                 tracing::warn!(task_id = %id, attempt = entry.attempt, "attempt failed: {error}");
                 if counts {
@@ -555,6 +560,7 @@ impl Scheduler {
             started_at: entry.started_at,
             finished_at,
             duration_seconds: (finished_at - entry.started_at).num_milliseconds() as f64 / 1000.0,
+            cost: entry.cost,
             phases: entry.phases.clone(),
         };
         self.put_record(QueueDir::done_key(&entry.task_id), to_record_bytes(&record))
@@ -563,11 +569,24 @@ impl Scheduler {
 
     /// The task has used up its attempts: record it in failed/ (its checkpoints stay).
     async fn give_up(&mut self, task: &Arc<Task>, entry: ActiveTask, error: String) {
+        self.record_failure(task, entry, error, "failed").await
+    }
+
+    /// Write `failed/<id>.json` with `status` ("failed", "budget_exceeded") and drop the task
+    /// from current_work.
+    async fn record_failure(
+        &mut self,
+        task: &Arc<Task>,
+        entry: ActiveTask,
+        error: String,
+        status: &str,
+    ) {
         let id = entry.task_id.clone();
-        tracing::error!(task_id = %id, attempts = entry.attempt, "task failed: {error}");
+        tracing::error!(task_id = %id, attempts = entry.attempt, status, "task ended: {error}");
         let outputs = self.outputs_by_name(&entry).await.unwrap_or_default();
         let record = FailedRecord {
-            status: "failed".into(),
+            status: status.into(),
+            cost: entry.cost,
             task_id: id.clone(),
             error,
             phase: task

@@ -34,13 +34,21 @@ pub struct Task {
     pub env: BTreeMap<String, String>,
     #[serde(default)]
     pub retry: RetryPolicy,
-    /// Cost limits (not supported yet: rejected so that nobody believes a limit is enforced).
+    /// Cost limits; cost is what loop replies and worker messages report.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub budget: Option<Value>,
+    pub budget: Option<Budget>,
     pub phases: Vec<Phase>,
     /// Free-form user data, kept and never interpreted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub meta: Option<Value>,
+}
+
+/// Limits on what a task may spend.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Budget {
+    /// The task stops before its next iteration once its summed cost reaches this.
+    pub max_cost: f64,
 }
 
 /// How often and how patiently a failing task is tried again.
@@ -277,11 +285,13 @@ impl Task {
         if let Some(id) = &self.id {
             validate_id(id).map_err(|p| TaskError::new("id", p))?;
         }
-        if self.budget.is_some() {
-            return Err(TaskError::new(
-                "budget",
-                "budgets are not supported by this version of cairn yet; remove the field",
-            ));
+        if let Some(budget) = &self.budget {
+            if !(budget.max_cost.is_finite() && budget.max_cost >= 0.0) {
+                return Err(TaskError::new(
+                    "budget.max_cost",
+                    "must be a number of at least 0",
+                ));
+            }
         }
         if let Some(cwd) = &self.cwd {
             if cwd.as_os_str().is_empty() {
@@ -332,15 +342,6 @@ impl Phase {
         if self.run.iter().any(|arg| arg.contains('\0')) {
             return Err(TaskError::new(at("run"), "arguments must not contain NUL"));
         }
-        if matches!(self.kind, PhaseKind::Items | PhaseKind::Worker) {
-            return Err(TaskError::new(
-                at("kind"),
-                format!(
-                    "phase kind {:?} is not supported by this version of cairn yet (use \"once\" or \"loop\")",
-                    self.kind.as_str()
-                ),
-            ));
-        }
         let only_for = |field: &str, present: bool, kinds: &[PhaseKind]| {
             if present && !kinds.contains(&self.kind) {
                 let names: Vec<&str> = kinds.iter().map(|k| k.as_str()).collect();
@@ -372,6 +373,33 @@ impl Phase {
             self.heartbeat_timeout.is_some(),
             &[Worker],
         )?;
+        if self.kind == Items {
+            match (&self.items, &self.items_from) {
+                (Some(_), None) => {}
+                (None, Some(from)) if !earlier.contains(from.as_str()) => {
+                    return Err(TaskError::new(
+                        at("items_from"),
+                        format!("{from:?} is not the name of an earlier phase"),
+                    ))
+                }
+                (None, Some(_)) => {}
+                _ => {
+                    return Err(TaskError::new(
+                        at("items"),
+                        "an items phase needs exactly one of `items` (a list) and `items_from` (an earlier phase)",
+                    ))
+                }
+            }
+        }
+        if self.concurrency == Some(0) {
+            return Err(TaskError::new(at("concurrency"), "must be at least 1"));
+        }
+        if self.heartbeat_timeout == Some(Duration::ZERO) {
+            return Err(TaskError::new(
+                at("heartbeat_timeout"),
+                "must be longer than zero",
+            ));
+        }
         if self.checkpoint_every == Some(0) {
             return Err(TaskError::new(at("checkpoint_every"), "must be at least 1"));
         }

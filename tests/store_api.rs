@@ -28,6 +28,7 @@ fn checkpoint(iterations: u64) -> IterationCheckpoint {
         generation: 0,
         done: false,
         output: None,
+        cost: None,
     }
 }
 

@@ -53,6 +53,7 @@ fn checkpoint_after(iterations: u64) -> IterationCheckpoint {
         generation: 0,
         done: false,
         output: None,
+        cost: None,
     }
 }
 

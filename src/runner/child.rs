@@ -50,25 +50,30 @@ pub enum RunEnd {
     ReplyTooLarge,
 }
 
-/// Run the command to its end, or until the shutdown or its timeout stops it.
-pub async fn run_command(run: CommandRun, shutdown: &Shutdown) -> io::Result<RunEnd> {
-    let mut log = OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&run.log)
-        .map_err(|e| io::Error::new(e.kind(), format!("opening log {}: {e}", run.log.display())))?;
-    writeln!(log, "{}", run.log_header)?;
-
-    let Some((program, args)) = run.argv.split_first() else {
+/// Start `argv` as the leader of a new process group that dies with the daemon.
+/// `log` receives stderr (and stdout, when `stdout` is `None`).
+pub fn spawn_in_group(
+    argv: &[String],
+    cwd: &std::path::Path,
+    env: &[(String, String)],
+    log: std::fs::File,
+    stdin: Stdio,
+    stdout: Option<Stdio>,
+) -> io::Result<tokio::process::Child> {
+    let Some((program, args)) = argv.split_first() else {
         return Err(io::Error::new(io::ErrorKind::InvalidInput, "empty command"));
+    };
+    let stdout = match stdout {
+        Some(stdout) => stdout,
+        None => Stdio::from(log.try_clone()?),
     };
     let mut command = tokio::process::Command::new(program);
     command
         .args(args)
-        .current_dir(&run.cwd)
-        .envs(run.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
+        .current_dir(cwd)
+        .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+        .stdin(stdin)
+        .stdout(stdout)
         .stderr(Stdio::from(log))
         .process_group(0)
         .kill_on_drop(true);
@@ -85,11 +90,39 @@ pub async fn run_command(run: CommandRun, shutdown: &Shutdown) -> io::Result<Run
             Ok(())
         });
     }
-    let mut child = command
+    command
         .spawn()
-        .map_err(|e| io::Error::new(e.kind(), format!("cannot start {program:?}: {e}")))?;
-    // The child leads its own group, so its pid is the group id.
-    let group = child.id().map(|id| Pid::from_raw(id as i32));
+        .map_err(|e| io::Error::new(e.kind(), format!("cannot start {program:?}: {e}")))
+}
+
+/// Open a command's log for appending and write its header line.
+pub fn open_log(path: &std::path::Path, header: &str) -> io::Result<std::fs::File> {
+    let mut log = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .map_err(|e| io::Error::new(e.kind(), format!("opening log {}: {e}", path.display())))?;
+    writeln!(log, "{header}")?;
+    Ok(log)
+}
+
+/// The process group a spawned child leads.
+pub fn group_of(child: &tokio::process::Child) -> Option<Pid> {
+    child.id().map(|id| Pid::from_raw(id as i32))
+}
+
+/// Run the command to its end, or until the shutdown or its timeout stops it.
+pub async fn run_command(run: CommandRun, shutdown: &Shutdown) -> io::Result<RunEnd> {
+    let log = open_log(&run.log, &run.log_header)?;
+    let mut child = spawn_in_group(
+        &run.argv,
+        &run.cwd,
+        &run.env,
+        log,
+        Stdio::piped(),
+        Some(Stdio::piped()),
+    )?;
+    let group = group_of(&child);
     let mut stdin = child.stdin.take();
     let mut stdout = child.stdout.take();
 
@@ -160,7 +193,11 @@ pub async fn run_command(run: CommandRun, shutdown: &Shutdown) -> io::Result<Run
 }
 
 /// SIGTERM the group, give it [`KILL_AFTER`] (none after a second signal), then SIGKILL it.
-async fn stop_group(group: Option<Pid>, child: &mut tokio::process::Child, shutdown: &Shutdown) {
+pub async fn stop_group(
+    group: Option<Pid>,
+    child: &mut tokio::process::Child,
+    shutdown: &Shutdown,
+) {
     if shutdown.is_immediate() {
         kill_group(group, Signal::SIGKILL);
     } else {
@@ -175,7 +212,7 @@ async fn stop_group(group: Option<Pid>, child: &mut tokio::process::Child, shutd
     let _ = child.wait().await;
 }
 
-fn kill_group(group: Option<Pid>, signal: Signal) {
+pub fn kill_group(group: Option<Pid>, signal: Signal) {
     if let Some(group) = group {
         // ESRCH: the group is already gone, which is what we want.
         let _ = killpg(group, signal);

@@ -12,8 +12,8 @@ use chrono::Utc;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::{blocking, PhaseEnd, PhaseError, PhaseRun};
-use crate::store::{LoopCheckpointer, StoreError};
+use super::{blocking, checkpoint_error, PhaseEnd, PhaseError, PhaseRun};
+use crate::store::LoopCheckpointer;
 
 /// The scope name of the daemon's loop checkpoints.
 pub const LOOP_SCOPE: &str = "loop";
@@ -26,22 +26,11 @@ struct LoopReply {
     state: Value,
     #[serde(default)]
     done: bool,
-    /// Reported cost of the iteration (summed and budgeted in a later version).
+    /// What the iteration cost; summed per task and checked against `budget.max_cost`.
     #[serde(default)]
-    #[allow(dead_code)]
     cost: Option<f64>,
     #[serde(default)]
     output: Option<Value>,
-}
-
-/// An I/O error (a full disk) is retried without using up attempts; a checkpoint that cannot be
-/// used at all (every generation damaged) fails the attempt, so the task ends in `failed/` with
-/// the reason instead of retrying forever.
-fn storage_error(e: StoreError) -> PhaseError {
-    match e {
-        StoreError::Io { .. } => PhaseError::Storage(format!("checkpoint storage: {e}")),
-        other => PhaseError::Command(format!("checkpoint: {other}")),
-    }
 }
 
 pub(super) async fn run(run: &PhaseRun<'_>) -> Result<PhaseEnd, PhaseError> {
@@ -56,7 +45,7 @@ pub(super) async fn run(run: &PhaseRun<'_>) -> Result<PhaseEnd, PhaseError> {
     })
     .await?;
     checkpointer = returned;
-    let resumed = resumed.map_err(storage_error)?;
+    let resumed = resumed.map_err(checkpoint_error)?;
 
     let (mut count, mut state) = match resumed {
         Some(cp) if cp.done => {
@@ -66,11 +55,16 @@ pub(super) async fn run(run: &PhaseRun<'_>) -> Result<PhaseEnd, PhaseError> {
         }
         Some(cp) => {
             tracing::info!(task_id, phase = %run.phase.name, iteration = cp.iteration_count, "resuming loop");
+            if cp.cost.is_some() {
+                run.set_cost(cp.cost);
+            }
             (cp.iteration_count, cp.partial_results)
         }
         None => (0, run.phase.initial_state.clone().unwrap_or(Value::Null)),
     };
     set_progress(run, count, false);
+    // Whether the last iteration reported its cost (nothing is unknown before the first).
+    let mut cost_known = true;
 
     loop {
         if run.phase.max_iterations.is_some_and(|max| count >= max) {
@@ -79,6 +73,10 @@ pub(super) async fn run(run: &PhaseRun<'_>) -> Result<PhaseEnd, PhaseError> {
         }
         if run.ctx.shutdown.is_stopping() {
             return interrupted(checkpointer).await;
+        }
+        let iteration_before = format!("iteration {}", count.saturating_sub(1));
+        if let Err(stop) = run.check_budget(cost_known, &iteration_before) {
+            return failed(checkpointer, stop).await;
         }
         let request = json!({
             "task_id": task_id,
@@ -97,6 +95,18 @@ pub(super) async fn run(run: &PhaseRun<'_>) -> Result<PhaseEnd, PhaseError> {
             Ok(reply) => reply,
             Err(error) => return failed(checkpointer, error).await,
         };
+        cost_known = reply.cost.is_some();
+        if let Some(cost) = reply.cost {
+            if !(cost.is_finite() && cost >= 0.0) {
+                let error = PhaseError::Command(format!(
+                    "phase {:?} iteration {count}: cost must be a number of at least 0, not {cost}",
+                    run.phase.name
+                ));
+                return failed(checkpointer, error).await;
+            }
+            run.add_cost(cost);
+        }
+        checkpointer.set_cost(run.cost());
         count += 1;
         state = reply.state;
         tracing::debug!(task_id, phase = %run.phase.name, iteration = count - 1, "iteration done");
@@ -113,7 +123,7 @@ pub(super) async fn run(run: &PhaseRun<'_>) -> Result<PhaseEnd, PhaseError> {
         })
         .await?;
         checkpointer = returned;
-        let written = written.map_err(storage_error)?;
+        let written = written.map_err(checkpoint_error)?;
         set_progress(run, count, written);
     }
 }
@@ -139,7 +149,7 @@ async fn finish(
     let result = output.clone().unwrap_or_else(|| state.clone());
     blocking(move || checkpointer.finish(count, &state, output))
         .await?
-        .map_err(storage_error)?;
+        .map_err(checkpoint_error)?;
     Ok(PhaseEnd::Completed(result))
 }
 
@@ -147,7 +157,7 @@ async fn finish(
 async fn interrupted(mut checkpointer: LoopCheckpointer) -> Result<PhaseEnd, PhaseError> {
     blocking(move || checkpointer.flush())
         .await?
-        .map_err(storage_error)?;
+        .map_err(checkpoint_error)?;
     Ok(PhaseEnd::Interrupted)
 }
 
@@ -158,6 +168,6 @@ async fn failed(
 ) -> Result<PhaseEnd, PhaseError> {
     blocking(move || checkpointer.flush())
         .await?
-        .map_err(storage_error)?;
+        .map_err(checkpoint_error)?;
     Err(error)
 }

@@ -3,10 +3,13 @@
 //! The scheduler (in [`crate::daemon`]) decides which task runs when and what happens after an
 //! attempt; this module runs the attempt itself. One file per phase kind; `child` runs commands.
 
+mod channel;
 mod child;
+mod items;
 mod loop_phase;
 mod once;
 mod work_state;
+mod worker;
 
 pub use child::{CommandRun, RunEnd, KILL_AFTER, MAX_REPLY_BYTES};
 pub use work_state::{LoadError, WorkState};
@@ -19,8 +22,8 @@ use serde_json::{Map, Value};
 
 use crate::queue::QueueDir;
 use crate::shutdown::Shutdown;
-use crate::store::current_work::{PhaseTiming, StoredOutput, INLINE_OUTPUT_LIMIT};
-use crate::store::{CheckpointStore, Storage};
+use crate::store::current_work::{PhaseTiming, Progress, StoredOutput, INLINE_OUTPUT_LIMIT};
+use crate::store::{CheckpointStore, Storage, StoreError};
 use crate::task::{Phase, PhaseKind, Task};
 
 /// What every running task shares.
@@ -44,6 +47,8 @@ pub enum AttemptEnd {
     Failed { error: String, counts: bool },
     /// Stopped by a shutdown; resumes at the next start.
     Interrupted,
+    /// Stopped for good by its budget.
+    BudgetStopped { reason: String },
 }
 
 /// Why a phase did not finish.
@@ -52,9 +57,13 @@ pub enum PhaseError {
     /// The command failed, timed out or replied badly.
     #[error("{0}")]
     Command(String),
-    /// cairn could not write its own state.
+    /// Not the task's fault, so it does not use up an attempt: cairn could not write its own
+    /// state (a full disk), or a worker asked to be resumed (exit 75).
     #[error("{0}")]
-    Storage(String),
+    Transient(String),
+    /// The task reached its `budget.max_cost` (or reported no cost while it has a budget).
+    #[error("{0}")]
+    Budget(String),
 }
 
 /// How a phase run ended without error.
@@ -126,10 +135,8 @@ pub async fn run_attempt(ctx: &Arc<RunContext>, task: &Arc<Task>) -> AttemptEnd 
         let result = match phase.kind {
             PhaseKind::Once => once::run(&run).await,
             PhaseKind::Loop => loop_phase::run(&run).await,
-            PhaseKind::Items | PhaseKind::Worker => Err(PhaseError::Command(format!(
-                "phase kind {:?} is not supported by this version of cairn",
-                phase.kind.as_str()
-            ))),
+            PhaseKind::Items => items::run(&run).await,
+            PhaseKind::Worker => worker::run(&run).await,
         };
         match result {
             Ok(PhaseEnd::Completed(output)) => {
@@ -148,12 +155,13 @@ pub async fn run_attempt(ctx: &Arc<RunContext>, task: &Arc<Task>) -> AttemptEnd 
                     counts: true,
                 }
             }
-            Err(PhaseError::Storage(error)) => {
+            Err(PhaseError::Transient(error)) => {
                 return AttemptEnd::Failed {
                     error,
                     counts: false,
                 }
             }
+            Err(PhaseError::Budget(reason)) => return AttemptEnd::BudgetStopped { reason },
         }
     }
 }
@@ -225,13 +233,23 @@ pub async fn load_inputs(
     Ok(Value::Object(inputs))
 }
 
+/// A checkpoint store error as a phase error: an I/O error (a full disk) is retried without
+/// using up attempts; a checkpoint that cannot be used at all (every generation damaged) fails
+/// the attempt, so the task ends in `failed/` with the reason instead of retrying forever.
+pub(crate) fn checkpoint_error(e: StoreError) -> PhaseError {
+    match e {
+        StoreError::Io { .. } => PhaseError::Transient(format!("checkpoint storage: {e}")),
+        other => PhaseError::Command(format!("checkpoint: {other}")),
+    }
+}
+
 /// Run blocking work (file I/O, fsync) off the daemon's async thread.
 pub(crate) async fn blocking<T: Send + 'static>(
     work: impl FnOnce() -> T + Send + 'static,
 ) -> Result<T, PhaseError> {
     tokio::task::spawn_blocking(work)
         .await
-        .map_err(|e| PhaseError::Storage(format!("internal error in a blocking task: {e}")))
+        .map_err(|e| PhaseError::Transient(format!("internal error in a blocking task: {e}")))
 }
 
 /// One phase of one attempt: what its kind's runner needs.
@@ -252,43 +270,9 @@ impl PhaseRun<'_> {
         request: &Value,
         iteration: Option<u64>,
     ) -> Result<Option<Vec<u8>>, PhaseError> {
-        let id = self.task.id();
         let log = self.log_path();
-        let mut env: Vec<(String, String)> = self
-            .task
-            .env
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
-        let key_iteration = iteration.unwrap_or(0);
-        env.extend([
-            ("CAIRN_TASK_ID".to_string(), id.to_string()),
-            ("CAIRN_PHASE".to_string(), self.phase.name.clone()),
-            ("CAIRN_ATTEMPT".to_string(), self.attempt.to_string()),
-            (
-                "CAIRN_IDEMPOTENCY_KEY".to_string(),
-                format!("{id}:{}:{key_iteration}", self.phase.name),
-            ),
-            (
-                "CAIRN_RUN_DIR".to_string(),
-                self.ctx.queue.run_dir(id).display().to_string(),
-            ),
-        ]);
-        if let Some(iteration) = iteration {
-            env.push(("CAIRN_ITERATION".to_string(), iteration.to_string()));
-        }
-        let header = match iteration {
-            Some(i) => format!(
-                "=== {} attempt {} iteration {i} ===",
-                Utc::now().to_rfc3339(),
-                self.attempt
-            ),
-            None => format!(
-                "=== {} attempt {} ===",
-                Utc::now().to_rfc3339(),
-                self.attempt
-            ),
-        };
+        let env = self.env(iteration);
+        let header = self.log_header(iteration);
         let stdin = serde_json::to_vec(request)
             .map_err(|e| PhaseError::Command(format!("encoding the request: {e}")))?;
         let run = CommandRun {
@@ -342,6 +326,103 @@ impl PhaseRun<'_> {
         })
     }
 
+    /// The task's summed cost so far (`None` while nothing has reported a cost).
+    pub fn cost(&self) -> Option<f64> {
+        self.ctx
+            .work
+            .update(|w| w.get(self.task.id()).and_then(|e| e.cost))
+    }
+
+    /// Set the task's summed cost (from a checkpoint being resumed).
+    pub fn set_cost(&self, total: Option<f64>) {
+        self.ctx.work.update(|w| {
+            if let Some(entry) = w.get_mut(self.task.id()) {
+                entry.cost = total;
+            }
+        });
+    }
+
+    /// Add a reported cost; returns the new total.
+    pub fn add_cost(&self, amount: f64) -> f64 {
+        let total = self.cost().unwrap_or(0.0) + amount;
+        self.set_cost(Some(total));
+        total
+    }
+
+    /// With a budget: refuse to go on once it is spent, or when the cost of the work done so
+    /// far is unknown (`cost_known` false) — unknown cost is not zero.
+    pub fn check_budget(&self, cost_known: bool, what: &str) -> Result<(), PhaseError> {
+        let Some(budget) = &self.task.budget else {
+            return Ok(());
+        };
+        if !cost_known {
+            return Err(PhaseError::Budget(format!(
+                "budget: {what} reported no cost; with budget.max_cost set every iteration must report its cost (unknown cost is not zero)"
+            )));
+        }
+        let spent = self.cost().unwrap_or(0.0);
+        if spent >= budget.max_cost {
+            return Err(PhaseError::Budget(format!(
+                "budget: budget.max_cost {} reached (spent {spent})",
+                budget.max_cost
+            )));
+        }
+        Ok(())
+    }
+
+    /// Note a worker's progress for `status`.
+    pub fn set_progress(&self, done: u64, total: Option<u64>) {
+        self.ctx.work.update(|w| {
+            if let Some(entry) = w.get_mut(self.task.id()) {
+                entry.progress = Some(Progress { done, total });
+            }
+        });
+    }
+
+    /// The environment every command of this phase gets.
+    pub fn env(&self, iteration: Option<u64>) -> Vec<(String, String)> {
+        let id = self.task.id();
+        let mut env: Vec<(String, String)> = self
+            .task
+            .env
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        env.extend([
+            ("CAIRN_TASK_ID".to_string(), id.to_string()),
+            ("CAIRN_PHASE".to_string(), self.phase.name.clone()),
+            ("CAIRN_ATTEMPT".to_string(), self.attempt.to_string()),
+            (
+                "CAIRN_IDEMPOTENCY_KEY".to_string(),
+                format!("{id}:{}:{}", self.phase.name, iteration.unwrap_or(0)),
+            ),
+            (
+                "CAIRN_RUN_DIR".to_string(),
+                self.ctx.queue.run_dir(id).display().to_string(),
+            ),
+        ]);
+        if let Some(iteration) = iteration {
+            env.push(("CAIRN_ITERATION".to_string(), iteration.to_string()));
+        }
+        env
+    }
+
+    /// The log header of one command run.
+    pub fn log_header(&self, iteration: Option<u64>) -> String {
+        match iteration {
+            Some(i) => format!(
+                "=== {} attempt {} iteration {i} ===",
+                Utc::now().to_rfc3339(),
+                self.attempt
+            ),
+            None => format!(
+                "=== {} attempt {} ===",
+                Utc::now().to_rfc3339(),
+                self.attempt
+            ),
+        }
+    }
+
     fn describe(&self, iteration: Option<u64>) -> String {
         match iteration {
             Some(i) => format!("phase {:?} iteration {i}", self.phase.name),
@@ -349,14 +430,14 @@ impl PhaseRun<'_> {
         }
     }
 
-    fn log_path(&self) -> PathBuf {
+    pub fn log_path(&self) -> PathBuf {
         self.ctx
             .queue
             .run_dir(self.task.id())
             .join(format!("{}-{}.log", self.index, self.phase.name))
     }
 
-    fn cwd(&self) -> PathBuf {
+    pub fn cwd(&self) -> PathBuf {
         match &self.task.cwd {
             Some(cwd) => self.ctx.queue.root().join(cwd),
             None => self.ctx.queue.root().to_path_buf(),

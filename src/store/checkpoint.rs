@@ -51,6 +51,9 @@ pub struct IterationCheckpoint {
     /// The loop's result when `done` (absent otherwise).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub output: Option<serde_json::Value>,
+    /// The task's summed cost as of this checkpoint, when its commands report costs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost: Option<f64>,
 }
 
 /// Why a checkpoint could not be encoded or decoded.
@@ -145,6 +148,7 @@ mod tests {
             generation: 7,
             done: false,
             output: None,
+            cost: None,
         }
     }
 

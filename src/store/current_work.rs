@@ -84,6 +84,14 @@ pub enum StoredOutput {
     File(String),
 }
 
+/// Progress as a worker reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Progress {
+    pub done: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub total: Option<u64>,
+}
+
 /// When a phase ran.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PhaseTiming {
@@ -119,6 +127,12 @@ pub struct ActiveTask {
     /// The phase index when the current attempt began, to tell whether a crashed attempt made
     /// progress (a crash without progress counts as a failed attempt).
     pub attempt_started_phase: usize,
+    /// The task's summed cost, when its commands report costs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost: Option<f64>,
+    /// A worker's own account of its progress.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub progress: Option<Progress>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub next_attempt_at: Option<DateTime<Utc>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -142,6 +156,8 @@ impl ActiveTask {
             status: ActiveStatus::Running,
             iterations: 0,
             attempt_started_phase: 0,
+            cost: None,
+            progress: None,
             next_attempt_at: None,
             last_error: None,
             phases: Vec::new(),

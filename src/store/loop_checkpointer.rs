@@ -46,6 +46,8 @@ pub struct LoopCheckpointer {
     every: u64,
     /// A completed iteration not yet written (between two `every` boundaries).
     pending: Option<IterationCheckpoint>,
+    /// The task's summed cost, stamped on the checkpoints written from now on.
+    cost: Option<f64>,
     /// The iteration count of the last checkpoint committed (written, or found by resume).
     last_written: Option<u64>,
 }
@@ -68,6 +70,7 @@ impl LoopCheckpointer {
             attempt: 1,
             every: 1,
             pending: None,
+            cost: None,
             last_written: None,
         }
     }
@@ -165,6 +168,11 @@ impl LoopCheckpointer {
     }
 
     /// The iteration count of the last checkpoint committed (written, or found by resume).
+    /// Record the task's summed cost so far; later checkpoints carry it.
+    pub fn set_cost(&mut self, total: Option<f64>) {
+        self.cost = total;
+    }
+
     pub fn last_committed(&self) -> Option<u64> {
         self.last_written
     }
@@ -191,6 +199,7 @@ impl LoopCheckpointer {
             generation: 0,
             done,
             output,
+            cost: self.cost,
         })
     }
 }

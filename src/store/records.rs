@@ -23,14 +23,20 @@ pub struct DoneRecord {
     pub started_at: DateTime<Utc>,
     pub finished_at: DateTime<Utc>,
     pub duration_seconds: f64,
+    /// Summed cost reported by the task's loops and workers, if any reported one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost: Option<f64>,
     pub phases: Vec<PhaseTiming>,
 }
 
-/// Written when a task has used up its attempts (its checkpoints are kept).
+/// Written when a task has used up its attempts, or was stopped by its budget (its
+/// checkpoints are kept).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct FailedRecord {
-    /// Always `"failed"`.
+    /// `"failed"`, or `"budget_exceeded"`.
     pub status: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost: Option<f64>,
     pub task_id: String,
     pub error: String,
     /// The phase that failed.

@@ -1,0 +1,138 @@
+//! The worker channel: a FIFO (named pipe) in the task's run directory that a worker writes
+//! JSON lines to.
+//!
+//! A FIFO because it works from a plain shell (`printf '...\n' >> "$CAIRN_CHANNEL"`) and from
+//! Python's `open(path, "a")`, uses no disk however long the worker runs, and keeps each line of
+//! up to `PIPE_BUF` (4096) bytes whole even with several writers. The daemon opens it for reading
+//! *and* writing before the worker starts, so a worker's `open` never blocks and the reader never
+//! sees end-of-file between two writers.
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use futures::StreamExt;
+use nix::sys::stat::Mode;
+use serde::Deserialize;
+use serde_json::Value;
+use tokio::net::unix::pipe;
+use tokio_util::codec::{FramedRead, LinesCodec, LinesCodecError};
+
+/// Longest channel line read; longer ones are reported and skipped.
+pub const MAX_LINE_BYTES: usize = 64 * 1024 * 1024;
+
+/// One line from a worker. Several keys in one line are all taken.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Message {
+    #[serde(default)]
+    pub checkpoint: Option<CheckpointMessage>,
+    #[serde(default)]
+    pub progress: Option<ProgressMessage>,
+    #[serde(default)]
+    pub cost: Option<f64>,
+    #[serde(default)]
+    pub output: Option<Value>,
+    /// Any message shows the worker is alive; this one says only that.
+    #[serde(default)]
+    #[allow(dead_code)]
+    pub heartbeat: Option<bool>,
+}
+
+/// `{"checkpoint": {"iteration": N, "state": ...}}`: iterations 0..N are done.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CheckpointMessage {
+    pub iteration: u64,
+    #[serde(default)]
+    pub state: Value,
+}
+
+/// `{"progress": {"done": N, "total": M}}`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProgressMessage {
+    pub done: u64,
+    #[serde(default)]
+    pub total: Option<u64>,
+}
+
+/// The read end of a worker's channel; the FIFO is removed when it is dropped.
+pub struct Channel {
+    path: PathBuf,
+    lines: FramedRead<pipe::Receiver, LinesCodec>,
+}
+
+impl std::fmt::Debug for Channel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Channel").field("path", &self.path).finish()
+    }
+}
+
+impl Channel {
+    /// Make a fresh FIFO at `path` (replacing a stale one) and open it.
+    pub fn create(path: &Path) -> io::Result<Channel> {
+        match std::fs::remove_file(path) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+            _ => {}
+        }
+        nix::unistd::mkfifo(path, Mode::from_bits_truncate(0o600)).map_err(|e| {
+            io::Error::new(
+                io::Error::from(e).kind(),
+                format!("creating the channel {}: {e}", path.display()),
+            )
+        })?;
+        let receiver = pipe::OpenOptions::new()
+            .read_write(true)
+            .open_receiver(path)?;
+        Ok(Channel {
+            path: path.to_path_buf(),
+            lines: FramedRead::new(receiver, LinesCodec::new_with_max_length(MAX_LINE_BYTES)),
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The next line, parsed. Never ends on its own (the daemon holds a write end).
+    pub async fn next(&mut self) -> Result<Message, String> {
+        loop {
+            match self.lines.next().await {
+                Some(Ok(line)) if line.trim().is_empty() => continue,
+                Some(Ok(line)) => return parse(&line),
+                Some(Err(LinesCodecError::MaxLineLengthExceeded)) => {
+                    return Err(format!(
+                        "a line longer than {MAX_LINE_BYTES} bytes was skipped"
+                    ))
+                }
+                Some(Err(LinesCodecError::Io(e))) => {
+                    return Err(format!("reading the channel: {e}"))
+                }
+                None => std::future::pending::<()>().await,
+            }
+        }
+    }
+
+    /// The lines still buffered after the worker exited: read until none arrives for a moment.
+    pub async fn drain(&mut self) -> Vec<Result<Message, String>> {
+        let mut messages = Vec::new();
+        while let Ok(message) = tokio::time::timeout(Duration::from_millis(50), self.next()).await {
+            messages.push(message);
+        }
+        messages
+    }
+}
+
+impl Drop for Channel {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+fn parse(line: &str) -> Result<Message, String> {
+    serde_json::from_str(line).map_err(|e| {
+        let start: String = line.chars().take(200).collect();
+        format!("not a channel message ({e}): {start:?}")
+    })
+}

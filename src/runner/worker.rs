@@ -1,0 +1,313 @@
+//! `worker` phases: one long-running process that does its own looping and reports checkpoints
+//! through its channel (see [`super::channel`]).
+//!
+//! Each `checkpoint` message becomes an iteration checkpoint exactly like a `loop` iteration
+//! (written every `checkpoint_every` messages, and always the latest on exit or stop). On a stop
+//! the worker's process group gets SIGTERM at once, so it can send its last checkpoint and exit
+//! 75; past the stop grace it is killed. A restarted worker gets `CAIRN_RESUME`, the path of
+//! `{"iteration":N,"state":...}` (one line, keys in that order, compact), so that even a shell
+//! script can read it. Exit 0 ends the phase (output: the last `output` message, else the last
+//! checkpoint's state); 75 asks to be resumed; anything else fails the attempt.
+
+use std::process::Stdio;
+
+use nix::sys::signal::Signal;
+use serde_json::Value;
+use tokio::time::Instant;
+
+use super::channel::{Channel, Message};
+use super::child::{group_of, kill_group, open_log, spawn_in_group};
+use super::{blocking, checkpoint_error, PhaseEnd, PhaseError, PhaseRun};
+use crate::store::LoopCheckpointer;
+
+/// The scope name of the daemon's worker checkpoints.
+pub const WORKER_SCOPE: &str = "worker";
+
+/// Exit status with which a worker asks to be resumed from its last checkpoint.
+pub const EXIT_RESUME_ME: i32 = 75;
+
+/// What the worker has told the daemon so far.
+struct WorkerState {
+    checkpointer: LoopCheckpointer,
+    count: u64,
+    state: Value,
+    output: Option<Value>,
+    cost_since_checkpoint: bool,
+    /// Why the worker must stop, once decided (a failed checkpoint write, its budget).
+    stop: Option<PhaseError>,
+}
+
+pub(super) async fn run(run: &PhaseRun<'_>) -> Result<PhaseEnd, PhaseError> {
+    let task_id = run.task.id().to_string();
+    let checkpointer = LoopCheckpointer::new(run.ctx.checkpoints.clone(), &task_id, WORKER_SCOPE)
+        .phase(run.phase.name.clone(), run.index)
+        .attempt(run.attempt)
+        .every(run.phase.checkpoint_every());
+    let (mut checkpointer, resumed) = blocking(move || {
+        let mut checkpointer = checkpointer;
+        let resumed = checkpointer.resume_checkpoint();
+        (checkpointer, resumed)
+    })
+    .await?;
+    let resumed = resumed.map_err(checkpoint_error)?;
+    if let Some(cp) = &resumed {
+        if cp.done {
+            return Ok(PhaseEnd::Completed(
+                cp.output
+                    .clone()
+                    .unwrap_or_else(|| cp.partial_results.clone()),
+            ));
+        }
+        if cp.cost.is_some() {
+            run.set_cost(cp.cost);
+        }
+    }
+    checkpointer.set_cost(run.cost());
+
+    let run_dir = run.ctx.queue.run_dir(&task_id);
+    let transient = |what: &str, e: std::io::Error| PhaseError::Transient(format!("{what}: {e}"));
+    let resume_path = run_dir.join(format!("resume-{}.json", run.index));
+    let (count, state) = match &resumed {
+        Some(cp) => (cp.iteration_count, cp.partial_results.clone()),
+        None => (0, Value::Null),
+    };
+    let mut env = run.env(None);
+    env.retain(|(k, _)| k != "CAIRN_IDEMPOTENCY_KEY");
+    env.push((
+        "CAIRN_IDEMPOTENCY_KEY".into(),
+        format!("{task_id}:{}:{count}", run.phase.name),
+    ));
+    if resumed.is_some() {
+        let line = format!(
+            "{{\"iteration\":{count},\"state\":{}}}\n",
+            serde_json::to_string(&state).unwrap_or_else(|_| "null".into())
+        );
+        std::fs::write(&resume_path, line).map_err(|e| transient("writing the resume file", e))?;
+        env.push(("CAIRN_RESUME".into(), resume_path.display().to_string()));
+    } else if let Err(e) = std::fs::remove_file(&resume_path) {
+        if e.kind() != std::io::ErrorKind::NotFound {
+            return Err(transient("removing a stale resume file", e));
+        }
+    }
+    let mut channel = Channel::create(&run_dir.join(format!("channel-{}", run.index)))
+        .map_err(|e| transient("creating the worker channel", e))?;
+    env.push(("CAIRN_CHANNEL".into(), channel.path().display().to_string()));
+
+    let log_path = run.log_path();
+    let log =
+        open_log(&log_path, &run.log_header(None)).map_err(|e| transient("opening the log", e))?;
+    let what = format!("phase {:?}", run.phase.name);
+    let mut child = spawn_in_group(&run.phase.run, &run.cwd(), &env, log, Stdio::null(), None)
+        .map_err(|e| PhaseError::Command(format!("{what}: {e}")))?;
+    let group = group_of(&child);
+    tracing::info!(task_id, phase = %run.phase.name, iteration = count, "worker started");
+
+    let mut worker = WorkerState {
+        checkpointer,
+        count,
+        state,
+        output: None,
+        cost_since_checkpoint: false,
+        stop: None,
+    };
+    let started = Instant::now();
+    let mut last_heard = Instant::now();
+    let mut term_sent = false;
+    // When a worker told to stop for its budget or a storage failure is killed if still there.
+    let mut kill_at: Option<Instant> = None;
+    let mut killed = false;
+    let mut silent_too_long = false;
+    let mut timed_out = false;
+    let status = loop {
+        let heartbeat_deadline = run.phase.heartbeat_timeout.map(|t| last_heard + t);
+        let timeout_deadline = run.phase.timeout.map(|t| started + t);
+        tokio::select! {
+            status = child.wait() => break status,
+            message = channel.next() => {
+                last_heard = Instant::now();
+                worker = handle(run, worker, message).await?;
+                if worker.stop.is_some() && !term_sent {
+                    kill_group(group, Signal::SIGTERM);
+                    term_sent = true;
+                    kill_at = Some(Instant::now() + super::child::KILL_AFTER);
+                }
+            }
+            _ = run.ctx.shutdown.stopped(), if !term_sent => {
+                kill_group(group, Signal::SIGTERM);
+                term_sent = true;
+            }
+            _ = run.ctx.shutdown.terminating(), if !killed => {
+                kill_group(group, Signal::SIGKILL);
+                killed = true;
+            }
+            _ = sleep_until(heartbeat_deadline), if !killed && !term_sent => {
+                silent_too_long = true;
+                kill_group(group, Signal::SIGKILL);
+                killed = true;
+            }
+            _ = sleep_until(timeout_deadline), if !killed => {
+                timed_out = true;
+                kill_group(group, Signal::SIGKILL);
+                killed = true;
+            }
+            _ = sleep_until(kill_at), if !killed => {
+                kill_group(group, Signal::SIGKILL);
+                killed = true;
+            }
+        }
+    };
+    // Leftover group members (helpers the worker started) go with it.
+    kill_group(group, Signal::SIGKILL);
+    let status =
+        status.map_err(|e| PhaseError::Command(format!("{what}: waiting for the worker: {e}")))?;
+    for message in channel.drain().await {
+        worker = handle(run, worker, message).await?;
+    }
+    drop(channel);
+
+    let WorkerState {
+        mut checkpointer,
+        count,
+        state,
+        output,
+        stop,
+        ..
+    } = worker;
+    checkpointer.set_cost(run.cost());
+    let (checkpointer, flushed) = blocking(move || {
+        let flushed = checkpointer.flush();
+        (checkpointer, flushed)
+    })
+    .await?;
+    flushed.map_err(checkpoint_error)?;
+    let log_note = format!("its output is in {}", log_path.display());
+    if let Some(stop) = stop {
+        return Err(stop);
+    }
+    if silent_too_long {
+        return Err(PhaseError::Command(format!(
+            "{what}: the worker sent nothing on its channel for {} (heartbeat_timeout) and was killed; {log_note}",
+            humantime::format_duration(run.phase.heartbeat_timeout.unwrap_or_default())
+        )));
+    }
+    if timed_out {
+        return Err(PhaseError::Command(format!(
+            "{what}: the worker timed out after {}; {log_note}",
+            humantime::format_duration(run.phase.timeout.unwrap_or_default())
+        )));
+    }
+    match status.code() {
+        Some(0) => {
+            let result = output.clone().unwrap_or_else(|| state.clone());
+            let mut checkpointer = checkpointer;
+            let final_output = Some(result.clone());
+            blocking(move || checkpointer.finish(count, &state, final_output))
+                .await?
+                .map_err(checkpoint_error)?;
+            Ok(PhaseEnd::Completed(result))
+        }
+        _ if run.ctx.shutdown.is_stopping() => {
+            tracing::info!(task_id, phase = %run.phase.name, iteration = count, %status, "worker stopped");
+            Ok(PhaseEnd::Interrupted)
+        }
+        Some(EXIT_RESUME_ME) => Err(PhaseError::Transient(format!(
+            "{what}: the worker exited {EXIT_RESUME_ME} (resume me) at iteration {count}"
+        ))),
+        _ => Err(PhaseError::Command(format!(
+            "{what}: the worker failed ({status}); {log_note}"
+        ))),
+    }
+}
+
+async fn sleep_until(deadline: Option<Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Take one channel message into account.
+async fn handle(
+    run: &PhaseRun<'_>,
+    mut worker: WorkerState,
+    message: Result<Message, String>,
+) -> Result<WorkerState, PhaseError> {
+    let message = match message {
+        Ok(message) => message,
+        Err(problem) => {
+            tracing::warn!(task_id = run.task.id(), phase = %run.phase.name, "worker channel: {problem}");
+            note_in_log(run, &format!("cairn: ignored a channel line: {problem}"));
+            return Ok(worker);
+        }
+    };
+    if let Some(cost) = message.cost {
+        if cost.is_finite() && cost >= 0.0 {
+            run.add_cost(cost);
+            worker.cost_since_checkpoint = true;
+        } else {
+            note_in_log(
+                run,
+                &format!("cairn: ignored a cost of {cost}: it must be a number of at least 0"),
+            );
+        }
+    }
+    if let Some(progress) = message.progress {
+        run.set_progress(progress.done, progress.total);
+    }
+    if let Some(output) = message.output {
+        worker.output = Some(output);
+    }
+    if let Some(checkpoint) = message.checkpoint {
+        if checkpoint.iteration < worker.count {
+            note_in_log(
+                run,
+                &format!(
+                    "cairn: ignored a checkpoint of iteration {}, older than {}",
+                    checkpoint.iteration, worker.count
+                ),
+            );
+            return Ok(worker);
+        }
+        // Only new iterations must have reported their cost; a repeated checkpoint (the last
+        // one again, sent on a stop) adds no work.
+        let advanced = checkpoint.iteration > worker.count;
+        let cost_known = !advanced || std::mem::take(&mut worker.cost_since_checkpoint);
+        worker.count = checkpoint.iteration;
+        worker.state = checkpoint.state;
+        worker.checkpointer.set_cost(run.cost());
+        let (count, state) = (worker.count, worker.state.clone());
+        let mut checkpointer = worker.checkpointer;
+        let (checkpointer, written) = blocking(move || {
+            let written = checkpointer.checkpoint(count, &state);
+            (checkpointer, written)
+        })
+        .await?;
+        worker.checkpointer = checkpointer;
+        run.ctx.work.update(|w| {
+            if let Some(entry) = w.get_mut(run.task.id()) {
+                entry.iterations = count;
+                if matches!(written, Ok(true)) {
+                    entry.last_checkpoint_at = Some(chrono::Utc::now());
+                }
+            }
+        });
+        if let Err(e) = written {
+            worker.stop.get_or_insert(checkpoint_error(e));
+        } else if let Err(stop) =
+            run.check_budget(cost_known, &format!("the work up to checkpoint {count}"))
+        {
+            worker.stop.get_or_insert(stop);
+        }
+    }
+    Ok(worker)
+}
+
+fn note_in_log(run: &PhaseRun<'_>, line: &str) {
+    use std::io::Write;
+    if let Ok(mut log) = std::fs::OpenOptions::new()
+        .append(true)
+        .open(run.log_path())
+    {
+        let _ = writeln!(log, "{line}");
+    }
+}
