@@ -548,6 +548,35 @@ mod tests {
     }
 
     #[test]
+    fn items_and_worker_phases_are_checked() {
+        let ok = parse(
+            r#"{"budget":{"max_cost":2.5},"phases":[{"name":"list","run":["x"]},
+               {"name":"each","kind":"items","items_from":"list","run":["y"],"concurrency":3},
+               {"name":"w","kind":"worker","run":["z"],"heartbeat_timeout":"30s","checkpoint_every":2}]}"#,
+        )
+        .unwrap();
+        assert_eq!(ok.budget.unwrap().max_cost, 2.5);
+
+        let err = parse(r#"{"phases":[{"name":"each","kind":"items","items_from":"later","run":["y"]},{"name":"later","run":["x"]}]}"#)
+            .unwrap_err();
+        assert_eq!(err.field.as_deref(), Some("phases[0].items_from"));
+        let err = parse(r#"{"phases":[{"name":"each","kind":"items","run":["y"]}]}"#).unwrap_err();
+        assert_eq!(err.field.as_deref(), Some("phases[0].items"));
+        let err = parse(r#"{"phases":[{"name":"each","kind":"items","items":[1],"items_from":"x","run":["y"]}]}"#)
+            .unwrap_err();
+        assert_eq!(err.field.as_deref(), Some("phases[0].items"));
+        let err = parse(r#"{"phases":[{"name":"each","kind":"items","items":[1],"concurrency":0,"run":["y"]}]}"#)
+            .unwrap_err();
+        assert_eq!(err.field.as_deref(), Some("phases[0].concurrency"));
+        let err = parse(r#"{"phases":[{"name":"w","run":["y"],"heartbeat_timeout":"1s"}]}"#).unwrap_err();
+        assert_eq!(err.field.as_deref(), Some("phases[0].heartbeat_timeout"));
+        let err = parse(r#"{"budget":{"max_cost":-1},"phases":[{"name":"w","run":["y"]}]}"#).unwrap_err();
+        assert_eq!(err.field.as_deref(), Some("budget.max_cost"));
+        let err = parse(r#"{"budget":{"max":1},"phases":[{"name":"w","run":["y"]}]}"#).unwrap_err();
+        assert_eq!(err.field.as_deref(), Some("budget.max"));
+    }
+
+    #[test]
     fn backoff_doubles_and_is_capped() {
         let policy = RetryPolicy {
             max_attempts: 9,
