@@ -214,7 +214,13 @@ impl Scheduler {
                 // The daemon died during this attempt. It counts as a failed attempt only if it
                 // made no progress, so a task that keeps crashing the daemon ends in failed/
                 // while a long task interrupted by power cuts keeps going.
-                if !self.attempt_progressed(&entry).await {
+                let progressed = self.attempt_progressed(&entry).await;
+                self.ctx.journal(
+                    &id,
+                    "resumed_after_crash",
+                    serde_json::json!({"attempt": entry.attempt, "phase": entry.phase, "counts_as_failure": !progressed}),
+                );
+                if !progressed {
                     entry.failed_attempts += 1;
                     entry.last_error = Some(format!(
                         "the daemon stopped unexpectedly during attempt {} without a checkpoint",
@@ -399,6 +405,11 @@ impl Scheduler {
             Ok(report) => {
                 self.inbox_deferred = report.deferred > 0;
                 for task in report.accepted {
+                    self.ctx.journal(
+                        task.id(),
+                        "accepted",
+                        serde_json::json!({"priority": task.priority}),
+                    );
                     self.add_pending(task);
                 }
             }
@@ -450,6 +461,16 @@ impl Scheduler {
                 entry.next_attempt_at = None;
             }
         });
+        let (attempt, phase) = self
+            .ctx
+            .work
+            .update(|w| w.get(&id).map(|e| (e.attempt, e.phase.clone())))
+            .unwrap_or_default();
+        self.ctx.journal(
+            &id,
+            "attempt_started",
+            serde_json::json!({"attempt": attempt, "phase": phase}),
+        );
         let ctx = Arc::clone(&self.ctx);
         self.running.spawn(async move {
             // The attempt is on record before any command runs, so a crash is accounted for.
@@ -492,6 +513,11 @@ impl Scheduler {
             AttemptEnd::Done => match self.write_done(&task, &entry).await {
                 Ok(()) => {
                     tracing::info!(task_id = %id, attempts = entry.attempt, "task done");
+                    self.ctx.journal(
+                        &id,
+                        "done",
+                        serde_json::json!({"attempts": entry.attempt, "cost": entry.cost}),
+                    );
                     self.ctx.work.update(|w| w.remove(&id));
                     self.tasks.remove(&id);
                 }
@@ -503,6 +529,11 @@ impl Scheduler {
             AttemptEnd::Interrupted => {
                 entry.status = ActiveStatus::Interrupted;
                 tracing::info!(task_id = %id, phase = %entry.phase, iterations = entry.iterations, "task interrupted");
+                self.ctx.journal(
+                    &id,
+                    "interrupted",
+                    serde_json::json!({"phase": entry.phase, "iterations": entry.iterations}),
+                );
                 self.ctx.work.update(|w| w.upsert(entry));
             }
             AttemptEnd::BudgetStopped { reason } => {
@@ -512,6 +543,11 @@ impl Scheduler {
             }
             AttemptEnd::Failed { error, counts } => {
                 tracing::warn!(task_id = %id, attempt = entry.attempt, "attempt failed: {error}");
+                self.ctx.journal(
+                    &id,
+                    "attempt_failed",
+                    serde_json::json!({"attempt": entry.attempt, "error": error, "counts": counts}),
+                );
                 if counts {
                     entry.failed_attempts += 1;
                 }
@@ -583,6 +619,16 @@ impl Scheduler {
     ) {
         let id = entry.task_id.clone();
         tracing::error!(task_id = %id, attempts = entry.attempt, status, "task ended: {error}");
+        let event = if status == "budget_exceeded" {
+            "budget_stopped"
+        } else {
+            status
+        };
+        self.ctx.journal(
+            &id,
+            event,
+            serde_json::json!({"error": error, "attempts": entry.attempt}),
+        );
         let outputs = self.outputs_by_name(&entry).await.unwrap_or_default();
         let record = FailedRecord {
             status: status.into(),

@@ -568,9 +568,11 @@ mod tests {
         let err = parse(r#"{"phases":[{"name":"each","kind":"items","items":[1],"concurrency":0,"run":["y"]}]}"#)
             .unwrap_err();
         assert_eq!(err.field.as_deref(), Some("phases[0].concurrency"));
-        let err = parse(r#"{"phases":[{"name":"w","run":["y"],"heartbeat_timeout":"1s"}]}"#).unwrap_err();
+        let err =
+            parse(r#"{"phases":[{"name":"w","run":["y"],"heartbeat_timeout":"1s"}]}"#).unwrap_err();
         assert_eq!(err.field.as_deref(), Some("phases[0].heartbeat_timeout"));
-        let err = parse(r#"{"budget":{"max_cost":-1},"phases":[{"name":"w","run":["y"]}]}"#).unwrap_err();
+        let err =
+            parse(r#"{"budget":{"max_cost":-1},"phases":[{"name":"w","run":["y"]}]}"#).unwrap_err();
         assert_eq!(err.field.as_deref(), Some("budget.max_cost"));
         let err = parse(r#"{"budget":{"max":1},"phases":[{"name":"w","run":["y"]}]}"#).unwrap_err();
         assert_eq!(err.field.as_deref(), Some("budget.max"));

@@ -13,8 +13,8 @@ use std::collections::BTreeMap;
 use futures::stream::{FuturesUnordered, StreamExt};
 use serde_json::{json, Map, Value};
 
-use super::{blocking, checkpoint_error, PhaseEnd, PhaseError, PhaseRun};
-use crate::store::LoopCheckpointer;
+use super::checkpointing::PhaseCheckpointer;
+use super::{PhaseEnd, PhaseError, PhaseRun};
 
 /// The scope name of the daemon's items checkpoints.
 pub const ITEMS_SCOPE: &str = "items";
@@ -82,18 +82,9 @@ fn results_of(state: &Value, len: usize) -> Result<BTreeMap<usize, Value>, Phase
 pub(super) async fn run(run: &PhaseRun<'_>) -> Result<PhaseEnd, PhaseError> {
     let items = items_of(run)?;
     let task_id = run.task.id().to_string();
-    let mut checkpointer =
-        LoopCheckpointer::new(run.ctx.checkpoints.clone(), &task_id, ITEMS_SCOPE)
-            .phase(run.phase.name.clone(), run.index)
-            .attempt(run.attempt)
-            .every(run.phase.checkpoint_every());
-    let (returned, resumed) = blocking(move || {
-        let resumed = checkpointer.resume_checkpoint();
-        (checkpointer, resumed)
-    })
-    .await?;
-    checkpointer = returned;
-    let mut results = match resumed.map_err(checkpoint_error)? {
+    let mut checkpoints = PhaseCheckpointer::new(run, ITEMS_SCOPE);
+    let resumed = checkpoints.resume().await?;
+    let mut results = match resumed {
         Some(cp) if cp.done => {
             return Ok(PhaseEnd::Completed(cp.output.unwrap_or(cp.partial_results)))
         }
@@ -128,14 +119,8 @@ pub(super) async fn run(run: &PhaseRun<'_>) -> Result<PhaseEnd, PhaseError> {
                 results.insert(index, result);
                 let count = results.len() as u64;
                 let state = state_of(&results);
-                let (returned, written) = blocking(move || {
-                    let written = checkpointer.checkpoint(count, &state);
-                    (checkpointer, written)
-                })
-                .await?;
-                checkpointer = returned;
-                if let Err(e) = written {
-                    failure.get_or_insert(checkpoint_error(e));
+                if let Err(e) = checkpoints.checkpoint(count, state).await {
+                    failure.get_or_insert(e);
                 }
                 set_progress(run, results.len());
             }
@@ -147,20 +132,19 @@ pub(super) async fn run(run: &PhaseRun<'_>) -> Result<PhaseEnd, PhaseError> {
     }
 
     if let Some(error) = failure {
-        flush(checkpointer).await?;
+        checkpoints.flush().await?;
         return Err(error);
     }
     if interrupted || results.len() < items.len() {
-        flush(checkpointer).await?;
+        checkpoints.flush().await?;
         return Ok(PhaseEnd::Interrupted);
     }
     let output = Value::Array(results.values().cloned().collect());
     let count = results.len() as u64;
     let state = state_of(&results);
-    let final_output = output.clone();
-    blocking(move || checkpointer.finish(count, &state, Some(final_output)))
-        .await?
-        .map_err(checkpoint_error)?;
+    checkpoints
+        .finish(count, state, Some(output.clone()))
+        .await?;
     Ok(PhaseEnd::Completed(output))
 }
 
@@ -190,12 +174,6 @@ async fn run_item(
         other => other,
     });
     (index, outcome)
-}
-
-async fn flush(mut checkpointer: LoopCheckpointer) -> Result<(), PhaseError> {
-    blocking(move || checkpointer.flush())
-        .await?
-        .map_err(checkpoint_error)
 }
 
 fn set_progress(run: &PhaseRun<'_>, done: usize) {

@@ -4,6 +4,7 @@
 //! attempt; this module runs the attempt itself. One file per phase kind; `child` runs commands.
 
 mod channel;
+mod checkpointing;
 mod child;
 mod items;
 mod loop_phase;
@@ -35,6 +36,13 @@ pub struct RunContext {
     pub checkpoints: CheckpointStore,
     pub work: Arc<WorkState>,
     pub shutdown: Shutdown,
+}
+
+impl RunContext {
+    /// Append to the task's event journal (see [`crate::store::journal`]).
+    pub fn journal(&self, task_id: &str, event: &str, details: Value) {
+        crate::store::journal::append(self.queue.root(), task_id, event, details);
+    }
 }
 
 /// How one attempt of a task ended.
@@ -124,6 +132,11 @@ pub async fn run_attempt(ctx: &Arc<RunContext>, task: &Arc<Task>) -> AttemptEnd 
             }
         });
         tracing::info!(task_id = id, phase = %phase.name, attempt = entry.attempt, "phase started");
+        ctx.journal(
+            id,
+            "phase_started",
+            serde_json::json!({"phase": phase.name, "phase_index": index, "kind": phase.kind.as_str(), "attempt": entry.attempt}),
+        );
         let run = PhaseRun {
             ctx,
             task,
@@ -147,6 +160,11 @@ pub async fn run_attempt(ctx: &Arc<RunContext>, task: &Arc<Task>) -> AttemptEnd 
                     };
                 }
                 tracing::info!(task_id = id, phase = %phase.name, "phase finished");
+                ctx.journal(
+                    id,
+                    "phase_finished",
+                    serde_json::json!({"phase": phase.name, "phase_index": index}),
+                );
             }
             Ok(PhaseEnd::Interrupted) => return AttemptEnd::Interrupted,
             Err(PhaseError::Command(error)) => {

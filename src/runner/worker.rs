@@ -16,9 +16,9 @@ use serde_json::Value;
 use tokio::time::Instant;
 
 use super::channel::{Channel, Message};
+use super::checkpointing::PhaseCheckpointer;
 use super::child::{group_of, kill_group, open_log, spawn_in_group};
-use super::{blocking, checkpoint_error, PhaseEnd, PhaseError, PhaseRun};
-use crate::store::LoopCheckpointer;
+use super::{PhaseEnd, PhaseError, PhaseRun};
 
 /// The scope name of the daemon's worker checkpoints.
 pub const WORKER_SCOPE: &str = "worker";
@@ -27,8 +27,8 @@ pub const WORKER_SCOPE: &str = "worker";
 pub const EXIT_RESUME_ME: i32 = 75;
 
 /// What the worker has told the daemon so far.
-struct WorkerState {
-    checkpointer: LoopCheckpointer,
+struct WorkerState<'r, 'a> {
+    checkpoints: PhaseCheckpointer<'r, 'a>,
     count: u64,
     state: Value,
     output: Option<Value>,
@@ -39,17 +39,8 @@ struct WorkerState {
 
 pub(super) async fn run(run: &PhaseRun<'_>) -> Result<PhaseEnd, PhaseError> {
     let task_id = run.task.id().to_string();
-    let checkpointer = LoopCheckpointer::new(run.ctx.checkpoints.clone(), &task_id, WORKER_SCOPE)
-        .phase(run.phase.name.clone(), run.index)
-        .attempt(run.attempt)
-        .every(run.phase.checkpoint_every());
-    let (mut checkpointer, resumed) = blocking(move || {
-        let mut checkpointer = checkpointer;
-        let resumed = checkpointer.resume_checkpoint();
-        (checkpointer, resumed)
-    })
-    .await?;
-    let resumed = resumed.map_err(checkpoint_error)?;
+    let mut checkpoints = PhaseCheckpointer::new(run, WORKER_SCOPE);
+    let resumed = checkpoints.resume().await?;
     if let Some(cp) = &resumed {
         if cp.done {
             return Ok(PhaseEnd::Completed(
@@ -58,11 +49,7 @@ pub(super) async fn run(run: &PhaseRun<'_>) -> Result<PhaseEnd, PhaseError> {
                     .unwrap_or_else(|| cp.partial_results.clone()),
             ));
         }
-        if cp.cost.is_some() {
-            run.set_cost(cp.cost);
-        }
     }
-    checkpointer.set_cost(run.cost());
 
     let run_dir = run.ctx.queue.run_dir(&task_id);
     let transient = |what: &str, e: std::io::Error| PhaseError::Transient(format!("{what}: {e}"));
@@ -103,7 +90,7 @@ pub(super) async fn run(run: &PhaseRun<'_>) -> Result<PhaseEnd, PhaseError> {
     tracing::info!(task_id, phase = %run.phase.name, iteration = count, "worker started");
 
     let mut worker = WorkerState {
-        checkpointer,
+        checkpoints,
         count,
         state,
         output: None,
@@ -166,20 +153,14 @@ pub(super) async fn run(run: &PhaseRun<'_>) -> Result<PhaseEnd, PhaseError> {
     drop(channel);
 
     let WorkerState {
-        mut checkpointer,
+        mut checkpoints,
         count,
         state,
         output,
         stop,
         ..
     } = worker;
-    checkpointer.set_cost(run.cost());
-    let (checkpointer, flushed) = blocking(move || {
-        let flushed = checkpointer.flush();
-        (checkpointer, flushed)
-    })
-    .await?;
-    flushed.map_err(checkpoint_error)?;
+    checkpoints.flush().await?;
     let log_note = format!("its output is in {}", log_path.display());
     if let Some(stop) = stop {
         return Err(stop);
@@ -198,12 +179,10 @@ pub(super) async fn run(run: &PhaseRun<'_>) -> Result<PhaseEnd, PhaseError> {
     }
     match status.code() {
         Some(0) => {
-            let result = output.clone().unwrap_or_else(|| state.clone());
-            let mut checkpointer = checkpointer;
-            let final_output = Some(result.clone());
-            blocking(move || checkpointer.finish(count, &state, final_output))
-                .await?
-                .map_err(checkpoint_error)?;
+            let result = output.unwrap_or_else(|| state.clone());
+            checkpoints
+                .finish(count, state, Some(result.clone()))
+                .await?;
             Ok(PhaseEnd::Completed(result))
         }
         _ if run.ctx.shutdown.is_stopping() => {
@@ -227,11 +206,11 @@ async fn sleep_until(deadline: Option<Instant>) {
 }
 
 /// Take one channel message into account.
-async fn handle(
+async fn handle<'r, 'a>(
     run: &PhaseRun<'_>,
-    mut worker: WorkerState,
+    mut worker: WorkerState<'r, 'a>,
     message: Result<Message, String>,
-) -> Result<WorkerState, PhaseError> {
+) -> Result<WorkerState<'r, 'a>, PhaseError> {
     let message = match message {
         Ok(message) => message,
         Err(problem) => {
@@ -274,25 +253,18 @@ async fn handle(
         let cost_known = !advanced || std::mem::take(&mut worker.cost_since_checkpoint);
         worker.count = checkpoint.iteration;
         worker.state = checkpoint.state;
-        worker.checkpointer.set_cost(run.cost());
-        let (count, state) = (worker.count, worker.state.clone());
-        let mut checkpointer = worker.checkpointer;
-        let (checkpointer, written) = blocking(move || {
-            let written = checkpointer.checkpoint(count, &state);
-            (checkpointer, written)
-        })
-        .await?;
-        worker.checkpointer = checkpointer;
+        let count = worker.count;
+        let written = worker
+            .checkpoints
+            .checkpoint(count, worker.state.clone())
+            .await;
         run.ctx.work.update(|w| {
             if let Some(entry) = w.get_mut(run.task.id()) {
                 entry.iterations = count;
-                if matches!(written, Ok(true)) {
-                    entry.last_checkpoint_at = Some(chrono::Utc::now());
-                }
             }
         });
         if let Err(e) = written {
-            worker.stop.get_or_insert(checkpoint_error(e));
+            worker.stop.get_or_insert(e);
         } else if let Err(stop) =
             run.check_budget(cost_known, &format!("the work up to checkpoint {count}"))
         {

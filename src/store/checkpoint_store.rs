@@ -90,6 +90,17 @@ pub enum StoreError {
     State(#[source] serde_json::Error),
 }
 
+/// What one durable checkpoint write did.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SavedCheckpoint {
+    pub generation: u64,
+    pub iteration_count: u64,
+    /// Size of the encoded (gzip) checkpoint.
+    pub bytes: u64,
+    /// From encoding to the directory fsync.
+    pub elapsed: std::time::Duration,
+}
+
 /// A checkpoint read back by [`CheckpointStore::latest`], with what was skipped to find it.
 #[derive(Debug, Clone)]
 pub struct LoadedCheckpoint {
@@ -180,6 +191,16 @@ impl CheckpointStore {
     /// is logged, not returned: the new checkpoint is committed by then). On error the
     /// previous latest is intact.
     pub fn save(&self, cp: &mut IterationCheckpoint) -> Result<u64, StoreError> {
+        self.save_with_info(cp).map(|saved| saved.generation)
+    }
+
+    /// [`CheckpointStore::save`], telling also how many bytes were written and how long the
+    /// durable write took (for the task's event journal).
+    pub fn save_with_info(
+        &self,
+        cp: &mut IterationCheckpoint,
+    ) -> Result<SavedCheckpoint, StoreError> {
+        let started = std::time::Instant::now();
         validate_task_id(&cp.task_id)?;
         let slot = self.generation_slot(&cp.task_id);
         let mut cached = slot.lock().unwrap_or_else(PoisonError::into_inner);
@@ -230,7 +251,12 @@ impl CheckpointStore {
                 }
             }
         }
-        Ok(generation)
+        Ok(SavedCheckpoint {
+            generation,
+            iteration_count: cp.iteration_count,
+            bytes: bytes.len() as u64,
+            elapsed: started.elapsed(),
+        })
     }
 
     /// The newest checkpoint of the task that decodes: the latest file, else older generations

@@ -22,7 +22,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use super::checkpoint::{IterationCheckpoint, FORMAT_VERSION};
-use super::checkpoint_store::{CheckpointStore, StoreError};
+use super::checkpoint_store::{CheckpointStore, SavedCheckpoint, StoreError};
 
 /// Writes one loop's iteration checkpoints through a [`CheckpointStore`].
 ///
@@ -48,6 +48,8 @@ pub struct LoopCheckpointer {
     pending: Option<IterationCheckpoint>,
     /// The task's summed cost, stamped on the checkpoints written from now on.
     cost: Option<f64>,
+    /// The last write, until [`LoopCheckpointer::take_last_saved`] takes it.
+    last_saved: Option<SavedCheckpoint>,
     /// The iteration count of the last checkpoint committed (written, or found by resume).
     last_written: Option<u64>,
 }
@@ -71,6 +73,7 @@ impl LoopCheckpointer {
             every: 1,
             pending: None,
             cost: None,
+            last_saved: None,
             last_written: None,
         }
     }
@@ -155,8 +158,9 @@ impl LoopCheckpointer {
         let Some(mut cp) = self.pending.take() else {
             return Ok(());
         };
-        match self.store.save(&mut cp) {
-            Ok(_) => {
+        match self.store.save_with_info(&mut cp) {
+            Ok(saved) => {
+                self.last_saved = Some(saved);
                 self.last_written = Some(cp.iteration_count);
                 Ok(())
             }
@@ -171,6 +175,11 @@ impl LoopCheckpointer {
     /// Record the task's summed cost so far; later checkpoints carry it.
     pub fn set_cost(&mut self, total: Option<f64>) {
         self.cost = total;
+    }
+
+    /// The last durable write since this was last asked (for journals and metrics).
+    pub fn take_last_saved(&mut self) -> Option<SavedCheckpoint> {
+        self.last_saved.take()
     }
 
     pub fn last_committed(&self) -> Option<u64> {

@@ -16,13 +16,16 @@ pub mod current_work;
 mod faulty;
 mod file;
 mod file_ops;
+pub mod journal;
 mod loop_checkpointer;
 pub mod records;
 
 pub use checkpoint::{
     decode_checkpoint, encode_checkpoint, CheckpointError, IterationCheckpoint, FORMAT_VERSION,
 };
-pub use checkpoint_store::{CheckpointStore, GenerationInfo, LoadedCheckpoint, StoreError};
+pub use checkpoint_store::{
+    CheckpointStore, GenerationInfo, LoadedCheckpoint, SavedCheckpoint, StoreError,
+};
 pub use faulty::{FaultMode, FaultyFileOps};
 pub use file::FileStorage;
 pub use file_ops::{FileOps, RealFileOps, TempFile};

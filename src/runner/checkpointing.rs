@@ -1,0 +1,100 @@
+//! The async face of [`LoopCheckpointer`] for the phase runners: each call runs the blocking
+//! store work off the async thread, stamps the task's cost, maps errors to phase errors, and
+//! records every durable write in the task's journal.
+
+use serde_json::{json, Value};
+
+use super::{blocking, checkpoint_error, PhaseError, PhaseRun};
+use crate::store::{IterationCheckpoint, LoopCheckpointer, SavedCheckpoint, StoreError};
+
+/// One phase's checkpoints (`scope` is `loop`, `items` or `worker`).
+pub(super) struct PhaseCheckpointer<'r, 'a> {
+    run: &'r PhaseRun<'a>,
+    /// Lent to the blocking pool during each call.
+    inner: Option<LoopCheckpointer>,
+}
+
+impl<'r, 'a> PhaseCheckpointer<'r, 'a> {
+    pub fn new(run: &'r PhaseRun<'a>, scope: &str) -> Self {
+        let inner = LoopCheckpointer::new(run.ctx.checkpoints.clone(), run.task.id(), scope)
+            .phase(run.phase.name.clone(), run.index)
+            .attempt(run.attempt)
+            .every(run.phase.checkpoint_every());
+        PhaseCheckpointer {
+            run,
+            inner: Some(inner),
+        }
+    }
+
+    async fn call<T: Send + 'static>(
+        &mut self,
+        work: impl FnOnce(&mut LoopCheckpointer) -> Result<T, StoreError> + Send + 'static,
+    ) -> Result<T, PhaseError> {
+        let Some(mut checkpointer) = self.inner.take() else {
+            return Err(PhaseError::Transient(
+                "internal error: the checkpointer was lost".into(),
+            ));
+        };
+        checkpointer.set_cost(self.run.cost());
+        let (checkpointer, result, saved) = blocking(move || {
+            let result = work(&mut checkpointer);
+            let saved = checkpointer.take_last_saved();
+            (checkpointer, result, saved)
+        })
+        .await?;
+        self.inner = Some(checkpointer);
+        if let Some(saved) = saved {
+            self.note(saved);
+        }
+        result.map_err(checkpoint_error)
+    }
+
+    fn note(&self, saved: SavedCheckpoint) {
+        let run = self.run;
+        run.ctx.work.update(|w| {
+            if let Some(entry) = w.get_mut(run.task.id()) {
+                entry.last_checkpoint_at = Some(chrono::Utc::now());
+            }
+        });
+        run.ctx.journal(
+            run.task.id(),
+            "checkpoint",
+            json!({
+                "phase": run.phase.name,
+                "iteration": saved.iteration_count,
+                "generation": saved.generation,
+                "bytes": saved.bytes,
+                "ms": saved.elapsed.as_secs_f64() * 1000.0,
+            }),
+        );
+    }
+
+    /// This phase's last committed checkpoint, if any; its cost becomes the task's.
+    pub async fn resume(&mut self) -> Result<Option<IterationCheckpoint>, PhaseError> {
+        let resumed = self.call(|c| c.resume_checkpoint()).await?;
+        if let Some(cost) = resumed.as_ref().and_then(|cp| cp.cost) {
+            self.run.set_cost(Some(cost));
+        }
+        Ok(resumed)
+    }
+
+    /// `count` iterations are complete with `state`; written when due. True if written.
+    pub async fn checkpoint(&mut self, count: u64, state: Value) -> Result<bool, PhaseError> {
+        self.call(move |c| c.checkpoint(count, &state)).await
+    }
+
+    /// The phase's final checkpoint (marked done, with its output).
+    pub async fn finish(
+        &mut self,
+        count: u64,
+        state: Value,
+        output: Option<Value>,
+    ) -> Result<(), PhaseError> {
+        self.call(move |c| c.finish(count, &state, output)).await
+    }
+
+    /// Write the latest completed iteration if it is still pending.
+    pub async fn flush(&mut self) -> Result<(), PhaseError> {
+        self.call(|c| c.flush()).await
+    }
+}
