@@ -54,6 +54,7 @@ def worker_env(**cairn_vars):
     """This environment without any CAIRN_* variable, plus `cairn_vars`, and the helper importable."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("CAIRN_")}
     env["PYTHONPATH"] = HERE
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
     env.update(cairn_vars)
     return env
 
@@ -82,6 +83,9 @@ def run_worker(code, **cairn_vars):
 def checkpoint_line(iteration, state):
     return json.dumps({"checkpoint": {"iteration": iteration, "state": state}}, separators=(",", ":"))
 
+
+# All a worker says on stderr when cairn has gone away: one line, no traceback.
+CHANNEL_CLOSED = r"\Acairn: channel closed \([^\n]+\); exiting with status 75\n\Z"
 
 # The daemon writes CAIRN_RESUME as exactly this: one line, these keys in this order, no spaces.
 RESUME_FILE = '{"iteration":2,"state":[0,1]}\n'
@@ -275,7 +279,7 @@ class DaemonGoneTest(TempDirTest):
         )
         self.assertEqual(status, 75)
         self.assertEqual(out, "")
-        self.assertEqual(err, "cairn: channel closed (No such device or address); exiting with status 75\n")
+        self.assertRegex(err, CHANNEL_CLOSED)
 
     def test_reader_closing_mid_run_exits_75_without_traceback(self):
         path = os.path.join(self.dir, "channel")
@@ -301,7 +305,7 @@ class DaemonGoneTest(TempDirTest):
             proc.kill()
         self.assertEqual(proc.returncode, 75)
         self.assertEqual(out, "")
-        self.assertEqual(err, "cairn: channel closed (Broken pipe); exiting with status 75\n")
+        self.assertRegex(err, CHANNEL_CLOSED)
 
 
 class StandaloneTest(TempDirTest):
