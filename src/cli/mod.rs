@@ -1,6 +1,14 @@
 //! The `cairn` command line: one file per subcommand. `main.rs` only calls [`main`].
 
+mod checkpoint;
+mod completions;
+mod control;
+mod fork;
+mod history;
+mod prune;
 mod run;
+mod show;
+mod status;
 mod submit;
 mod validate;
 
@@ -68,6 +76,28 @@ enum Command {
     Submit(submit::SubmitArgs),
     /// Check a task file without submitting it.
     Validate(validate::ValidateArgs),
+    /// One line per task: state, phase, iteration, rate, ETA, cost, checkpoint age.
+    Status(status::StatusArgs),
+    /// A task's definition, phases, attempts, errors and timeline.
+    Show(show::ShowArgs),
+    /// The checkpoint generations kept for a task.
+    History(history::HistoryArgs),
+    /// Print a decoded checkpoint (of a task, or a .json.gz file).
+    Checkpoint(checkpoint::CheckpointArgs),
+    /// Start a new task from a checkpoint of another, optionally patching its state.
+    Fork(fork::ForkArgs),
+    /// Stop a task at its next iteration boundary, checkpointed.
+    Pause(control::ControlArgs),
+    /// Let a paused task continue.
+    Resume(control::ControlArgs),
+    /// Stop a task for good (its command gets SIGTERM, then SIGKILL) and record it cancelled.
+    Cancel(control::ControlArgs),
+    /// Put a failed or cancelled task back, resuming from its last checkpoint.
+    Retry(control::ControlArgs),
+    /// Remove records, logs and checkpoints of finished tasks past their retention.
+    Prune(prune::PruneArgs),
+    /// Print a shell completion script.
+    Completions(completions::CompletionsArgs),
 }
 
 /// Parse the command line, run the subcommand, and map the outcome to an exit code.
@@ -88,6 +118,17 @@ pub fn main() -> ExitCode {
         Command::Run(args) => run::run(&cli.queue, args),
         Command::Submit(args) => submit::run(&cli.queue, args),
         Command::Validate(args) => validate::run(args),
+        Command::Status(args) => status::run(&cli.queue, args),
+        Command::Show(args) => show::run(&cli.queue, args),
+        Command::History(args) => history::run(&cli.queue, args),
+        Command::Checkpoint(args) => checkpoint::run(&cli.queue, args),
+        Command::Fork(args) => fork::run(&cli.queue, args),
+        Command::Pause(args) => control::run(&cli.queue, control::Action::Pause, args),
+        Command::Resume(args) => control::run(&cli.queue, control::Action::Resume, args),
+        Command::Cancel(args) => control::run(&cli.queue, control::Action::Cancel, args),
+        Command::Retry(args) => control::run(&cli.queue, control::Action::Retry, args),
+        Command::Prune(args) => prune::run(&cli.queue, args),
+        Command::Completions(args) => completions::run(args),
     };
     ExitCode::from(code)
 }
