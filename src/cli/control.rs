@@ -1,9 +1,21 @@
-//! `cairn pause|resume|cancel|retry ID` (being written).
+//! `cairn pause|resume|cancel|retry ID`: steer a task through a request in `control/`.
+//!
+//! A running daemon takes the request within a second (it watches `control/`); this command
+//! waits up to a few seconds for that and says what happened. Without a daemon the request
+//! waits in `control/` and takes effect when the next one starts.
 
 use std::path::Path;
+use std::time::{Duration, Instant};
 
 use clap::Args;
 
+use super::exit;
+use crate::queue::control::{self, ControlAction, ControlRequest};
+use crate::queue::QueueDir;
+use crate::store::{FileStorage, Storage};
+use crate::task::validate_id;
+
+/// Which request.
 #[derive(Debug, Clone, Copy)]
 pub enum Action {
     Pause,
@@ -16,9 +28,88 @@ pub enum Action {
 pub struct ControlArgs {
     /// The task id.
     id: String,
+
+    /// Return as soon as the request is written, without waiting for the daemon to take it.
+    #[arg(long)]
+    no_wait: bool,
 }
 
-pub fn run(_queue: &Path, _action: Action, _args: ControlArgs) -> u8 {
-    eprintln!("error: this command is not available in this build yet");
-    super::exit::FAILURE
+/// How long to wait for a running daemon to take the request.
+const WAIT_FOR_DAEMON: Duration = Duration::from_secs(5);
+
+pub fn run(queue: &Path, action: Action, args: ControlArgs) -> u8 {
+    let action = match action {
+        Action::Pause => ControlAction::Pause,
+        Action::Resume => ControlAction::Resume,
+        Action::Cancel => ControlAction::Cancel,
+        Action::Retry => ControlAction::Retry,
+    };
+    if let Err(problem) = validate_id(&args.id) {
+        eprintln!("error: task id {problem}");
+        return exit::USAGE;
+    }
+    let storage = FileStorage::new(queue);
+    match storage.get(&QueueDir::task_key(&args.id)) {
+        Ok(Some(_)) => {}
+        Ok(None) => {
+            eprintln!(
+                "error: queue {} has no task {:?}",
+                queue.display(),
+                args.id
+            );
+            return exit::FAILURE;
+        }
+        Err(e) => {
+            eprintln!("error: reading the task {:?}: {e}", args.id);
+            return exit::FAILURE;
+        }
+    }
+    let request = ControlRequest::new(action, &args.id);
+    let key = match control::submit(&storage, &request) {
+        Ok(key) => key,
+        Err(e) => {
+            eprintln!("error: writing the request into {}/control: {e}", queue.display());
+            return exit::FAILURE;
+        }
+    };
+    let verb = action.as_str();
+    if args.no_wait {
+        println!("{verb} requested for {}", args.id);
+        return exit::OK;
+    }
+    let Some(pid) = daemon_pid(queue) else {
+        println!(
+            "{verb} requested for {}; no daemon is running, it takes effect when one starts",
+            args.id
+        );
+        return exit::OK;
+    };
+    let deadline = Instant::now() + WAIT_FOR_DAEMON;
+    while Instant::now() < deadline {
+        if matches!(storage.get(&key), Ok(None)) {
+            let outcome = match action {
+                ControlAction::Pause => "it stops at its next iteration boundary, checkpointed",
+                ControlAction::Resume => "it continues",
+                ControlAction::Cancel => "it is stopped and recorded as cancelled",
+                ControlAction::Retry => "it resumes from its last checkpoint",
+            };
+            println!("{verb}: the daemon (pid {pid}) took the request for {}; {outcome}", args.id);
+            return exit::OK;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    println!(
+        "{verb} requested for {}; the daemon (pid {pid}) has not taken it yet",
+        args.id
+    );
+    exit::OK
+}
+
+/// The pid of the daemon that owns the queue, if one is alive. Only reads `.lock`: taking the
+/// lock here could make a daemon that is starting fail.
+pub fn daemon_pid(queue: &Path) -> Option<i32> {
+    let text = std::fs::read_to_string(queue.join(".lock")).ok()?;
+    let pid: i32 = text.trim().parse().ok()?;
+    let alive = pid > 0 && nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok();
+    alive.then_some(pid)
 }

@@ -1,13 +1,210 @@
-//! `cairn fork ID` (being written).
+//! `cairn fork ID [--gen N] [--patch JSON] [--as NEW_ID]`: a new task that starts from a
+//! checkpoint of another, with a JSON merge patch (RFC 7386) applied to its state.
+//!
+//! The new task gets its own copy of the checkpoint (`incremental/<new>.json.gz`, not marked
+//! done, so its loop continues from there), a start point (`runs/<new>/start.json`: the phase
+//! and the outputs of the phases before it), and is then submitted through the inbox like any
+//! task. The original is not touched.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 
 use clap::Args;
+use serde_json::Value;
+
+use super::exit;
+use crate::queue::QueueDir;
+use crate::store::current_work::{CurrentWork, StartPoint, StoredOutput};
+use crate::store::{CheckpointStore, FileStorage, Storage};
+use crate::task::{generate_id, random_suffix, validate_id, Task};
 
 #[derive(Debug, Args)]
-pub struct ForkArgs {}
+pub struct ForkArgs {
+    /// The task to fork.
+    id: String,
 
-pub fn run(_queue: &Path, _args: ForkArgs) -> u8 {
-    eprintln!("error: `cairn fork` is not available in this build yet");
-    super::exit::FAILURE
+    /// The checkpoint generation to start from (default: the latest; see `cairn history`).
+    #[arg(long = "gen", value_name = "N")]
+    generation: Option<u64>,
+
+    /// A JSON merge patch (RFC 7386) applied to the checkpoint's state, e.g. '{"temperature": 0.2}'.
+    #[arg(long, value_name = "JSON")]
+    patch: Option<String>,
+
+    /// The new task's id (default: the old one with a random suffix).
+    #[arg(long = "as", value_name = "NEW_ID")]
+    new_id: Option<String>,
+}
+
+pub fn run(queue: &Path, args: ForkArgs) -> u8 {
+    match fork(queue, &args) {
+        Ok(new_id) => {
+            println!("{new_id}");
+            exit::OK
+        }
+        Err((code, message)) => {
+            eprintln!("error: {message}");
+            code
+        }
+    }
+}
+
+type Failure = (u8, String);
+
+fn fork(queue: &Path, args: &ForkArgs) -> Result<String, Failure> {
+    let usage = |m: String| (exit::USAGE, m);
+    let failure = |m: String| (exit::FAILURE, m);
+    validate_id(&args.id).map_err(|p| usage(format!("task id {p}")))?;
+    let patch: Option<Value> = args
+        .patch
+        .as_deref()
+        .map(serde_json::from_str)
+        .transpose()
+        .map_err(|e| usage(format!("--patch is not JSON: {e}")))?;
+    let storage = FileStorage::new(queue);
+    let read = |key: String| {
+        storage
+            .get(&key)
+            .map_err(|e| failure(format!("reading {}: {e}", queue.join(&key).display())))
+    };
+
+    let task_bytes = read(QueueDir::task_key(&args.id))?
+        .ok_or_else(|| failure(format!("queue {} has no task {:?}", queue.display(), args.id)))?;
+    let mut task = Task::parse(&task_bytes)
+        .map_err(|e| failure(format!("{}: {e}", QueueDir::task_key(&args.id))))?;
+
+    let new_id = match &args.new_id {
+        Some(id) => {
+            validate_id(id).map_err(|p| usage(format!("--as: {p}")))?;
+            id.clone()
+        }
+        None => generate_id(&args.id, &random_suffix()),
+    };
+    for key in [
+        QueueDir::task_key(&new_id),
+        QueueDir::done_key(&new_id),
+        QueueDir::failed_key(&new_id),
+        format!("inbox/{new_id}.json"),
+    ] {
+        if read(key.clone())?.is_some() {
+            return Err(usage(format!("a task with id {new_id:?} already exists ({key})")));
+        }
+    }
+
+    let checkpoints = CheckpointStore::with_storage(std::sync::Arc::new(storage.clone()));
+    let mut checkpoint = match args.generation {
+        Some(generation) => checkpoints
+            .generation(&args.id, generation)
+            .map_err(|e| failure(e.to_string()))?,
+        None => checkpoints
+            .latest(&args.id)
+            .map_err(|e| failure(e.to_string()))?
+            .map(|loaded| loaded.checkpoint)
+            .ok_or_else(|| failure(format!("task {:?} has no checkpoint to fork from", args.id)))?,
+    };
+    let from_generation = checkpoint.generation;
+    let phase_index = checkpoint.phase_index;
+    if task.phases.get(phase_index).map(|p| p.name.as_str()) != Some(checkpoint.phase.as_str()) {
+        return Err(failure(format!(
+            "checkpoint generation {from_generation} of {:?} is for phase {:?} (index {phase_index}), which the task does not have",
+            args.id, checkpoint.phase
+        )));
+    }
+    let earlier_outputs = earlier_outputs(queue, &storage, &args.id, &task, phase_index)?;
+
+    if let Some(patch) = &patch {
+        json_patch::merge(&mut checkpoint.partial_results, patch);
+    }
+    checkpoint.task_id = new_id.clone();
+    checkpoint.done = false;
+    checkpoint.output = None;
+    checkpoint.attempt = 0;
+    checkpoint.cost = None;
+    checkpoints
+        .save(&mut checkpoint)
+        .map_err(|e| failure(format!("writing the new task's checkpoint: {e}")))?;
+
+    let start = StartPoint {
+        phase_index,
+        phase_outputs: earlier_outputs,
+        forked_from: args.id.clone(),
+        generation: from_generation,
+    };
+    let start_bytes = serde_json::to_vec_pretty(&start).map_err(|e| failure(e.to_string()))?;
+    storage
+        .put(&StartPoint::key(&new_id), &start_bytes, None)
+        .map_err(|e| failure(format!("writing {}: {e}", StartPoint::key(&new_id))))?;
+
+    task.id = Some(new_id.clone());
+    let inbox_key = format!("inbox/{new_id}.json");
+    storage
+        .put(&inbox_key, &task.to_json_bytes(), None)
+        .map_err(|e| failure(format!("writing {}: {e}", queue.join(&inbox_key).display())))?;
+    crate::store::journal::append(
+        queue,
+        &args.id,
+        "forked",
+        serde_json::json!({"as": new_id, "generation": from_generation, "patched": patch.is_some()}),
+    );
+    Ok(new_id)
+}
+
+/// The outputs of the phases before `phase_index`: from the task's record if it has finished,
+/// else from `current_work.json`.
+fn earlier_outputs(
+    queue: &Path,
+    storage: &FileStorage,
+    id: &str,
+    task: &Task,
+    phase_index: usize,
+) -> Result<BTreeMap<String, Value>, Failure> {
+    let needed: Vec<&str> = task.phases[..phase_index]
+        .iter()
+        .map(|p| p.name.as_str())
+        .collect();
+    if needed.is_empty() {
+        return Ok(BTreeMap::new());
+    }
+    let mut found: BTreeMap<String, Value> = BTreeMap::new();
+    for key in [QueueDir::done_key(id), QueueDir::failed_key(id)] {
+        if let Ok(Some(bytes)) = storage.get(&key) {
+            let record: Value = serde_json::from_slice(&bytes).unwrap_or_default();
+            if let Some(Value::Object(outputs)) = record.get("phase_outputs") {
+                found.extend(outputs.iter().map(|(k, v)| (k.clone(), v.clone())));
+            }
+        }
+    }
+    if let Ok(Some(bytes)) = storage.get(QueueDir::CURRENT_WORK_KEY) {
+        if let Ok(work) = serde_json::from_slice::<CurrentWork>(&bytes) {
+            if let Some(entry) = work.get(id) {
+                for (name, stored) in &entry.phase_outputs {
+                    let value = match stored {
+                        StoredOutput::Inline(value) => Some(value.clone()),
+                        StoredOutput::File(key) => storage
+                            .get(key)
+                            .ok()
+                            .flatten()
+                            .and_then(|b| serde_json::from_slice(&b).ok()),
+                    };
+                    if let Some(value) = value {
+                        found.entry(name.clone()).or_insert(value);
+                    }
+                }
+            }
+        }
+    }
+    let mut outputs = BTreeMap::new();
+    for name in needed {
+        let value = found.remove(name).ok_or_else(|| {
+            (
+                exit::FAILURE,
+                format!(
+                    "the output of phase {name:?} of {id:?} is not available in {} (the new task needs it as input)",
+                    queue.display()
+                ),
+            )
+        })?;
+        outputs.insert(name.to_string(), value);
+    }
+    Ok(outputs)
 }

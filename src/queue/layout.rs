@@ -44,6 +44,10 @@ impl QueueDir {
         self.root.join("inbox")
     }
 
+    pub fn control(&self) -> PathBuf {
+        self.root.join("control")
+    }
+
     pub fn tasks(&self) -> PathBuf {
         self.root.join("tasks")
     }

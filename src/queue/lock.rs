@@ -27,7 +27,15 @@ pub enum LockError {
 /// Held while the daemon owns the queue; dropping it releases the lock.
 #[derive(Debug)]
 pub struct QueueLock {
-    _lock: Flock<File>,
+    lock: Flock<File>,
+}
+
+impl Drop for QueueLock {
+    /// Clear the pid before the lock goes, so that no reader takes a later process with the
+    /// same pid for this daemon.
+    fn drop(&mut self) {
+        let _ = self.lock.set_len(0);
+    }
 }
 
 impl QueueLock {
@@ -65,6 +73,6 @@ impl QueueLock {
         lock.set_len(0).map_err(io_err)?;
         lock.rewind().map_err(io_err)?;
         writeln!(lock, "{}", std::process::id()).map_err(io_err)?;
-        Ok(QueueLock { _lock: lock })
+        Ok(QueueLock { lock })
     }
 }

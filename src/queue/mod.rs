@@ -1,5 +1,7 @@
-//! The queue directory: its layout, the one-owner lock, and intake of task files from `inbox/`.
+//! The queue directory: its layout, the one-owner lock, intake of task files from `inbox/`,
+//! and control requests in `control/`.
 
+pub mod control;
 mod intake;
 mod layout;
 mod lock;
@@ -8,4 +10,4 @@ mod watch;
 pub use intake::{Intake, IntakeReport, Rejection};
 pub use layout::QueueDir;
 pub use lock::{LockError, QueueLock};
-pub use watch::{InboxHint, InboxWatcher};
+pub use watch::{QueueHint, QueueWatcher};

@@ -1,68 +1,78 @@
-//! Inbox notifications. inotify events (through `notify`) are only hints that something changed;
-//! the directory listing stays the truth, and the daemon re-scans on every hint and on a timer.
+//! Notifications for `inbox/` and `control/`. inotify events (through `notify`) are only hints
+//! that something changed; the directory listings stay the truth, and the daemon re-scans on
+//! every hint and on a timer.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use notify::event::{AccessKind, AccessMode, ModifyKind, RenameMode};
 use notify::{EventKind, RecommendedWatcher, RecursiveMode, Watcher};
 use tokio::sync::mpsc;
 
-/// A hint from the inbox watcher.
-#[derive(Debug)]
-pub enum InboxHint {
-    /// Something changed; scan again.
-    Changed,
-    /// The named file is completely written (closed after writing, or renamed into the inbox).
-    Complete(String),
+/// A hint from the queue watcher.
+#[derive(Debug, PartialEq, Eq)]
+pub enum QueueHint {
+    /// Something changed in the inbox; scan it again.
+    InboxChanged,
+    /// The named inbox file is completely written (closed after writing, or renamed in).
+    InboxComplete(String),
+    /// A control request may have arrived.
+    Control,
 }
 
-/// Keeps the inbox watch alive; hints arrive on the receiver returned by [`InboxWatcher::start`].
-pub struct InboxWatcher {
+/// Keeps the watch alive; hints arrive on the receiver returned by [`QueueWatcher::start`].
+pub struct QueueWatcher {
     _watcher: RecommendedWatcher,
 }
 
-impl std::fmt::Debug for InboxWatcher {
+impl std::fmt::Debug for QueueWatcher {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("InboxWatcher")
+        f.write_str("QueueWatcher")
     }
 }
 
-impl InboxWatcher {
-    /// Watch `inbox`. Errors and overflows from the watcher become `Changed` hints, so a lost
-    /// event costs at most a re-scan.
+impl QueueWatcher {
+    /// Watch `inbox` and `control`. Errors and overflows become `InboxChanged` and `Control`
+    /// hints, so a lost event costs at most a re-scan.
     pub fn start(
         inbox: &Path,
-    ) -> notify::Result<(InboxWatcher, mpsc::UnboundedReceiver<InboxHint>)> {
+        control: &Path,
+    ) -> notify::Result<(QueueWatcher, mpsc::UnboundedReceiver<QueueHint>)> {
         let (tx, rx) = mpsc::unbounded_channel();
+        let control_dir: PathBuf = control.to_path_buf();
         let mut watcher =
             notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
-                let hint = match event {
-                    Ok(event) => {
-                        let complete = matches!(
-                            event.kind,
-                            EventKind::Access(AccessKind::Close(AccessMode::Write))
-                                | EventKind::Modify(ModifyKind::Name(RenameMode::To))
-                                | EventKind::Modify(ModifyKind::Name(RenameMode::Both))
-                        );
-                        let name = event
-                            .paths
-                            .last()
-                            .and_then(|p| p.file_name())
-                            .and_then(|n| n.to_str())
-                            .map(str::to_string);
-                        match (complete, name) {
-                            (true, Some(name)) => InboxHint::Complete(name),
-                            _ => InboxHint::Changed,
-                        }
-                    }
+                let event = match event {
+                    Ok(event) => event,
                     Err(e) => {
-                        tracing::warn!("inbox watcher: {e}; re-scanning");
-                        InboxHint::Changed
+                        tracing::warn!("queue watcher: {e}; re-scanning");
+                        let _ = tx.send(QueueHint::InboxChanged);
+                        let _ = tx.send(QueueHint::Control);
+                        return;
                     }
+                };
+                let path = event.paths.last();
+                if path.and_then(|p| p.parent()) == Some(control_dir.as_path()) {
+                    let _ = tx.send(QueueHint::Control);
+                    return;
+                }
+                let complete = matches!(
+                    event.kind,
+                    EventKind::Access(AccessKind::Close(AccessMode::Write))
+                        | EventKind::Modify(ModifyKind::Name(RenameMode::To))
+                        | EventKind::Modify(ModifyKind::Name(RenameMode::Both))
+                );
+                let name = path
+                    .and_then(|p| p.file_name())
+                    .and_then(|n| n.to_str())
+                    .map(str::to_string);
+                let hint = match (complete, name) {
+                    (true, Some(name)) => QueueHint::InboxComplete(name),
+                    _ => QueueHint::InboxChanged,
                 };
                 let _ = tx.send(hint);
             })?;
         watcher.watch(inbox, RecursiveMode::NonRecursive)?;
-        Ok((InboxWatcher { _watcher: watcher }, rx))
+        watcher.watch(control, RecursiveMode::NonRecursive)?;
+        Ok((QueueWatcher { _watcher: watcher }, rx))
     }
 }

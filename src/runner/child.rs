@@ -15,6 +15,8 @@ use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+use tokio_util::sync::CancellationToken;
+
 use crate::shutdown::Shutdown;
 
 /// Time between SIGTERM and SIGKILL when a child is stopped.
@@ -111,8 +113,13 @@ pub fn group_of(child: &tokio::process::Child) -> Option<Pid> {
     child.id().map(|id| Pid::from_raw(id as i32))
 }
 
-/// Run the command to its end, or until the shutdown or its timeout stops it.
-pub async fn run_command(run: CommandRun, shutdown: &Shutdown) -> io::Result<RunEnd> {
+/// Run the command to its end, or until the shutdown's grace runs out, `cancel` fires (an
+/// operator's `cairn cancel`) or its timeout passes.
+pub async fn run_command(
+    run: CommandRun,
+    shutdown: &Shutdown,
+    cancel: &CancellationToken,
+) -> io::Result<RunEnd> {
     let log = open_log(&run.log, &run.log_header)?;
     let mut child = spawn_in_group(
         &run.argv,
@@ -155,6 +162,7 @@ pub async fn run_command(run: CommandRun, shutdown: &Shutdown) -> io::Result<Run
         tokio::select! {
             out = exchange => Some(out),
             _ = shutdown.terminating() => None,
+            _ = cancel.cancelled() => None,
             _ = timeout => {
                 stop_group(group, &mut child, shutdown).await;
                 return Ok(RunEnd::TimedOut);
@@ -171,6 +179,10 @@ pub async fn run_command(run: CommandRun, shutdown: &Shutdown) -> io::Result<Run
             let status = tokio::select! {
                 status = child.wait() => status?,
                 _ = shutdown.terminating() => {
+                    stop_group(group, &mut child, shutdown).await;
+                    return Ok(RunEnd::Interrupted);
+                }
+                _ = cancel.cancelled() => {
                     stop_group(group, &mut child, shutdown).await;
                     return Ok(RunEnd::Interrupted);
                 }

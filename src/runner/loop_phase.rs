@@ -56,7 +56,7 @@ pub(super) async fn run(run: &PhaseRun<'_>) -> Result<PhaseEnd, PhaseError> {
             checkpoints.finish(count, state.clone(), None).await?;
             return Ok(PhaseEnd::Completed(state));
         }
-        if run.ctx.shutdown.is_stopping() {
+        if run.should_stop() {
             checkpoints.flush().await?;
             return Ok(PhaseEnd::Interrupted);
         }

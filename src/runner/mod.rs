@@ -22,10 +22,21 @@ use chrono::Utc;
 use serde_json::{Map, Value};
 
 use crate::queue::QueueDir;
+use tokio_util::sync::CancellationToken;
+
 use crate::shutdown::Shutdown;
 use crate::store::current_work::{PhaseTiming, Progress, StoredOutput, INLINE_OUTPUT_LIMIT};
 use crate::store::{CheckpointStore, Storage, StoreError};
 use crate::task::{Phase, PhaseKind, Task};
+
+/// An operator's requests for one running task (`cairn pause` / `cairn cancel`).
+#[derive(Debug, Clone, Default)]
+pub struct TaskControl {
+    /// Stop at the next iteration boundary, checkpointed, and stay paused.
+    pub pause: CancellationToken,
+    /// Stop now (commands get SIGTERM, then SIGKILL) and record the task cancelled.
+    pub cancel: CancellationToken,
+}
 
 /// What every running task shares.
 #[derive(Debug)]
@@ -36,9 +47,28 @@ pub struct RunContext {
     pub checkpoints: CheckpointStore,
     pub work: Arc<WorkState>,
     pub shutdown: Shutdown,
+    /// Operator requests for the tasks running now, by task id.
+    pub controls: std::sync::Mutex<std::collections::HashMap<String, TaskControl>>,
 }
 
 impl RunContext {
+    /// The control handle of a running task (a fresh one if it has none yet).
+    pub fn control(&self, task_id: &str) -> TaskControl {
+        let mut controls = self
+            .controls
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        controls.entry(task_id.to_string()).or_default().clone()
+    }
+
+    /// Forget a task's control handle (its attempt has ended).
+    pub fn drop_control(&self, task_id: &str) -> Option<TaskControl> {
+        self.controls
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .remove(task_id)
+    }
+
     /// Append to the task's event journal (see [`crate::store::journal`]).
     pub fn journal(&self, task_id: &str, event: &str, details: Value) {
         crate::store::journal::append(self.queue.root(), task_id, event, details);
@@ -102,7 +132,8 @@ pub async fn run_attempt(ctx: &Arc<RunContext>, task: &Arc<Task>) -> AttemptEnd 
         let Some(phase) = task.phases.get(index) else {
             return AttemptEnd::Done;
         };
-        if ctx.shutdown.is_stopping() {
+        let control = ctx.control(id);
+        if ctx.shutdown.is_stopping() || control.pause.is_cancelled() || control.cancel.is_cancelled() {
             return AttemptEnd::Interrupted;
         }
         let inputs = match load_inputs(ctx, &entry.phase_outputs).await {
@@ -144,6 +175,7 @@ pub async fn run_attempt(ctx: &Arc<RunContext>, task: &Arc<Task>) -> AttemptEnd 
             phase,
             attempt: entry.attempt,
             inputs,
+            control,
         };
         let result = match phase.kind {
             PhaseKind::Once => once::run(&run).await,
@@ -278,6 +310,7 @@ pub(crate) struct PhaseRun<'a> {
     pub phase: &'a Phase,
     pub attempt: u32,
     pub inputs: Value,
+    pub control: TaskControl,
 }
 
 impl PhaseRun<'_> {
@@ -303,7 +336,7 @@ impl PhaseRun<'_> {
             timeout: self.phase.timeout,
         };
         let what = self.describe(iteration);
-        let end = child::run_command(run, &self.ctx.shutdown)
+        let end = child::run_command(run, &self.ctx.shutdown, &self.control.cancel)
             .await
             .map_err(|e| PhaseError::Command(format!("{what}: {e}")))?;
         let log_note = format!("its stderr is in {}", log.display());
@@ -342,6 +375,23 @@ impl PhaseRun<'_> {
                 self.describe(iteration)
             ))
         })
+    }
+
+    /// Start no further iteration or item: the daemon stops, or an operator paused or
+    /// cancelled the task.
+    pub fn should_stop(&self) -> bool {
+        self.ctx.shutdown.is_stopping()
+            || self.control.pause.is_cancelled()
+            || self.control.cancel.is_cancelled()
+    }
+
+    /// Resolves once [`PhaseRun::should_stop`] turns true.
+    pub async fn stop_requested(&self) {
+        tokio::select! {
+            _ = self.ctx.shutdown.stopped() => {}
+            _ = self.control.pause.cancelled() => {}
+            _ = self.control.cancel.cancelled() => {}
+        }
     }
 
     /// The task's summed cost so far (`None` while nothing has reported a cost).

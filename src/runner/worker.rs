@@ -76,7 +76,9 @@ pub(super) async fn run(run: &PhaseRun<'_>) -> Result<PhaseEnd, PhaseError> {
             return Err(transient("removing a stale resume file", e));
         }
     }
-    let mut channel = Channel::create(&run_dir.join(format!("channel-{}", run.index)))
+    // A fresh name per attempt: a helper process orphaned by an earlier crash cannot write
+    // into this attempt's channel.
+    let mut channel = Channel::create(&run_dir.join(format!("channel-{}-{}", run.index, run.attempt)))
         .map_err(|e| transient("creating the worker channel", e))?;
     env.push(("CAIRN_CHANNEL".into(), channel.path().display().to_string()));
 
@@ -119,9 +121,13 @@ pub(super) async fn run(run: &PhaseRun<'_>) -> Result<PhaseEnd, PhaseError> {
                     kill_at = Some(Instant::now() + super::child::KILL_AFTER);
                 }
             }
-            _ = run.ctx.shutdown.stopped(), if !term_sent => {
+            _ = run.stop_requested(), if !term_sent => {
                 kill_group(group, Signal::SIGTERM);
                 term_sent = true;
+                if !run.ctx.shutdown.is_stopping() {
+                    // Paused or cancelled: the stop grace is the daemon's; give it KILL_AFTER.
+                    kill_at = Some(Instant::now() + super::child::KILL_AFTER);
+                }
             }
             _ = run.ctx.shutdown.terminating(), if !killed => {
                 kill_group(group, Signal::SIGKILL);
@@ -185,7 +191,7 @@ pub(super) async fn run(run: &PhaseRun<'_>) -> Result<PhaseEnd, PhaseError> {
                 .await?;
             Ok(PhaseEnd::Completed(result))
         }
-        _ if run.ctx.shutdown.is_stopping() => {
+        _ if run.should_stop() => {
             tracing::info!(task_id, phase = %run.phase.name, iteration = count, %status, "worker stopped");
             Ok(PhaseEnd::Interrupted)
         }

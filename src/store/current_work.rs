@@ -137,6 +137,10 @@ pub struct ActiveTask {
     pub next_attempt_at: Option<DateTime<Utc>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_error: Option<String>,
+    /// Set by `cairn retry`: the `failed_at` of the record this entry brings back, so that a
+    /// crash before that record is archived is not mistaken for the task having failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_of: Option<DateTime<Utc>>,
     #[serde(default)]
     pub phases: Vec<PhaseTiming>,
 }
@@ -160,7 +164,28 @@ impl ActiveTask {
             progress: None,
             next_attempt_at: None,
             last_error: None,
+            retry_of: None,
             phases: Vec::new(),
         }
+    }
+}
+
+/// Where a new task starts instead of at its first phase, written by `cairn fork` as
+/// `runs/<id>/start.json` before the task is submitted: the phase to start at and the outputs
+/// of the phases before it. The forked checkpoint itself is the task's own iteration checkpoint.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StartPoint {
+    pub phase_index: usize,
+    pub phase_outputs: BTreeMap<String, Value>,
+    /// The task and checkpoint generation this one was forked from.
+    pub forked_from: String,
+    pub generation: u64,
+}
+
+impl StartPoint {
+    /// The storage key of a task's start point.
+    pub fn key(task_id: &str) -> String {
+        format!("runs/{task_id}/start.json")
     }
 }

@@ -1,0 +1,215 @@
+//! Operator requests (`cairn pause|resume|cancel|retry`), taken from `control/` and applied to
+//! the scheduler's state; and where a new task's first attempt starts (a fork's start point).
+
+use super::*;
+use crate::queue::control::{self, ControlAction, ControlRequest};
+use crate::store::current_work::{StartPoint, StoredOutput};
+use crate::store::records::FailedRecord;
+
+impl Scheduler {
+    /// Apply and remove every request waiting in `control/`, oldest first.
+    pub(super) async fn process_control(&mut self) {
+        let storage = Arc::clone(&self.ctx.storage);
+        let requests = match runner_blocking(move || control::pending(storage.as_ref())).await {
+            Ok(requests) => requests,
+            Err(e) => {
+                tracing::error!("reading control requests: {e}");
+                return;
+            }
+        };
+        for (key, request) in requests {
+            match request {
+                Ok(request) => self.apply_control(request).await,
+                Err(problem) => tracing::warn!(request = %key, "ignored a control request: {problem}"),
+            }
+            let storage = Arc::clone(&self.ctx.storage);
+            let remove_key = key.clone();
+            if let Err(e) = runner_blocking(move || storage.remove(&remove_key)).await {
+                tracing::error!(request = %key, "cannot remove a handled control request: {e}");
+            }
+        }
+    }
+
+    async fn apply_control(&mut self, request: ControlRequest) {
+        let id = request.task_id.as_str();
+        let action = request.action.as_str();
+        tracing::info!(task_id = id, action, "control request");
+        let in_flight = self.ctx.work.update(|w| w.get(id).cloned());
+        match request.action {
+            ControlAction::Pause | ControlAction::Cancel if self.running_ids.contains(id) => {
+                // The runner stops at its next iteration boundary (pause) or at once (cancel);
+                // attempt_finished records the outcome.
+                let control = self.ctx.control(id);
+                match request.action {
+                    ControlAction::Pause => control.pause.cancel(),
+                    _ => control.cancel.cancel(),
+                }
+                self.ctx
+                    .journal(id, &format!("{action}_requested"), serde_json::json!({}));
+            }
+            ControlAction::Pause => {
+                let Some(mut entry) = in_flight.or_else(|| self.queued_entry(id)) else {
+                    return self.refuse(id, action, "it is neither pending nor in flight");
+                };
+                if entry.status == ActiveStatus::Paused {
+                    return;
+                }
+                self.unqueue(id);
+                entry.status = ActiveStatus::Paused;
+                self.ctx.work.update(|w| w.upsert(entry));
+                self.ctx.journal(id, "paused", serde_json::json!({}));
+                self.persist().await;
+            }
+            ControlAction::Resume => {
+                let Some(mut entry) = in_flight.filter(|e| e.status == ActiveStatus::Paused)
+                else {
+                    return self.refuse(id, action, "it is not paused");
+                };
+                entry.status = ActiveStatus::Interrupted;
+                self.ctx.work.update(|w| w.upsert(entry));
+                self.resume.push_back(id.to_string());
+                self.ctx.journal(id, "resumed", serde_json::json!({}));
+                self.persist().await;
+            }
+            ControlAction::Cancel => {
+                let Some(entry) = in_flight.or_else(|| self.queued_entry(id)) else {
+                    return self.refuse(id, action, "it is neither pending nor in flight");
+                };
+                let Some(task) = self.tasks.get(id).cloned() else {
+                    return self.refuse(id, action, "its definition is not loaded");
+                };
+                self.unqueue(id);
+                self.record_failure(&task, entry, "cancelled by an operator".into(), "cancelled")
+                    .await;
+                self.tasks.remove(id);
+                self.persist().await;
+            }
+            ControlAction::Retry => self.retry(id).await,
+        }
+    }
+
+    fn refuse(&self, id: &str, action: &str, why: &str) {
+        tracing::warn!(task_id = id, "cannot {action} task {id}: {why}");
+        self.ctx
+            .journal(id, "control_refused", serde_json::json!({"action": action, "reason": why}));
+    }
+
+    /// A new entry for a task that is pending (accepted, never started), if it is.
+    fn queued_entry(&self, id: &str) -> Option<ActiveTask> {
+        let pending = self.pending.iter().any(|(_, _, p)| p == id);
+        let task = self.tasks.get(id)?;
+        pending.then(|| self.fresh_entry(task))
+    }
+
+    /// Take a task out of every queue it waits in.
+    fn unqueue(&mut self, id: &str) {
+        self.resume.retain(|r| r != id);
+        self.pending.retain(|(_, _, p)| p != id);
+        self.retries.retain(|(_, r)| r != id);
+    }
+
+    async fn persist(&self) {
+        if let Err(e) = self.ctx.work.persist().await {
+            tracing::error!("{e}");
+        }
+    }
+
+    /// The entry a task starts its first attempt with: at its first phase, or where
+    /// `cairn fork` said (`runs/<id>/start.json`).
+    pub(super) fn fresh_entry(&self, task: &Task) -> ActiveTask {
+        let id = task.id();
+        let first_phase = task.phases.first().map(|p| p.name.as_str()).unwrap_or("");
+        let mut entry = ActiveTask::new(id, first_phase);
+        let start = match self.ctx.storage.get(&StartPoint::key(id)) {
+            Ok(Some(bytes)) => serde_json::from_slice::<StartPoint>(&bytes)
+                .map_err(|e| tracing::error!(task_id = id, "ignoring an unreadable start point: {e}"))
+                .ok(),
+            Ok(None) => None,
+            Err(e) => {
+                tracing::error!(task_id = id, "ignoring an unreadable start point: {e}");
+                None
+            }
+        };
+        if let Some(start) = start.filter(|s| s.phase_index < task.phases.len()) {
+            entry.phase_index = start.phase_index;
+            entry.phase = task.phases[start.phase_index].name.clone();
+            entry.phase_outputs = start
+                .phase_outputs
+                .into_iter()
+                .map(|(name, value)| (name, StoredOutput::Inline(value)))
+                .collect();
+        }
+        entry
+    }
+
+    /// Bring a failed, cancelled or budget-stopped task back: it resumes from its last
+    /// checkpoint with its attempts counted afresh. The entry is written before the record is
+    /// archived (`retry_of` tells recovery which of the two is current).
+    async fn retry(&mut self, id: &str) {
+        let storage = Arc::clone(&self.ctx.storage);
+        let key = QueueDir::failed_key(id);
+        let get_key = key.clone();
+        let record = match runner_blocking(move || storage.get(&get_key)).await {
+            Ok(Some(bytes)) => match serde_json::from_slice::<FailedRecord>(&bytes) {
+                Ok(record) => record,
+                Err(e) => return self.refuse(id, "retry", &format!("{key} is not a task record: {e}")),
+            },
+            Ok(None) => return self.refuse(id, "retry", "it has not failed or been cancelled"),
+            Err(e) => return self.refuse(id, "retry", &format!("reading {key}: {e}")),
+        };
+        if !matches!(record.status.as_str(), "failed" | "cancelled" | "budget_exceeded") {
+            return self.refuse(id, "retry", &format!("its record's status is {:?}", record.status));
+        }
+        let task = match self.read_task(id).await {
+            Ok(task) => Arc::new(task),
+            Err(e) => return self.refuse(id, "retry", &e),
+        };
+        let mut entry = ActiveTask::new(id, &record.phase);
+        entry.phase_index = record.phase_index.min(task.phases.len());
+        entry.phase_outputs = record
+            .phase_outputs
+            .iter()
+            .map(|(name, value)| (name.clone(), StoredOutput::Inline(value.clone())))
+            .collect();
+        entry.started_at = record.started_at;
+        entry.attempt = record.attempts;
+        entry.status = ActiveStatus::Interrupted;
+        entry.phases = record.phases.clone();
+        // A budget stop is retried with a fresh budget: the operator asked for more.
+        entry.cost = (record.status != "budget_exceeded").then_some(record.cost).flatten();
+        entry.last_error = Some(record.error.clone());
+        entry.retry_of = Some(record.failed_at);
+        self.ctx.work.update(|w| w.upsert(entry));
+        if let Err(e) = self.ctx.work.persist().await {
+            self.ctx.work.update(|w| w.remove(id));
+            return self.refuse(id, "retry", &format!("cannot record the retry: {e}"));
+        }
+        self.archive_failure(id, &record).await;
+        self.tasks.insert(id.to_string(), task);
+        self.resume.push_back(id.to_string());
+        self.ctx.journal(
+            id,
+            "retried",
+            serde_json::json!({"previous_status": record.status, "phase": record.phase}),
+        );
+    }
+
+    /// Move a failed record out of `failed/` into the task's run directory.
+    pub(super) async fn archive_failure(&self, id: &str, record: &FailedRecord) {
+        let from = self.ctx.queue.root().join(QueueDir::failed_key(id));
+        let to = self.ctx.queue.run_dir(id).join(format!(
+            "failed-{}.json",
+            record.failed_at.format("%Y%m%dT%H%M%S%.3fZ")
+        ));
+        let moved = runner_blocking(move || {
+            if let Some(dir) = to.parent() {
+                std::fs::create_dir_all(dir)?;
+            }
+            std::fs::rename(&from, &to)
+        })
+        .await;
+        if let Err(e) = moved {
+            tracing::error!(task_id = id, "cannot archive the failed record: {e}");
+        }
+    }
+}

@@ -1,0 +1,180 @@
+//! The daemon: lock the queue, recover what was in flight, take tasks from the inbox, run them,
+//! and on a stop flush everything and return.
+//!
+//! [`run`] takes its stop signal as a [`Shutdown`] handle, so an embedding program or a test can
+//! stop it without sending signals; the `cairn run` command wires SIGINT/SIGTERM to it.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, HashSet, VecDeque};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use futures::FutureExt;
+use serde_json::Value;
+use tokio::sync::mpsc;
+use tokio::task::JoinSet;
+
+mod control;
+mod records;
+mod recovery;
+mod schedule;
+
+use crate::queue::{Intake, LockError, QueueDir, QueueHint, QueueLock, QueueWatcher};
+use crate::runner::{self, AttemptEnd, RunContext, WorkState};
+use crate::shutdown::Shutdown;
+use crate::store::current_work::{ActiveStatus, ActiveTask};
+use crate::store::records::{to_record_bytes, DoneRecord, FailedRecord};
+use crate::store::{CheckpointStore, FileStorage, Storage};
+use crate::task::Task;
+
+/// How the daemon runs.
+#[derive(Debug, Clone)]
+pub struct DaemonConfig {
+    pub queue_dir: PathBuf,
+    /// Return once nothing is pending, running or waiting for a retry.
+    pub exit_when_idle: bool,
+    /// How long commands in flight may take to finish their iteration after a stop.
+    pub stop_grace: Duration,
+    /// Tasks run at once.
+    pub max_tasks: usize,
+    /// The slow re-scan of the inbox, in case a notification was lost.
+    pub rescan_interval: Duration,
+    /// The storage backend; `None` is the file backend on `queue_dir`. Tests pass a
+    /// fault-injecting one.
+    pub storage: Option<Arc<dyn Storage>>,
+}
+
+impl DaemonConfig {
+    pub fn new(queue_dir: impl Into<PathBuf>) -> Self {
+        DaemonConfig {
+            queue_dir: queue_dir.into(),
+            exit_when_idle: false,
+            stop_grace: Duration::from_secs(30),
+            max_tasks: 4,
+            rescan_interval: Duration::from_secs(5),
+            storage: None,
+        }
+    }
+}
+
+/// Why the daemon returned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DaemonExit {
+    /// `exit_when_idle` and the queue is drained.
+    Idle,
+    /// A stop request, with every task flushed.
+    Stopped,
+    /// A second stop request cut the grace short; committed work was flushed.
+    StoppedImmediately,
+}
+
+/// Why the daemon could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    #[error(transparent)]
+    Lock(#[from] LockError),
+    #[error("{0}")]
+    Setup(String),
+}
+
+/// Run the daemon on a queue until it is stopped (or idle, with `exit_when_idle`).
+pub async fn run(config: DaemonConfig, shutdown: Shutdown) -> Result<DaemonExit, DaemonError> {
+    let root = std::path::absolute(&config.queue_dir)
+        .map_err(|e| DaemonError::Setup(format!("queue {}: {e}", config.queue_dir.display())))?;
+    let queue = QueueDir::new(&root);
+    queue
+        .create_all()
+        .map_err(|e| DaemonError::Setup(e.to_string()))?;
+    let _lock = QueueLock::acquire(&queue)?;
+    tracing::info!(queue = %root.display(), pid = std::process::id(), "cairn daemon started");
+
+    let storage: Arc<dyn Storage> = match &config.storage {
+        Some(storage) => Arc::clone(storage),
+        None => Arc::new(FileStorage::new(&root)),
+    };
+    match storage.remove_temp_files() {
+        Ok(removed) if !removed.is_empty() => {
+            tracing::info!(
+                count = removed.len(),
+                "removed temp files left by an earlier crash"
+            )
+        }
+        Ok(_) => {}
+        Err(e) => return Err(DaemonError::Setup(format!("cleaning temp files: {e}"))),
+    }
+    let work = match WorkState::load(Arc::clone(&storage)) {
+        Ok(work) => work,
+        Err(e) => {
+            return Err(DaemonError::Setup(format!(
+                "{e}; move {} aside to start without it (tasks then restart their phases, their loop checkpoints are kept)",
+                queue.display_key(QueueDir::CURRENT_WORK_KEY)
+            )))
+        }
+    };
+    let ctx = Arc::new(RunContext {
+        queue: queue.clone(),
+        checkpoints: CheckpointStore::with_storage(Arc::clone(&storage)),
+        storage: Arc::clone(&storage),
+        work: Arc::new(work),
+        shutdown: shutdown.clone(),
+        controls: Default::default(),
+    });
+    let mut scheduler = Scheduler {
+        intake: Arc::new(Mutex::new(Intake::new(queue.clone(), Arc::clone(&storage)))),
+        ctx,
+        config,
+        tasks: HashMap::new(),
+        resume: VecDeque::new(),
+        pending: BinaryHeap::new(),
+        next_seq: 0,
+        retries: Vec::new(),
+        running: JoinSet::new(),
+        running_ids: HashSet::new(),
+        inbox_deferred: false,
+    };
+    scheduler.recover().await?;
+    let exit = scheduler.work_until_stopped().await;
+    scheduler.drain().await;
+    tracing::info!("cairn daemon stopped");
+    Ok(if shutdown.is_immediate() {
+        DaemonExit::StoppedImmediately
+    } else {
+        exit
+    })
+}
+
+pub(crate) struct Scheduler {
+    ctx: Arc<RunContext>,
+    config: DaemonConfig,
+    intake: Arc<Mutex<Intake>>,
+    /// Definitions of the tasks this daemon knows to be unfinished.
+    tasks: HashMap<String, Arc<Task>>,
+    /// Tasks that were in flight: they go before new ones.
+    resume: VecDeque<String>,
+    /// New tasks: highest priority first, then in order of acceptance.
+    pending: BinaryHeap<(i32, Reverse<u64>, String)>,
+    next_seq: u64,
+    /// Tasks waiting for their backoff to pass.
+    retries: Vec<(DateTime<Utc>, String)>,
+    running: JoinSet<(String, AttemptEnd)>,
+    /// Ids of the tasks with an attempt running now.
+    running_ids: HashSet<String>,
+    /// The last scan left files in the inbox that may still be being written.
+    inbox_deferred: bool,
+}
+
+fn lock(intake: &Mutex<Intake>) -> std::sync::MutexGuard<'_, Intake> {
+    intake
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Run blocking file work off the async thread; a panic there is re-raised here.
+async fn runner_blocking<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> T {
+    match tokio::task::spawn_blocking(work).await {
+        Ok(value) => value,
+        Err(e) => std::panic::resume_unwind(e.into_panic()),
+    }
+}

@@ -1,0 +1,107 @@
+//! Final records: `done/<id>.json` and `failed/<id>.json` (failed, budget-stopped, cancelled).
+
+use super::*;
+
+impl Scheduler {
+    pub(super) async fn write_done(&self, task: &Task, entry: &ActiveTask) -> Result<(), String> {
+        let outputs = self.outputs_by_name(entry).await?;
+        let result = task
+            .phases
+            .last()
+            .and_then(|p| outputs.get(&p.name).cloned())
+            .unwrap_or(Value::Null);
+        let finished_at = Utc::now();
+        let record = DoneRecord {
+            status: "done".into(),
+            task_id: entry.task_id.clone(),
+            result,
+            phase_outputs: outputs,
+            attempts: entry.attempt,
+            failed_attempts: entry.failed_attempts,
+            started_at: entry.started_at,
+            finished_at,
+            duration_seconds: (finished_at - entry.started_at).num_milliseconds() as f64 / 1000.0,
+            cost: entry.cost,
+            phases: entry.phases.clone(),
+        };
+        self.put_record(QueueDir::done_key(&entry.task_id), to_record_bytes(&record))
+            .await
+    }
+
+    /// The task has used up its attempts: record it in failed/ (its checkpoints stay).
+    pub(super) async fn give_up(&mut self, task: &Arc<Task>, entry: ActiveTask, error: String) {
+        self.record_failure(task, entry, error, "failed").await
+    }
+
+    /// Write `failed/<id>.json` with `status` ("failed", "budget_exceeded") and drop the task
+    /// from current_work.
+    pub(super) async fn record_failure(
+        &mut self,
+        task: &Arc<Task>,
+        entry: ActiveTask,
+        error: String,
+        status: &str,
+    ) {
+        let id = entry.task_id.clone();
+        tracing::error!(task_id = %id, attempts = entry.attempt, status, "task ended: {error}");
+        let event = if status == "budget_exceeded" {
+            "budget_stopped"
+        } else {
+            status
+        };
+        self.ctx.journal(
+            &id,
+            event,
+            serde_json::json!({"error": error, "attempts": entry.attempt}),
+        );
+        let outputs = self.outputs_by_name(&entry).await.unwrap_or_default();
+        let record = FailedRecord {
+            status: status.into(),
+            cost: entry.cost,
+            task_id: id.clone(),
+            error,
+            phase: task
+                .phases
+                .get(entry.phase_index)
+                .map(|p| p.name.clone())
+                .unwrap_or_else(|| entry.phase.clone()),
+            phase_index: entry.phase_index,
+            attempts: entry.attempt,
+            failed_attempts: entry.failed_attempts,
+            started_at: entry.started_at,
+            failed_at: Utc::now(),
+            phase_outputs: outputs,
+            phases: entry.phases.clone(),
+        };
+        match self
+            .put_record(QueueDir::failed_key(&id), to_record_bytes(&record))
+            .await
+        {
+            Ok(()) => {
+                self.ctx.work.update(|w| w.remove(&id));
+            }
+            Err(e) => {
+                // Keep the entry: the next start will try again to record the failure.
+                tracing::error!(task_id = %id, "{e}");
+            }
+        }
+    }
+
+    pub(super) async fn outputs_by_name(
+        &self,
+        entry: &ActiveTask,
+    ) -> Result<std::collections::BTreeMap<String, Value>, String> {
+        match runner::load_inputs(&self.ctx, &entry.phase_outputs).await? {
+            Value::Object(map) => Ok(map.into_iter().collect()),
+            _ => Ok(Default::default()),
+        }
+    }
+
+    pub(super) async fn put_record(&self, key: String, bytes: Vec<u8>) -> Result<(), String> {
+        let storage = Arc::clone(&self.ctx.storage);
+        let put_key = key.clone();
+        runner_blocking(move || storage.put(&put_key, &bytes, None))
+            .await
+            .map_err(|e| format!("writing {key}: {e}"))
+    }
+}

@@ -1,0 +1,365 @@
+//! The main loop: start what can start, react to task ends, inbox hints, control requests and
+//! timers; and the drain after a stop.
+
+use std::time::Instant;
+
+use super::*;
+
+/// How often the progress of running tasks is written to `current_work.json`.
+const PROGRESS_WRITE_INTERVAL: Duration = Duration::from_secs(2);
+
+impl Scheduler {
+    /// The main loop: start what can start, then wait for a task to end, an inbox hint, a timer
+    /// or a stop.
+    pub(super) async fn work_until_stopped(&mut self) -> DaemonExit {
+        let (watcher, mut hints) =
+            match QueueWatcher::start(&self.ctx.queue.inbox(), &self.ctx.queue.control()) {
+                Ok((watcher, hints)) => (Some(watcher), hints),
+                Err(e) => {
+                    tracing::warn!("cannot watch the queue ({e}); relying on periodic scans");
+                    (None, mpsc::unbounded_channel().1)
+                }
+            };
+        self.scan_inbox().await;
+        self.process_control().await;
+        let mut last_inbox_scan = Instant::now();
+        let mut last_progress_write = Instant::now();
+        loop {
+            if self.ctx.shutdown.is_stopping() {
+                break;
+            }
+            self.promote_due_retries();
+            self.start_ready();
+            if self.config.exit_when_idle && self.is_idle() {
+                // Make sure nothing arrived unseen before leaving.
+                self.scan_inbox().await;
+                self.process_control().await;
+                self.start_ready();
+                if self.is_idle() {
+                    drop(watcher);
+                    return DaemonExit::Idle;
+                }
+            }
+            let tick = self.next_tick();
+            tokio::select! {
+                _ = self.ctx.shutdown.stopped() => break,
+                hint = hints.recv(), if watcher.is_some() => {
+                    let (mut inbox, mut control) = (false, false);
+                    let mut take = |hint: QueueHint| match hint {
+                        QueueHint::Control => control = true,
+                        QueueHint::InboxChanged => inbox = true,
+                        QueueHint::InboxComplete(name) => {
+                            lock(&self.intake).hint_complete(name);
+                            inbox = true;
+                        }
+                    };
+                    if let Some(hint) = hint {
+                        take(hint);
+                    }
+                    while let Ok(hint) = hints.try_recv() {
+                        take(hint);
+                    }
+                    if inbox {
+                        self.scan_inbox().await;
+                        last_inbox_scan = Instant::now();
+                    }
+                    if control {
+                        self.process_control().await;
+                    }
+                }
+                _ = tokio::time::sleep(tick) => {
+                    if self.inbox_deferred || last_inbox_scan.elapsed() >= self.config.rescan_interval {
+                        self.scan_inbox().await;
+                        last_inbox_scan = Instant::now();
+                    }
+                    self.process_control().await;
+                }
+                Some(joined) = self.running.join_next(), if !self.running.is_empty() => {
+                    self.attempt_finished(joined).await;
+                }
+            }
+            // Progress (iterations, cost, a worker's own account) reaches current_work.json at
+            // most every PROGRESS_WRITE_INTERVAL, for `cairn status`.
+            if !self.running.is_empty() && last_progress_write.elapsed() >= PROGRESS_WRITE_INTERVAL {
+                last_progress_write = Instant::now();
+                if let Err(e) = self.ctx.work.persist().await {
+                    tracing::error!("{e}");
+                }
+            }
+        }
+        drop(watcher);
+        DaemonExit::Stopped
+    }
+
+    /// How long to sleep when nothing happens: control requests are looked at at least every
+    /// second (in case a notification is lost), the inbox every `rescan_interval`.
+    pub(super) fn next_tick(&self) -> Duration {
+        let mut tick = if self.inbox_deferred {
+            Duration::from_millis(250)
+        } else {
+            self.config.rescan_interval.min(Duration::from_secs(1))
+        };
+        if !self.running.is_empty() {
+            tick = tick.min(PROGRESS_WRITE_INTERVAL);
+        }
+        if let Some(next) = self.retries.iter().map(|(at, _)| *at).min() {
+            let until = (next - Utc::now()).to_std().unwrap_or(Duration::ZERO);
+            tick = tick.min(until.max(Duration::from_millis(10)));
+        }
+        tick
+    }
+
+    pub(super) fn is_idle(&self) -> bool {
+        self.running.is_empty()
+            && self.resume.is_empty()
+            && self.pending.is_empty()
+            && self.retries.is_empty()
+            && !self.inbox_deferred
+    }
+
+    pub(super) async fn scan_inbox(&mut self) {
+        let intake = Arc::clone(&self.intake);
+        match runner_blocking(move || lock(&intake).scan()).await {
+            Ok(report) => {
+                self.inbox_deferred = report.deferred > 0;
+                for task in report.accepted {
+                    self.ctx.journal(
+                        task.id(),
+                        "accepted",
+                        serde_json::json!({"priority": task.priority}),
+                    );
+                    self.add_pending(task);
+                }
+            }
+            Err(e) => {
+                tracing::error!("scanning the inbox: {e}; trying again shortly");
+                self.inbox_deferred = true;
+            }
+        }
+    }
+
+    pub(super) fn promote_due_retries(&mut self) {
+        let now = Utc::now();
+        let (due, waiting): (Vec<_>, Vec<_>) =
+            self.retries.drain(..).partition(|(at, _)| *at <= now);
+        self.retries = waiting;
+        for (_, id) in due {
+            self.resume.push_back(id);
+        }
+    }
+
+    pub(super) fn start_ready(&mut self) {
+        while self.running.len() < self.config.max_tasks.max(1) && !self.ctx.shutdown.is_stopping()
+        {
+            let next = match self.resume.pop_front() {
+                Some(id) => id,
+                None => match self.pending.pop() {
+                    Some((_, _, id)) => id,
+                    None => break,
+                },
+            };
+            let Some(task) = self.tasks.get(&next).cloned() else {
+                continue;
+            };
+            self.start_attempt(task);
+        }
+    }
+
+    pub(super) fn start_attempt(&mut self, task: Arc<Task>) {
+        let id = task.id().to_string();
+        let fresh = self
+            .ctx
+            .work
+            .update(|w| w.get(&id).is_none())
+            .then(|| self.fresh_entry(&task));
+        // Requests meant for an earlier attempt do not carry over.
+        self.ctx.drop_control(&id);
+        self.running_ids.insert(id.clone());
+        self.ctx.work.update(|w| {
+            if let Some(entry) = fresh {
+                w.upsert(entry);
+            }
+            if let Some(entry) = w.get_mut(&id) {
+                entry.attempt += 1;
+                entry.status = ActiveStatus::Running;
+                entry.attempt_started_phase = entry.phase_index;
+                entry.next_attempt_at = None;
+            }
+        });
+        let (attempt, phase) = self
+            .ctx
+            .work
+            .update(|w| w.get(&id).map(|e| (e.attempt, e.phase.clone())))
+            .unwrap_or_default();
+        self.ctx.journal(
+            &id,
+            "attempt_started",
+            serde_json::json!({"attempt": attempt, "phase": phase}),
+        );
+        let ctx = Arc::clone(&self.ctx);
+        self.running.spawn(async move {
+            // The attempt is on record before any command runs, so a crash is accounted for.
+            if let Err(e) = ctx.work.persist().await {
+                let end = AttemptEnd::Failed {
+                    error: format!("cannot record the attempt: {e}"),
+                    counts: false,
+                };
+                return (id, end);
+            }
+            let end = std::panic::AssertUnwindSafe(runner::run_attempt(&ctx, &task))
+                .catch_unwind()
+                .await
+                .unwrap_or_else(|_| AttemptEnd::Failed {
+                    error: "internal error: the task runner panicked".into(),
+                    counts: true,
+                });
+            (id, end)
+        });
+    }
+
+    pub(super) async fn attempt_finished(
+        &mut self,
+        joined: Result<(String, AttemptEnd), tokio::task::JoinError>,
+    ) {
+        let (id, end) = match joined {
+            Ok(result) => result,
+            Err(e) => {
+                tracing::error!("a task runner was lost: {e}");
+                return;
+            }
+        };
+        self.running_ids.remove(&id);
+        let control = self.ctx.drop_control(&id).unwrap_or_default();
+        let Some(task) = self.tasks.get(&id).cloned() else {
+            return;
+        };
+        let Some(mut entry) = self.ctx.work.update(|w| w.get(&id).cloned()) else {
+            return;
+        };
+        // An operator's cancel wins over how the attempt ended (unless it finished).
+        let end = match end {
+            AttemptEnd::Done => AttemptEnd::Done,
+            _ if control.cancel.is_cancelled() => {
+                self.record_failure(&task, entry, "cancelled by an operator".into(), "cancelled")
+                    .await;
+                self.tasks.remove(&id);
+                if let Err(e) = self.ctx.work.persist().await {
+                    tracing::error!("{e}");
+                }
+                return;
+            }
+            AttemptEnd::Interrupted if control.pause.is_cancelled() => {
+                entry.status = ActiveStatus::Paused;
+                tracing::info!(task_id = %id, phase = %entry.phase, iterations = entry.iterations, "task paused");
+                self.ctx.journal(
+                    &id,
+                    "paused",
+                    serde_json::json!({"phase": entry.phase, "iterations": entry.iterations}),
+                );
+                self.ctx.work.update(|w| w.upsert(entry));
+                if let Err(e) = self.ctx.work.persist().await {
+                    tracing::error!("{e}");
+                }
+                return;
+            }
+            other => other,
+        };
+        match end {
+            AttemptEnd::Done => match self.write_done(&task, &entry).await {
+                Ok(()) => {
+                    tracing::info!(task_id = %id, attempts = entry.attempt, "task done");
+                    self.ctx.journal(
+                        &id,
+                        "done",
+                        serde_json::json!({"attempts": entry.attempt, "cost": entry.cost}),
+                    );
+                    self.ctx.work.update(|w| w.remove(&id));
+                    self.tasks.remove(&id);
+                }
+                Err(error) => {
+                    tracing::error!(task_id = %id, "{error}");
+                    self.schedule_retry(&task, &mut entry, error, false);
+                }
+            },
+            AttemptEnd::Interrupted => {
+                entry.status = ActiveStatus::Interrupted;
+                tracing::info!(task_id = %id, phase = %entry.phase, iterations = entry.iterations, "task interrupted");
+                self.ctx.journal(
+                    &id,
+                    "interrupted",
+                    serde_json::json!({"phase": entry.phase, "iterations": entry.iterations}),
+                );
+                self.ctx.work.update(|w| w.upsert(entry));
+            }
+            AttemptEnd::BudgetStopped { reason } => {
+                self.record_failure(&task, entry, reason, "budget_exceeded")
+                    .await;
+                self.tasks.remove(&id);
+            }
+            AttemptEnd::Failed { error, counts } => {
+                tracing::warn!(task_id = %id, attempt = entry.attempt, "attempt failed: {error}");
+                self.ctx.journal(
+                    &id,
+                    "attempt_failed",
+                    serde_json::json!({"attempt": entry.attempt, "error": error, "counts": counts}),
+                );
+                if counts {
+                    entry.failed_attempts += 1;
+                }
+                if counts && entry.failed_attempts >= task.retry.max_attempts {
+                    self.give_up(&task, entry, error).await;
+                    self.tasks.remove(&id);
+                } else {
+                    self.schedule_retry(&task, &mut entry, error, true);
+                }
+            }
+        }
+        if let Err(e) = self.ctx.work.persist().await {
+            tracing::error!("{e}");
+        }
+    }
+
+    pub(super) fn schedule_retry(&mut self, task: &Task, entry: &mut ActiveTask, error: String, log: bool) {
+        let delay = task.retry.delay_after(entry.failed_attempts.max(1));
+        let at = Utc::now() + chrono::Duration::from_std(delay).unwrap_or(chrono::Duration::zero());
+        if log {
+            tracing::info!(task_id = %entry.task_id, "retrying in {}", humantime::format_duration(delay));
+        }
+        entry.status = ActiveStatus::WaitingRetry;
+        entry.next_attempt_at = Some(at);
+        entry.last_error = Some(error);
+        self.retries.push((at, entry.task_id.clone()));
+        let entry = entry.clone();
+        self.ctx.work.update(|w| w.upsert(entry));
+    }
+
+    /// After a stop: give running commands the grace to finish their iteration, then terminate
+    /// them; record every task's state and write `current_work.json` one last time.
+    pub(super) async fn drain(&mut self) {
+        if !self.running.is_empty() {
+            tracing::info!(
+                running = self.running.len(),
+                grace = %humantime::format_duration(self.config.stop_grace),
+                "stopping: letting commands in flight finish their iteration"
+            );
+        }
+        let grace = tokio::time::sleep(self.config.stop_grace);
+        tokio::pin!(grace);
+        let mut terminating = false;
+        while !self.running.is_empty() {
+            tokio::select! {
+                Some(joined) = self.running.join_next() => self.attempt_finished(joined).await,
+                _ = &mut grace, if !terminating => {
+                    terminating = true;
+                    if !self.ctx.shutdown.is_immediate() {
+                        tracing::warn!("stop grace is over: terminating the commands still running");
+                    }
+                    self.ctx.shutdown.request_terminate();
+                }
+            }
+        }
+        if let Err(e) = self.ctx.work.persist().await {
+            tracing::error!("{e}");
+        }
+    }
+}
