@@ -1,13 +1,185 @@
-//! `cairn checkpoint` (being written).
+//! `cairn checkpoint ID [--gen N]` and `cairn checkpoint PATH.json.gz`: print a decoded
+//! iteration checkpoint as pretty JSON.
+//!
+//! A task's checkpoints are read with the store's strict decoding (format version, task id,
+//! fallback to an older generation when the latest file is damaged). A file path is read
+//! leniently, so that checkpoints written by the Python pattern cairn's format follows — the
+//! six fields `task_id`, `phase`, `iteration_count`, `checkpoint_interval`, `partial_results`,
+//! `last_checkpoint_at`, gzip, indented or not, no `format_version` — print as well.
 
-use std::path::Path;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use clap::Args;
+use serde_json::Value;
+
+use super::exit;
+use super::view;
+use crate::store::{CheckpointStore, FileStorage, IterationCheckpoint};
+
+/// The fields every checkpoint of the pattern has.
+pub const PATTERN_FIELDS: [&str; 6] = [
+    "task_id",
+    "phase",
+    "iteration_count",
+    "checkpoint_interval",
+    "partial_results",
+    "last_checkpoint_at",
+];
+
+/// Larger decompressed checkpoints are refused rather than read into memory.
+const MAX_DECOMPRESSED_BYTES: u64 = 1 << 30;
 
 #[derive(Debug, Args)]
-pub struct CheckpointArgs {}
+#[command(after_help = "\
+TARGET is read as a file when it contains a '/', or when no task of the queue has that id and \
+a file of that name exists (write ./name.json.gz to be explicit).
 
-pub fn run(_queue: &Path, _args: CheckpointArgs) -> u8 {
-    eprintln!("error: `cairn checkpoint` is not available in this build yet");
-    super::exit::FAILURE
+Exit codes: 0 printed, 1 no such task, checkpoint or generation, or the file does not decode \
+(the reason is printed), 2 bad usage.")]
+pub struct CheckpointArgs {
+    /// A task id, or the path of a .json.gz checkpoint file.
+    #[arg(value_name = "ID|PATH")]
+    target: String,
+
+    /// An older generation of the task's checkpoint (see `cairn history ID`).
+    #[arg(long = "gen", value_name = "N")]
+    generation: Option<u64>,
+}
+
+pub fn run(queue: &Path, args: CheckpointArgs) -> u8 {
+    let root = std::path::absolute(queue).unwrap_or_else(|_| queue.to_path_buf());
+    let as_path = PathBuf::from(&args.target);
+    let is_path = args.target.contains('/')
+        || view::check_id(&args.target).is_err()
+        || (!view::task_exists(&root, &args.target) && as_path.is_file());
+    let printed = if is_path {
+        if args.generation.is_some() {
+            eprintln!(
+                "error: --gen applies to a task id, not to a file ({})",
+                args.target
+            );
+            return exit::USAGE;
+        }
+        read_file(&as_path).map(|value| serde_json::to_string_pretty(&value).unwrap_or_default())
+    } else {
+        read_task(&root, &args.target, args.generation)
+    };
+    match printed {
+        Ok(mut text) => {
+            text.push('\n');
+            view::print_or_fail(&text)
+        }
+        Err(message) => {
+            eprintln!("error: {message}");
+            exit::FAILURE
+        }
+    }
+}
+
+/// A task's latest usable checkpoint, or one generation.
+/// Printed in the struct's field order.
+fn read_task(root: &Path, id: &str, generation: Option<u64>) -> Result<String, String> {
+    let store = CheckpointStore::with_storage(Arc::new(FileStorage::new(root)));
+    let context =
+        |e: crate::store::StoreError| format!("task {id:?} in queue {}: {e}", root.display());
+    let checkpoint: IterationCheckpoint = match generation {
+        Some(generation) => view::quietly(|| store.generation(id, generation)).map_err(context)?,
+        None => {
+            let loaded = view::quietly(|| store.latest(id)).map_err(context)?;
+            let Some(loaded) = loaded else {
+                return Err(if view::task_exists(root, id) {
+                    format!(
+                        "task {id:?} has no checkpoint in {} (only loop, items and worker phases write them)",
+                        root.join("incremental").display()
+                    )
+                } else {
+                    format!(
+                        "queue {} has no task {id:?} and no checkpoint of it; for a file, give its path (./{id})",
+                        root.display()
+                    )
+                });
+            };
+            for (key, why) in &loaded.skipped {
+                eprintln!(
+                    "warning: {} does not decode ({why}); printing {} instead",
+                    root.join(key).display(),
+                    root.join(&loaded.key).display()
+                );
+            }
+            loaded.checkpoint
+        }
+    };
+    serde_json::to_string_pretty(&checkpoint).map_err(|e| format!("task {id:?}: {e}"))
+}
+
+/// Any gzip JSON checkpoint file: cairn's own, or the Python pattern's six fields.
+pub fn read_file(path: &Path) -> Result<Value, String> {
+    let bytes = std::fs::read(path).map_err(|e| format!("reading {}: {e}", path.display()))?;
+    decode_lenient(&bytes).map_err(|why| format!("{}: {why}", path.display()))
+}
+
+/// gzip (one or more members, CRC and length checked) → JSON object with the pattern's fields.
+pub fn decode_lenient(bytes: &[u8]) -> Result<Value, String> {
+    let mut json = Vec::new();
+    flate2::read::MultiGzDecoder::new(bytes)
+        .take(MAX_DECOMPRESSED_BYTES + 1)
+        .read_to_end(&mut json)
+        .map_err(|e| format!("not a whole gzip file (corrupt or truncated): {e}"))?;
+    if json.len() as u64 > MAX_DECOMPRESSED_BYTES {
+        return Err(format!(
+            "decompresses to more than {MAX_DECOMPRESSED_BYTES} bytes; refused"
+        ));
+    }
+    let value: Value =
+        serde_json::from_slice(&json).map_err(|e| format!("the gzip content is not JSON: {e}"))?;
+    let Some(object) = value.as_object() else {
+        return Err("the JSON is not an object, so not a checkpoint".into());
+    };
+    let missing: Vec<&str> = PATTERN_FIELDS
+        .iter()
+        .copied()
+        .filter(|field| !object.contains_key(*field))
+        .collect();
+    if !missing.is_empty() {
+        return Err(format!(
+            "not a checkpoint: missing {} (a checkpoint has {})",
+            missing.join(", "),
+            PATTERN_FIELDS.join(", ")
+        ));
+    }
+    Ok(value)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    fn gzip(text: &str) -> Vec<u8> {
+        let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+        encoder.write_all(text.as_bytes()).unwrap();
+        encoder.finish().unwrap()
+    }
+
+    #[test]
+    fn lenient_decoding_wants_the_six_fields_and_a_whole_stream() {
+        let six = r#"{"task_id": "t", "phase": "p", "iteration_count": 3,
+            "checkpoint_interval": 1, "partial_results": [1], "last_checkpoint_at": "2025-01-01T00:00:00"}"#;
+        let value = decode_lenient(&gzip(six)).unwrap();
+        assert_eq!(value["iteration_count"], 3);
+
+        let err = decode_lenient(&gzip(r#"{"task_id": "t"}"#)).unwrap_err();
+        assert!(err.contains("missing phase, iteration_count"), "{err}");
+        let err = decode_lenient(&gzip("[1, 2]")).unwrap_err();
+        assert!(err.contains("not an object"), "{err}");
+        let whole = gzip(six);
+        let err = decode_lenient(&whole[..whole.len() - 4]).unwrap_err();
+        assert!(err.contains("gzip"), "{err}");
+        let mut flipped = whole.clone();
+        let at = flipped.len() - 6;
+        flipped[at] ^= 0xff;
+        assert!(decode_lenient(&flipped).is_err());
+    }
 }

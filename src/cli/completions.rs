@@ -1,11 +1,26 @@
-//! `cairn completions` (being written).
+//! `cairn completions SHELL`: a completion script for bash, zsh, fish, elvish or PowerShell,
+//! generated from the command-line definition itself (so it never falls behind).
 
-use clap::Args;
+use clap::{Args, CommandFactory};
+use clap_complete::Shell;
+
+use super::{view, Cli};
 
 #[derive(Debug, Args)]
-pub struct CompletionsArgs {}
+#[command(after_help = "\
+Install, for example:
+  cairn completions bash > ~/.local/share/bash-completion/completions/cairn
+  cairn completions zsh  > \"${fpath[1]}/_cairn\"
+  cairn completions fish > ~/.config/fish/completions/cairn.fish")]
+pub struct CompletionsArgs {
+    /// The shell to write the script for.
+    #[arg(value_enum)]
+    shell: Shell,
+}
 
-pub fn run(_args: CompletionsArgs) -> u8 {
-    eprintln!("error: `cairn completions` is not available in this build yet");
-    super::exit::FAILURE
+pub fn run(args: CompletionsArgs) -> u8 {
+    let mut command = Cli::command();
+    let mut script = Vec::new();
+    clap_complete::generate(args.shell, &mut command, "cairn", &mut script);
+    view::print_or_fail(&String::from_utf8_lossy(&script))
 }

@@ -11,6 +11,7 @@ mod show;
 mod status;
 mod submit;
 mod validate;
+mod view;
 
 use std::path::PathBuf;
 use std::process::ExitCode;

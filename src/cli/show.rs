@@ -1,13 +1,423 @@
-//! `cairn show` (being written).
+//! `cairn show ID [--json]`: one task in full — its definition, each phase with its output or
+//! progress, attempts, errors, and the timeline of its event journal (`runs/<id>/events.jsonl`).
 
+use std::fs;
 use std::path::Path;
 
+use chrono::{DateTime, Utc};
 use clap::Args;
+use serde_json::{json, Map, Value};
+
+use super::exit;
+use super::status::{iter_cell, phase_cell};
+use super::view::{self, State, TaskView};
+use crate::store::current_work::{PhaseTiming, StoredOutput};
+use crate::store::journal::{self, JournalEvent};
+use crate::task::PhaseKind;
 
 #[derive(Debug, Args)]
-pub struct ShowArgs {}
+#[command(after_help = "The --json document is described in docs/cli.md (\"version\": 1).")]
+pub struct ShowArgs {
+    /// The task id (or the name of a rejection record, rejected-…).
+    id: String,
 
-pub fn run(_queue: &Path, _args: ShowArgs) -> u8 {
-    eprintln!("error: `cairn show` is not available in this build yet");
-    super::exit::FAILURE
+    /// Print a JSON document instead.
+    #[arg(long)]
+    json: bool,
+}
+
+/// One phase as `show` lists it.
+struct PhaseRow {
+    index: usize,
+    name: String,
+    kind: Option<PhaseKind>,
+    /// done, the task's state for the phase in flight, pending, or not_run after a failure.
+    state: String,
+    output: Option<Value>,
+    iteration: Option<u64>,
+    total: Option<u64>,
+    started_at: Option<DateTime<Utc>>,
+    finished_at: Option<DateTime<Utc>>,
+}
+
+pub fn run(queue: &Path, args: ShowArgs) -> u8 {
+    if let Err(e) = view::check_id(&args.id) {
+        eprintln!("error: {e}");
+        return exit::USAGE;
+    }
+    let root = std::path::absolute(queue).unwrap_or_else(|_| queue.to_path_buf());
+    let Some(task) = view::load_task(&root, &args.id) else {
+        eprintln!(
+            "error: queue {} has no task {:?} (no tasks/{id}.json, done/{id}.json, failed/{id}.json \
+             nor an entry in current_work.json); `cairn status --all` lists the tasks",
+            root.display(),
+            args.id,
+            id = args.id
+        );
+        return exit::FAILURE;
+    };
+    for warning in &task.warnings {
+        eprintln!("warning: {warning}");
+    }
+    let daemon = view::daemon_info(&root);
+    let timeline = match journal::read(&root, &args.id) {
+        Ok(events) => events,
+        Err(e) => {
+            eprintln!(
+                "warning: reading {}: {e}",
+                journal::journal_path(&root, &args.id).display()
+            );
+            Vec::new()
+        }
+    };
+    let phases = phase_rows(&root, &task);
+    let earlier = earlier_failures(&root, &args.id);
+    let now = Utc::now();
+    let text = if args.json {
+        let document = json!({
+            "version": view::JSON_VERSION,
+            "queue": root.display().to_string(),
+            "daemon": daemon.to_json(),
+            "id": task.id,
+            "state": task.state.as_str(),
+            "status": task.to_json(now),
+            "definition": task.task.as_ref().map(|t| serde_json::to_value(t).unwrap_or(Value::Null)),
+            "phases": phases.iter().map(phase_json).collect::<Vec<_>>(),
+            "attempts": task.attempts,
+            "failed_attempts": task.failed_attempts,
+            "error": task.error,
+            "record": task.record.as_ref().map(|r| r.value.clone()),
+            "earlier_failures": earlier,
+            "timeline": timeline,
+        });
+        let mut text = serde_json::to_string_pretty(&document).unwrap_or_default();
+        text.push('\n');
+        text
+    } else {
+        human(&root, &task, daemon, &phases, &earlier, &timeline, now)
+    };
+    view::print_or_fail(&text)
+}
+
+fn phase_json(row: &PhaseRow) -> Value {
+    json!({
+        "index": row.index,
+        "name": row.name,
+        "kind": row.kind.map(|k| k.as_str()),
+        "state": row.state,
+        "iteration": row.iteration,
+        "total": row.total,
+        "started_at": row.started_at.map(view::rfc3339),
+        "finished_at": row.finished_at.map(view::rfc3339),
+        "output": row.output,
+    })
+}
+
+/// The task's phases: from its definition, else (definition lost) from its record's timings.
+fn phase_rows(root: &Path, task: &TaskView) -> Vec<PhaseRow> {
+    let timings: Vec<PhaseTiming> = match (&task.entry, &task.record) {
+        (Some(entry), _) if task.state.is_in_flight() => entry.phases.clone(),
+        (_, Some(record)) => {
+            serde_json::from_value(record.value["phases"].clone()).unwrap_or_default()
+        }
+        _ => Vec::new(),
+    };
+    let names: Vec<(String, Option<PhaseKind>)> = match &task.task {
+        Some(def) => def
+            .phases
+            .iter()
+            .map(|p| (p.name.clone(), Some(p.kind)))
+            .collect(),
+        None => {
+            let mut names: Vec<(String, Option<PhaseKind>)> = Vec::new();
+            for t in &timings {
+                if !names.iter().any(|(n, _)| n == &t.name) {
+                    names.push((t.name.clone(), None));
+                }
+            }
+            names
+        }
+    };
+    let current = task.phase_index;
+    names
+        .into_iter()
+        .enumerate()
+        .map(|(index, (name, kind))| {
+            let timing = timings.iter().rev().find(|t| t.name == name);
+            let state = phase_state(task, index, current);
+            let is_current = Some(index) == current && state != "done";
+            let output = if state == "done" {
+                phase_output(root, task, &name)
+            } else {
+                None
+            };
+            let (iteration, total) = if is_current || task.state == State::Pending {
+                if Some(index) == current {
+                    (task.iteration, task.total)
+                } else {
+                    (None, definition_total(task, index))
+                }
+            } else {
+                (
+                    timing.and_then(|t| t.iterations),
+                    definition_total(task, index),
+                )
+            };
+            PhaseRow {
+                index,
+                name,
+                kind,
+                state,
+                output,
+                iteration,
+                total,
+                started_at: timing.map(|t| t.started_at),
+                finished_at: timing.and_then(|t| t.finished_at),
+            }
+        })
+        .collect()
+}
+
+fn phase_state(task: &TaskView, index: usize, current: Option<usize>) -> String {
+    match (&task.state, current) {
+        (State::Done, _) => "done".into(),
+        (State::Pending, _) => "pending".into(),
+        (_, Some(c)) if index < c => "done".into(),
+        (state, Some(c)) if index == c => state.as_str().to_string(),
+        (state, _) if state.is_in_flight() => "pending".into(),
+        _ => "not_run".into(),
+    }
+}
+
+/// A literal item count or a loop's `max_iterations`.
+fn definition_total(task: &TaskView, index: usize) -> Option<u64> {
+    let phase = task.task.as_ref()?.phases.get(index)?;
+    match phase.kind {
+        PhaseKind::Loop => phase.max_iterations,
+        PhaseKind::Items => phase.items.as_ref().map(|i| i.len() as u64),
+        _ => None,
+    }
+}
+
+/// A finished phase's output, from the entry in flight or the record.
+fn phase_output(root: &Path, task: &TaskView, name: &str) -> Option<Value> {
+    if task.state.is_in_flight() {
+        return match task.entry.as_ref()?.phase_outputs.get(name)? {
+            StoredOutput::Inline(value) => Some(value.clone()),
+            StoredOutput::File(key) => {
+                let path = root.join(key);
+                match fs::read(&path)
+                    .map_err(|e| e.to_string())
+                    .and_then(|b| serde_json::from_slice(&b).map_err(|e| e.to_string()))
+                {
+                    Ok(value) => Some(value),
+                    Err(e) => Some(json!({"unreadable": format!("{}: {e}", path.display())})),
+                }
+            }
+        };
+    }
+    task.record
+        .as_ref()?
+        .value
+        .get("phase_outputs")?
+        .get(name)
+        .cloned()
+}
+
+/// Records of earlier failures that `cairn retry` archived as `runs/<id>/failed-*.json`.
+fn earlier_failures(root: &Path, id: &str) -> Vec<Value> {
+    let dir = root.join("runs").join(id);
+    view::list_names(&dir)
+        .into_iter()
+        .filter(|n| n.starts_with("failed-") && n.ends_with(".json"))
+        .filter_map(|n| serde_json::from_slice(&fs::read(dir.join(n)).ok()?).ok())
+        .collect()
+}
+
+fn human(
+    root: &Path,
+    task: &TaskView,
+    daemon: view::DaemonInfo,
+    phases: &[PhaseRow],
+    earlier: &[Value],
+    timeline: &[JournalEvent],
+    now: DateTime<Utc>,
+) -> String {
+    let mut out = String::new();
+    let mut field = |name: &str, value: String| {
+        out.push_str(&format!("{name:<12}{value}\n"));
+    };
+    field("task", task.id.clone());
+    field("queue", root.display().to_string());
+    let state = match &task.state {
+        s if s.is_in_flight() => format!("{} (daemon {})", s.as_str(), daemon.describe()),
+        s => s.as_str().to_string(),
+    };
+    field("state", state);
+    if task.state == State::Rejected {
+        let record = task.record.as_ref().map(|r| &r.value);
+        let get = |key: &str| {
+            record
+                .and_then(|r| r.get(key))
+                .and_then(Value::as_str)
+                .unwrap_or("-")
+                .to_string()
+        };
+        field("file", get("file"));
+        field("reason", get("reason"));
+        field("input", get("input"));
+        field("rejected", get("rejected_at"));
+        return out;
+    }
+    let kind = task
+        .kind
+        .map(|k| format!(", {}", k.as_str()))
+        .unwrap_or_default();
+    field("phase", format!("{}{kind}", phase_cell(task)));
+    field("iteration", iter_cell(task));
+    if let Some(rate) = task.rate_per_min {
+        let eta = task
+            .eta_seconds
+            .map(|s| format!(", ETA {}", view::short_duration(s)))
+            .unwrap_or_default();
+        field("rate", format!("{}{eta}", view::format_rate(rate)));
+    }
+    field(
+        "cost",
+        task.cost.map(view::format_cost).unwrap_or("-".into()),
+    );
+    field(
+        "attempts",
+        match (task.attempts, task.failed_attempts) {
+            (Some(a), Some(f)) => format!("{a} ({f} failed)"),
+            (Some(a), None) => a.to_string(),
+            _ => "-".into(),
+        },
+    );
+    field(
+        "checkpoint",
+        match (task.last_checkpoint_at, &task.checkpoint) {
+            (Some(at), cp) => {
+                let age = view::short_duration((now - at).num_seconds().max(0) as u64);
+                let generation = cp
+                    .as_ref()
+                    .map(|cp| format!(", generation {}", cp.generation))
+                    .unwrap_or_default();
+                format!("{} ({age} ago){generation}", view::rfc3339(at))
+            }
+            _ => "-".into(),
+        },
+    );
+    if let Some(record) = &task.record {
+        let at = record.at.map(view::rfc3339).unwrap_or("-".into());
+        field("finished", format!("{at} ({})", record.path.display()));
+    }
+    field("error", task.error.clone().unwrap_or("-".into()));
+
+    out.push_str(&format!("\ndefinition  tasks/{}.json\n", task.id));
+    match &task.task {
+        Some(def) => {
+            let pretty = serde_json::to_string_pretty(def).unwrap_or_default();
+            for line in pretty.lines() {
+                out.push_str(&format!("  {line}\n"));
+            }
+        }
+        None => out.push_str("  (missing)\n"),
+    }
+
+    out.push_str("\nphases\n");
+    let rows: Vec<Vec<String>> = phases
+        .iter()
+        .map(|p| {
+            let iter = match (p.iteration, p.total) {
+                (Some(i), Some(t)) => format!("{i}/{t}"),
+                (Some(i), None) => i.to_string(),
+                (None, Some(t)) => format!("0/{t}"),
+                _ => "-".into(),
+            };
+            vec![
+                format!("{}/{}", p.index + 1, phases.len()),
+                p.name.clone(),
+                p.kind.map(|k| k.as_str()).unwrap_or("-").to_string(),
+                p.state.clone(),
+                iter,
+                p.output.as_ref().map(short_json).unwrap_or("-".into()),
+            ]
+        })
+        .collect();
+    let table = view::render_table(&["#", "NAME", "KIND", "STATE", "ITER", "OUTPUT"], &rows);
+    for line in table.lines() {
+        out.push_str(&format!("  {line}\n"));
+    }
+
+    if !earlier.is_empty() {
+        out.push_str("\nearlier failures (retried)\n");
+        for record in earlier {
+            out.push_str(&format!(
+                "  {}  {}  {}\n",
+                record["failed_at"].as_str().unwrap_or("-"),
+                record["status"].as_str().unwrap_or("-"),
+                record["error"].as_str().unwrap_or("-"),
+            ));
+        }
+    }
+
+    out.push_str(&format!("\ntimeline  runs/{}/events.jsonl\n", task.id));
+    if timeline.is_empty() {
+        out.push_str("  (no events)\n");
+    }
+    for event in timeline {
+        out.push_str(&format!(
+            "  {}  {:<20}  {}\n",
+            view::rfc3339(event.at),
+            event.event,
+            details(&event.details)
+        ));
+    }
+    out
+}
+
+/// Compact JSON, cut at 60 characters.
+fn short_json(value: &Value) -> String {
+    let text = value.to_string();
+    if text.chars().count() > 60 {
+        let cut: String = text.chars().take(57).collect();
+        format!("{cut}...")
+    } else {
+        text
+    }
+}
+
+/// `key=value` pairs, the usual keys first; strings unquoted, milliseconds rounded.
+fn details(details: &Map<String, Value>) -> String {
+    const FIRST: [&str; 7] = [
+        "phase",
+        "phase_index",
+        "iteration",
+        "generation",
+        "bytes",
+        "ms",
+        "attempt",
+    ];
+    let mut keys: Vec<&String> = details.keys().collect();
+    keys.sort_by_key(|k| {
+        (
+            FIRST.iter().position(|f| f == k).unwrap_or(FIRST.len()),
+            k.as_str(),
+        )
+    });
+    keys.into_iter()
+        .map(|key| {
+            let value = &details[key];
+            let text = match value {
+                Value::String(s) => s.clone(),
+                Value::Number(n) if key == "ms" => {
+                    format!("{:.1}", n.as_f64().unwrap_or_default())
+                }
+                other => other.to_string(),
+            };
+            format!("{key}={text}")
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
 }

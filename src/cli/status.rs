@@ -1,13 +1,362 @@
-//! `cairn status` (being written).
+//! `cairn status [--json] [--watch] [--all]`: one line per task — state, phase, iteration,
+//! rate, ETA, cost, checkpoint age — read from the queue's files, with or without a daemon.
+//!
+//! `--watch` redraws every second: progress bars on a terminal, plain status blocks when stdout
+//! is a pipe or a file. It ends on Ctrl-C or when the reader goes away (exit 0 either way).
 
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use clap::Args;
+use serde_json::{json, Value};
+
+use super::exit;
+use super::view::{self, LoadOptions, QueueView, TaskView};
+
+/// The columns of the human output, in their fixed order.
+pub const COLUMNS: [&str; 8] = [
+    "ID",
+    "STATE",
+    "PHASE",
+    "ITER",
+    "RATE",
+    "ETA",
+    "COST",
+    "CHECKPOINT",
+];
 
 #[derive(Debug, Args)]
-pub struct StatusArgs {}
+#[command(after_help = "\
+States: pending, running, paused, waiting_retry, interrupted (stopped, or its daemon died; \
+resumes at the next start), done, failed, budget_exceeded, cancelled, rejected (--all).
 
-pub fn run(_queue: &Path, _args: StatusArgs) -> u8 {
-    eprintln!("error: `cairn status` is not available in this build yet");
-    super::exit::FAILURE
+Columns: PHASE is name(k/n); ITER is iterations done/total (items for items phases, the \
+worker's own count for workers); RATE is iterations per minute of the phase's current run; \
+ETA is the time left at that rate; CHECKPOINT is the age of the last iteration checkpoint.
+
+The --json document is described in docs/cli.md (\"version\": 1).")]
+pub struct StatusArgs {
+    /// Print a JSON document instead of the table (with --watch: one compact document per line
+    /// every second).
+    #[arg(long)]
+    json: bool,
+
+    /// Redraw every second until Ctrl-C (progress bars on a terminal, plain blocks otherwise).
+    #[arg(long, short)]
+    watch: bool,
+
+    /// Also list files rejected at intake (failed/rejected-*.json).
+    #[arg(long, short)]
+    all: bool,
+}
+
+pub fn run(queue: &Path, args: StatusArgs) -> u8 {
+    if !queue.is_dir() {
+        eprintln!(
+            "error: queue {} does not exist (use --queue DIR or CAIRN_QUEUE)",
+            queue.display()
+        );
+        return exit::FAILURE;
+    }
+    let queue = &std::path::absolute(queue).unwrap_or_else(|_| queue.to_path_buf());
+    let options = LoadOptions { rejected: args.all };
+    if args.watch {
+        return watch(queue, options, args.json);
+    }
+    let view = view::load(queue, options);
+    let text = if args.json {
+        let mut text = serde_json::to_string_pretty(&to_json(&view)).unwrap_or_default();
+        text.push('\n');
+        text
+    } else {
+        table(&view)
+    };
+    let code = view::print_or_fail(&text);
+    for warning in &view.warnings {
+        eprintln!("warning: {warning}");
+    }
+    if !args.json {
+        notes(&view);
+    }
+    if code == exit::OK && unreadable_queue(&view) {
+        exit::FAILURE
+    } else {
+        code
+    }
+}
+
+/// `current_work.json` could not be read: what is in flight is unknown.
+fn unreadable_queue(view: &QueueView) -> bool {
+    view.warnings
+        .iter()
+        .any(|w| w.contains("current_work.json"))
+}
+
+/// Hints on stderr, for people: tasks that wait for a daemon.
+fn notes(view: &QueueView) {
+    if view.daemon.running {
+        return;
+    }
+    let waiting = view
+        .tasks
+        .iter()
+        .filter(|t| t.state.is_in_flight() || t.state == view::State::Pending)
+        .count();
+    if waiting > 0 {
+        eprintln!(
+            "note: no daemon is running on {}; {waiting} unfinished task(s) continue at the next `cairn run`",
+            view.root.display()
+        );
+    }
+    if view.inbox > 0 {
+        eprintln!(
+            "note: {} file(s) in {} wait for a daemon to take them",
+            view.inbox,
+            view.root.join("inbox").display()
+        );
+    }
+}
+
+/// The `--json` document (see docs/cli.md).
+pub fn to_json(view: &QueueView) -> Value {
+    json!({
+        "version": view::JSON_VERSION,
+        "queue": view.root.display().to_string(),
+        "daemon": view.daemon.to_json(),
+        "inbox": view.inbox,
+        "tasks": view.tasks.iter().map(|t| t.to_json(view.now)).collect::<Vec<_>>(),
+    })
+}
+
+/// The human table: a header and one line per task.
+pub fn table(view: &QueueView) -> String {
+    let rows: Vec<Vec<String>> = view.tasks.iter().map(|t| row(t, view)).collect();
+    view::render_table(&COLUMNS, &rows)
+}
+
+fn row(task: &TaskView, view: &QueueView) -> Vec<String> {
+    let dash = || "-".to_string();
+    vec![
+        task.id.clone(),
+        task.state.as_str().to_string(),
+        phase_cell(task),
+        iter_cell(task),
+        task.rate_per_min
+            .map(view::format_rate)
+            .unwrap_or_else(dash),
+        task.eta_seconds
+            .map(view::short_duration)
+            .unwrap_or_else(dash),
+        task.cost.map(view::format_cost).unwrap_or_else(dash),
+        task.checkpoint_age(view.now)
+            .map(|age| format!("{} ago", view::short_duration(age)))
+            .unwrap_or_else(dash),
+    ]
+}
+
+/// `name(k/n)`, 1-based.
+pub fn phase_cell(task: &TaskView) -> String {
+    match (&task.phase, task.phase_index, task.phase_count) {
+        (Some(name), Some(index), Some(count)) => format!("{name}({}/{count})", index + 1),
+        (Some(name), _, _) => name.clone(),
+        _ => "-".into(),
+    }
+}
+
+/// `done/total`, `done`, or `-`.
+pub fn iter_cell(task: &TaskView) -> String {
+    match (task.iteration, task.total) {
+        (Some(done), Some(total)) => format!("{done}/{total}"),
+        (Some(done), None) => done.to_string(),
+        (None, Some(total)) if task.state == view::State::Pending => format!("0/{total}"),
+        _ => "-".into(),
+    }
+}
+
+/// Redraw every second until Ctrl-C/SIGTERM or a closed pipe.
+fn watch(queue: &Path, options: LoadOptions, as_json: bool) -> u8 {
+    let stop = Arc::new(AtomicBool::new(false));
+    for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        if let Err(e) = signal_hook::flag::register(signal, Arc::clone(&stop)) {
+            eprintln!("error: cannot watch for Ctrl-C: {e}");
+            return exit::FAILURE;
+        }
+    }
+    let terminal = std::io::IsTerminal::is_terminal(&std::io::stdout());
+    if terminal && !as_json {
+        bars::watch(queue, options, &stop)
+    } else {
+        plain_watch(queue, options, as_json, &stop)
+    }
+}
+
+/// Sleep up to a second, waking early when asked to stop; false once stopped.
+fn tick(started: Instant, stop: &AtomicBool) -> bool {
+    let next = started + Duration::from_secs(1);
+    while Instant::now() < next {
+        if stop.load(Ordering::Relaxed) {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    !stop.load(Ordering::Relaxed)
+}
+
+/// Not a terminal: a block (time, daemon, table) or a JSON line every second.
+fn plain_watch(queue: &Path, options: LoadOptions, as_json: bool, stop: &AtomicBool) -> u8 {
+    loop {
+        let started = Instant::now();
+        let view = view::load(queue, options);
+        let text = if as_json {
+            let mut line = serde_json::to_string(&to_json(&view)).unwrap_or_default();
+            line.push('\n');
+            line
+        } else {
+            format!(
+                "{}  daemon {}\n{}\n",
+                view::rfc3339(view.now),
+                view.daemon.describe(),
+                table(&view)
+            )
+        };
+        match view::write_stdout(&text) {
+            Ok(true) => {}
+            // The reader went away (`| head`): that is how a pipe ends, not an error.
+            Ok(false) => return exit::OK,
+            Err(e) => {
+                eprintln!("error: writing to stdout: {e}");
+                return exit::FAILURE;
+            }
+        }
+        if !tick(started, stop) {
+            return exit::OK;
+        }
+    }
+}
+
+/// The terminal view: a header line and one progress bar per task.
+mod bars {
+    use std::collections::HashMap;
+    use std::path::Path;
+    use std::sync::atomic::AtomicBool;
+    use std::time::Instant;
+
+    use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
+
+    use super::{iter_cell, phase_cell, tick};
+    use crate::cli::exit;
+    use crate::cli::view::{self, LoadOptions, QueueView, TaskView};
+
+    pub fn watch(queue: &Path, options: LoadOptions, stop: &AtomicBool) -> u8 {
+        let multi = MultiProgress::with_draw_target(ProgressDrawTarget::stdout());
+        let header = multi.add(ProgressBar::new_spinner());
+        header.set_style(ProgressStyle::with_template("{msg}").expect("a valid template"));
+        let mut task_bars: HashMap<String, (ProgressBar, bool)> = HashMap::new();
+        loop {
+            let started = Instant::now();
+            let view = view::load(queue, options);
+            header.set_message(format!(
+                "queue {}  daemon {}  {} task(s)  {}   (Ctrl-C to quit)",
+                view.root.display(),
+                view.daemon.describe(),
+                view.tasks.len(),
+                view.now.format("%H:%M:%S"),
+            ));
+            let widths = widths(&view);
+            task_bars.retain(|id, (bar, _)| {
+                let keep = view.tasks.iter().any(|t| &t.id == id);
+                if !keep {
+                    multi.remove(bar);
+                }
+                keep
+            });
+            for task in &view.tasks {
+                let has_total = task.total.is_some_and(|t| t > 0);
+                let entry = task_bars.entry(task.id.clone()).or_insert_with(|| {
+                    let bar = multi.add(ProgressBar::new(0));
+                    bar.set_style(style(has_total));
+                    (bar, has_total)
+                });
+                if entry.1 != has_total {
+                    entry.0.set_style(style(has_total));
+                    entry.1 = has_total;
+                }
+                update(&entry.0, task, &view, widths);
+            }
+            if !tick(started, stop) {
+                break;
+            }
+        }
+        for (bar, _) in task_bars.values() {
+            bar.abandon();
+        }
+        header.abandon();
+        exit::OK
+    }
+
+    fn style(with_bar: bool) -> ProgressStyle {
+        let template = if with_bar {
+            "{prefix} [{bar:30.cyan/blue}] {msg}"
+        } else {
+            "{prefix} {msg}"
+        };
+        ProgressStyle::with_template(template)
+            .expect("a valid template")
+            .progress_chars("=> ")
+    }
+
+    /// Widths of the id, state and phase columns.
+    fn widths(view: &QueueView) -> (usize, usize, usize) {
+        view.tasks.iter().fold((2, 5, 5), |(a, b, c), t| {
+            (
+                a.max(t.id.len()),
+                b.max(t.state.as_str().len()),
+                c.max(phase_cell(t).len()),
+            )
+        })
+    }
+
+    fn update(bar: &ProgressBar, task: &TaskView, view: &QueueView, w: (usize, usize, usize)) {
+        bar.set_prefix(format!(
+            "{:<a$}  {:<b$}  {:<c$}",
+            task.id,
+            task.state.as_str(),
+            phase_cell(task),
+            a = w.0,
+            b = w.1,
+            c = w.2
+        ));
+        if let Some(total) = task.total {
+            bar.set_length(total);
+        }
+        bar.set_position(task.iteration.unwrap_or(0));
+        let mut parts = vec![iter_cell(task)];
+        if let Some(rate) = task.rate_per_min {
+            parts.push(view::format_rate(rate));
+        }
+        if let Some(eta) = task.eta_seconds {
+            parts.push(format!("ETA {}", view::short_duration(eta)));
+        }
+        if let Some(cost) = task.cost {
+            parts.push(format!("cost {}", view::format_cost(cost)));
+        }
+        if let Some(age) = task.checkpoint_age(view.now) {
+            parts.push(format!("checkpoint {} ago", view::short_duration(age)));
+        }
+        if let Some(error) = &task.error {
+            if task.state != view::State::Done {
+                let first: String = error
+                    .lines()
+                    .next()
+                    .unwrap_or("")
+                    .chars()
+                    .take(60)
+                    .collect();
+                parts.push(format!("error: {first}"));
+            }
+        }
+        bar.set_message(parts.join("  "));
+    }
 }
