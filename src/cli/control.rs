@@ -52,11 +52,7 @@ pub fn run(queue: &Path, action: Action, args: ControlArgs) -> u8 {
     match storage.get(&QueueDir::task_key(&args.id)) {
         Ok(Some(_)) => {}
         Ok(None) => {
-            eprintln!(
-                "error: queue {} has no task {:?}",
-                queue.display(),
-                args.id
-            );
+            eprintln!("error: queue {} has no task {:?}", queue.display(), args.id);
             return exit::FAILURE;
         }
         Err(e) => {
@@ -68,7 +64,10 @@ pub fn run(queue: &Path, action: Action, args: ControlArgs) -> u8 {
     let key = match control::submit(&storage, &request) {
         Ok(key) => key,
         Err(e) => {
-            eprintln!("error: writing the request into {}/control: {e}", queue.display());
+            eprintln!(
+                "error: writing the request into {}/control: {e}",
+                queue.display()
+            );
             return exit::FAILURE;
         }
     };
@@ -93,7 +92,10 @@ pub fn run(queue: &Path, action: Action, args: ControlArgs) -> u8 {
                 ControlAction::Cancel => "it is stopped and recorded as cancelled",
                 ControlAction::Retry => "it resumes from its last checkpoint",
             };
-            println!("{verb}: the daemon (pid {pid}) took the request for {}; {outcome}", args.id);
+            println!(
+                "{verb}: the daemon (pid {pid}) took the request for {}; {outcome}",
+                args.id
+            );
             return exit::OK;
         }
         std::thread::sleep(Duration::from_millis(50));

@@ -68,8 +68,13 @@ fn fork(queue: &Path, args: &ForkArgs) -> Result<String, Failure> {
             .map_err(|e| failure(format!("reading {}: {e}", queue.join(&key).display())))
     };
 
-    let task_bytes = read(QueueDir::task_key(&args.id))?
-        .ok_or_else(|| failure(format!("queue {} has no task {:?}", queue.display(), args.id)))?;
+    let task_bytes = read(QueueDir::task_key(&args.id))?.ok_or_else(|| {
+        failure(format!(
+            "queue {} has no task {:?}",
+            queue.display(),
+            args.id
+        ))
+    })?;
     let mut task = Task::parse(&task_bytes)
         .map_err(|e| failure(format!("{}: {e}", QueueDir::task_key(&args.id))))?;
 
@@ -87,7 +92,9 @@ fn fork(queue: &Path, args: &ForkArgs) -> Result<String, Failure> {
         format!("inbox/{new_id}.json"),
     ] {
         if read(key.clone())?.is_some() {
-            return Err(usage(format!("a task with id {new_id:?} already exists ({key})")));
+            return Err(usage(format!(
+                "a task with id {new_id:?} already exists ({key})"
+            )));
         }
     }
 

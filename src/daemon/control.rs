@@ -20,7 +20,9 @@ impl Scheduler {
         for (key, request) in requests {
             match request {
                 Ok(request) => self.apply_control(request).await,
-                Err(problem) => tracing::warn!(request = %key, "ignored a control request: {problem}"),
+                Err(problem) => {
+                    tracing::warn!(request = %key, "ignored a control request: {problem}")
+                }
             }
             let storage = Arc::clone(&self.ctx.storage);
             let remove_key = key.clone();
@@ -61,8 +63,7 @@ impl Scheduler {
                 self.persist().await;
             }
             ControlAction::Resume => {
-                let Some(mut entry) = in_flight.filter(|e| e.status == ActiveStatus::Paused)
-                else {
+                let Some(mut entry) = in_flight.filter(|e| e.status == ActiveStatus::Paused) else {
                     return self.refuse(id, action, "it is not paused");
                 };
                 entry.status = ActiveStatus::Interrupted;
@@ -90,8 +91,11 @@ impl Scheduler {
 
     fn refuse(&self, id: &str, action: &str, why: &str) {
         tracing::warn!(task_id = id, "cannot {action} task {id}: {why}");
-        self.ctx
-            .journal(id, "control_refused", serde_json::json!({"action": action, "reason": why}));
+        self.ctx.journal(
+            id,
+            "control_refused",
+            serde_json::json!({"action": action, "reason": why}),
+        );
     }
 
     /// A new entry for a task that is pending (accepted, never started), if it is.
@@ -122,7 +126,9 @@ impl Scheduler {
         let mut entry = ActiveTask::new(id, first_phase);
         let start = match self.ctx.storage.get(&StartPoint::key(id)) {
             Ok(Some(bytes)) => serde_json::from_slice::<StartPoint>(&bytes)
-                .map_err(|e| tracing::error!(task_id = id, "ignoring an unreadable start point: {e}"))
+                .map_err(|e| {
+                    tracing::error!(task_id = id, "ignoring an unreadable start point: {e}")
+                })
                 .ok(),
             Ok(None) => None,
             Err(e) => {
@@ -152,13 +158,22 @@ impl Scheduler {
         let record = match runner_blocking(move || storage.get(&get_key)).await {
             Ok(Some(bytes)) => match serde_json::from_slice::<FailedRecord>(&bytes) {
                 Ok(record) => record,
-                Err(e) => return self.refuse(id, "retry", &format!("{key} is not a task record: {e}")),
+                Err(e) => {
+                    return self.refuse(id, "retry", &format!("{key} is not a task record: {e}"))
+                }
             },
             Ok(None) => return self.refuse(id, "retry", "it has not failed or been cancelled"),
             Err(e) => return self.refuse(id, "retry", &format!("reading {key}: {e}")),
         };
-        if !matches!(record.status.as_str(), "failed" | "cancelled" | "budget_exceeded") {
-            return self.refuse(id, "retry", &format!("its record's status is {:?}", record.status));
+        if !matches!(
+            record.status.as_str(),
+            "failed" | "cancelled" | "budget_exceeded"
+        ) {
+            return self.refuse(
+                id,
+                "retry",
+                &format!("its record's status is {:?}", record.status),
+            );
         }
         let task = match self.read_task(id).await {
             Ok(task) => Arc::new(task),
@@ -176,7 +191,9 @@ impl Scheduler {
         entry.status = ActiveStatus::Interrupted;
         entry.phases = record.phases.clone();
         // A budget stop is retried with a fresh budget: the operator asked for more.
-        entry.cost = (record.status != "budget_exceeded").then_some(record.cost).flatten();
+        entry.cost = (record.status != "budget_exceeded")
+            .then_some(record.cost)
+            .flatten();
         entry.last_error = Some(record.error.clone());
         entry.retry_of = Some(record.failed_at);
         self.ctx.work.update(|w| w.upsert(entry));

@@ -80,7 +80,8 @@ impl Scheduler {
             }
             // Progress (iterations, cost, a worker's own account) reaches current_work.json at
             // most every PROGRESS_WRITE_INTERVAL, for `cairn status`.
-            if !self.running.is_empty() && last_progress_write.elapsed() >= PROGRESS_WRITE_INTERVAL {
+            if !self.running.is_empty() && last_progress_write.elapsed() >= PROGRESS_WRITE_INTERVAL
+            {
                 last_progress_write = Instant::now();
                 if let Err(e) = self.ctx.work.persist().await {
                     tracing::error!("{e}");
@@ -319,7 +320,13 @@ impl Scheduler {
         }
     }
 
-    pub(super) fn schedule_retry(&mut self, task: &Task, entry: &mut ActiveTask, error: String, log: bool) {
+    pub(super) fn schedule_retry(
+        &mut self,
+        task: &Task,
+        entry: &mut ActiveTask,
+        error: String,
+        log: bool,
+    ) {
         let delay = task.retry.delay_after(entry.failed_attempts.max(1));
         let at = Utc::now() + chrono::Duration::from_std(delay).unwrap_or(chrono::Duration::zero());
         if log {

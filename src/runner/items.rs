@@ -106,8 +106,7 @@ pub(super) async fn run(run: &PhaseRun<'_>) -> Result<PhaseEnd, PhaseError> {
     let mut failure: Option<PhaseError> = None;
     let mut interrupted = false;
     loop {
-        while failure.is_none() && !run.should_stop() && in_flight.len() < concurrency
-        {
+        while failure.is_none() && !run.should_stop() && in_flight.len() < concurrency {
             let Some(index) = todo.next() else { break };
             in_flight.push(run_item(run, index, &items[index]));
         }

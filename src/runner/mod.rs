@@ -133,7 +133,10 @@ pub async fn run_attempt(ctx: &Arc<RunContext>, task: &Arc<Task>) -> AttemptEnd 
             return AttemptEnd::Done;
         };
         let control = ctx.control(id);
-        if ctx.shutdown.is_stopping() || control.pause.is_cancelled() || control.cancel.is_cancelled() {
+        if ctx.shutdown.is_stopping()
+            || control.pause.is_cancelled()
+            || control.cancel.is_cancelled()
+        {
             return AttemptEnd::Interrupted;
         }
         let inputs = match load_inputs(ctx, &entry.phase_outputs).await {

@@ -78,8 +78,9 @@ pub(super) async fn run(run: &PhaseRun<'_>) -> Result<PhaseEnd, PhaseError> {
     }
     // A fresh name per attempt: a helper process orphaned by an earlier crash cannot write
     // into this attempt's channel.
-    let mut channel = Channel::create(&run_dir.join(format!("channel-{}-{}", run.index, run.attempt)))
-        .map_err(|e| transient("creating the worker channel", e))?;
+    let mut channel =
+        Channel::create(&run_dir.join(format!("channel-{}-{}", run.index, run.attempt)))
+            .map_err(|e| transient("creating the worker channel", e))?;
     env.push(("CAIRN_CHANNEL".into(), channel.path().display().to_string()));
 
     let log_path = run.log_path();

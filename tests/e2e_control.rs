@@ -1,0 +1,216 @@
+//! Steering a task through `control/` with the real binary: pause stops a running loop within
+//! one iteration, resume continues it, cancel ends it as cancelled with its command gone, retry
+//! brings it back from its checkpoint; requests made while no daemon runs take effect at its
+//! start; and fork starts a new task from an earlier checkpoint with a patched state.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use serde_json::json;
+
+fn iterations_done(queue: &TestQueue, id: &str) -> u64 {
+    queue
+        .active_entry(id)
+        .and_then(|e| e["iterations"].as_u64())
+        .unwrap_or(0)
+}
+
+fn status_of(queue: &TestQueue, id: &str) -> Option<String> {
+    queue
+        .active_entry(id)
+        .and_then(|e| e["status"].as_str().map(str::to_string))
+}
+
+#[test]
+fn pause_resume_cancel_and_retry_a_running_loop() {
+    let queue = TestQueue::new();
+    let side = queue.aux("loop.side");
+    queue.seed_task("steer.json", &loop_task("steer", &side, 40, 0.2));
+    let mut daemon = queue.start(&[]);
+    wait_until("three iterations", DEADLINE, || {
+        ended_iterations(&side).len() >= 3
+    });
+
+    // Pause: the iteration in flight finishes and is checkpointed, then nothing runs.
+    let out = queue.cairn_output(&["pause", "steer"], b"");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    wait_for("the task to be paused", DEADLINE, || {
+        (status_of(&queue, "steer").as_deref() == Some("paused")).then_some(())
+    });
+    let at_pause = ended_iterations(&side).len();
+    let starts_at_pause = side_events(&side)
+        .iter()
+        .filter(|e| e.event == "start")
+        .count();
+    assert_eq!(
+        starts_at_pause, at_pause,
+        "an iteration was left half-run by the pause"
+    );
+    assert_eq!(queue.checkpoint("steer").iteration_count, at_pause as u64);
+    std::thread::sleep(Duration::from_millis(800));
+    assert_eq!(
+        ended_iterations(&side).len(),
+        at_pause,
+        "iterations ran while the task was paused"
+    );
+
+    // Resume: it continues from the checkpoint.
+    let out = queue.cairn_output(&["resume", "steer"], b"");
+    assert!(out.status.success());
+    wait_until("two more iterations", DEADLINE, || {
+        ended_iterations(&side).len() >= at_pause + 2
+    });
+    assert!(
+        start_counts(&side).values().all(|&n| n == 1),
+        "an iteration ran twice around the pause: {:?}",
+        start_counts(&side)
+    );
+
+    // Cancel: the command in flight is stopped and the task recorded as cancelled.
+    let running_pid = wait_for("an iteration in flight", DEADLINE, || {
+        let events = side_events(&side);
+        let last = events.last()?;
+        (last.event == "start").then_some(last.pid)
+    });
+    let out = queue.cairn_output(&["cancel", "steer"], b"");
+    assert!(out.status.success());
+    let record = queue.wait_failed("steer");
+    assert_eq!(record["status"], "cancelled");
+    wait_until("the cancelled command to be gone", DEADLINE, || {
+        !process_alive(running_pid)
+    });
+    assert_eq!(queue.active_entry("steer"), None);
+    let done_at_cancel = ended_iterations(&side).len() as u64;
+
+    // Retry: back from its last checkpoint, to the end.
+    let out = queue.cairn_output(&["retry", "steer"], b"");
+    assert!(out.status.success());
+    let done = queue.wait_done("steer");
+    assert_eq!(done["result"], loop_result(40));
+    assert!(
+        queue.failed("steer").is_none(),
+        "the old record stayed in failed/"
+    );
+    let counts = start_counts(&side);
+    let reruns: usize = counts.values().map(|n| n - 1).sum();
+    assert!(
+        reruns <= 1,
+        "more than the cancelled iteration ran again: {counts:?}"
+    );
+    assert!(done_at_cancel > at_pause as u64);
+
+    daemon.signal(SIGTERM);
+    assert_eq!(daemon.wait_exit(DEADLINE).code(), Some(0));
+    let events = std::fs::read_to_string(queue.path("runs/steer/events.jsonl")).unwrap();
+    for event in ["paused", "resumed", "cancelled", "retried", "done"] {
+        assert!(
+            events.contains(&format!("\"event\":\"{event}\"")),
+            "no {event} event in the journal:\n{events}"
+        );
+    }
+}
+
+#[test]
+fn requests_made_without_a_daemon_apply_when_it_starts() {
+    let queue = TestQueue::new();
+    let side_a = queue.aux("a.side");
+    let side_b = queue.aux("b.side");
+    queue.seed_task("a.json", &loop_task("a", &side_a, 3, 0.05));
+    queue.seed_task("b.json", &loop_task("b", &side_b, 3, 0.05));
+    // Accept both, run neither: a daemon that stops as soon as it has started.
+    let mut first = queue.start(&["--max-tasks", "1"]);
+    wait_until("both tasks accepted", DEADLINE, || {
+        queue.path("tasks/a.json").exists() && queue.path("tasks/b.json").exists()
+    });
+    first.signal(SIGTERM);
+    assert_eq!(first.wait_exit(DEADLINE).code(), Some(0));
+
+    let out = queue.cairn_output(&["pause", "b"], b"");
+    assert!(out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("no daemon is running"),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    queue.run_until_idle(&[]);
+    assert_eq!(queue.done("a").unwrap()["result"], loop_result(3));
+    assert_eq!(status_of(&queue, "b").as_deref(), Some("paused"));
+    assert!(queue.done("b").is_none());
+
+    let out = queue.cairn_output(&["resume", "b"], b"");
+    assert!(out.status.success());
+    queue.run_until_idle(&[]);
+    assert_eq!(queue.done("b").unwrap()["result"], loop_result(3));
+
+    let out = queue.cairn_output(&["pause", "no-such-task"], b"");
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no-such-task"));
+}
+
+#[test]
+fn fork_an_earlier_generation_with_a_patched_state() {
+    let queue = TestQueue::new();
+    // state {total, step}: each iteration adds `step`; the first phase's output is an input.
+    let step = "import json, sys\n\
+                r = json.load(sys.stdin)\n\
+                s = r['state']\n\
+                s['total'] += s['step'] * r['inputs']['setup']['scale']\n\
+                print(json.dumps({'state': s}))";
+    let task = json!({
+        "id": "acc",
+        "phases": [
+            {"name": "setup", "run": ["sh", "-c", "echo '{\"scale\": 2}'"]},
+            {"name": "sum", "kind": "loop", "run": ["python3", "-c", step],
+             "initial_state": {"total": 0, "step": 1}, "max_iterations": 6}
+        ]
+    });
+    queue.seed_task("acc.json", &task);
+    queue.run_until_idle(&[]);
+    assert_eq!(
+        queue.done("acc").unwrap()["result"],
+        json!({"total": 12, "step": 1})
+    );
+    // Generation 3 holds 3 completed iterations (total 6); continue with step 10.
+    let generation = queue.cairn_output(&["checkpoint", "acc", "--gen", "3"], b"");
+    let out = queue.cairn_output(
+        &[
+            "fork",
+            "acc",
+            "--gen",
+            "3",
+            "--patch",
+            r#"{"step": 10}"#,
+            "--as",
+            "acc-fork",
+        ],
+        b"",
+    );
+    assert!(
+        out.status.success(),
+        "fork failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "acc-fork");
+    queue.run_until_idle(&[]);
+    let forked = queue.done("acc-fork").unwrap();
+    assert_eq!(
+        forked["result"],
+        json!({"total": 6 + 3 * 10 * 2, "step": 10}),
+        "generation 3 was {}",
+        String::from_utf8_lossy(&generation.stdout)
+    );
+    assert_eq!(forked["phase_outputs"]["setup"], json!({"scale": 2}));
+    // The original is untouched.
+    assert_eq!(
+        queue.done("acc").unwrap()["result"],
+        json!({"total": 12, "step": 1})
+    );
+    let out = queue.cairn_output(&["fork", "acc", "--as", "acc-fork"], b"");
+    assert_eq!(out.status.code(), Some(2), "a duplicate id must be refused");
+}
