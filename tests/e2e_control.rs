@@ -10,13 +10,6 @@ use std::time::Duration;
 use common::*;
 use serde_json::json;
 
-fn iterations_done(queue: &TestQueue, id: &str) -> u64 {
-    queue
-        .active_entry(id)
-        .and_then(|e| e["iterations"].as_u64())
-        .unwrap_or(0)
-}
-
 fn status_of(queue: &TestQueue, id: &str) -> Option<String> {
     queue
         .active_entry(id)
