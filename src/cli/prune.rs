@@ -98,9 +98,10 @@ pub fn run(queue: &Path, args: PruneArgs) -> u8 {
     let mut counts: BTreeMap<Why, usize> = BTreeMap::new();
     for (path, why) in &plan.paths {
         let size = disk_size(path);
+        let is_dir = path.is_dir() && !path.is_symlink();
         let result = if args.dry_run {
             Ok(())
-        } else if path.is_dir() && !path.is_symlink() {
+        } else if is_dir {
             fs::remove_dir_all(path)
         } else {
             fs::remove_file(path)
@@ -109,7 +110,7 @@ pub fn run(queue: &Path, args: PruneArgs) -> u8 {
             Ok(()) => {
                 bytes += size;
                 *counts.entry(*why).or_default() += 1;
-                let slash = if path.is_dir() { "/" } else { "" };
+                let slash = if is_dir { "/" } else { "" };
                 let line = format!("{verb} {}{slash}\n", path.display());
                 match view::write_stdout(&line) {
                     Ok(true) => {}

@@ -16,7 +16,7 @@
 //!   `/proc/locks` to tell a reused pid apart); the lock itself is never taken, so a starting
 //!   daemon cannot fail because of a status query.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::fs;
 use std::io::{self, Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
@@ -279,6 +279,8 @@ struct Listing {
     work: CurrentWork,
     store: CheckpointStore,
     daemon: DaemonInfo,
+    /// The `retry_of` of the entries `cairn retry` wrote, by task id.
+    retry_of: HashMap<String, DateTime<Utc>>,
     warnings: Vec<String>,
 }
 
@@ -297,6 +299,7 @@ impl Listing {
             work,
             store: CheckpointStore::with_storage(Arc::new(FileStorage::new(root))),
             daemon: daemon_info(root),
+            retry_of: read_retry_of(root),
             warnings,
         }
     }
@@ -451,7 +454,10 @@ fn task_view(listing: &Listing, id: &str) -> TaskView {
     // The entry `cairn retry` writes stands beside the record it brings back until the daemon
     // archives that record; then the entry is what is current.
     let retried = match (&entry, &record) {
-        (Some(entry), Some(record)) => entry.retry_of.is_some_and(|at| Some(at) == record.at),
+        (Some(_), Some(record)) => listing
+            .retry_of
+            .get(id)
+            .is_some_and(|at| Some(*at) == record.at),
         _ => false,
     };
     match (entry, record) {
@@ -724,6 +730,29 @@ pub fn read_current_work(root: &Path) -> Result<CurrentWork, String> {
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(CurrentWork::default()),
         Err(e) => Err(format!("reading {}: {e}", path.display())),
     }
+}
+
+/// The `retry_of` stamps in `current_work.json`, read from its JSON so that this reader does
+/// not depend on the field's type.
+fn read_retry_of(root: &Path) -> HashMap<String, DateTime<Utc>> {
+    let Ok(bytes) = fs::read(root.join("current_work.json")) else {
+        return HashMap::new();
+    };
+    let Ok(value) = serde_json::from_slice::<Value>(&bytes) else {
+        return HashMap::new();
+    };
+    let entries = value["active_tasks"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    entries
+        .iter()
+        .filter_map(|entry| {
+            let id = entry["task_id"].as_str()?;
+            let at = DateTime::parse_from_rfc3339(entry["retry_of"].as_str()?).ok()?;
+            Some((id.to_string(), at.with_timezone(&Utc)))
+        })
+        .collect()
 }
 
 /// Is a daemon alive on this queue: the pid in `.lock` names a live process that holds a
