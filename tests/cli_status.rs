@@ -50,14 +50,19 @@ fn table_rows(table: &str) -> Vec<Vec<String>> {
         .collect()
 }
 
-/// The task object with this id in a `status --json` document.
-fn task<'a>(document: &'a Value, id: &str) -> &'a Value {
+/// The task object with this id in a `status --json` document, if listed.
+fn find_task(document: &Value, id: &str) -> Option<Value> {
     document["tasks"]
         .as_array()
         .expect("a tasks list")
         .iter()
         .find(|t| t["id"] == id)
-        .unwrap_or_else(|| panic!("no task {id} in {document:#}"))
+        .cloned()
+}
+
+/// The task object with this id in a `status --json` document.
+fn task(document: &Value, id: &str) -> Value {
+    find_task(document, id).unwrap_or_else(|| panic!("no task {id} in {document:#}"))
 }
 
 /// The keys of a status task object and the JSON types each may have.
@@ -332,7 +337,7 @@ fn status_json_follows_a_running_loop_and_sees_its_daemon_die() {
 
     let first = wait_for("runner has two checkpoints", DEADLINE, || {
         let document = status_json(&queue);
-        let runner = task(&document, "runner").clone();
+        let runner = find_task(&document, "runner")?;
         (runner["state"] == "running" && runner["iteration"].as_u64()? >= 2).then_some(document)
     });
     assert_status_schema(&first);
