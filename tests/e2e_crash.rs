@@ -237,3 +237,93 @@ fn a_stop_whose_grace_runs_out_ends_the_command_group_and_exits_0() {
     assert!(queue.done("stubborn").is_none());
     assert!(queue.failed("stubborn").is_none());
 }
+
+#[test]
+fn sigkill_in_a_later_phase_resumes_that_phase_and_keeps_the_earlier_outputs() {
+    let queue = TestQueue::new();
+    let first_side = queue.aux("first.side");
+    let second_side = queue.aux("second.side");
+    let logging_loop = |name: &str, side: &Path, iterations: u64, sleep: &str| {
+        json!({
+            "name": name,
+            "kind": "loop",
+            "run": ["python3", fixture("logging_loop.py"), side, "--sleep", sleep],
+            "max_iterations": iterations,
+        })
+    };
+    let report = "import json, sys; inputs = json.load(sys.stdin)['inputs']; \
+                  print(json.dumps({'first': inputs['first']['sum'], 'second': inputs['second']['sum']}))";
+    queue.seed_task(
+        "pipeline.json",
+        &json!({
+            "id": "pipeline",
+            "phases": [
+                logging_loop("first", &first_side, 4, "0.02"),
+                logging_loop("second", &second_side, 8, "0.15"),
+                {"name": "report", "run": ["python3", "-c", report]},
+            ],
+        }),
+    );
+    let mut daemon = queue.start(&[]);
+    wait_until(
+        "the second loop has finished 2 iterations",
+        DEADLINE,
+        || ended_iterations(&second_side).len() >= 2,
+    );
+    daemon.kill_hard();
+    let entry = queue
+        .active_entry("pipeline")
+        .expect("the task is in flight");
+    assert_eq!(entry["phase_index"], 1, "{entry:#}");
+    assert_eq!(entry["phase_outputs"]["first"]["inline"], loop_result(4));
+
+    queue.run_until_idle(&[]);
+    let done = queue.done("pipeline").expect("done/pipeline.json");
+    assert_eq!(done["result"], json!({"first": 14, "second": 140}));
+    assert_eq!(done["phase_outputs"]["first"], loop_result(4));
+    assert_eq!(done["phase_outputs"]["second"], loop_result(8));
+    assert_eq!(done["attempts"], 2);
+    // The finished phase did not run again; the interrupted one lost at most one iteration.
+    assert!(start_counts(&first_side).values().all(|&n| n == 1));
+    let second = start_counts(&second_side);
+    assert_eq!(second.len(), 8);
+    assert!(second.values().sum::<usize>() <= 9, "{second:?}");
+}
+
+#[test]
+fn a_damaged_latest_checkpoint_falls_back_to_the_previous_generation() {
+    let queue = TestQueue::new();
+    let side = queue.aux("damaged.side");
+    queue.seed_task("damaged.json", &loop_task("damaged", &side, 8, 0.05));
+    let mut daemon = queue.start(&[]);
+    wait_until("the loop has finished 4 iterations", DEADLINE, || {
+        ended_iterations(&side).len() >= 4
+    });
+    daemon.signal(SIGTERM);
+    assert_eq!(daemon.wait_exit(DEADLINE).code(), Some(0));
+    let completed = queue.checkpoint("damaged").iteration_count;
+    assert_eq!(completed, ended_iterations(&side).len() as u64);
+
+    // Cut the latest file in half, as a broken disk or a careless copy would.
+    let latest = queue.path("incremental/damaged.json.gz");
+    let bytes = std::fs::read(&latest).unwrap();
+    std::fs::write(&latest, &bytes[..bytes.len() / 2]).unwrap();
+
+    let mut restart = queue.start(&["--exit-when-idle"]);
+    assert_eq!(restart.wait_exit(DEADLINE).code(), Some(0));
+    assert!(
+        restart.stderr().contains("damaged.json.gz"),
+        "the damaged checkpoint is not reported: {}",
+        restart.stderr()
+    );
+    assert_eq!(queue.done("damaged").unwrap()["result"], loop_result(8));
+    // Resumed from the generation before: exactly the last completed iteration ran again.
+    let restarted_at = side_events(&side)
+        .into_iter()
+        .find(|e| e.attempt == 2)
+        .expect("the restart ran iterations");
+    assert_eq!(restarted_at.iteration, completed - 1);
+    let counts = start_counts(&side);
+    assert_eq!(counts[&(completed - 1)], 2, "{counts:?}");
+    assert_eq!(counts.values().sum::<usize>(), 9, "{counts:?}");
+}

@@ -141,3 +141,91 @@ fn a_loop_reply_that_is_not_json_is_quoted_by_its_start() {
     assert!(!error.contains(&noise[..201]), "{error}");
     assert_eq!(failed["failed_attempts"], 1);
 }
+
+#[test]
+fn a_retry_waiting_for_its_backoff_survives_a_stop() {
+    let queue = TestQueue::new();
+    let counter = queue.aux("patient.runs");
+    queue.seed_task(
+        "patient.json",
+        &json!({
+            "id": "patient",
+            "retry": {"max_attempts": 3, "backoff": "2s"},
+            "phases": [{
+                "name": "try",
+                "run": ["python3", fixture("flaky_once.py"), counter, "1"],
+            }],
+        }),
+    );
+    let mut daemon = queue.start(&[]);
+    let entry = wait_for("the task waits for its retry", DEADLINE, || {
+        queue
+            .active_entry("patient")
+            .filter(|e| e["status"] == "waiting_retry")
+    });
+    assert_eq!(entry["failed_attempts"], 1);
+    assert!(entry["next_attempt_at"].is_string(), "{entry:#}");
+    assert!(
+        entry["last_error"]
+            .as_str()
+            .is_some_and(|e| e.contains("command failed")),
+        "{entry:#}"
+    );
+    daemon.signal(SIGTERM);
+    assert_eq!(daemon.wait_exit(DEADLINE).code(), Some(0));
+    let kept = queue
+        .active_entry("patient")
+        .expect("the retry is remembered");
+    assert_eq!(kept["status"], "waiting_retry", "{kept:#}");
+    assert_eq!(kept["next_attempt_at"], entry["next_attempt_at"]);
+
+    queue.run_until_idle(&[]);
+    let done = queue.done("patient").expect("done/patient.json");
+    assert_eq!(done["attempts"], 2);
+    assert_eq!(done["failed_attempts"], 1);
+    assert_eq!(done["result"], json!({"runs": 2, "attempt": 2}));
+    // The backoff was kept across the restart, not skipped.
+    let next_at =
+        chrono::DateTime::parse_from_rfc3339(entry["next_attempt_at"].as_str().unwrap()).unwrap();
+    let finished =
+        chrono::DateTime::parse_from_rfc3339(done["finished_at"].as_str().unwrap()).unwrap();
+    assert!(
+        finished >= next_at,
+        "the retry ran before its backoff ended at {next_at} (finished at {finished})"
+    );
+}
+
+#[test]
+fn a_command_that_times_out_fails_its_attempt_and_its_process_group_is_ended() {
+    let queue = TestQueue::new();
+    let pid_file = queue.aux("slowpoke.pid");
+    let script = format!("echo $$ >> {}; sleep 30; echo '{{}}'", pid_file.display());
+    queue.seed_task(
+        "slowpoke.json",
+        &json!({
+            "id": "slowpoke",
+            "retry": {"max_attempts": 1},
+            "phases": [{"name": "wait", "run": ["sh", "-c", script], "timeout": "1s"}],
+        }),
+    );
+    let started = std::time::Instant::now();
+    queue.run_until_idle(&[]);
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(20),
+        "the timeout did not stop the command: {:?}",
+        started.elapsed()
+    );
+    let failed = queue.failed("slowpoke").expect("failed/slowpoke.json");
+    let error = failed["error"].as_str().unwrap();
+    assert!(error.contains("timed out after 1s"), "{error}");
+    let group: i32 = fs::read_to_string(&pid_file)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let _cleanup = KillGroupOnDrop(group);
+    assert!(
+        !group_alive(group),
+        "the command's group {group} is still running"
+    );
+}

@@ -84,6 +84,14 @@ fn bad_input_is_rejected_with_a_reason_and_the_daemon_keeps_running() {
         },
         Some(serde_json::to_vec(&valid("dup")).unwrap()),
     );
+    drop_case(
+        BadCase {
+            name: "no-phases.json",
+            field: Some("phases"),
+            word: "at least one phase",
+        },
+        Some(br#"{"id": "no-phases", "phases": []}"#.to_vec()),
+    );
     let mut huge = valid("huge");
     huge["meta"] = json!({"padding": "x".repeat(1100 * 1024)});
     drop_case(
@@ -210,6 +218,44 @@ fn bad_input_is_rejected_with_a_reason_and_the_daemon_keeps_running() {
         "the duplicate replaced the original"
     );
 
+    daemon.signal(SIGTERM);
+    assert_eq!(daemon.wait_exit(DEADLINE).code(), Some(0));
+}
+
+#[test]
+fn a_task_written_as_a_json_array_is_rejected() {
+    // serde's derived structs also accept a positional array; cairn's task files are objects
+    // with named fields (DESIGN.md: unknown fields are errors, with the field's name), so an
+    // array, whatever its elements, is not a task.
+    let queue = TestQueue::new();
+    let positional = br#"[null, 0, null, {}, {}, null, [["p", "once", ["true"]]]]"#;
+    let file = queue.aux("positional.json");
+    fs::write(&file, positional).unwrap();
+    let validate = queue.cairn_output(&["validate", &file.display().to_string()], b"");
+    assert_eq!(
+        validate.status.code(),
+        Some(3),
+        "validate accepted an array as a task: {}",
+        String::from_utf8_lossy(&validate.stdout)
+    );
+
+    let mut daemon = queue.start(&[]);
+    queue.drop_bytes("positional.json", positional, false);
+    queue.drop_bytes("numbers.json", b"[1, 2]", false);
+    queue.drop_task("after.json", &once_task("after", &json!(1)));
+    queue.wait_done("after");
+    wait_until("both arrays are dealt with", DEADLINE, || {
+        queue.list("inbox").is_empty() && queue.list("tasks").len() + queue.rejections().len() >= 3
+    });
+    let rejections = queue.rejections();
+    for name in ["positional.json", "numbers.json"] {
+        let record = rejections
+            .get(&format!("inbox/{name}"))
+            .unwrap_or_else(|| panic!("{name} was accepted as a task: {:?}", queue.list("tasks")));
+        let problem = record["problem"].as_str().unwrap();
+        assert!(problem.contains("object"), "{name}: {problem:?}");
+    }
+    assert_eq!(queue.list("tasks"), vec!["after.json"]);
     daemon.signal(SIGTERM);
     assert_eq!(daemon.wait_exit(DEADLINE).code(), Some(0));
 }

@@ -5,8 +5,9 @@
 
 mod common;
 
+use chrono::{DateTime, FixedOffset};
 use common::*;
-use serde_json::json;
+use serde_json::{json, Value};
 
 const ITERATIONS: u64 = 20;
 const SLEEP: f64 = 0.1;
@@ -49,6 +50,22 @@ fn sigterm_mid_loop_flushes_exits_0_and_the_restart_matches_an_uninterrupted_run
     assert_eq!(checkpoint.partial_results, loop_result(completed));
     assert_eq!(checkpoint.attempt, 1);
     assert!(!checkpoint.done);
+
+    // Older generations are kept beside the latest: each decodes and holds fewer iterations.
+    let generations: Vec<String> = queue
+        .list("incremental")
+        .into_iter()
+        .filter(|n| n.starts_with("sum.") && n != "sum.json.gz")
+        .collect();
+    assert!(!generations.is_empty(), "no older generation kept");
+    for name in &generations {
+        let bytes = std::fs::read(queue.path(&format!("incremental/{name}"))).unwrap();
+        let older = cairn::store::decode_checkpoint(&bytes).unwrap();
+        assert_eq!(name, &format!("sum.{}.json.gz", older.generation));
+        assert!(older.generation < checkpoint.generation, "{name}");
+        assert!(older.iteration_count < completed, "{name}");
+        assert_eq!(older.partial_results, loop_result(older.iteration_count));
+    }
 
     let entry = queue
         .active_entry("sum")
@@ -143,9 +160,8 @@ fn a_restart_resumes_the_interrupted_task_before_new_ones() {
     for b in ["b1", "b2"] {
         let record = queue.done(b).unwrap_or_else(|| panic!("done/{b}.json"));
         assert_eq!(record["result"], loop_result(2));
-        let a_finished = a["finished_at"].as_str().unwrap();
-        let b_started = record["started_at"].as_str().unwrap();
-        // RFC 3339 UTC timestamps with the same format compare as strings.
+        let a_finished = timestamp(&a["finished_at"]);
+        let b_started = timestamp(&record["started_at"]);
         assert!(
             a_finished <= b_started,
             "{b} started at {b_started}, before a finished at {a_finished}"
@@ -205,4 +221,11 @@ fn a_second_signal_exits_at_once_with_130_keeping_the_committed_iterations() {
     assert_eq!(counts[&1], 1);
     assert_eq!(counts[&2], 2, "the cut-off iteration runs again, once");
     assert_eq!(counts[&3], 1);
+}
+
+fn timestamp(value: &Value) -> DateTime<FixedOffset> {
+    let text = value
+        .as_str()
+        .unwrap_or_else(|| panic!("not a timestamp: {value}"));
+    DateTime::parse_from_rfc3339(text).unwrap_or_else(|e| panic!("{text:?}: {e}"))
 }

@@ -228,9 +228,10 @@ impl TestQueue {
         read_json(&self.path("current_work.json"))
     }
 
-    /// The task's entry in `current_work.json`'s `active_tasks`, if it has one.
+    /// The task's entry in `current_work.json`'s `active_tasks`, if it has one (and the file
+    /// exists).
     pub fn active_entry(&self, id: &str) -> Option<Value> {
-        self.current_work()["active_tasks"]
+        read_json_if_exists(&self.path("current_work.json"))?["active_tasks"]
             .as_array()
             .expect("current_work.json has an active_tasks list")
             .iter()
@@ -275,8 +276,9 @@ impl Drop for TestQueue {
         if !std::thread::panicking() {
             return;
         }
+        // The daemons' logs and the commands' side files tell what happened.
         for name in list_dir(self.tmp.path()) {
-            if name.ends_with(".stderr") {
+            if name.ends_with(".stderr") || name.ends_with(".side") {
                 let text = fs::read_to_string(self.tmp.path().join(&name)).unwrap_or_default();
                 eprintln!("----- {name} -----\n{text}----- end of {name} -----");
             }
