@@ -7,11 +7,15 @@
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::fs::File;
 use std::os::unix::process::ExitStatusExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::process::{Child, ExitStatus, Stdio};
+use std::time::Duration;
 
 use cairn::store::IterationCheckpoint;
 use common::*;
+use nix::fcntl::{Flock, FlockArg};
 use serde_json::{json, Value};
 
 /// The batch: a dozen items.
@@ -75,6 +79,14 @@ fn checkpointed_results(checkpoint: &IterationCheckpoint) -> BTreeMap<usize, Val
         .collect()
 }
 
+/// Wait until nothing holds the queue's `.lock` any more (taking it for a moment to see).
+fn wait_lock_released(queue: &TestQueue) {
+    wait_until("the queue's lock is free", DEADLINE, || {
+        let file = File::open(queue.path(".lock")).expect("opening the queue's .lock");
+        Flock::lock(file, FlockArg::LockExclusiveNonblock).is_ok()
+    });
+}
+
 /// Indices started by the runs of `attempt`, with how often each was started.
 fn starts_in_attempt(side: &Path, attempt: u32) -> BTreeMap<usize, usize> {
     let mut counts = BTreeMap::new();
@@ -99,6 +111,10 @@ fn sigkill_mid_batch_then_restart(checkpoint_every: u64) {
     });
     let status = daemon.kill_hard();
     assert_eq!(status.signal(), Some(9), "{status}");
+    // A restart at once can be refused the lock: see
+    // `a_restart_right_after_a_sigkill_is_not_refused_the_queue_lock`. This scenario is about
+    // the batch, so it waits for the lock as a supervisor's restart delay would.
+    wait_lock_released(&queue);
 
     // The last checkpoint before the kill.
     let checkpoint = queue.checkpoint(id);
@@ -179,6 +195,117 @@ fn sigkill_mid_batch_then_restart_gives_every_result_once_without_rerunning_chec
 #[test]
 fn sigkill_mid_batch_with_checkpoint_every_2_gives_every_result_once() {
     sigkill_mid_batch_then_restart(2);
+}
+
+/// A daemon restarted the moment the previous one was SIGKILLed and reaped (a supervisor loop,
+/// systemd with `RestartSec=0`) must get the queue: the dead owner's lock is the kernel's to
+/// release. While a batch of quick items runs, the daemon forks all the time, and a child
+/// between fork and exec shares the lock's open file description, so the kill often lands in
+/// such a window.
+#[test]
+fn a_restart_right_after_a_sigkill_is_not_refused_the_queue_lock() {
+    const CYCLES: usize = 15;
+    let queue = TestQueue::new();
+    let items: Vec<u64> = (0..20_000).collect();
+    queue.seed_task(
+        "quick.json",
+        &json!({
+            "id": "quick",
+            // Kills before any checkpoint count as failed attempts; they are not the point here.
+            "retry": {"max_attempts": 1000, "backoff": "10ms"},
+            "phases": [{
+                "name": "quick",
+                "kind": "items",
+                "items": items,
+                "run": ["true"],
+                "concurrency": 8,
+                "checkpoint_every": 1_000_000,
+            }],
+        }),
+    );
+    // The test is the supervisor: it reaps the killed daemon itself and restarts it at once.
+    let mut started = 0;
+    let mut start = || {
+        started += 1;
+        Supervised::start(&queue, started)
+    };
+    let mut daemon = start();
+    let mut refused = Vec::new();
+    for cycle in 0..CYCLES {
+        wait_until("the daemon runs the batch", DEADLINE, || {
+            daemon.stderr().contains("phase started")
+        });
+        // A random moment while items are being started.
+        std::thread::sleep(Duration::from_millis(20 + fastrand::u64(..250)));
+        let status = daemon.kill_and_reap();
+        assert_eq!(status.signal(), Some(9), "cycle {cycle}: {status}");
+        daemon = start();
+        let exited = wait_for("the new daemon takes the queue or exits", DEADLINE, || {
+            if daemon.stderr().contains("cairn daemon started") {
+                return Some(None);
+            }
+            daemon
+                .child
+                .try_wait()
+                .expect("checking on the daemon")
+                .map(Some)
+        });
+        if let Some(status) = exited {
+            refused.push(format!(
+                "cycle {cycle}: {status}: {}",
+                daemon.stderr().trim()
+            ));
+            wait_lock_released(&queue);
+            daemon = start();
+        }
+    }
+    daemon.kill_and_reap();
+    assert!(
+        refused.is_empty(),
+        "{} of {CYCLES} restarts right after a SIGKILL were refused the queue:\n{}",
+        refused.join("\n").lines().count(),
+        refused.join("\n")
+    );
+}
+
+/// A `cairn run` that this file's test reaps itself; killed when dropped.
+struct Supervised {
+    child: Child,
+    stderr_path: PathBuf,
+}
+
+impl Supervised {
+    fn start(queue: &TestQueue, n: usize) -> Supervised {
+        let stderr_path = queue.aux(&format!("supervised-{n}.log"));
+        let stderr = File::create(&stderr_path).expect("creating the daemon's stderr file");
+        let child = queue
+            .cairn()
+            .arg("run")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(stderr)
+            .spawn()
+            .expect("starting cairn run");
+        Supervised { child, stderr_path }
+    }
+
+    fn stderr(&self) -> String {
+        std::fs::read_to_string(&self.stderr_path).unwrap_or_default()
+    }
+
+    /// SIGKILL, then wait(2) for it, as a supervisor does.
+    fn kill_and_reap(&mut self) -> ExitStatus {
+        let _ = self.child.kill();
+        self.child.wait().expect("reaping the daemon")
+    }
+}
+
+impl Drop for Supervised {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            self.kill_and_reap();
+        }
+    }
 }
 
 #[test]
