@@ -319,6 +319,24 @@ fn status_shows_each_state_in_stable_columns_and_a_documented_json() {
     assert_eq!(task(&document, "pend")["attempts"], 0);
     assert_eq!(document["tasks"].as_array().unwrap().len(), 4);
 
+    // show agrees: the phase in flight with its progress, the entry's attempts and error.
+    let show = stdout_of(&queue.cairn_output(&["show", "ghost"], b""));
+    let line = |name: &str| {
+        show.lines()
+            .find(|l| l.split_whitespace().next() == Some(name))
+            .unwrap_or_else(|| panic!("no {name} line in\n{show}"))
+            .split_whitespace()
+            .skip(1)
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    assert_eq!(line("state"), "interrupted (daemon not running)");
+    assert_eq!(line("iteration"), "6/10");
+    assert_eq!(line("attempts"), "2 (1 failed)");
+    assert_eq!(line("error"), "the first attempt failed");
+    assert!(line("checkpoint").ends_with("generation 1"), "{show}");
+    assert_eq!(line("1/1"), "count loop interrupted 6/10 -", "{show}");
+
     // A live process that holds no lock on the queue (a reused pid) is no daemon either.
     fs::write(queue.path(".lock"), format!("{}\n", std::process::id())).unwrap();
     let document = status_json(&queue);

@@ -681,9 +681,20 @@ pub fn rate_from_events(events: &[JournalEvent], phase: &str) -> Option<f64> {
             let resumed_from = before.iter().rev().find_map(checkpoint_iteration);
             let resumed_from = match resumed_from {
                 Some(n) => n,
-                // Nothing earlier in the journal's tail: only 0 if the tail is the whole
-                // journal, which the first `accepted` event tells.
-                None if events.first().is_some_and(|e| e.event == "accepted") => 0,
+                // Nothing earlier: 0 only if the journal is whole (it starts with `accepted`)
+                // and holds every checkpoint the task wrote — a forked task starts from a
+                // checkpoint its journal does not list (its generation numbers tell).
+                None if events.first().is_some_and(|e| e.event == "accepted") => {
+                    let written_before = before.iter().filter(|e| e.event == "checkpoint").count();
+                    let generation = run
+                        .iter()
+                        .find(|e| checkpoint_iteration(e).is_some())
+                        .and_then(|e| e.details.get("generation").and_then(Value::as_u64));
+                    if generation.is_some_and(|g| g != written_before as u64 + 1) {
+                        return None;
+                    }
+                    0
+                }
                 None => return None,
             };
             ((start.at, resumed_from), *last)
@@ -1014,6 +1025,17 @@ mod tests {
         let fresh = vec![event(0, "accepted", json!({})), started(0), cp(30_000, 1)];
         assert_eq!(rate_from_events(&fresh, "p"), Some(2.0));
         assert_eq!(rate_from_events(&fresh[1..], "p"), None);
+        // A fork starts from a checkpoint (generation 1) its own journal does not list.
+        let forked = vec![
+            event(0, "accepted", json!({})),
+            started(0),
+            event(
+                30_000,
+                "checkpoint",
+                json!({"phase": "p", "iteration": 6, "generation": 2}),
+            ),
+        ];
+        assert_eq!(rate_from_events(&forked, "p"), None);
     }
 
     #[test]
