@@ -30,6 +30,8 @@ pub mod exit {
     pub const INVALID_TASK: u8 = 3;
     /// The queue is owned by another running daemon.
     pub const QUEUE_LOCKED: u8 = 4;
+    /// The queue's directories are writable by users other than the daemon's (and inbox/'s group).
+    pub const UNSAFE_QUEUE: u8 = 5;
     /// A second stop signal cut the shutdown short (committed work was flushed).
     pub const STOPPED_AT_ONCE: u8 = 130;
 }
@@ -41,6 +43,7 @@ Exit codes:
   2    bad usage
   3    invalid task file (submit, validate)
   4    the queue is owned by another running daemon (run)
+  5    the queue's directories are writable by other users (run)
   130  a second SIGINT/SIGTERM stopped the daemon at once, after flushing committed work
 
 The queue directory is --queue, else $CAIRN_QUEUE, else ./queue.";
@@ -134,7 +137,12 @@ pub fn main() -> ExitCode {
     ExitCode::from(code)
 }
 
+/// Logs go to stderr. Under systemd (stderr is the journal, per `JOURNAL_STREAM`) they go to
+/// the journal natively, keeping levels and fields (`task_id`, `phase`, ...), or, when its
+/// socket is not reachable, to stderr without timestamps, which the journal adds itself.
 fn init_logging(verbose: u8) {
+    use tracing_subscriber::prelude::*;
+
     let default = match verbose {
         0 => "info",
         1 => "debug",
@@ -142,10 +150,43 @@ fn init_logging(verbose: u8) {
     };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    if stderr_is_journal() {
+        if let Ok(journald) = tracing_journald::layer() {
+            let _ = tracing_subscriber::registry()
+                .with(filter)
+                .with(journald.with_syslog_identifier("cairn".into()))
+                .try_init();
+            return;
+        }
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr)
+            .with_ansi(false)
+            .without_time()
+            .with_target(false)
+            .try_init();
+        return;
+    }
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_target(false)
         .try_init();
+}
+
+/// `JOURNAL_STREAM` holds `device:inode` of the journal stream systemd connected; it counts only
+/// if stderr is still that stream (not redirected by a wrapper script).
+fn stderr_is_journal() -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let Some(stream) = std::env::var_os("JOURNAL_STREAM") else {
+        return false;
+    };
+    let Some((dev, ino)) = stream.to_str().and_then(|s| s.split_once(':')) else {
+        return false;
+    };
+    let Ok(stderr) = std::fs::metadata("/proc/self/fd/2") else {
+        return false;
+    };
+    dev.parse() == Ok(stderr.dev()) && ino.parse() == Ok(stderr.ino())
 }

@@ -84,6 +84,10 @@ pub fn run(queue: &Path, args: RunArgs) -> u8 {
                 eprintln!("error: {e}");
                 exit::QUEUE_LOCKED
             }
+            Err(e @ DaemonError::UnsafeQueue(_)) => {
+                eprintln!("error: {e}");
+                exit::UNSAFE_QUEUE
+            }
             Err(e) => {
                 eprintln!("error: {e}");
                 exit::FAILURE

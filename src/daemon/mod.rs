@@ -17,9 +17,12 @@ use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 
 mod control;
+mod notify;
 mod records;
 mod recovery;
 mod schedule;
+
+pub use notify::NOTIFY_ENV;
 
 use crate::queue::{Intake, LockError, QueueDir, QueueHint, QueueLock, QueueWatcher};
 use crate::runner::{self, AttemptEnd, RunContext, WorkState};
@@ -77,6 +80,9 @@ pub enum DaemonError {
     Lock(#[from] LockError),
     #[error("{0}")]
     Setup(String),
+    /// Someone other than the daemon's user could write the queue (see `queue::permissions`).
+    #[error("refusing to run this queue: {0}")]
+    UnsafeQueue(String),
 }
 
 /// Run the daemon on a queue until it is stopped (or idle, with `exit_when_idle`).
@@ -88,6 +94,7 @@ pub async fn run(config: DaemonConfig, shutdown: Shutdown) -> Result<DaemonExit,
         .create_all()
         .map_err(|e| DaemonError::Setup(e.to_string()))?;
     let _lock = QueueLock::acquire(&queue)?;
+    crate::queue::check_queue_permissions(&queue).map_err(DaemonError::UnsafeQueue)?;
     tracing::info!(queue = %root.display(), pid = std::process::id(), "cairn daemon started");
 
     let storage: Arc<dyn Storage> = match &config.storage {
@@ -133,8 +140,13 @@ pub async fn run(config: DaemonConfig, shutdown: Shutdown) -> Result<DaemonExit,
         running: JoinSet::new(),
         running_ids: HashSet::new(),
         inbox_deferred: false,
+        notifier: notify::ServiceNotifier::new(),
+        finished: 0,
     };
     scheduler.recover().await?;
+    // The queue is locked and what was in flight is lined up again.
+    let status = scheduler.status_line();
+    scheduler.notifier.ready(status);
     let exit = scheduler.work_until_stopped().await;
     scheduler.drain().await;
     tracing::info!("cairn daemon stopped");
@@ -163,6 +175,9 @@ pub(crate) struct Scheduler {
     running_ids: HashSet<String>,
     /// The last scan left files in the inbox that may still be being written.
     inbox_deferred: bool,
+    notifier: notify::ServiceNotifier,
+    /// Tasks finished since start, for the service status.
+    finished: u64,
 }
 
 fn lock(intake: &Mutex<Intake>) -> std::sync::MutexGuard<'_, Intake> {

@@ -40,6 +40,8 @@ impl Scheduler {
                     return DaemonExit::Idle;
                 }
             }
+            let status = self.status_line();
+            self.notifier.tick(status);
             let tick = self.next_tick();
             tokio::select! {
                 _ = self.ctx.shutdown.stopped() => break,
@@ -107,7 +109,31 @@ impl Scheduler {
             let until = (next - Utc::now()).to_std().unwrap_or(Duration::ZERO);
             tick = tick.min(until.max(Duration::from_millis(10)));
         }
+        if let Some(watchdog) = self.notifier.max_sleep() {
+            tick = tick.min(watchdog);
+        }
         tick
+    }
+
+    /// The one-line summary systemd shows as the service's status.
+    pub(super) fn status_line(&self) -> String {
+        let work = self.ctx.work.snapshot();
+        let count = |status: ActiveStatus| {
+            work.active_tasks
+                .iter()
+                .filter(|t| t.status == status)
+                .count()
+        };
+        let iterations: u64 = work.active_tasks.iter().map(|t| t.iterations).sum();
+        format!(
+            "running {}, pending {}, waiting retry {}, paused {}; {} iterations done in flight, {} tasks finished since start",
+            self.running_ids.len(),
+            self.pending.len() + self.resume.len(),
+            self.retries.len(),
+            count(ActiveStatus::Paused),
+            iterations,
+            self.finished
+        )
     }
 
     pub(super) fn is_idle(&self) -> bool {
@@ -276,6 +302,7 @@ impl Scheduler {
                     );
                     self.ctx.work.update(|w| w.remove(&id));
                     self.tasks.remove(&id);
+                    self.finished += 1;
                 }
                 Err(error) => {
                     tracing::error!(task_id = %id, "{error}");
@@ -350,12 +377,17 @@ impl Scheduler {
                 "stopping: letting commands in flight finish their iteration"
             );
         }
+        self.notifier
+            .stopping(self.config.stop_grace + crate::runner::KILL_AFTER + Duration::from_secs(10));
         let grace = tokio::time::sleep(self.config.stop_grace);
         tokio::pin!(grace);
         let mut terminating = false;
         while !self.running.is_empty() {
+            let status = self.status_line();
+            self.notifier.tick(status);
             tokio::select! {
                 Some(joined) = self.running.join_next() => self.attempt_finished(joined).await,
+                _ = tokio::time::sleep(self.notifier.max_sleep().unwrap_or(Duration::from_secs(1))) => {}
                 _ = &mut grace, if !terminating => {
                     terminating = true;
                     if !self.ctx.shutdown.is_immediate() {

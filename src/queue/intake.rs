@@ -221,6 +221,11 @@ impl Intake {
                 "is {what}; a task must be a regular JSON file"
             )));
         }
+        if let Ok(inbox) = fs::metadata(self.queue.inbox()) {
+            if let Err(problem) = super::check_submitter(&meta, &inbox) {
+                return reject(TaskError::whole_file(problem));
+            }
+        }
         if !original.ends_with(".json") {
             return reject(TaskError::whole_file(
                 "task files must be named <name>.json",

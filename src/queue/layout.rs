@@ -29,13 +29,19 @@ impl QueueDir {
         &self.root
     }
 
-    /// Create the queue's directories if they are missing.
+    /// Create the queue's directories if they are missing, writable by their owner only
+    /// (whatever the umask); an administrator may then share `inbox/` with a group.
     pub fn create_all(&self) -> io::Result<()> {
+        use std::os::unix::fs::DirBuilderExt;
         for dir in SUBDIRS {
             let path = self.root.join(dir);
-            std::fs::create_dir_all(&path).map_err(|e| {
-                io::Error::new(e.kind(), format!("creating {}: {e}", path.display()))
-            })?;
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o755)
+                .create(&path)
+                .map_err(|e| {
+                    io::Error::new(e.kind(), format!("creating {}: {e}", path.display()))
+                })?;
         }
         Ok(())
     }

@@ -5,9 +5,11 @@ pub mod control;
 mod intake;
 mod layout;
 mod lock;
+mod permissions;
 mod watch;
 
 pub use intake::{Intake, IntakeReport, Rejection};
 pub use layout::QueueDir;
 pub use lock::{LockError, QueueLock};
+pub use permissions::{check_queue_permissions, check_submitter};
 pub use watch::{QueueHint, QueueWatcher};

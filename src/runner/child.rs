@@ -73,7 +73,11 @@ pub fn spawn_in_group(
     command
         .args(args)
         .current_dir(cwd)
-        .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+        .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+    for name in crate::daemon::NOTIFY_ENV {
+        command.env_remove(name);
+    }
+    command
         .stdin(stdin)
         .stdout(stdout)
         .stderr(Stdio::from(log))

@@ -1,0 +1,72 @@
+//! Telling systemd how the daemon is doing (`sd_notify`): READY once the queue is locked and
+//! recovered, STATUS as the work changes, WATCHDOG from the main loop (a wedged loop stops
+//! pinging and systemd restarts it), STOPPING and EXTEND_TIMEOUT_USEC during a stop. Without
+//! `NOTIFY_SOCKET` every call does nothing.
+
+use std::time::{Duration, Instant};
+
+use sd_notify::NotifyState;
+
+/// The environment variables of the notification protocol, which commands must not inherit
+/// (a task must not be able to speak for the daemon).
+pub const NOTIFY_ENV: [&str; 3] = ["NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID"];
+
+#[derive(Debug)]
+pub(crate) struct ServiceNotifier {
+    /// Half the watchdog timeout, when systemd asked for pings.
+    watchdog_every: Option<Duration>,
+    last_ping: Option<Instant>,
+    last_status: String,
+}
+
+impl ServiceNotifier {
+    pub fn new() -> Self {
+        let watchdog_every = sd_notify::watchdog_enabled().map(|timeout| timeout / 2);
+        ServiceNotifier {
+            watchdog_every,
+            last_ping: None,
+            last_status: String::new(),
+        }
+    }
+
+    fn send(&self, states: &[NotifyState]) {
+        if let Err(e) = sd_notify::notify(states) {
+            tracing::warn!("cannot notify the service manager: {e}");
+        }
+    }
+
+    pub fn ready(&mut self, status: String) {
+        self.send(&[NotifyState::Ready, NotifyState::Status(&status)]);
+        self.last_status = status;
+        self.last_ping = Some(Instant::now());
+    }
+
+    /// Send STATUS= when it changed, and WATCHDOG=1 when one is due.
+    pub fn tick(&mut self, status: String) {
+        if status != self.last_status {
+            self.send(&[NotifyState::Status(&status)]);
+            self.last_status = status;
+        }
+        if let Some(every) = self.watchdog_every {
+            if self.last_ping.is_none_or(|last| last.elapsed() >= every) {
+                self.send(&[NotifyState::Watchdog]);
+                self.last_ping = Some(Instant::now());
+            }
+        }
+    }
+
+    /// The longest sleep that still keeps the watchdog fed.
+    pub fn max_sleep(&self) -> Option<Duration> {
+        self.watchdog_every
+    }
+
+    /// STOPPING=1, and more time for the stop: the grace, the kill window and the flush.
+    pub fn stopping(&mut self, allowance: Duration) {
+        let usec = u32::try_from(allowance.as_micros()).unwrap_or(u32::MAX);
+        self.send(&[
+            NotifyState::Stopping,
+            NotifyState::ExtendTimeoutUsec(usec),
+            NotifyState::Status("stopping: flushing checkpoints"),
+        ]);
+    }
+}
