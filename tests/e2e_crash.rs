@@ -160,36 +160,46 @@ fn a_command_dies_with_the_daemon() {
 }
 
 #[test]
-fn a_commands_whole_process_group_dies_with_the_daemon() {
-    // A shell wrapper is a common command; its own children must not outlive the daemon
-    // either, or a restarted daemon races an orphan doing the same work.
+fn a_restarted_daemon_never_races_an_orphan_of_the_daemon_that_died() {
+    // `sh -c "python3 step.py"` is a common command. dash does not exec the last command, so
+    // python is the shell's child: PR_SET_PDEATHSIG ends the shell with the daemon, not python.
+    // DESIGN.md: children die with the daemon "so a restarted daemon never races an orphan
+    // doing the same work".
     let queue = TestQueue::new();
-    let pid_file = queue.aux("wrapper.pid");
-    let script = format!(
-        "echo $$ > {}; sleep 30; echo '{{\"ok\": true}}'",
-        pid_file.display()
-    );
-    queue.seed_task(
-        "wrapper.json",
-        &json!({"id": "wrapper", "phases": [{"name": "wrap", "run": ["sh", "-c", script]}]}),
-    );
+    let side = queue.aux("wrapped.side");
+    let mut task = loop_task("wrapped", &side, 5, 0.05);
+    task["phases"][0]["run"] = json!([
+        "sh",
+        "-c",
+        "python3 \"$0\" \"$1\" --sleep 0.05 --slow 2:6",
+        fixture("logging_loop.py"),
+        side,
+    ]);
+    queue.seed_task("wrapped.json", &task);
     let mut daemon = queue.start(&[]);
-    let group = wait_for("the wrapper has started", DEADLINE, || {
-        std::fs::read_to_string(&pid_file)
-            .ok()?
-            .trim()
-            .parse::<i32>()
-            .ok()
+    let in_flight = wait_for("iteration 2 has started", DEADLINE, || {
+        side_events(&side)
+            .into_iter()
+            .find(|e| e.event == "start" && e.iteration == 2)
     });
-    let _cleanup = KillGroupOnDrop(group);
-    wait_until("the wrapper's sleep has started", DEADLINE, || {
-        group_members(group) >= 2
-    });
+    let _cleanup = KillGroupOnDrop(process_group_of(in_flight.pid).unwrap_or(in_flight.pid));
     daemon.kill_hard();
+
+    queue.run_until_idle(&[]);
+    assert_eq!(queue.done("wrapped").unwrap()["result"], loop_result(5));
     wait_until(
-        &format!("the command's process group {group} is gone"),
-        Duration::from_secs(10),
-        || !group_alive(group),
+        &format!("the first daemon's command (pid {}) is gone", in_flight.pid),
+        Duration::from_secs(20),
+        || !process_alive(in_flight.pid),
+    );
+    let orphan_work: Vec<SideEvent> = side_events(&side)
+        .into_iter()
+        .filter(|e| e.attempt == 1 && e.event == "end" && e.iteration == 2)
+        .collect();
+    assert!(
+        orphan_work.is_empty(),
+        "iteration 2 of the killed daemon's attempt kept running beside the restarted \
+         daemon and finished: {orphan_work:?}"
     );
 }
 
