@@ -87,6 +87,21 @@ fn wait_lock_released(queue: &TestQueue) {
     });
 }
 
+/// The most items that ran at once in `attempt`, per the side file (an item counts from its
+/// `start` line to its `end` line).
+fn max_in_flight(side: &Path, attempt: u32) -> usize {
+    let (mut now, mut max) = (0usize, 0usize);
+    for e in side_events(side).iter().filter(|e| e.attempt == attempt) {
+        if e.event == "start" {
+            now += 1;
+            max = max.max(now);
+        } else {
+            now -= 1;
+        }
+    }
+    max
+}
+
 /// Indices started by the runs of `attempt`, with how often each was started.
 fn starts_in_attempt(side: &Path, attempt: u32) -> BTreeMap<usize, usize> {
     let mut counts = BTreeMap::new();
@@ -184,6 +199,11 @@ fn sigkill_mid_batch_then_restart(checkpoint_every: u64) {
     }
     let attempts: BTreeSet<u32> = side_events(&side).iter().map(|e| e.attempt).collect();
     assert_eq!(attempts, BTreeSet::from([1, 2]));
+    assert_eq!(max_in_flight(&side, 1), 3, "concurrency 3");
+    assert!(
+        max_in_flight(&side, 2) <= 3,
+        "concurrency 3 after the restart"
+    );
     assert!(queue.active_entry(id).is_none());
 }
 
@@ -204,7 +224,7 @@ fn sigkill_mid_batch_with_checkpoint_every_2_gives_every_result_once() {
 /// such a window.
 #[test]
 fn a_restart_right_after_a_sigkill_is_not_refused_the_queue_lock() {
-    const CYCLES: usize = 15;
+    const CYCLES: usize = 25;
     let queue = TestQueue::new();
     let items: Vec<u64> = (0..20_000).collect();
     queue.seed_task(
@@ -236,7 +256,7 @@ fn a_restart_right_after_a_sigkill_is_not_refused_the_queue_lock() {
             daemon.stderr().contains("phase started")
         });
         // A random moment while items are being started.
-        std::thread::sleep(Duration::from_millis(20 + fastrand::u64(..250)));
+        std::thread::sleep(Duration::from_millis(20 + fastrand::u64(..150)));
         let status = daemon.kill_and_reap();
         assert_eq!(status.signal(), Some(9), "cycle {cycle}: {status}");
         daemon = start();
@@ -353,6 +373,49 @@ fn sigterm_mid_batch_flushes_every_finished_item_between_scheduled_checkpoints()
     assert_eq!(done["result"], batch_result());
     let once_each: BTreeMap<u64, usize> = (0..ITEMS.len() as u64).map(|i| (i, 1)).collect();
     assert_eq!(start_counts(&side), once_each, "an item ran twice");
+    assert_eq!(max_in_flight(&side, 2), 3, "concurrency 3 in the restart");
+}
+
+#[test]
+fn an_item_that_keeps_failing_fails_the_task_with_its_index_and_error() {
+    let queue = TestQueue::new();
+    let side = queue.aux("bad.side");
+    let mut task = batch_task("bad", &side, 1, 0.1);
+    add_args(&mut task, &["--fail-index", "5"]);
+    task["retry"] = json!({"max_attempts": 2, "backoff": "100ms"});
+    queue.seed_task("bad.json", &task);
+    queue.run_until_idle(&[]);
+
+    let failed = queue.failed("bad").expect("failed/bad.json");
+    assert_eq!(failed["status"], "failed", "{failed:#}");
+    assert_eq!(failed["phase"], "twice");
+    assert_eq!(failed["attempts"], 2);
+    assert_eq!(failed["failed_attempts"], 2);
+    let error = failed["error"].as_str().unwrap();
+    assert!(
+        error.contains("item 5") && error.contains("exit status: 3"),
+        "the error does not name the item and its exit status: {error:?}"
+    );
+    assert!(queue.done("bad").is_none());
+
+    // Item 5 ran once per attempt; every other item at most once: what finished was kept.
+    let counts = start_counts(&side);
+    assert_eq!(counts.get(&5), Some(&2), "{counts:?}");
+    for (index, n) in &counts {
+        assert!(
+            *index == 5 || *n == 1,
+            "item {index} ran {n} times: {counts:?}"
+        );
+    }
+    // The items in flight beside the failing one finished and were checkpointed.
+    let checkpoint = queue.checkpoint("bad");
+    let saved: BTreeSet<u64> = checkpointed_results(&checkpoint)
+        .keys()
+        .map(|&i| i as u64)
+        .collect();
+    let ended: BTreeSet<u64> = ended_iterations(&side).into_iter().collect();
+    assert_eq!(saved, ended);
+    assert!(!saved.contains(&5));
 }
 
 /// A task whose first phase (`once`) prints `list_output`, and whose second phase runs
@@ -399,6 +462,10 @@ fn items_from_runs_over_an_earlier_phases_array_output() {
     assert_eq!(done["phases"][1]["iterations"], 5);
     let once_each: BTreeMap<u64, usize> = (0..5).map(|i| (i, 1)).collect();
     assert_eq!(start_counts(&side), once_each);
+    assert!(
+        max_in_flight(&side, 1) <= 2,
+        "more than concurrency 2 at once"
+    );
 }
 
 #[test]

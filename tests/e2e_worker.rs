@@ -432,3 +432,130 @@ fn heartbeats_keep_a_quiet_worker_alive() {
     assert_eq!(done["result"], state_after(3));
     assert_eq!(iterations(&lines(&side), "end"), vec![0, 1, 2]);
 }
+
+/// Wait until nothing holds the queue's `.lock` any more (see `e2e_items.rs`: a SIGKILLed
+/// daemon's lock can outlive it for a moment).
+fn wait_lock_released(queue: &TestQueue) {
+    use nix::fcntl::{Flock, FlockArg};
+    wait_until("the queue's lock is free", DEADLINE, || {
+        let file = std::fs::File::open(queue.path(".lock")).expect("opening the queue's .lock");
+        Flock::lock(file, FlockArg::LockExclusiveNonblock).is_ok()
+    });
+}
+
+#[test]
+fn a_sigkilled_daemon_takes_its_worker_along_and_the_restart_resumes_from_the_checkpoint() {
+    let make_task = |side: &Path| python_worker("crash", side, &["--output", "--sleep", "0.1"]);
+    let mut reference = start_reference(make_task);
+    let queue = TestQueue::new();
+    let side = queue.aux("crash.side");
+    queue.seed_task("crash.json", &make_task(&side));
+    let mut daemon = queue.start(&[]);
+    wait_until("3 iterations are checkpointed", DEADLINE, || {
+        queue.path("incremental/crash.json.gz").exists()
+            && queue.checkpoint("crash").iteration_count >= 3
+    });
+    daemon.kill_hard();
+    let first_run = lines(&side);
+    let pid: i32 = first_run[0].rest.parse().unwrap();
+    wait_until(
+        "the worker died with the daemon",
+        Duration::from_secs(10),
+        || !process_alive(pid),
+    );
+    let _cleanup = KillGroupOnDrop(pid);
+    let checkpoint = queue.checkpoint("crash");
+    let saved = checkpoint.iteration_count;
+    assert!(saved < ITERATIONS, "the worker finished before the kill");
+    assert_eq!(checkpoint.partial_results, state_after(saved));
+    let ended_before = iterations(&lines(&side), "end").len() as u64;
+    assert!(
+        saved == ended_before || saved + 1 == ended_before,
+        "checkpoint {saved} after {ended_before} iterations ended"
+    );
+    wait_lock_released(&queue);
+
+    queue.run_until_idle(&[]);
+    let all = lines(&side);
+    let second_run: Vec<Line> = all
+        .iter()
+        .skip_while(|l| l.event != "resume")
+        .cloned()
+        .collect();
+    assert!(
+        !second_run.is_empty(),
+        "the worker was not resumed: {all:?}"
+    );
+    assert!(
+        second_run[0].rest.ends_with(&format!(
+            " {{\"iteration\":{saved},\"state\":{}}}",
+            serde_json::to_string(&state_after(saved)).unwrap()
+        )),
+        "{:?}",
+        second_run[0]
+    );
+    assert_eq!(
+        iterations(&second_run, "start"),
+        (saved..ITERATIONS).collect::<Vec<_>>()
+    );
+    let done = queue.done("crash").expect("done/crash.json");
+    assert_eq!(done["attempts"], 2);
+    let expected = json!({"sum": 2470, "iterations": ITERATIONS});
+    assert_eq!(reference_result(&mut reference, "crash"), expected);
+    assert_eq!(done["result"], expected);
+}
+
+#[test]
+fn a_worker_that_ignores_sigterm_is_killed_after_the_stop_grace_and_resumes_later() {
+    let queue = TestQueue::new();
+    let side = queue.aux("stubborn.side");
+    let args = ["--ignore-sigterm", "--sleep", "0.1", "--output"];
+    queue.seed_task("stubborn.json", &python_worker("stubborn", &side, &args));
+    let mut daemon = queue.start(&["--stop-grace", "1s"]);
+    wait_until("the worker has finished 2 iterations", DEADLINE, || {
+        iterations(&lines(&side), "end").len() >= 2
+    });
+    let stopped_at = Instant::now();
+    daemon.signal(SIGTERM);
+    let status = daemon.wait_exit(DEADLINE);
+    let took = stopped_at.elapsed();
+    assert_eq!(status.code(), Some(0), "SIGTERM: {status}");
+    assert!(took < Duration::from_secs(15), "the stop took {took:?}");
+
+    let first_run = lines(&side);
+    let pid = first_run[0].rest.clone();
+    assert!(
+        first_run.contains(&Line {
+            event: "sigterm".into(),
+            rest: pid.clone()
+        }),
+        "{first_run:?}"
+    );
+    assert!(first_run.iter().all(|l| l.event != "exit"), "{first_run:?}");
+    assert!(!process_alive(pid.parse().unwrap()));
+    let ended = iterations(&first_run, "end").len() as u64;
+    let saved = queue.checkpoint("stubborn").iteration_count;
+    assert!(
+        saved == ended || saved + 1 == ended,
+        "checkpoint {saved} after {ended} iterations ended"
+    );
+    let entry = queue
+        .active_entry("stubborn")
+        .expect("the task is in flight");
+    assert_eq!(entry["status"], "interrupted", "{entry:#}");
+
+    queue.run_until_idle(&[]);
+    let done = queue.done("stubborn").expect("done/stubborn.json");
+    assert_eq!(
+        done["result"],
+        json!({"sum": 2470, "iterations": ITERATIONS})
+    );
+    let resumed = lines(&side)
+        .into_iter()
+        .find(|l| l.event == "resume")
+        .expect("the worker was resumed");
+    assert!(
+        resumed.rest.contains(&format!("{{\"iteration\":{saved},")),
+        "{resumed:?}"
+    );
+}
