@@ -337,3 +337,87 @@ fn a_damaged_latest_checkpoint_falls_back_to_the_previous_generation() {
     assert_eq!(counts[&(completed - 1)], 2, "{counts:?}");
     assert_eq!(counts.values().sum::<usize>(), 9, "{counts:?}");
 }
+
+#[test]
+fn sigkill_during_intake_loses_and_duplicates_nothing() {
+    let queue = TestQueue::new();
+    let mut id = 0;
+    for _round in 0..3 {
+        let mut daemon = queue.start(&[]);
+        wait_until("the daemon watches the inbox", DEADLINE, || {
+            daemon.stderr().contains("recovered the queue")
+        });
+        for _ in 0..15 {
+            let name = format!("t{id:02}");
+            queue.drop_task(&format!("{name}.json"), &once_task(&name, &json!(id)));
+            id += 1;
+        }
+        // A random moment while the files are being claimed, accepted and run.
+        std::thread::sleep(Duration::from_millis(fastrand::u64(..200)));
+        daemon.kill_hard();
+    }
+    queue.run_until_idle(&[]);
+
+    for n in 0..id {
+        let record = queue.wait_done(&format!("t{n:02}"));
+        assert_eq!(record["result"], json!(n));
+    }
+    assert_eq!(queue.list("done").len(), id, "{:?}", queue.list("done"));
+    assert!(queue.rejections().is_empty(), "{:#?}", queue.rejections());
+    assert!(
+        queue.list("failed").is_empty(),
+        "{:?}",
+        queue.list("failed")
+    );
+    assert!(queue.list("inbox").is_empty(), "{:?}", queue.list("inbox"));
+    let tasks = queue.list("tasks");
+    assert_eq!(tasks.len(), id, "leftovers in tasks/: {tasks:?}");
+    assert!(tasks.iter().all(|n| !n.starts_with('.')), "{tasks:?}");
+}
+
+#[test]
+fn a_restart_removes_the_temp_files_a_crash_left_but_not_the_users() {
+    let queue = TestQueue::new();
+    for dir in ["incremental", "done", "tasks"] {
+        std::fs::create_dir_all(queue.path(dir)).unwrap();
+    }
+    let stale = [
+        "incremental/.t1.json.gz.x1y2z3.cairn.tmp",
+        "done/.t1.json.a1b2c3.cairn.tmp",
+        ".current_work.json.q9w8e7.cairn.tmp",
+    ];
+    for path in &stale {
+        std::fs::write(queue.path(path), b"half a write").unwrap();
+    }
+    // A user's file being written into the inbox is theirs, not a cairn temp file.
+    let users = "inbox/.report.json.cairn.tmp";
+    std::fs::write(queue.path(users), b"{\"phases\": [").unwrap();
+    queue.run_until_idle(&[]);
+    for path in &stale {
+        assert!(!queue.path(path).exists(), "{path} was left behind");
+    }
+    assert!(
+        queue.path(users).exists(),
+        "the user's inbox file was removed"
+    );
+}
+
+#[test]
+fn a_damaged_current_work_file_stops_the_start_with_a_clear_error() {
+    let queue = TestQueue::new();
+    std::fs::write(
+        queue.path("current_work.json"),
+        b"{\"version\": 1, \"active_ta",
+    )
+    .unwrap();
+    let output = queue.cairn_output(&["run", "--exit-when-idle"], b"");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("current_work.json"), "{stderr}");
+    assert!(stderr.contains("aside"), "no way out offered: {stderr}");
+    // Nothing was overwritten: the operator decides.
+    assert_eq!(
+        std::fs::read(queue.path("current_work.json")).unwrap(),
+        b"{\"version\": 1, \"active_ta"
+    );
+}

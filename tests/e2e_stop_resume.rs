@@ -229,3 +229,22 @@ fn timestamp(value: &Value) -> DateTime<FixedOffset> {
         .unwrap_or_else(|| panic!("not a timestamp: {value}"));
     DateTime::parse_from_rfc3339(text).unwrap_or_else(|e| panic!("{text:?}: {e}"))
 }
+
+#[test]
+fn pending_tasks_start_by_priority() {
+    let queue = TestQueue::new();
+    let side = queue.aux("order.side");
+    // Names sort the other way round, so that name order cannot pass for priority order.
+    for (name, priority) in [("a-low", 0), ("b-high", 5), ("c-middle", 1), ("d-high", 5)] {
+        let mut task = loop_task(name, &side, 1, 0.0);
+        task["priority"] = json!(priority);
+        queue.seed_task(&format!("{name}.json"), &task);
+    }
+    queue.run_until_idle(&["--max-tasks", "1"]);
+    let order: Vec<String> = side_events(&side)
+        .into_iter()
+        .filter(|e| e.event == "start")
+        .map(|e| e.task)
+        .collect();
+    assert_eq!(order, vec!["b-high", "d-high", "c-middle", "a-low"]);
+}
