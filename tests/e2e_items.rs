@@ -469,6 +469,41 @@ fn items_from_runs_over_an_earlier_phases_array_output() {
 }
 
 #[test]
+fn items_from_a_large_output_kept_in_a_file_runs_every_item() {
+    // Phase outputs over 4 KiB are stored in runs/<id>/, not inline in current_work.json.
+    let queue = TestQueue::new();
+    let list: Vec<String> = (0..600).map(|i| format!("item-{i:05}")).collect();
+    let list = json!(list);
+    assert!(list.to_string().len() > 4096);
+    let script = format!("printf '%s' '{list}'");
+    queue.seed_task(
+        "large.json",
+        &json!({
+            "id": "large",
+            "retry": {"max_attempts": 1},
+            "phases": [
+                {"name": "list", "run": ["sh", "-c", script]},
+                {
+                    "name": "each",
+                    "kind": "items",
+                    "items_from": "list",
+                    // Empty stdout: each result is null.
+                    "run": ["true"],
+                    "concurrency": 4,
+                    "checkpoint_every": 100,
+                },
+            ],
+        }),
+    );
+    queue.run_until_idle(&[]);
+
+    let done = queue.done("large").expect("done/large.json");
+    assert_eq!(done["phase_outputs"]["list"], list);
+    assert_eq!(done["result"], json!(vec![Value::Null; 600]));
+    assert_eq!(done["phases"][1]["iterations"], 600);
+}
+
+#[test]
 fn items_from_an_output_that_is_not_an_array_fails_saying_so() {
     let queue = TestQueue::new();
     let side = queue.aux("not-array.side");
