@@ -230,6 +230,10 @@ async fn handle<'r, 'a>(
         if cost.is_finite() && cost >= 0.0 {
             run.add_cost(cost);
             worker.cost_since_checkpoint = true;
+            // Reaching the budget stops the worker at once, checkpoint or not.
+            if let Err(stop) = run.check_budget(true, "") {
+                worker.stop.get_or_insert(stop);
+            }
         } else {
             note_in_log(
                 run,
