@@ -26,9 +26,13 @@ pub fn run(queue: &Path, args: SubmitArgs) -> u8 {
         .get_or_insert_with(|| generate_id(&stem, &random_suffix()))
         .clone();
     let queue_dir = QueueDir::new(queue);
-    if let Err(e) = queue_dir.create_all() {
-        eprintln!("error: {e}");
-        return exit::FAILURE;
+    // A queue that does not exist yet is created (a first local run); an existing one is left
+    // as its owner set it up.
+    if !queue_dir.inbox().is_dir() {
+        if let Err(e) = queue_dir.create_all() {
+            eprintln!("error: {e}");
+            return exit::FAILURE;
+        }
     }
     let storage = FileStorage::new(queue);
     let inbox_key = format!("inbox/{id}.json");
@@ -48,6 +52,9 @@ pub fn run(queue: &Path, args: SubmitArgs) -> u8 {
                 );
                 return exit::INVALID_TASK;
             }
+            // A submitter may not be allowed to read the daemon's directories; the daemon
+            // refuses a duplicate id itself, so the early check is only a courtesy.
+            Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {}
             Err(e) => {
                 eprintln!("error: reading {}: {e}", queue_dir.display_key(&key));
                 return exit::FAILURE;
