@@ -175,6 +175,11 @@ fn budget_worker(id: &str, side: &Path, max_cost: f64, args: &[&str]) -> Value {
     })
 }
 
+/// How long a worker iteration takes in the budget scenarios: the daemon writes the checkpoint
+/// before it decides to stop the worker, so its SIGTERM comes after an fsync, which can take a
+/// while on a busy machine. The worker should still be in the next iteration by then.
+const SLOW: &str = "0.4";
+
 /// The worker side file's complete lines, as (event, rest of the line).
 fn worker_lines(path: &Path) -> Vec<(String, String)> {
     let text = std::fs::read_to_string(path).unwrap_or_default();
@@ -223,7 +228,7 @@ fn a_worker_that_reports_cost_per_checkpoint_is_stopped_at_its_budget() {
     let side = queue.aux("wspend.side");
     queue.seed_task(
         "wspend.json",
-        &budget_worker("wspend", &side, 4.0, &["--cost", "1.5", "--sleep", "0.1"]),
+        &budget_worker("wspend", &side, 4.0, &["--cost", "1.5", "--sleep", SLOW]),
     );
     queue.run_until_idle(&[]);
 
@@ -254,7 +259,7 @@ fn a_worker_that_reports_no_cost_under_a_budget_is_stopped_after_its_first_check
     let side = queue.aux("wunknown.side");
     queue.seed_task(
         "wunknown.json",
-        &budget_worker("wunknown", &side, 100.0, &["--sleep", "0.1"]),
+        &budget_worker("wunknown", &side, 100.0, &["--sleep", SLOW]),
     );
     queue.run_until_idle(&[]);
 
@@ -358,7 +363,7 @@ fn a_worker_that_reports_cost_without_checkpoints_is_stopped_at_its_budget() {
     // spends; the budget must hold for it too.
     let queue = TestQueue::new();
     let side = queue.aux("nocp.side");
-    let args = ["--cost", "1.5", "--no-checkpoints", "--sleep", "0.1"];
+    let args = ["--cost", "1.5", "--no-checkpoints", "--sleep", SLOW];
     queue.seed_task("nocp.json", &budget_worker("nocp", &side, 4.0, &args));
     queue.run_until_idle(&[]);
 
