@@ -78,7 +78,10 @@ fn pause_resume_cancel_and_retry_a_running_loop() {
     wait_until("the cancelled command to be gone", DEADLINE, || {
         !process_alive(running_pid)
     });
-    assert_eq!(queue.active_entry("steer"), None);
+    // The record is written first; current_work.json follows.
+    wait_until("the task to leave current_work", DEADLINE, || {
+        queue.active_entry("steer").is_none()
+    });
     let done_at_cancel = ended_iterations(&side).len() as u64;
 
     // Retry: back from its last checkpoint, to the end.

@@ -95,6 +95,14 @@ pub async fn run(config: DaemonConfig, shutdown: Shutdown) -> Result<DaemonExit,
         .map_err(|e| DaemonError::Setup(e.to_string()))?;
     let _lock = QueueLock::acquire(&queue)?;
     crate::queue::check_queue_permissions(&queue).map_err(DaemonError::UnsafeQueue)?;
+    let orphan_root = root.clone();
+    let orphans = runner_blocking(move || crate::runner::kill_orphans(&orphan_root)).await;
+    if orphans > 0 {
+        tracing::warn!(
+            count = orphans,
+            "killed processes left running by a daemon that died"
+        );
+    }
     tracing::info!(queue = %root.display(), pid = std::process::id(), "cairn daemon started");
 
     let storage: Arc<dyn Storage> = match &config.storage {

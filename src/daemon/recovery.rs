@@ -64,24 +64,34 @@ impl Scheduler {
         };
         match entry.status {
             ActiveStatus::Running => {
-                // The daemon died during this attempt. It counts as a failed attempt only if it
-                // made no progress, so a task that keeps crashing the daemon ends in failed/
-                // while a long task interrupted by power cuts keeps going.
+                // The daemon died during this attempt. A crash is not the task's failure (a
+                // power cut, an OOM kill of something else, an operator's SIGKILL), so it uses
+                // up no attempt. Only a run of crashes in a row with no progress at all marks
+                // the task as the likely cause: it goes to failed/ so the daemon can get on
+                // with the rest of the queue.
                 let progressed = self.attempt_progressed(&entry).await;
+                entry.crashes_without_progress = if progressed {
+                    0
+                } else {
+                    entry.crashes_without_progress + 1
+                };
+                let limit = crash_limit(&task);
                 self.ctx.journal(
                     &id,
                     "resumed_after_crash",
-                    serde_json::json!({"attempt": entry.attempt, "phase": entry.phase, "counts_as_failure": !progressed}),
+                    serde_json::json!({
+                        "attempt": entry.attempt,
+                        "phase": entry.phase,
+                        "progressed": progressed,
+                        "crashes_without_progress": entry.crashes_without_progress,
+                        "limit": limit,
+                    }),
                 );
-                if !progressed {
-                    entry.failed_attempts += 1;
-                    entry.last_error = Some(format!(
-                        "the daemon stopped unexpectedly during attempt {} without a checkpoint",
-                        entry.attempt
-                    ));
-                }
-                if entry.failed_attempts >= task.retry.max_attempts {
-                    let error = entry.last_error.clone().unwrap_or_default();
+                if entry.crashes_without_progress >= limit {
+                    let error = format!(
+                        "the daemon stopped unexpectedly {} times in a row while this task ran, without a checkpoint or a finished phase in between",
+                        entry.crashes_without_progress
+                    );
                     self.give_up(&task, entry, error).await;
                     return;
                 }
@@ -187,4 +197,10 @@ impl Scheduler {
         task.id = Some(id.to_string());
         Ok(task)
     }
+}
+
+/// Crashes in a row without progress after which a task is taken for the cause of them:
+/// more than its attempts, so that a few unlucky kills never fail a healthy task.
+pub(super) fn crash_limit(task: &Task) -> u32 {
+    task.retry.max_attempts.saturating_add(2)
 }

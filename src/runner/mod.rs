@@ -9,10 +9,12 @@ mod child;
 mod items;
 mod loop_phase;
 mod once;
+mod orphans;
 mod work_state;
 mod worker;
 
 pub use child::{CommandRun, RunEnd, KILL_AFTER, MAX_REPLY_BYTES};
+pub use orphans::kill_orphans;
 pub use work_state::{LoadError, WorkState};
 
 use std::path::PathBuf;

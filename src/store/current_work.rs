@@ -62,6 +62,10 @@ impl CurrentWork {
     }
 }
 
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
 /// Where a task in flight stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -125,8 +129,11 @@ pub struct ActiveTask {
     /// Completed iterations of the current phase, as of the last rewrite.
     pub iterations: u64,
     /// The phase index when the current attempt began, to tell whether a crashed attempt made
-    /// progress (a crash without progress counts as a failed attempt).
+    /// progress.
     pub attempt_started_phase: usize,
+    /// Daemon crashes in a row during this task's attempts with no progress in between.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub crashes_without_progress: u32,
     /// The task's summed cost, when its commands report costs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cost: Option<f64>,
@@ -160,6 +167,7 @@ impl ActiveTask {
             status: ActiveStatus::Running,
             iterations: 0,
             attempt_started_phase: 0,
+            crashes_without_progress: 0,
             cost: None,
             progress: None,
             next_attempt_at: None,
