@@ -246,6 +246,7 @@ impl Task {
                 bytes.len()
             )));
         }
+        check_shape(bytes)?;
         let mut de = serde_json::Deserializer::from_slice(bytes);
         let task: Task = serde_path_to_error::deserialize(&mut de).map_err(|e| {
             let path = e.path().to_string();
@@ -413,6 +414,41 @@ impl Phase {
     }
 }
 
+/// serde would read a struct from a JSON array by position; a task, its phases, `retry` and
+/// `budget` must be objects with named fields.
+fn check_shape(bytes: &[u8]) -> Result<(), TaskError> {
+    let Ok(value) = serde_json::from_slice::<Value>(bytes) else {
+        // Not JSON at all: the typed parse reports where.
+        return Ok(());
+    };
+    let object = |value: &Value, field: String| {
+        if value.is_object() {
+            Ok(())
+        } else {
+            Err(TaskError::new(
+                field,
+                "must be a JSON object with named fields",
+            ))
+        }
+    };
+    if !value.is_object() {
+        return Err(TaskError::whole_file(
+            "a task must be a JSON object, such as {\"phases\": [...]}",
+        ));
+    }
+    for field in ["retry", "budget"] {
+        if let Some(inner) = value.get(field) {
+            object(inner, field.to_string())?;
+        }
+    }
+    if let Some(Value::Array(phases)) = value.get("phases") {
+        for (i, phase) in phases.iter().enumerate() {
+            object(phase, format!("phases[{i}]"))?;
+        }
+    }
+    Ok(())
+}
+
 /// Task ids name files, so they are restricted to `[A-Za-z0-9._-]{1,128}`; they may not start with
 /// `.` (hidden and temp files) nor end in `.<digits>` (checkpoint generations are named
 /// `<id>.<generation>.json.gz`, which would make such ids ambiguous).
@@ -517,6 +553,19 @@ mod tests {
         let err = parse(r#"{"retry":{"backoff":"soon"},"phases":[{"name":"a","run":["x"]}]}"#)
             .unwrap_err();
         assert_eq!(err.field.as_deref(), Some("retry.backoff"));
+    }
+
+    #[test]
+    fn arrays_are_not_read_as_objects() {
+        let err =
+            parse(r#"[null, 0, null, {}, {}, null, [{"name":"p","run":["true"]}]]"#).unwrap_err();
+        assert_eq!(err.field, None);
+        assert!(err.problem.contains("JSON object"), "{err}");
+        let err = parse(r#"{"phases":[["p","once",["true"]]]}"#).unwrap_err();
+        assert_eq!(err.field.as_deref(), Some("phases[0]"));
+        let err =
+            parse(r#"{"retry":[3,"1s","1m"],"phases":[{"name":"p","run":["true"]}]}"#).unwrap_err();
+        assert_eq!(err.field.as_deref(), Some("retry"));
     }
 
     #[test]

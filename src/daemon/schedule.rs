@@ -54,6 +54,10 @@ impl Scheduler {
                             lock(&self.intake).hint_complete(name);
                             inbox = true;
                         }
+                        QueueHint::InboxWriting(name) => {
+                            lock(&self.intake).hint_writing(name);
+                            inbox = true;
+                        }
                     };
                     if let Some(hint) = hint {
                         take(hint);

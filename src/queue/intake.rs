@@ -24,6 +24,9 @@ use crate::task::{generate_id, random_suffix, Task, TaskError, MAX_TASK_FILE_BYT
 /// How long a file must stay unchanged before it is taken without a "closed" hint.
 pub const SETTLE_TIME: Duration = Duration::from_millis(1000);
 
+/// How long a file that ends mid-JSON may stay unchanged before it is rejected as truncated.
+pub const TRUNCATED_PATIENCE: Duration = Duration::from_secs(10);
+
 const CLAIM_PREFIX: &str = ".claim.";
 
 /// Reads the inbox and turns its files into accepted tasks or rejection records.
@@ -33,6 +36,9 @@ pub struct Intake {
     storage: Arc<dyn Storage>,
     /// Inbox names known to be completely written (closed after writing, or renamed in).
     complete_hints: HashSet<String>,
+    /// Inbox names seen being created or written and not closed since: still being written,
+    /// however long the writer pauses.
+    writing: HashSet<String>,
 }
 
 /// What one scan did.
@@ -67,12 +73,20 @@ impl Intake {
             queue,
             storage,
             complete_hints: HashSet::new(),
+            writing: HashSet::new(),
         }
     }
 
     /// Note that `name` in the inbox was closed after writing or renamed in, so it is complete.
     pub fn hint_complete(&mut self, name: String) {
+        self.writing.remove(&name);
         self.complete_hints.insert(name);
+    }
+
+    /// Note that `name` in the inbox is open for writing (created or written to).
+    pub fn hint_writing(&mut self, name: String) {
+        self.complete_hints.remove(&name);
+        self.writing.insert(name);
     }
 
     /// Finish the claims a previous daemon left half-processed (run once at start).
@@ -106,6 +120,9 @@ impl Intake {
         let inbox = self.queue.inbox();
         let mut names = read_names(&inbox)?;
         names.sort();
+        // Forget hints about files that are gone.
+        self.writing.retain(|n| names.contains(n));
+        self.complete_hints.retain(|n| names.contains(n));
         let now = SystemTime::now();
         for name in names {
             if name.starts_with('.') || name.ends_with(".tmp") {
@@ -118,18 +135,24 @@ impl Intake {
                 Err(e) => return Err(e),
             };
             if meta.file_type().is_file() && meta.len() <= MAX_TASK_FILE_BYTES {
-                let recent = meta
+                if self.writing.contains(&name) {
+                    report.deferred += 1;
+                    continue;
+                }
+                let age = meta
                     .modified()
                     .ok()
-                    .and_then(|m| now.duration_since(m).ok())
-                    .is_none_or(|age| age < SETTLE_TIME);
+                    .and_then(|m| now.duration_since(m).ok());
+                let recent = age.is_none_or(|age| age < SETTLE_TIME);
                 if recent && !self.complete_hints.contains(&name) {
                     report.deferred += 1;
                     continue;
                 }
-                // A writer that closed the file between two writes looks complete; if what is
-                // there so far ends mid-JSON and is fresh, give it until it settles.
-                if recent && looks_truncated(&path) {
+                // A writer that closed the file between two writes, or that wrote it before
+                // this daemon watched, looks complete; if what is there ends mid-JSON and
+                // changed lately, give it longer before calling it broken.
+                let lately = age.is_none_or(|age| age < TRUNCATED_PATIENCE);
+                if lately && looks_truncated(&path) {
                     report.deferred += 1;
                     continue;
                 }

@@ -6,6 +6,7 @@
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, Write};
 use std::path::PathBuf;
+use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
 use nix::fcntl::{Flock, FlockArg};
@@ -53,7 +54,7 @@ impl QueueLock {
             .truncate(false)
             .open(&path)
             .map_err(io_err)?;
-        let mut lock = match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+        let mut lock = match lock_with_patience(file) {
             Ok(lock) => lock,
             Err((mut file, Errno::EWOULDBLOCK)) => {
                 let mut pid = String::new();
@@ -74,5 +75,25 @@ impl QueueLock {
         lock.rewind().map_err(io_err)?;
         writeln!(lock, "{}", std::process::id()).map_err(io_err)?;
         Ok(QueueLock { lock })
+    }
+}
+
+/// How long a start waits for a lock that is held. A daemon killed with SIGKILL may leave a
+/// child between fork and exec for a moment; that child shares the lock's open file
+/// description (and dies with the daemon), so a supervisor that restarts at once must not be
+/// refused for it. A live daemon holds the lock far longer than this.
+const LOCK_PATIENCE: Duration = Duration::from_secs(2);
+
+fn lock_with_patience(file: File) -> Result<Flock<File>, (File, Errno)> {
+    let deadline = Instant::now() + LOCK_PATIENCE;
+    let mut file = file;
+    loop {
+        match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+            Err((returned, Errno::EWOULDBLOCK)) if Instant::now() < deadline => {
+                file = returned;
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            other => return other,
+        }
     }
 }

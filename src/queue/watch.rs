@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use notify::event::{AccessKind, AccessMode, ModifyKind, RenameMode};
+use notify::event::{AccessKind, AccessMode, CreateKind, ModifyKind, RenameMode};
 use notify::{EventKind, RecommendedWatcher, RecursiveMode, Watcher};
 use tokio::sync::mpsc;
 
@@ -15,6 +15,8 @@ pub enum QueueHint {
     InboxChanged,
     /// The named inbox file is completely written (closed after writing, or renamed in).
     InboxComplete(String),
+    /// The named inbox file was created or written to, and is not known to be closed yet.
+    InboxWriting(String),
     /// A control request may have arrived.
     Control,
 }
@@ -65,8 +67,16 @@ impl QueueWatcher {
                     .and_then(|p| p.file_name())
                     .and_then(|n| n.to_str())
                     .map(str::to_string);
-                let hint = match (complete, name) {
-                    (true, Some(name)) => QueueHint::InboxComplete(name),
+                let writing = matches!(
+                    event.kind,
+                    EventKind::Create(CreateKind::File)
+                        | EventKind::Create(CreateKind::Any)
+                        | EventKind::Modify(ModifyKind::Data(_))
+                        | EventKind::Modify(ModifyKind::Any)
+                );
+                let hint = match (complete, writing, name) {
+                    (true, _, Some(name)) => QueueHint::InboxComplete(name),
+                    (false, true, Some(name)) => QueueHint::InboxWriting(name),
                     _ => QueueHint::InboxChanged,
                 };
                 let _ = tx.send(hint);
