@@ -103,6 +103,14 @@ fn notifies_ready_watchdog_and_stopping() {
         queue.checkpoint("svc").iteration_count,
         ended_iterations(&side).len() as u64
     );
+    // The task's journal tells the stop.
+    let journal = std::fs::read_to_string(queue.path("runs/svc/events.jsonl")).unwrap();
+    for event in ["stop_requested", "interrupted", "checkpoint"] {
+        assert!(
+            journal.contains(&format!("\"event\":\"{event}\"")),
+            "no {event} in the journal:\n{journal}"
+        );
+    }
     // Commands never see the notification socket.
     let log = std::fs::read_to_string(queue.path("runs/svc/0-count.log")).unwrap_or_default();
     assert!(!log.contains("NOTIFY_SOCKET"), "{log}");

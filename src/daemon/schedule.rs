@@ -383,6 +383,18 @@ impl Scheduler {
         }
         self.notifier
             .stopping(self.config.stop_grace + crate::runner::KILL_AFTER + Duration::from_secs(10));
+        let how = if self.ctx.shutdown.is_immediate() {
+            "at once (second signal)"
+        } else {
+            "after the iteration in flight"
+        };
+        for id in &self.running_ids {
+            self.ctx.journal(
+                id,
+                "stop_requested",
+                serde_json::json!({"by": "daemon shutdown (SIGINT/SIGTERM or the embedding program)", "stops": how}),
+            );
+        }
         let grace = tokio::time::sleep(self.config.stop_grace);
         tokio::pin!(grace);
         let mut terminating = false;

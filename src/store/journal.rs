@@ -3,8 +3,9 @@
 //!
 //! Each line is `{"at": "<RFC 3339>", "event": "<name>", ...details}`. Events: `accepted`,
 //! `attempt_started`, `phase_started`, `phase_finished`, `checkpoint` (phase, iteration,
-//! generation, bytes, ms), `attempt_failed`, `interrupted`, `resumed_after_crash`, `paused`,
-//! `resumed`, `cancelled`, `retried`, `forked`, `budget_stopped`, `done`, `failed`.
+//! generation, bytes, ms), `attempt_failed`, `stop_requested` (a daemon shutdown), `interrupted`,
+//! `resumed_after_crash`, `pause_requested`, `paused`, `resumed`, `cancel_requested`,
+//! `cancelled`, `control_refused`, `retried`, `forked`, `budget_stopped`, `done`, `failed`.
 //!
 //! The journal is a log, not state: lines are appended with `O_APPEND` and not fsynced, so a
 //! crash may lose its last lines (and tear the very last one, which readers skip). Nothing
