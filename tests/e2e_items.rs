@@ -199,7 +199,9 @@ fn sigkill_mid_batch_then_restart(checkpoint_every: u64) {
     }
     let attempts: BTreeSet<u32> = side_events(&side).iter().map(|e| e.attempt).collect();
     assert_eq!(attempts, BTreeSet::from([1, 2]));
-    assert_eq!(max_in_flight(&side, 1), 3, "concurrency 3");
+    // The side file shows a lower bound of what ran at once (an item that is slow to start
+    // may log after another ended), so only the limit is exact.
+    assert!(max_in_flight(&side, 1) <= 3, "concurrency 3");
     assert!(
         max_in_flight(&side, 2) <= 3,
         "concurrency 3 after the restart"
@@ -373,7 +375,7 @@ fn sigterm_mid_batch_flushes_every_finished_item_between_scheduled_checkpoints()
     assert_eq!(done["result"], batch_result());
     let once_each: BTreeMap<u64, usize> = (0..ITEMS.len() as u64).map(|i| (i, 1)).collect();
     assert_eq!(start_counts(&side), once_each, "an item ran twice");
-    assert_eq!(max_in_flight(&side, 2), 3, "concurrency 3 in the restart");
+    assert!(max_in_flight(&side, 2) <= 3, "concurrency 3 in the restart");
 }
 
 #[test]

@@ -468,10 +468,12 @@ fn a_sigkilled_daemon_takes_its_worker_along_and_the_restart_resumes_from_the_ch
     let saved = checkpoint.iteration_count;
     assert!(saved < ITERATIONS, "the worker finished before the kill");
     assert_eq!(checkpoint.partial_results, state_after(saved));
+    // The worker does not wait for the daemon: on a busy disk the committed checkpoint may lag
+    // a few iterations behind it, and those iterations run again after the restart.
     let ended_before = iterations(&lines(&side), "end").len() as u64;
     assert!(
-        saved == ended_before || saved + 1 == ended_before,
-        "checkpoint {saved} after {ended_before} iterations ended"
+        saved <= ended_before,
+        "checkpoint {saved} ahead of the {ended_before} iterations that ended"
     );
     wait_lock_released(&queue);
 
