@@ -24,6 +24,10 @@ use crate::task::{generate_id, random_suffix, Task, TaskError, MAX_TASK_FILE_BYT
 /// How long a file must stay unchanged before it is taken without a "closed" hint.
 pub const SETTLE_TIME: Duration = Duration::from_millis(1000);
 
+/// How long a file seen being written (and not closed) may stay unchanged before the writer is
+/// taken to be gone.
+pub const WRITING_PATIENCE: Duration = Duration::from_secs(60);
+
 /// How long a file that ends mid-JSON may stay unchanged before it is rejected as truncated.
 pub const TRUNCATED_PATIENCE: Duration = Duration::from_secs(10);
 
@@ -135,14 +139,16 @@ impl Intake {
                 Err(e) => return Err(e),
             };
             if meta.file_type().is_file() && meta.len() <= MAX_TASK_FILE_BYTES {
-                if self.writing.contains(&name) {
-                    report.deferred += 1;
-                    continue;
-                }
                 let age = meta
                     .modified()
                     .ok()
                     .and_then(|m| now.duration_since(m).ok());
+                // Open for writing, by inotify's account; a lost close event must not hold a
+                // file forever, so the hint lapses once the file stops changing for a while.
+                if self.writing.contains(&name) && age.is_none_or(|age| age < WRITING_PATIENCE) {
+                    report.deferred += 1;
+                    continue;
+                }
                 let recent = age.is_none_or(|age| age < SETTLE_TIME);
                 if recent && !self.complete_hints.contains(&name) {
                     report.deferred += 1;

@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use notify::event::{AccessKind, AccessMode, CreateKind, ModifyKind, RenameMode};
+use notify::event::{AccessKind, AccessMode, ModifyKind, RenameMode};
 use notify::{EventKind, RecommendedWatcher, RecursiveMode, Watcher};
 use tokio::sync::mpsc;
 
@@ -15,7 +15,7 @@ pub enum QueueHint {
     InboxChanged,
     /// The named inbox file is completely written (closed after writing, or renamed in).
     InboxComplete(String),
-    /// The named inbox file was created or written to, and is not known to be closed yet.
+    /// Data was written to the named inbox file, and it is not known to be closed yet.
     InboxWriting(String),
     /// A control request may have arrived.
     Control,
@@ -67,12 +67,11 @@ impl QueueWatcher {
                     .and_then(|p| p.file_name())
                     .and_then(|n| n.to_str())
                     .map(str::to_string);
+                // Data written (not a bare create: a hard link or an empty file has nothing
+                // to wait for, and no close may follow).
                 let writing = matches!(
                     event.kind,
-                    EventKind::Create(CreateKind::File)
-                        | EventKind::Create(CreateKind::Any)
-                        | EventKind::Modify(ModifyKind::Data(_))
-                        | EventKind::Modify(ModifyKind::Any)
+                    EventKind::Modify(ModifyKind::Data(_)) | EventKind::Modify(ModifyKind::Any)
                 );
                 let hint = match (complete, writing, name) {
                     (true, _, Some(name)) => QueueHint::InboxComplete(name),

@@ -96,6 +96,8 @@ pub(super) async fn run(run: &PhaseRun<'_>) -> Result<PhaseEnd, PhaseError> {
         None => BTreeMap::new(),
     };
     set_progress(run, results.len());
+    // A spent budget starts no item (a finished phase, above, is not held back by it).
+    run.check_budget(true, "")?;
 
     let concurrency = run.phase.concurrency.unwrap_or(1).max(1) as usize;
     let mut todo = (0..items.len())

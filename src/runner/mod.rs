@@ -182,10 +182,6 @@ pub async fn run_attempt(ctx: &Arc<RunContext>, task: &Arc<Task>) -> AttemptEnd 
             inputs,
             control,
         };
-        // A spent budget stops the task before any further phase starts.
-        if let Err(PhaseError::Budget(reason)) = run.check_budget(true, "") {
-            return AttemptEnd::BudgetStopped { reason };
-        }
         let result = match phase.kind {
             PhaseKind::Once => once::run(&run).await,
             PhaseKind::Loop => loop_phase::run(&run).await,

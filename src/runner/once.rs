@@ -6,6 +6,7 @@ use serde_json::{json, Value};
 use super::{PhaseEnd, PhaseError, PhaseRun};
 
 pub(super) async fn run(run: &PhaseRun<'_>) -> Result<PhaseEnd, PhaseError> {
+    run.check_budget(true, "")?;
     let request = json!({
         "task_id": run.task.id(),
         "phase": run.phase.name,

@@ -50,6 +50,8 @@ pub(super) async fn run(run: &PhaseRun<'_>) -> Result<PhaseEnd, PhaseError> {
             ));
         }
     }
+    // A spent budget starts no worker (a finished phase, above, is not held back by it).
+    run.check_budget(true, "")?;
 
     let run_dir = run.ctx.queue.run_dir(&task_id);
     let transient = |what: &str, e: std::io::Error| PhaseError::Transient(format!("{what}: {e}"));
@@ -115,7 +117,7 @@ pub(super) async fn run(run: &PhaseRun<'_>) -> Result<PhaseEnd, PhaseError> {
             status = child.wait() => break status,
             message = channel.next() => {
                 last_heard = Instant::now();
-                worker = handle(run, worker, message).await?;
+                worker = handle(run, worker, message, group).await?;
                 if worker.stop.is_some() && !term_sent {
                     kill_group(group, Signal::SIGTERM);
                     term_sent = true;
@@ -155,7 +157,7 @@ pub(super) async fn run(run: &PhaseRun<'_>) -> Result<PhaseEnd, PhaseError> {
     let status =
         status.map_err(|e| PhaseError::Command(format!("{what}: waiting for the worker: {e}")))?;
     for message in channel.drain().await {
-        worker = handle(run, worker, message).await?;
+        worker = handle(run, worker, message, None).await?;
     }
     drop(channel);
 
@@ -217,6 +219,7 @@ async fn handle<'r, 'a>(
     run: &PhaseRun<'_>,
     mut worker: WorkerState<'r, 'a>,
     message: Result<Message, String>,
+    group: Option<nix::unistd::Pid>,
 ) -> Result<WorkerState<'r, 'a>, PhaseError> {
     let message = match message {
         Ok(message) => message,
@@ -232,6 +235,9 @@ async fn handle<'r, 'a>(
             worker.cost_since_checkpoint = true;
             // Reaching the budget stops the worker at once, checkpoint or not.
             if let Err(stop) = run.check_budget(true, "") {
+                if worker.stop.is_none() {
+                    kill_group(group, Signal::SIGTERM);
+                }
                 worker.stop.get_or_insert(stop);
             }
         } else {
@@ -265,6 +271,16 @@ async fn handle<'r, 'a>(
         worker.count = checkpoint.iteration;
         worker.state = checkpoint.state;
         let count = worker.count;
+        // Decide on the budget before the (fsynced) write, so that a worker over its budget
+        // gets SIGTERM without waiting for the disk, and starts no further paid iteration.
+        if let Err(stop) =
+            run.check_budget(cost_known, &format!("the work up to checkpoint {count}"))
+        {
+            if worker.stop.is_none() {
+                kill_group(group, Signal::SIGTERM);
+            }
+            worker.stop.get_or_insert(stop);
+        }
         let written = worker
             .checkpoints
             .checkpoint(count, worker.state.clone())
@@ -276,10 +292,6 @@ async fn handle<'r, 'a>(
         });
         if let Err(e) = written {
             worker.stop.get_or_insert(e);
-        } else if let Err(stop) =
-            run.check_budget(cost_known, &format!("the work up to checkpoint {count}"))
-        {
-            worker.stop.get_or_insert(stop);
         }
     }
     Ok(worker)
