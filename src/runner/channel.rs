@@ -100,7 +100,7 @@ impl Channel {
         loop {
             match self.lines.next().await {
                 Some(Ok(line)) if line.trim().is_empty() => continue,
-                Some(Ok(line)) => return parse(&line),
+                Some(Ok(line)) => return parse_message(&line),
                 Some(Err(LinesCodecError::MaxLineLengthExceeded)) => {
                     return Err(format!(
                         "a line longer than {MAX_LINE_BYTES} bytes was skipped"
@@ -130,7 +130,8 @@ impl Drop for Channel {
     }
 }
 
-fn parse(line: &str) -> Result<Message, String> {
+/// Parse one channel line (without its newline) into a message; the error quotes its start.
+pub fn parse_message(line: &str) -> Result<Message, String> {
     serde_json::from_str(line).map_err(|e| {
         let start: String = line.chars().take(200).collect();
         format!("not a channel message ({e}): {start:?}")

@@ -3,7 +3,7 @@
 //! The scheduler (in [`crate::daemon`]) decides which task runs when and what happens after an
 //! attempt; this module runs the attempt itself. One file per phase kind; `child` runs commands.
 
-mod channel;
+pub mod channel;
 mod checkpointing;
 mod child;
 mod items;
