@@ -246,6 +246,10 @@ impl Task {
                 bytes.len()
             )));
         }
+        Self::parse_unlimited(bytes)
+    }
+
+    fn parse_unlimited(bytes: &[u8]) -> Result<Task, TaskError> {
         check_shape(bytes)?;
         let mut de = serde_json::Deserializer::from_slice(bytes);
         let task: Task = serde_path_to_error::deserialize(&mut de).map_err(|e| {
@@ -266,6 +270,13 @@ impl Task {
             .map_err(|e| TaskError::whole_file(format!("not valid JSON: {e}")))?;
         task.validate()?;
         Ok(task)
+    }
+
+    /// Parse a task cairn stored itself (`tasks/<id>.json`): validated like any task, but
+    /// without the size limit, which applies to what users submit — the stored, pretty-printed
+    /// form of a task near the limit is larger than the file that was accepted.
+    pub fn parse_stored(bytes: &[u8]) -> Result<Task, TaskError> {
+        Self::parse_unlimited(bytes)
     }
 
     /// The task as cairn keeps it in `tasks/<id>.json`.

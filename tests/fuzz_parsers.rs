@@ -13,7 +13,7 @@
 //! round-trips through `encode_checkpoint`, a request's task id is valid, ...).
 //!
 //! Corpus files are named `ok-*` (must parse) or `err-*` (must be refused); each is also checked
-//! on its own, except the few in `KNOWN_FINDINGS` (accepted today, checked by an ignored test).
+//! on its own.
 //! A deeply nested document (100,000 `[`) must be refused by serde_json's recursion limit on a
 //! 2 MiB stack, the size of the daemon's threads.
 //!
@@ -25,7 +25,6 @@
 //! PROPTEST_CASES=300000 cargo test --release --test fuzz_parsers
 //! ```
 //!
-//! and the ignored tests show the open findings: `cargo test --test fuzz_parsers -- --ignored`.
 //! A failing case is shrunk and saved in `tests/fuzz_parsers.proptest-regressions`, which is
 //! replayed first on later runs (keep it in the repository once the cause is fixed).
 
@@ -136,10 +135,9 @@ fn seeds(parser: &'static str) -> &'static [Vec<u8>] {
     })
 }
 
-/// Corpus files that should be refused but are accepted today: serde reads a struct from a JSON
-/// array by position, and only the task parser guards against that (`check_shape`). The corpus
-/// tests skip them; `known_findings_are_refused` (ignored) fails until they are fixed.
-const KNOWN_FINDINGS: &[(&str, &str)] = &[
+/// Corpus files that put a JSON array where an object belongs: serde would read a struct from
+/// it by position, so every parser checks for objects first.
+const ARRAYS_FOR_OBJECTS: &[(&str, &str)] = &[
     ("checkpoint", "err-array-for-object.json.gz"),
     // The version check looks for the `format_version` key, which an array has not.
     ("checkpoint", "err-array-version-2.json.gz"),
@@ -148,17 +146,10 @@ const KNOWN_FINDINGS: &[(&str, &str)] = &[
     ("channel", "err-checkpoint-as-array.jsonl"),
 ];
 
-fn is_known_finding(parser: &str, name: &str) -> bool {
-    KNOWN_FINDINGS.contains(&(parser, name))
-}
-
 /// Check each corpus file's expected outcome; `parse` returns the error text on refusal.
 fn check_corpus(parser: &str, parse: impl Fn(&[u8]) -> Result<(), String>) {
     let mut wrong = Vec::new();
     for (name, bytes) in corpus(parser) {
-        if is_known_finding(parser, &name) {
-            continue;
-        }
         let result = timed(&name, &bytes, || parse(&bytes));
         match (name.starts_with("ok-"), result) {
             (true, Err(e)) => wrong.push(format!("{name}: refused: {e}")),
@@ -616,7 +607,7 @@ fn channel_checked(line: &str) -> Result<(), String> {
     let value: Value = serde_json::from_str(line)
         .unwrap_or_else(|e| panic!("accepted a line that is not JSON ({e}): {line:?}"));
     let Value::Object(object) = value else {
-        // A positional array (see KNOWN_FINDINGS); there are no keys to compare.
+        // A positional array (see ARRAYS_FOR_OBJECTS); there are no keys to compare.
         assert!(
             value.is_array(),
             "accepted a line that is not an object: {line:?}"
@@ -712,11 +703,9 @@ fn control_corpus() {
 }
 
 #[test]
-#[ignore = "finding: the checkpoint decoder, the control request parser and the channel parser \
-            accept a JSON array in place of an object (see KNOWN_FINDINGS)"]
-fn known_findings_are_refused() {
+fn arrays_in_place_of_objects_are_refused() {
     let mut accepted = Vec::new();
-    for (parser, name) in KNOWN_FINDINGS {
+    for (parser, name) in ARRAYS_FOR_OBJECTS {
         let bytes = std::fs::read(corpus_dir(parser).join(name)).expect("a corpus file");
         let result = match *parser {
             "checkpoint" => decode_checkpoint(&bytes)
@@ -896,8 +885,6 @@ fn oversized_task_files_are_refused_unread() {
 /// `tasks/<id>.json`, which the daemon parses again (with the same limit) whenever the task
 /// runs. A compact file under the limit can grow past it when pretty-printed.
 #[test]
-#[ignore = "finding: the pretty-printed stored form of a task near the size limit is over the \
-            limit, so the daemon cannot read back a task intake accepted"]
 fn a_task_accepted_near_the_size_limit_can_be_read_back_from_its_stored_form() {
     let mut text = String::from(r#"{"phases":[{"name":"a","run":["x"]}],"meta":[0"#);
     while text.len() < (MAX_TASK_FILE_BYTES as usize) * 3 / 4 {
@@ -907,7 +894,7 @@ fn a_task_accepted_near_the_size_limit_can_be_read_back_from_its_stored_form() {
     let task = Task::parse(text.as_bytes()).expect("a compact task under the limit");
     let stored = task.to_json_bytes();
     assert!(
-        Task::parse(&stored).is_ok(),
+        Task::parse_stored(&stored).is_ok(),
         "the stored form is {} bytes (the input was {})",
         stored.len(),
         text.len()

@@ -75,7 +75,7 @@ fn fork(queue: &Path, args: &ForkArgs) -> Result<String, Failure> {
             args.id
         ))
     })?;
-    let mut task = Task::parse(&task_bytes)
+    let mut task = Task::parse_stored(&task_bytes)
         .map_err(|e| failure(format!("{}: {e}", QueueDir::task_key(&args.id))))?;
 
     let new_id = match &args.new_id {

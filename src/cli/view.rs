@@ -423,7 +423,7 @@ fn task_view(listing: &Listing, id: &str) -> TaskView {
 
     let task_path = root.join("tasks").join(format!("{id}.json"));
     match fs::read(&task_path) {
-        Ok(bytes) => match Task::parse(&bytes) {
+        Ok(bytes) => match Task::parse_stored(&bytes) {
             Ok(mut task) => {
                 task.id = Some(id.to_string());
                 view.task = Some(task);

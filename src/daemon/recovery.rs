@@ -193,7 +193,7 @@ impl Scheduler {
             .await
             .map_err(|e| format!("reading {key}: {e}"))?
             .ok_or_else(|| format!("its definition {key} is missing"))?;
-        let mut task = Task::parse(&bytes).map_err(|e| format!("{key}: {e}"))?;
+        let mut task = Task::parse_stored(&bytes).map_err(|e| format!("{key}: {e}"))?;
         task.id = Some(id.to_string());
         Ok(task)
     }

@@ -50,6 +50,13 @@ impl ControlRequest {
 
     /// Parse a request file's bytes; the error says what is wrong.
     pub fn parse(bytes: &[u8]) -> Result<ControlRequest, String> {
+        let value: serde_json::Value =
+            serde_json::from_slice(bytes).map_err(|e| format!("not a control request: {e}"))?;
+        // serde would read the struct from an array by position.
+        if !value.is_object() {
+            return Err("not a control request: it must be a JSON object".into());
+        }
+        // Parsed again from the bytes, so that a field given twice is refused.
         let request: ControlRequest =
             serde_json::from_slice(bytes).map_err(|e| format!("not a control request: {e}"))?;
         crate::task::validate_id(&request.task_id).map_err(|e| format!("task_id: {e}"))?;

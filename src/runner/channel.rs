@@ -132,8 +132,25 @@ impl Drop for Channel {
 
 /// Parse one channel line (without its newline) into a message; the error quotes its start.
 pub fn parse_message(line: &str) -> Result<Message, String> {
-    serde_json::from_str(line).map_err(|e| {
+    let quote = || {
         let start: String = line.chars().take(200).collect();
-        format!("not a channel message ({e}): {start:?}")
-    })
+        format!("{start:?}")
+    };
+    let value: Value = serde_json::from_str(line)
+        .map_err(|e| format!("not a channel message ({e}): {}", quote()))?;
+    // serde would read a struct from an array by position; messages have named fields.
+    let objects_where_expected = value.is_object()
+        && ["checkpoint", "progress"].iter().all(|field| {
+            value
+                .get(field)
+                .is_none_or(|v| v.is_null() || v.is_object())
+        });
+    if !objects_where_expected {
+        return Err(format!(
+            "not a channel message (a message and its checkpoint and progress are JSON objects): {}",
+            quote()
+        ));
+    }
+    // Parsed again from the text, so that a field given twice is refused.
+    serde_json::from_str(line).map_err(|e| format!("not a channel message ({e}): {}", quote()))
 }

@@ -118,6 +118,12 @@ pub fn decode_checkpoint(bytes: &[u8]) -> Result<IterationCheckpoint, Checkpoint
     // Look at the version before the strict parse, so a newer file (which may have new fields)
     // reports its version rather than an "unknown field" error.
     let value: serde_json::Value = serde_json::from_slice(&json).map_err(CheckpointError::Json)?;
+    // serde would read the struct from an array by position, skipping every check by name.
+    if !value.is_object() {
+        return Err(CheckpointError::Json(serde::de::Error::custom(
+            "a checkpoint must be a JSON object",
+        )));
+    }
     if let Some(found) = value.get("format_version").and_then(|v| v.as_u64()) {
         if found != u64::from(FORMAT_VERSION) {
             return Err(CheckpointError::UnsupportedVersion {
