@@ -117,14 +117,25 @@ pub fn group_of(child: &tokio::process::Child) -> Option<Pid> {
     child.id().map(|id| Pid::from_raw(id as i32))
 }
 
+/// Why a command could not be run.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// cairn could not open or write the command's log: its own storage (a full disk).
+    #[error("{0}")]
+    Log(io::Error),
+    /// The command could not be started or waited for.
+    #[error("{0}")]
+    Command(#[from] io::Error),
+}
+
 /// Run the command to its end, or until the shutdown's grace runs out, `cancel` fires (an
 /// operator's `cairn cancel`) or its timeout passes.
 pub async fn run_command(
     run: CommandRun,
     shutdown: &Shutdown,
     cancel: &CancellationToken,
-) -> io::Result<RunEnd> {
-    let log = open_log(&run.log, &run.log_header)?;
+) -> Result<RunEnd, RunError> {
+    let log = open_log(&run.log, &run.log_header).map_err(RunError::Log)?;
     let mut child = spawn_in_group(
         &run.argv,
         &run.cwd,
@@ -199,7 +210,7 @@ pub async fn run_command(
         Some(Err(e)) => {
             kill_group(group, Signal::SIGKILL);
             child.wait().await?;
-            Err(e)
+            Err(e.into())
         }
         None => {
             stop_group(group, &mut child, shutdown).await;

@@ -343,7 +343,11 @@ impl PhaseRun<'_> {
         let what = self.describe(iteration);
         let end = child::run_command(run, &self.ctx.shutdown, &self.control.cancel)
             .await
-            .map_err(|e| PhaseError::Command(format!("{what}: {e}")))?;
+            .map_err(|e| match e {
+                // cairn's own storage (a full disk): retried without using up an attempt.
+                child::RunError::Log(e) => PhaseError::Transient(format!("{what}: {e}")),
+                child::RunError::Command(e) => PhaseError::Command(format!("{what}: {e}")),
+            })?;
         let log_note = format!("its stderr is in {}", log.display());
         match end {
             RunEnd::Exited { status, stdout } if status.success() => Ok(Some(stdout)),
