@@ -18,6 +18,7 @@ mod file;
 mod file_ops;
 pub mod journal;
 mod loop_checkpointer;
+mod power_loss;
 pub mod records;
 
 pub use checkpoint::{
@@ -30,6 +31,7 @@ pub use faulty::{FaultMode, FaultyFileOps};
 pub use file::FileStorage;
 pub use file_ops::{FileOps, RealFileOps, TempFile};
 pub use loop_checkpointer::LoopCheckpointer;
+pub use power_loss::PowerLossFileOps;
 
 use std::io;
 
