@@ -11,9 +11,11 @@
 //! The same check is run with a writer that skips the directory fsync, and one that skips the
 //! temp file's fsync, to show that it notices when either barrier is missing.
 //!
-//! Two ignored tests at the end pin what the simulation found beyond a single run: windows
-//! where a process killed at the wrong moment leaves state that a restart trusts but a later
-//! power cut can still take away. They fail today; run them with `--include-ignored`.
+//! Two tests at the end cover what the simulation found beyond a single run: windows where a
+//! process killed at the wrong moment leaves state that a restart would trust but a later power
+//! cut could still take away. `FileStorage` closes them by syncing, once per process, a
+//! directory it did not create before writing into it, and the queue's directories at start
+//! (`remove_temp_files`).
 
 use std::fs;
 use std::io;
@@ -473,7 +475,7 @@ fn the_model_keeps_only_what_was_synced() {
     assert!(ops.steps() > 0);
 }
 
-// ---- what the simulation found ----
+// ---- what the simulation found (and the store now prevents) ----
 
 /// Finding: `FileStorage::ensure_dir` trusts any directory that exists. If a process is killed
 /// after `create_dir_all` made `incremental/` but before the fsync of the queue root (the undo
@@ -481,7 +483,6 @@ fn the_model_keeps_only_what_was_synced() {
 /// later process ever syncs the root: every save into the directory returns `Ok`, yet a power
 /// cut loses the directory entry and with it every checkpoint in it.
 #[test]
-#[ignore = "finding: a directory left unsynced by a killed process is trusted (see the comment)"]
 fn a_directory_left_unsynced_by_a_killed_process_is_synced_before_it_is_trusted() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("queue");
@@ -567,7 +568,6 @@ impl FileOps for KilledBeforeDirSync {
 /// back the older checkpoint. Syncing the checkpoint directory at startup (for example where
 /// `remove_temp_files` runs) would close this.
 #[test]
-#[ignore = "finding: a restart trusts a renamed checkpoint whose directory was never synced"]
 fn a_restart_resumes_only_from_durable_checkpoints() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("queue");

@@ -24,6 +24,18 @@ pub struct FileStorage {
     ops: Arc<dyn FileOps>,
 }
 
+/// Directories this process has made durable (see [`FileStorage::adopt_dir`]). Durability is a
+/// fact about the file system and this process's history with it, not about one storage
+/// value, so the set is shared by every `FileStorage` in the process.
+fn adopted() -> std::sync::MutexGuard<'static, std::collections::HashSet<PathBuf>> {
+    static ADOPTED: std::sync::OnceLock<std::sync::Mutex<std::collections::HashSet<PathBuf>>> =
+        std::sync::OnceLock::new();
+    ADOPTED
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 impl FileStorage {
     /// A store rooted at `root` that uses the real syscalls.
     pub fn new(root: impl Into<PathBuf>) -> Self {
@@ -85,6 +97,35 @@ impl FileStorage {
                 return Err(err);
             }
         }
+        // Each new directory's entry is durable now, and the directory is empty.
+        let mut adopted = adopted();
+        for created in missing {
+            adopted.insert(created.to_path_buf());
+        }
+        Ok(())
+    }
+
+    /// Before a directory is first used by this process, make what an earlier process left in
+    /// it durable: fsync the directory (renames it did without the final fsync, if it died
+    /// there) and its ancestors up to the root's parent (a directory it created but never
+    /// synced into its parent). Without this, a restart could resume from a checkpoint, or
+    /// write into a directory, that a power cut would still take away. Once per directory
+    /// per process.
+    fn adopt_dir(&self, dir: &Path) -> io::Result<()> {
+        if adopted().contains(dir) || !dir.is_dir() {
+            return Ok(());
+        }
+        let stop = self.root.parent().unwrap_or(&self.root);
+        for ancestor in dir.ancestors() {
+            if ancestor.as_os_str().is_empty() {
+                break;
+            }
+            self.ops.sync_dir(ancestor)?;
+            if ancestor == stop || !ancestor.starts_with(&self.root) {
+                break;
+            }
+        }
+        adopted().insert(dir.to_path_buf());
         Ok(())
     }
 
@@ -178,8 +219,10 @@ impl Storage for FileStorage {
         };
         let target_name = target_name.to_string_lossy();
         self.ensure_dir(parent)?;
+        self.adopt_dir(parent)?;
         if let Some(keep_dir) = keep.as_deref().and_then(Path::parent) {
             self.ensure_dir(keep_dir)?;
+            self.adopt_dir(keep_dir)?;
         }
 
         let mut temp = self.ops.create_temp(parent, &target_name)?;
@@ -274,6 +317,23 @@ impl Storage for FileStorage {
                     }
                 }
             }
+        }
+        // This runs once at start, before anything resumes: make what the previous process
+        // left durable, in case it died between a rename and its directory fsync (a resume
+        // must not start from a checkpoint that a power cut could still take away). The
+        // queue's own directories only; `runs/` holds logs and outputs that the daemon's
+        // records point to only after they were synced.
+        let mut to_sync = vec![self.root.clone()];
+        for entry in fs::read_dir(&self.root)? {
+            let entry = entry?;
+            let name = entry.file_name();
+            if entry.file_type()?.is_dir() && name != INBOX_DIR && name != "runs" {
+                to_sync.push(entry.path());
+            }
+        }
+        for dir in to_sync {
+            self.ops.sync_dir(&dir)?;
+            adopted().insert(dir);
         }
         removed.sort();
         Ok(removed)
