@@ -117,7 +117,9 @@ pub async fn run(config: DaemonConfig, shutdown: Shutdown) -> Result<DaemonExit,
             )
         }
         Ok(_) => {}
-        Err(e) => return Err(DaemonError::Setup(format!("cleaning temp files: {e}"))),
+        // Not fatal: leftover temp files are only litter, and the directories are synced
+        // again before they are written to.
+        Err(e) => tracing::error!("cleaning temp files and syncing the queue's directories: {e}"),
     }
     let work = match WorkState::load(Arc::clone(&storage)) {
         Ok(work) => work,
