@@ -19,8 +19,8 @@
 //!   started running commands again.
 //!
 //! Checked at the end:
-//! - every task is in `done/` exactly once, nothing is in `failed/`, `inbox/` is empty and no
-//!   temp file is left anywhere in the queue;
+//! - every task is in `done/` exactly once, nothing is in `failed/`, `inbox/` is empty,
+//!   `current_work.json` lists no task in flight and no temp file is left in the queue;
 //! - every task's result equals an uninterrupted run's (computed from the fixtures'
 //!   deterministic state);
 //! - per task, the iterations (items) that ran more than once are no more than the kills
@@ -515,6 +515,7 @@ fn run() -> Result<(), String> {
     };
     let (mut sigkills, mut sigterms) = (0u64, 0u64);
     let mut leftover_temps: Vec<PathBuf> = Vec::new();
+    let mut temps_left = 0usize;
     while sigkills + sigterms < t.opts.kills {
         // Keep enough work queued that the daemon is always busy.
         if t.outstanding().len() < 2 * MAX_TASKS {
@@ -588,6 +589,7 @@ fn run() -> Result<(), String> {
         ))?;
         leftover_temps.clear();
         temp_files(&t.queue, &mut leftover_temps);
+        temps_left += leftover_temps.len();
     }
     // Finish the queue.
     let mut daemon = t.start(&["--exit-when-idle"])?;
@@ -603,6 +605,16 @@ fn run() -> Result<(), String> {
     temp_files(&t.queue, &mut temps);
     if !temps.is_empty() {
         return Err(format!("temp files left at the end: {temps:?}"));
+    }
+    let current_work = fs::read_to_string(t.queue.join("current_work.json"))
+        .map_err(|e| format!("reading current_work.json at the end: {e}"))?;
+    let current_work: Value = serde_json::from_str(&current_work)
+        .map_err(|e| format!("current_work.json does not parse at the end: {e}"))?;
+    if current_work["active_tasks"] != json!([]) {
+        return Err(format!(
+            "current_work.json still lists tasks in flight at the end: {}",
+            current_work["active_tasks"]
+        ));
     }
     let inbox: Vec<String> = list(&t.queue.join("inbox"));
     if !inbox.is_empty() {
@@ -656,6 +668,9 @@ fn run() -> Result<(), String> {
          iterations run {iterations}, re-runs {reruns}, seconds {seconds:.1}",
         sigkills + sigterms,
         t.specs.len()
+    );
+    eprintln!(
+        "torture: temp files left by the kills (all removed by the next start): {temps_left}"
     );
     if t.opts.keep.is_some() {
         eprintln!("torture: kept {}", base.display());
