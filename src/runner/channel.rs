@@ -60,7 +60,8 @@ pub struct ProgressMessage {
 /// The read end of a worker's channel; the FIFO is removed when it is dropped.
 pub struct Channel {
     path: PathBuf,
-    lines: FramedRead<pipe::Receiver, LinesCodec>,
+    /// `None` only for the moment it is rebuilt after a too-long line.
+    lines: Option<FramedRead<pipe::Receiver, LinesCodec>>,
 }
 
 impl std::fmt::Debug for Channel {
@@ -87,7 +88,10 @@ impl Channel {
             .open_receiver(path)?;
         Ok(Channel {
             path: path.to_path_buf(),
-            lines: FramedRead::new(receiver, LinesCodec::new_with_max_length(MAX_LINE_BYTES)),
+            lines: Some(FramedRead::new(
+                receiver,
+                LinesCodec::new_with_max_length(MAX_LINE_BYTES),
+            )),
         })
     }
 
@@ -98,13 +102,26 @@ impl Channel {
     /// The next line, parsed. Never ends on its own (the daemon holds a write end).
     pub async fn next(&mut self) -> Result<Message, String> {
         loop {
-            match self.lines.next().await {
+            let Some(lines) = self.lines.as_mut() else {
+                return std::future::pending().await;
+            };
+            match lines.next().await {
                 Some(Ok(line)) if line.trim().is_empty() => continue,
                 Some(Ok(line)) => return parse_message(&line),
                 Some(Err(LinesCodecError::MaxLineLengthExceeded)) => {
+                    // A framed stream ends after an error; rebuild it around the same pipe and
+                    // codec (which goes on discarding up to the end of the long line), or the
+                    // worker would block forever writing into a channel nobody reads.
+                    if let Some(framed) = self.lines.take() {
+                        let codec = framed.decoder().clone();
+                        let buffered = framed.read_buffer().clone();
+                        let mut rebuilt = FramedRead::new(framed.into_inner(), codec);
+                        *rebuilt.read_buffer_mut() = buffered;
+                        self.lines = Some(rebuilt);
+                    }
                     return Err(format!(
                         "a line longer than {MAX_LINE_BYTES} bytes was skipped"
-                    ))
+                    ));
                 }
                 Some(Err(LinesCodecError::Io(e))) => {
                     return Err(format!("reading the channel: {e}"))
