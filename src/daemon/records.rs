@@ -54,7 +54,20 @@ impl Scheduler {
             event,
             serde_json::json!({"error": error, "attempts": entry.attempt}),
         );
-        let outputs = self.outputs_by_name(&entry).await.unwrap_or_default();
+        // The record is written even if an earlier phase's output cannot be read back, but
+        // it says so: `cairn retry` restores outputs from this record.
+        let (outputs, error) = match self.outputs_by_name(&entry).await {
+            Ok(outputs) => (outputs, error),
+            Err(problem) => {
+                tracing::error!(task_id = %id, "reading the outputs of earlier phases: {problem}");
+                (
+                    Default::default(),
+                    format!(
+                        "{error} (and the outputs of earlier phases could not be read: {problem})"
+                    ),
+                )
+            }
+        };
         let record = FailedRecord {
             status: status.into(),
             cost: entry.cost,

@@ -121,20 +121,22 @@ impl Scheduler {
 
     /// The one-line summary systemd shows as the service's status.
     pub(super) fn status_line(&self) -> String {
-        let work = self.ctx.work.snapshot();
-        let count = |status: ActiveStatus| {
-            work.active_tasks
+        // Runs on every turn of the main loop: count under the lock, clone nothing.
+        let (paused, iterations) = self.ctx.work.update(|work| {
+            let paused = work
+                .active_tasks
                 .iter()
-                .filter(|t| t.status == status)
-                .count()
-        };
-        let iterations: u64 = work.active_tasks.iter().map(|t| t.iterations).sum();
+                .filter(|t| t.status == ActiveStatus::Paused)
+                .count();
+            let iterations: u64 = work.active_tasks.iter().map(|t| t.iterations).sum();
+            (paused, iterations)
+        });
         format!(
             "running {}, pending {}, waiting retry {}, paused {}; {} iterations done in flight, {} tasks finished since start",
             self.running_ids.len(),
             self.pending.len() + self.resume.len(),
             self.retries.len(),
-            count(ActiveStatus::Paused),
+            paused,
             iterations,
             self.finished
         )
