@@ -11,6 +11,7 @@
 //! Data flows one way: [`queue`] intake → [`runner`] → [`store`]; [`cli`] reads the store and
 //! starts the daemon.
 
+pub mod bench;
 pub mod cli;
 pub mod daemon;
 pub mod queue;

@@ -1,5 +1,6 @@
 //! The `cairn` command line: one file per subcommand. `main.rs` only calls [`main`].
 
+mod bench;
 mod checkpoint;
 mod completions;
 mod control;
@@ -102,6 +103,8 @@ enum Command {
     Prune(prune::PruneArgs),
     /// Print a shell completion script.
     Completions(completions::CompletionsArgs),
+    /// Measure cairn's hot paths and print the figures (one JSON line per run).
+    Bench(bench::BenchArgs),
 }
 
 /// Parse the command line, run the subcommand, and map the outcome to an exit code.
@@ -133,6 +136,7 @@ pub fn main() -> ExitCode {
         Command::Retry(args) => control::run(&cli.queue, control::Action::Retry, args),
         Command::Prune(args) => prune::run(&cli.queue, args),
         Command::Completions(args) => completions::run(args),
+        Command::Bench(args) => bench::run(args),
     };
     ExitCode::from(code)
 }

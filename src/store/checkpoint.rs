@@ -8,20 +8,22 @@
 //! the gzip stream, invalid JSON, unknown fields or an unsupported version are all errors, so a
 //! damaged file is reported and skipped instead of being read as a wrong checkpoint.
 
-use std::io::{Read, Write};
+use std::io::{self, Read};
 
 use chrono::{DateTime, Utc};
-use flate2::write::GzEncoder;
-use flate2::Compression;
 use serde::{Deserialize, Serialize};
 
 /// The format version this cairn writes and reads.
 pub const FORMAT_VERSION: u32 = 1;
 
 /// One loop's progress: how many iterations are done and the state after them.
+///
+/// The state is a JSON value when read back; a writer may hold it in any serializable form
+/// (the loop checkpointer keeps it as already-serialized JSON, so a large state is serialized
+/// once per save instead of being converted to a value tree first).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct IterationCheckpoint {
+pub struct IterationCheckpoint<S = serde_json::Value> {
     /// The on-disk format version ([`FORMAT_VERSION`] when written by this cairn).
     pub format_version: u32,
     /// The task this checkpoint belongs to; also names its file.
@@ -38,7 +40,7 @@ pub struct IterationCheckpoint {
     /// Checkpoints are written every this many completed iterations.
     pub checkpoint_interval: u64,
     /// The loop's state after `iteration_count` iterations.
-    pub partial_results: serde_json::Value,
+    pub partial_results: S,
     /// When this checkpoint was written (RFC 3339, UTC).
     pub last_checkpoint_at: DateTime<Utc>,
     /// Which attempt of the task wrote it (1 for the first run).
@@ -93,12 +95,14 @@ pub enum CheckpointError {
 }
 
 /// Encode `cp` as the bytes of a checkpoint file: JSON, gzip-compressed, stream finished.
-pub fn encode_checkpoint(cp: &IterationCheckpoint) -> Result<Vec<u8>, CheckpointError> {
-    let json = serde_json::to_vec(cp).map_err(|err| CheckpointError::Encode(err.into()))?;
-    let mut encoder = GzEncoder::new(Vec::new(), Compression::fast());
-    encoder.write_all(&json).map_err(CheckpointError::Encode)?;
-    // `finish` writes the CRC and length trailer; without it the file would not decode.
-    encoder.finish().map_err(CheckpointError::Encode)
+pub fn encode_checkpoint<S: Serialize>(
+    cp: &IterationCheckpoint<S>,
+) -> Result<Vec<u8>, CheckpointError> {
+    // Serialized straight into the compressor, which works on full blocks while the rest is
+    // serialized. The stream is finished, CRC and length trailer included; without them the
+    // file would not decode.
+    super::gzip::gzip_with(|w| serde_json::to_writer(w, cp).map_err(io::Error::from))
+        .map_err(CheckpointError::Encode)
 }
 
 /// Decode a checkpoint file's bytes, verifying the gzip trailer, the JSON and the version.
@@ -137,6 +141,11 @@ pub fn decode_checkpoint(bytes: &[u8]) -> Result<IterationCheckpoint, Checkpoint
 
 #[cfg(test)]
 mod tests {
+    use std::io::Write;
+
+    use flate2::write::GzEncoder;
+    use flate2::Compression;
+
     use super::*;
 
     fn sample() -> IterationCheckpoint {

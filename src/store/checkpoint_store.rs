@@ -190,15 +190,15 @@ impl CheckpointStore {
     /// the generation `keep_generations` older than that is removed (a failure to remove it
     /// is logged, not returned: the new checkpoint is committed by then). On error the
     /// previous latest is intact.
-    pub fn save(&self, cp: &mut IterationCheckpoint) -> Result<u64, StoreError> {
+    pub fn save<S: Serialize>(&self, cp: &mut IterationCheckpoint<S>) -> Result<u64, StoreError> {
         self.save_with_info(cp).map(|saved| saved.generation)
     }
 
     /// [`CheckpointStore::save`], telling also how many bytes were written and how long the
     /// durable write took (for the task's event journal).
-    pub fn save_with_info(
+    pub fn save_with_info<S: Serialize>(
         &self,
-        cp: &mut IterationCheckpoint,
+        cp: &mut IterationCheckpoint<S>,
     ) -> Result<SavedCheckpoint, StoreError> {
         let started = std::time::Instant::now();
         validate_task_id(&cp.task_id)?;

@@ -114,3 +114,39 @@ impl FileOps for RealFileOps {
         std::fs::remove_file(path)
     }
 }
+
+/// The real syscalls without the fsyncs: a replace survives a crash of the process but not of
+/// the kernel or a power cut. Only for measuring what durability costs (`cairn bench
+/// checkpoint --durability none`); the daemon never uses it.
+#[derive(Debug, Default, Clone)]
+pub struct UnsyncedFileOps;
+
+impl FileOps for UnsyncedFileOps {
+    fn create_temp(&self, dir: &Path, target_name: &str) -> io::Result<TempFile> {
+        RealFileOps.create_temp(dir, target_name)
+    }
+
+    fn write_all(&self, temp: &mut TempFile, bytes: &[u8]) -> io::Result<()> {
+        RealFileOps.write_all(temp, bytes)
+    }
+
+    fn sync_file(&self, _temp: &mut TempFile) -> io::Result<()> {
+        Ok(())
+    }
+
+    fn hard_link(&self, existing: &Path, new: &Path) -> io::Result<()> {
+        RealFileOps.hard_link(existing, new)
+    }
+
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        RealFileOps.rename(from, to)
+    }
+
+    fn sync_dir(&self, _dir: &Path) -> io::Result<()> {
+        Ok(())
+    }
+
+    fn remove_file(&self, path: &Path) -> io::Result<()> {
+        RealFileOps.remove_file(path)
+    }
+}

@@ -20,6 +20,7 @@
 use chrono::Utc;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
+use serde_json::value::RawValue;
 
 use super::checkpoint::{IterationCheckpoint, FORMAT_VERSION};
 use super::checkpoint_store::{CheckpointStore, SavedCheckpoint, StoreError};
@@ -44,8 +45,9 @@ pub struct LoopCheckpointer {
     attempt: u32,
     /// Write every this many completed iterations (at least 1).
     every: u64,
-    /// A completed iteration not yet written (between two `every` boundaries).
-    pending: Option<IterationCheckpoint>,
+    /// A completed iteration not yet written (between two `every` boundaries), its state
+    /// already serialized.
+    pending: Option<IterationCheckpoint<Box<RawValue>>>,
     /// The task's summed cost, stamped on the checkpoints written from now on.
     cost: Option<f64>,
     /// The last write, until [`LoopCheckpointer::take_last_saved`] takes it.
@@ -130,12 +132,11 @@ impl LoopCheckpointer {
         iteration_count: u64,
         state: &S,
     ) -> Result<bool, StoreError> {
-        let cp = self.build(iteration_count, state, false, None)?;
-        self.pending = Some(cp);
         if iteration_count % self.every == 0 {
-            self.flush()?;
+            self.save_now(self.envelope(iteration_count, state, false, None))?;
             Ok(true)
         } else {
+            self.pending = Some(self.pending_copy(iteration_count, state, false, None)?);
             Ok(false)
         }
     }
@@ -147,9 +148,42 @@ impl LoopCheckpointer {
         state: &S,
         output: Option<serde_json::Value>,
     ) -> Result<(), StoreError> {
-        let cp = self.build(iteration_count, state, true, output)?;
-        self.pending = Some(cp);
-        self.flush()
+        self.save_now(self.envelope(iteration_count, state, true, output))
+    }
+
+    /// Write `cp` now, serializing its borrowed state straight into the file's encoder. On
+    /// error it stays pending (as a copy), so a later flush can retry it.
+    fn save_now<S: Serialize>(
+        &mut self,
+        mut cp: IterationCheckpoint<&S>,
+    ) -> Result<(), StoreError> {
+        // A newer iteration supersedes whatever was pending.
+        self.pending = None;
+        match self.store.save_with_info(&mut cp) {
+            Ok(saved) => {
+                self.last_saved = Some(saved);
+                self.last_written = Some(cp.iteration_count);
+                Ok(())
+            }
+            Err(err) => {
+                let IterationCheckpoint {
+                    iteration_count,
+                    partial_results,
+                    done,
+                    output,
+                    ..
+                } = cp;
+                match self.pending_copy(iteration_count, partial_results, done, output) {
+                    Ok(copy) => self.pending = Some(copy),
+                    Err(copy_err) => tracing::error!(
+                        task_id = %self.task_id,
+                        error = %copy_err,
+                        "the failed checkpoint could not be kept for a retry"
+                    ),
+                }
+                Err(err)
+            }
+        }
     }
 
     /// Write the pending iteration, if any (call it when the loop stops). Idempotent; on
@@ -186,15 +220,15 @@ impl LoopCheckpointer {
         self.last_written
     }
 
-    /// A checkpoint of this loop; `save` fills in the generation and the time.
-    fn build<S: Serialize>(
+    /// A checkpoint of this loop holding `state`; `save` fills in the generation and the time.
+    fn envelope<T>(
         &self,
         iteration_count: u64,
-        state: &S,
+        state: T,
         done: bool,
         output: Option<serde_json::Value>,
-    ) -> Result<IterationCheckpoint, StoreError> {
-        Ok(IterationCheckpoint {
+    ) -> IterationCheckpoint<T> {
+        IterationCheckpoint {
             format_version: FORMAT_VERSION,
             task_id: self.task_id.clone(),
             phase: self.phase.clone(),
@@ -202,14 +236,27 @@ impl LoopCheckpointer {
             scope: self.scope.clone(),
             iteration_count,
             checkpoint_interval: self.every,
-            partial_results: serde_json::to_value(state).map_err(StoreError::State)?,
+            partial_results: state,
             last_checkpoint_at: Utc::now(),
             attempt: self.attempt,
             generation: 0,
             done,
             output,
             cost: self.cost,
-        })
+        }
+    }
+
+    /// A checkpoint to keep pending: the state is serialized now, since the caller's state
+    /// moves on with the next iteration.
+    fn pending_copy<S: Serialize + ?Sized>(
+        &self,
+        iteration_count: u64,
+        state: &S,
+        done: bool,
+        output: Option<serde_json::Value>,
+    ) -> Result<IterationCheckpoint<Box<RawValue>>, StoreError> {
+        let state = serde_json::value::to_raw_value(state).map_err(StoreError::State)?;
+        Ok(self.envelope(iteration_count, state, done, output))
     }
 }
 

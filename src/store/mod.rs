@@ -16,6 +16,7 @@ pub mod current_work;
 mod faulty;
 mod file;
 mod file_ops;
+mod gzip;
 pub mod journal;
 mod loop_checkpointer;
 mod power_loss;
@@ -29,7 +30,7 @@ pub use checkpoint_store::{
 };
 pub use faulty::{FaultMode, FaultyFileOps};
 pub use file::FileStorage;
-pub use file_ops::{FileOps, RealFileOps, TempFile};
+pub use file_ops::{FileOps, RealFileOps, TempFile, UnsyncedFileOps};
 pub use loop_checkpointer::LoopCheckpointer;
 pub use power_loss::PowerLossFileOps;
 

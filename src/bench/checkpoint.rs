@@ -1,0 +1,255 @@
+//! `cairn bench checkpoint`: the shared checkpoint workload through cairn's real checkpoint
+//! path ([`LoopCheckpointer`] → [`CheckpointStore`] → [`FileStorage`]), the code the daemon's
+//! loop phases run.
+//!
+//! Sequential runs call the checkpointer on one thread, as an embedding program does.
+//! Concurrent runs start every task at once as a tokio task on a multi-thread runtime, and
+//! each checkpoint call runs on tokio's blocking pool, as the daemon's phase runners do.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use serde::Serialize;
+
+use super::workload::{mean_canonical_bytes, SizeClass, TaskState};
+use super::{millis, percentile, round_to};
+use crate::store::{
+    CheckpointStore, FileOps, FileStorage, LoopCheckpointer, RealFileOps, Storage, UnsyncedFileOps,
+};
+
+/// What a checkpoint call promises when it returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Durability {
+    /// Survives power loss: the temp file and the directory are fsynced (what the daemon does).
+    Fsync,
+    /// Survives a crash of the process only: rename without fsync.
+    None,
+}
+
+impl Durability {
+    /// The `mode` of the result line, in the workload's words.
+    fn mode(self) -> &'static str {
+        match self {
+            Durability::Fsync => "durable",
+            Durability::None => "published",
+        }
+    }
+}
+
+/// One configuration of the benchmark.
+#[derive(Debug, Clone)]
+pub struct CheckpointBench {
+    pub size: SizeClass,
+    /// 1 for the sequential variant, else the number of concurrent tasks.
+    pub conc: usize,
+    pub durability: Durability,
+    /// The directory under which the run's queue directory is made (and removed unless
+    /// `keep`).
+    pub dir: PathBuf,
+    /// Keep the checkpoints after the run (to inspect them with `cairn checkpoint`).
+    pub keep: bool,
+}
+
+/// The one-line result the workload defines.
+#[derive(Debug, Clone, Serialize)]
+pub struct CheckpointResult {
+    #[serde(rename = "impl")]
+    pub implementation: &'static str,
+    pub mode: &'static str,
+    pub size: &'static str,
+    pub conc: usize,
+    pub n: usize,
+    pub json_bytes: u64,
+    pub stored_bytes: u64,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    pub ops_s: f64,
+}
+
+/// One timed checkpoint call.
+struct Sample {
+    latency: Duration,
+    stored_bytes: u64,
+}
+
+impl CheckpointBench {
+    /// Run the configuration once; returns the result and the queue directory it wrote.
+    pub fn run(&self) -> anyhow::Result<(CheckpointResult, PathBuf)> {
+        let Some(iterations) = self.size.iterations(self.conc) else {
+            bail!(
+                "the workload has no concurrent variant for size {}",
+                self.size.name()
+            );
+        };
+        if self.conc == 0 {
+            bail!("--conc must be at least 1");
+        }
+        let root = self.fresh_root()?;
+        let ops: Arc<dyn FileOps> = match self.durability {
+            Durability::Fsync => Arc::new(RealFileOps),
+            Durability::None => Arc::new(UnsyncedFileOps),
+        };
+        let storage = FileStorage::with_ops(&root, ops);
+        storage
+            .create_dir("incremental")
+            .with_context(|| format!("creating {}", root.join("incremental").display()))?;
+        let store = CheckpointStore::with_storage(Arc::new(storage) as Arc<dyn Storage>);
+
+        let started = Instant::now();
+        let samples = if self.conc == 1 {
+            run_sequential(&store, self.size, iterations)?
+        } else {
+            run_concurrent(&store, self.size, self.conc, iterations)?
+        };
+        let wall = started.elapsed();
+
+        let result = summarize(self, iterations, samples, wall);
+        if !self.keep {
+            std::fs::remove_dir_all(&root)
+                .with_context(|| format!("removing {}", root.display()))?;
+        }
+        Ok((result, root))
+    }
+
+    /// A new, empty directory for this run under `self.dir`.
+    fn fresh_root(&self) -> anyhow::Result<PathBuf> {
+        std::fs::create_dir_all(&self.dir)
+            .with_context(|| format!("creating {}", self.dir.display()))?;
+        let name = format!(
+            "cairn-{}-c{}-{}-",
+            self.size.name(),
+            self.conc,
+            self.durability.mode()
+        );
+        let root = tempfile::Builder::new()
+            .prefix(&name)
+            .tempdir_in(&self.dir)
+            .with_context(|| format!("creating a run directory in {}", self.dir.display()))?;
+        Ok(root.keep())
+    }
+}
+
+/// One task's loop on this thread: build the state (untimed), checkpoint it (timed).
+fn run_sequential(
+    store: &CheckpointStore,
+    size: SizeClass,
+    iterations: u64,
+) -> anyhow::Result<Vec<Sample>> {
+    let mut state = TaskState::new(0, size);
+    let mut checkpointer = LoopCheckpointer::new(store.clone(), state.task_id(), "bench");
+    let mut samples = Vec::with_capacity(iterations as usize);
+    for _ in 0..iterations {
+        samples.push(timed_checkpoint(&mut checkpointer, &state)?);
+        state.advance();
+    }
+    Ok(samples)
+}
+
+/// Checkpoint iteration `state.iteration()` as completed, timing the call.
+fn timed_checkpoint(
+    checkpointer: &mut LoopCheckpointer,
+    state: &TaskState,
+) -> anyhow::Result<Sample> {
+    let started = Instant::now();
+    checkpointer
+        .checkpoint(state.iteration() + 1, state)
+        .with_context(|| format!("checkpointing {}", state.task_id()))?;
+    let latency = started.elapsed();
+    let stored_bytes = checkpointer
+        .take_last_saved()
+        .map(|saved| saved.bytes)
+        .unwrap_or(0);
+    Ok(Sample {
+        latency,
+        stored_bytes,
+    })
+}
+
+/// `conc` tasks started at once; each checkpoint call goes to the blocking pool and a task's
+/// next iteration starts when its call has returned.
+fn run_concurrent(
+    store: &CheckpointStore,
+    size: SizeClass,
+    conc: usize,
+    iterations: u64,
+) -> anyhow::Result<Vec<Sample>> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the tokio runtime")?;
+    runtime.block_on(async {
+        let mut tasks = tokio::task::JoinSet::new();
+        for task in 0..conc {
+            let store = store.clone();
+            tasks.spawn(async move {
+                let mut state = TaskState::new(task as u64, size);
+                let mut checkpointer =
+                    LoopCheckpointer::new(store, state.task_id().to_owned(), "bench");
+                let mut samples = Vec::with_capacity(iterations as usize);
+                for _ in 0..iterations {
+                    let started = Instant::now();
+                    let (back_checkpointer, back_state, result) =
+                        tokio::task::spawn_blocking(move || {
+                            let result = timed_checkpoint(&mut checkpointer, &state);
+                            (checkpointer, state, result)
+                        })
+                        .await
+                        .context("a checkpoint call panicked")?;
+                    let latency = started.elapsed();
+                    checkpointer = back_checkpointer;
+                    state = back_state;
+                    samples.push(Sample {
+                        latency,
+                        stored_bytes: result?.stored_bytes,
+                    });
+                    state.advance();
+                }
+                anyhow::Ok(samples)
+            });
+        }
+        let mut all = Vec::with_capacity(conc * iterations as usize);
+        while let Some(joined) = tasks.join_next().await {
+            all.extend(joined.context("a benchmark task panicked")??);
+        }
+        Ok(all)
+    })
+}
+
+/// The result line: percentiles of the latencies, and checkpoints/s as the workload defines
+/// it (n / summed latency for sequential runs, n / wall clock for concurrent ones).
+fn summarize(
+    bench: &CheckpointBench,
+    iterations: u64,
+    samples: Vec<Sample>,
+    wall: Duration,
+) -> CheckpointResult {
+    let n = samples.len();
+    let stored: u64 = samples.iter().map(|s| s.stored_bytes).sum();
+    let mut latencies: Vec<Duration> = samples.into_iter().map(|s| s.latency).collect();
+    latencies.sort_unstable();
+    let busy = if bench.conc == 1 {
+        latencies.iter().sum::<Duration>()
+    } else {
+        wall
+    };
+    CheckpointResult {
+        implementation: "cairn",
+        mode: bench.durability.mode(),
+        size: bench.size.name(),
+        conc: bench.conc,
+        n,
+        json_bytes: mean_canonical_bytes(bench.size, iterations).round() as u64,
+        stored_bytes: (stored as f64 / n.max(1) as f64).round() as u64,
+        p50_ms: millis(percentile(&latencies, 0.50)),
+        p99_ms: millis(percentile(&latencies, 0.99)),
+        ops_s: round_to(n as f64 / busy.as_secs_f64().max(1e-9), 1),
+    }
+}
+
+/// The default parent of run directories: `bench/.data` under the current directory, as the
+/// workload asks (the same file system as the repository).
+pub fn default_dir() -> PathBuf {
+    Path::new("bench").join(".data")
+}

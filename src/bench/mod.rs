@@ -1,0 +1,46 @@
+//! Benchmarks that drive cairn's real code paths and print figures (`cairn bench …`).
+//!
+//! Speed is measured here, never by timed assertions in tests. Each benchmark prints one JSON
+//! line per run, so runs of cairn and of other checkpointers can be tabulated together
+//! (`bench/workload.md` defines the line for checkpoints).
+
+pub mod checkpoint;
+pub mod workload;
+
+use std::time::Duration;
+
+/// The nearest-rank percentile (the `ceil(q·n)`-th smallest) of ascending `sorted`.
+pub fn percentile(sorted: &[Duration], q: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let rank = (q * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+/// Milliseconds, rounded to 4 decimals like the reference helpers.
+pub fn millis(d: Duration) -> f64 {
+    round_to(d.as_secs_f64() * 1e3, 4)
+}
+
+/// `value` rounded to `decimals` places.
+pub fn round_to(value: f64, decimals: i32) -> f64 {
+    let scale = 10f64.powi(decimals);
+    (value * scale).round() / scale
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nearest_rank_percentiles() {
+        let ms = |n| Duration::from_millis(n);
+        let sorted: Vec<Duration> = (1..=100).map(ms).collect();
+        assert_eq!(percentile(&sorted, 0.5), ms(50));
+        assert_eq!(percentile(&sorted, 0.99), ms(99));
+        assert_eq!(percentile(&sorted[..3], 0.5), ms(2));
+        assert_eq!(percentile(&sorted[..1], 0.99), ms(1));
+        assert_eq!(percentile(&[], 0.5), Duration::ZERO);
+    }
+}

@@ -1,0 +1,79 @@
+//! `cairn bench …`: benchmarks of cairn's real code paths, printing one JSON line per run.
+
+use std::path::PathBuf;
+
+use clap::{Args, Subcommand};
+
+use super::exit;
+use crate::bench::checkpoint::{default_dir, CheckpointBench, Durability};
+use crate::bench::workload::SizeClass;
+
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    #[command(subcommand)]
+    bench: Bench,
+}
+
+#[derive(Debug, Subcommand)]
+enum Bench {
+    /// The shared checkpoint workload (bench/workload.md) through cairn's checkpoint path;
+    /// prints {"impl": "cairn", "mode", "size", "conc", "n", "json_bytes", "stored_bytes",
+    /// "p50_ms", "p99_ms", "ops_s"}.
+    Checkpoint(CheckpointArgs),
+}
+
+#[derive(Debug, Args)]
+struct CheckpointArgs {
+    /// The state size class.
+    #[arg(long, value_enum, default_value = "1k")]
+    size: SizeClass,
+    /// Tasks checkpointing at once: 1 (sequential) or 100 (the concurrent variant; any number
+    /// above 1 runs that many tasks with the concurrent variant's iteration count).
+    #[arg(long, default_value_t = 1)]
+    conc: usize,
+    /// fsync: survives power loss (what the daemon does); none: rename without fsync.
+    #[arg(long, value_enum, default_value = "fsync")]
+    durability: Durability,
+    /// Where run directories are made (the same file system as the data you care about).
+    #[arg(long, value_name = "DIR", default_value_os_t = default_dir())]
+    dir: PathBuf,
+    /// Keep the run's checkpoints (their directory is printed on stderr), so that
+    /// `cairn --queue DIR checkpoint task-0000` can decode them.
+    #[arg(long)]
+    keep: bool,
+}
+
+pub fn run(args: BenchArgs) -> u8 {
+    match args.bench {
+        Bench::Checkpoint(args) => checkpoint(args),
+    }
+}
+
+fn checkpoint(args: CheckpointArgs) -> u8 {
+    let bench = CheckpointBench {
+        size: args.size,
+        conc: args.conc,
+        durability: args.durability,
+        dir: args.dir,
+        keep: args.keep,
+    };
+    match bench.run() {
+        Ok((result, root)) => {
+            match serde_json::to_string(&result) {
+                Ok(line) => println!("{line}"),
+                Err(err) => {
+                    eprintln!("error: printing the result: {err}");
+                    return exit::FAILURE;
+                }
+            }
+            if args.keep {
+                eprintln!("checkpoints kept in {}", root.display());
+            }
+            exit::OK
+        }
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            exit::FAILURE
+        }
+    }
+}
