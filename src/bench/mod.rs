@@ -5,6 +5,7 @@
 //! (`bench/workload.md` defines the line for checkpoints).
 
 pub mod checkpoint;
+pub mod queue;
 pub mod workload;
 
 use std::time::Duration;

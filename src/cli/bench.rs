@@ -20,6 +20,9 @@ enum Bench {
     /// prints {"impl": "cairn", "mode", "size", "conc", "n", "json_bytes", "stored_bytes",
     /// "p50_ms", "p99_ms", "ops_s"}.
     Checkpoint(CheckpointArgs),
+    /// Queue throughput, pickup latency, loop-iteration overhead, resume time and peak memory
+    /// of the real daemon.
+    Queue(crate::bench::queue::QueueArgs),
 }
 
 #[derive(Debug, Args)]
@@ -46,6 +49,7 @@ struct CheckpointArgs {
 pub fn run(args: BenchArgs) -> u8 {
     match args.bench {
         Bench::Checkpoint(args) => checkpoint(args),
+        Bench::Queue(args) => crate::bench::queue::run(args),
     }
 }
 
