@@ -50,6 +50,9 @@ pub struct CheckpointBench {
     pub dir: PathBuf,
     /// Keep the checkpoints after the run (to inspect them with `cairn checkpoint`).
     pub keep: bool,
+    /// Measure the disk's limit instead of cairn: the same atomic replace (temp file, fsync,
+    /// rename, directory fsync) of each state's canonical bytes, with nothing else.
+    pub raw: bool,
 }
 
 /// The one-line result the workload defines.
@@ -98,7 +101,15 @@ impl CheckpointBench {
         let store = CheckpointStore::with_storage(Arc::new(storage) as Arc<dyn Storage>);
 
         let started = Instant::now();
-        let samples = if self.conc == 1 {
+        let samples = if self.raw {
+            run_raw(
+                &root.join("incremental"),
+                self.size,
+                self.conc,
+                iterations,
+                self.durability,
+            )?
+        } else if self.conc == 1 {
             run_sequential(&store, self.size, iterations)?
         } else {
             run_concurrent(&store, self.size, self.conc, iterations)?
@@ -217,6 +228,74 @@ fn run_concurrent(
     })
 }
 
+/// The reference the workload compares against: each task atomically replaces one file with
+/// its state's canonical bytes, with plain syscalls and nothing else (no envelope, no
+/// compression, no generations). Concurrent tasks are threads.
+fn run_raw(
+    dir: &Path,
+    size: SizeClass,
+    conc: usize,
+    iterations: u64,
+    durability: Durability,
+) -> anyhow::Result<Vec<Sample>> {
+    let replace_all = |task: usize| -> anyhow::Result<Vec<Sample>> {
+        let mut state = TaskState::new(task as u64, size);
+        let target = dir.join(format!("{}.json", state.task_id()));
+        let temp = dir.join(format!(".{}.json.tmp", state.task_id()));
+        let mut samples = Vec::with_capacity(iterations as usize);
+        for _ in 0..iterations {
+            let bytes = state.canonical();
+            let started = Instant::now();
+            atomic_replace(&temp, &target, dir, &bytes, durability)
+                .with_context(|| format!("replacing {}", target.display()))?;
+            samples.push(Sample {
+                latency: started.elapsed(),
+                stored_bytes: bytes.len() as u64,
+            });
+            state.advance();
+        }
+        Ok(samples)
+    };
+    if conc == 1 {
+        return replace_all(0);
+    }
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..conc)
+            .map(|task| scope.spawn(move || replace_all(task)))
+            .collect();
+        let mut all = Vec::new();
+        for handle in handles {
+            match handle.join() {
+                Ok(samples) => all.extend(samples?),
+                Err(_) => bail!("a raw benchmark thread panicked"),
+            }
+        }
+        Ok(all)
+    })
+}
+
+/// Write `bytes` to `temp`, fsync it, rename it over `target`, fsync `dir`.
+fn atomic_replace(
+    temp: &Path,
+    target: &Path,
+    dir: &Path,
+    bytes: &[u8],
+    durability: Durability,
+) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut file = std::fs::File::create(temp)?;
+    file.write_all(bytes)?;
+    if durability == Durability::Fsync {
+        file.sync_all()?;
+    }
+    drop(file);
+    std::fs::rename(temp, target)?;
+    if durability == Durability::Fsync {
+        std::fs::File::open(dir)?.sync_all()?;
+    }
+    Ok(())
+}
+
 /// The result line: percentiles of the latencies, and checkpoints/s as the workload defines
 /// it (n / summed latency for sequential runs, n / wall clock for concurrent ones).
 fn summarize(
@@ -235,7 +314,7 @@ fn summarize(
         wall
     };
     CheckpointResult {
-        implementation: "cairn",
+        implementation: if bench.raw { "raw" } else { "cairn" },
         mode: bench.durability.mode(),
         size: bench.size.name(),
         conc: bench.conc,

@@ -44,6 +44,10 @@ struct CheckpointArgs {
     /// `cairn --queue DIR checkpoint task-0000` can decode them.
     #[arg(long)]
     keep: bool,
+    /// Measure the disk's limit instead: the bare atomic replace (temp file, fsync, rename,
+    /// directory fsync) of each state's canonical JSON, printed with "impl": "raw".
+    #[arg(long)]
+    raw: bool,
 }
 
 pub fn run(args: BenchArgs) -> u8 {
@@ -60,6 +64,7 @@ fn checkpoint(args: CheckpointArgs) -> u8 {
         durability: args.durability,
         dir: args.dir,
         keep: args.keep,
+        raw: args.raw,
     };
     match bench.run() {
         Ok((result, root)) => {

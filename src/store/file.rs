@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::file_ops::{FileOps, RealFileOps, TempFile, TEMP_SUFFIX};
+use super::group_commit::GroupCommit;
 use super::Storage;
 
 /// The top-level directory that belongs to users (their task files); temp-file cleanup skips it.
@@ -22,6 +23,9 @@ pub struct FileStorage {
     root: PathBuf,
     /// The syscalls of a write; real ones, or fault-injecting ones in tests.
     ops: Arc<dyn FileOps>,
+    /// Per directory: the group commit that lets concurrent puts share one directory fsync.
+    /// Shared by clones.
+    dir_commits: Arc<std::sync::Mutex<std::collections::HashMap<PathBuf, Arc<GroupCommit>>>>,
 }
 
 /// Directories this process has made durable (see [`FileStorage::adopt_dir`]). Durability is a
@@ -47,6 +51,7 @@ impl FileStorage {
         Self {
             root: root.into(),
             ops,
+            dir_commits: Arc::default(),
         }
     }
 
@@ -72,7 +77,9 @@ impl FileStorage {
     /// Create `dir` (and missing ancestors) and make each new entry durable by syncing the
     /// directory that received it.
     fn ensure_dir(&self, dir: &Path) -> io::Result<()> {
-        if dir.is_dir() {
+        // An adopted directory existed when it was adopted; if it has been removed since, the
+        // temp file cannot be created and `put` forgets it and comes back here.
+        if adopted().contains(dir) || dir.is_dir() {
             return Ok(());
         }
         // The directories that do not exist yet, outermost first.
@@ -144,24 +151,49 @@ impl FileStorage {
         self.ops.write_all(temp, bytes)?;
         self.ops.sync_file(temp)?;
         if let Some(keep) = keep {
-            if fs::symlink_metadata(target).is_ok() {
-                match self.ops.remove_file(keep) {
-                    Err(err) if err.kind() != io::ErrorKind::NotFound => return Err(err),
-                    _ => {}
-                }
-                self.ops.hard_link(target, keep)?;
-                // The kept copy must be durable before the rename replaces the target; when it
-                // lives in the target's directory, the final directory sync covers both.
-                if let Some(keep_dir) = keep.parent() {
-                    if keep_dir != parent {
-                        self.ops.sync_dir(keep_dir)?;
-                    }
+            self.keep_previous(target, keep)?;
+            // The kept copy must be durable before the rename replaces the target; when it
+            // lives in the target's directory, the final directory sync covers both.
+            if let Some(keep_dir) = keep.parent() {
+                if keep_dir != parent {
+                    self.ops.sync_dir(keep_dir)?;
                 }
             }
         }
         self.ops.rename(&temp.path, target)?;
         *renamed = true;
-        self.ops.sync_dir(parent)
+        self.dir_commit(parent)
+            .barrier(|| self.ops.sync_dir(parent))
+    }
+
+    /// Give the current target (if there is one) the second name `keep`, replacing whatever
+    /// `keep` named. Tries the link first: the keep name is normally free, and a missing target
+    /// (the first write) shows as `NotFound`, so the common case costs one syscall.
+    fn keep_previous(&self, target: &Path, keep: &Path) -> io::Result<()> {
+        match self.ops.hard_link(target, keep) {
+            Ok(()) => Ok(()),
+            Err(err) if err.kind() == io::ErrorKind::NotFound => Ok(()),
+            Err(err) if err.kind() == io::ErrorKind::AlreadyExists => {
+                match self.ops.remove_file(keep) {
+                    Err(err) if err.kind() != io::ErrorKind::NotFound => return Err(err),
+                    _ => {}
+                }
+                match self.ops.hard_link(target, keep) {
+                    Err(err) if err.kind() == io::ErrorKind::NotFound => Ok(()),
+                    other => other,
+                }
+            }
+            Err(err) => Err(err),
+        }
+    }
+
+    /// The group commit of `dir`'s fsyncs.
+    fn dir_commit(&self, dir: &Path) -> Arc<GroupCommit> {
+        let mut commits = self
+            .dir_commits
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        Arc::clone(commits.entry(dir.to_path_buf()).or_default())
     }
 }
 
@@ -225,7 +257,16 @@ impl Storage for FileStorage {
             self.adopt_dir(keep_dir)?;
         }
 
-        let mut temp = self.ops.create_temp(parent, &target_name)?;
+        let mut temp = match self.ops.create_temp(parent, &target_name) {
+            Err(err) if err.kind() == io::ErrorKind::NotFound => {
+                // The directory was removed behind our back: make it again, durably.
+                adopted().remove(parent);
+                self.ensure_dir(parent)?;
+                self.adopt_dir(parent)?;
+                self.ops.create_temp(parent, &target_name)?
+            }
+            other => other?,
+        };
         let mut renamed = false;
         let result = self.write_and_commit(
             &mut temp,

@@ -45,7 +45,7 @@ pub fn gzip_with(produce: impl FnOnce(&mut dyn Write) -> io::Result<()>) -> io::
     let (job_tx, job_rx) = mpsc::channel::<Block>();
     let job_rx = Mutex::new(job_rx);
     let (done_tx, done_rx) = mpsc::channel::<Compressed>();
-    let helpers = std::thread::available_parallelism().map_or(1, |n| n.get().saturating_sub(1));
+    let helpers = spare_cores();
     std::thread::scope(|scope| {
         let mut writer = BlockWriter {
             scope,
@@ -100,6 +100,15 @@ pub fn gzip_with(produce: impl FnOnce(&mut dyn Write) -> io::Result<()>) -> io::
         // ISIZE is the input length modulo 2^32, as the format defines it.
         out.extend_from_slice(&(total_len as u32).to_le_bytes());
         Ok(out)
+    })
+}
+
+/// Cores beyond the calling thread's. Looked up once: the lookup reads cgroup files, which
+/// costs more than compressing a small checkpoint.
+fn spare_cores() -> usize {
+    static SPARE: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *SPARE.get_or_init(|| {
+        std::thread::available_parallelism().map_or(0, |n| n.get().saturating_sub(1))
     })
 }
 

@@ -16,6 +16,7 @@ pub mod current_work;
 mod faulty;
 mod file;
 mod file_ops;
+mod group_commit;
 mod gzip;
 pub mod journal;
 mod loop_checkpointer;
