@@ -22,7 +22,7 @@ use flate2::{Compress, Compression, FlushCompress, Status};
 const LEVEL: u32 = 1;
 
 /// The size of the blocks compressed independently (and in parallel).
-const BLOCK_BYTES: usize = 64 * 1024;
+const BLOCK_BYTES: usize = 32 * 1024;
 
 /// How many idle compressors are kept for reuse.
 const POOL_LIMIT: usize = 16;
