@@ -349,3 +349,82 @@ fn the_loop_helper_ignores_other_loops_checkpoints() {
     let err = same.resume::<Vec<u64>>().unwrap_err();
     assert!(matches!(err, StoreError::State(_)), "{err}");
 }
+
+#[test]
+fn a_retired_generation_file_is_reused_but_never_one_with_another_name() {
+    use std::os::unix::fs::MetadataExt;
+    let dir = tempfile::tempdir().unwrap();
+    let store = CheckpointStore::open(dir.path()).unwrap();
+    save_generations(&store, 4);
+    let incremental = dir.path().join("incremental");
+    // Saving generation 5 retires generation 1: its inode becomes the new latest file.
+    let retired_inode = fs::metadata(incremental.join("t1.1.json.gz"))
+        .unwrap()
+        .ino();
+    save_generations_from(&store, 5, 5);
+    assert_eq!(
+        fs::metadata(incremental.join("t1.json.gz")).unwrap().ino(),
+        retired_inode
+    );
+    assert_eq!(
+        files_on_disk(dir.path()),
+        vec!["t1.2.json.gz", "t1.3.json.gz", "t1.4.json.gz", "t1.json.gz"]
+    );
+
+    // A retired file that has a second name (someone's backup link) is removed, not
+    // overwritten: the backup keeps its bytes.
+    let backup = dir.path().join("backup.json.gz");
+    fs::hard_link(incremental.join("t1.2.json.gz"), &backup).unwrap();
+    let backed_up = fs::read(&backup).unwrap();
+    save_generations_from(&store, 6, 6);
+    assert_eq!(fs::read(&backup).unwrap(), backed_up);
+    assert_eq!(
+        files_on_disk(dir.path()),
+        vec!["t1.3.json.gz", "t1.4.json.gz", "t1.5.json.gz", "t1.json.gz"]
+    );
+    assert_eq!(
+        store.latest(TASK).unwrap().unwrap().checkpoint.generation,
+        6
+    );
+}
+
+#[test]
+fn an_older_file_holding_a_later_generation_is_not_that_generation() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = CheckpointStore::open(dir.path()).unwrap();
+    save_generations(&store, 3);
+    // What a power cut during a reuse can leave: the old name still there, holding the new
+    // checkpoint (here generation 3's bytes under generation 1's name).
+    let incremental = dir.path().join("incremental");
+    fs::copy(
+        incremental.join("t1.json.gz"),
+        incremental.join("t1.1.json.gz"),
+    )
+    .unwrap();
+    let err = store.generation(TASK, 1).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("named generation 1 but holds generation 3"),
+        "{err}"
+    );
+    let history = store.history(TASK).unwrap();
+    let oldest = history.iter().find(|info| info.generation == 1).unwrap();
+    assert!(
+        oldest.error.as_deref().unwrap().contains("interrupted"),
+        "{oldest:?}"
+    );
+    // As a fallback it is skipped too: with the newer files damaged, nothing decodes.
+    corrupt(dir.path(), "incremental/t1.json.gz");
+    corrupt(dir.path(), "incremental/t1.2.json.gz");
+    assert!(store.latest(TASK).is_err());
+}
+
+/// Save generations `from..=to` (iteration count 10 * generation).
+fn save_generations_from(store: &CheckpointStore, from: u64, to: u64) {
+    for generation in from..=to {
+        assert_eq!(
+            store.save(&mut checkpoint(10 * generation)).unwrap(),
+            generation
+        );
+    }
+}

@@ -153,19 +153,19 @@ fn assert_restart_recovers(root: &Path, expected: Option<&IterationCheckpoint>, 
     );
 }
 
-/// The file-system steps of a save that replaces an existing latest checkpoint and prunes the
-/// oldest kept generation, in the order FileStorage performs them.
-const SAVE_STEPS: [&str; 7] = [
-    "create_temp",
+/// The file-system steps of a save that replaces an existing latest checkpoint and retires the
+/// oldest kept generation, whose file it reuses as its temp file, in the order FileStorage
+/// performs them.
+const SAVE_STEPS: [&str; 6] = [
+    "reuse_as_temp (the retired generation)",
     "write_all",
     "sync_file",
     "hard_link (keep previous)",
     "rename",
     "sync_dir",
-    "remove_file (prune)",
 ];
+const REUSE_STEP: u64 = 0;
 const RENAME_STEP: u64 = 4;
-const PRUNE_STEP: u64 = 6;
 
 #[test]
 fn a_save_counts_the_expected_steps() {
@@ -176,7 +176,8 @@ fn a_save_counts_the_expected_steps() {
     assert_eq!(store.save(&mut checkpoint_after(5)).unwrap(), 5);
     assert_eq!(ops.steps(), SAVE_STEPS.len() as u64);
     assert!(!ops.crashed());
-    // The prune removed generation 1; generations 2..=4 are kept besides the latest (5).
+    // Generation 1 was retired (its file became the new latest); generations 2..=4 are kept
+    // besides the latest (5).
     let generations: Vec<u64> = store
         .history(TASK)
         .unwrap()
@@ -200,9 +201,9 @@ fn a_fault_at_any_step_of_a_save_keeps_the_last_committed_checkpoint() {
             let result = store.save(&mut new);
 
             // Until the directory sync has succeeded the save is not durable, so it must be
-            // reported as failed, even though the rename may already have happened. A failed
-            // prune afterwards only leaves an old file behind: the save has succeeded.
-            if step < PRUNE_STEP {
+            // reported as failed, even though the rename may already have happened. Reusing
+            // the retired file is only a saving: when it fails, a new temp file is made.
+            if !(mode == FaultMode::Error && step == REUSE_STEP) {
                 let err = result.expect_err(&context);
                 assert!(
                     matches!(&err, StoreError::Io { key, .. } if key == "incremental/t1.json.gz"),
@@ -224,7 +225,8 @@ fn a_fault_at_any_step_of_a_save_keeps_the_last_committed_checkpoint() {
                 assert_eq!(torn, full / 2, "{context}: the write was not torn");
             }
 
-            let expected = if step > RENAME_STEP { &new } else { &committed };
+            let saved = step > RENAME_STEP || (mode == FaultMode::Error && step == REUSE_STEP);
+            let expected = if saved { &new } else { &committed };
             assert_restart_recovers(dir.path(), Some(expected), &context);
         }
     }
@@ -258,7 +260,7 @@ fn after_a_transient_error_the_same_store_saves_again() {
             "{context}"
         );
         let first = store.save(&mut checkpoint_after(5));
-        assert_eq!(first.is_ok(), step == PRUNE_STEP, "{context}");
+        assert_eq!(first.is_ok(), step == REUSE_STEP, "{context}");
         let highest_before = highest_generation_on_disk(&store);
 
         let mut retry = checkpoint_after(5);

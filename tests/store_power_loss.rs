@@ -226,6 +226,18 @@ impl FileOps for CutAfterEveryStep {
         self.then_cut("create_temp", self.model.create_temp(dir, target_name))
     }
 
+    fn reuse_as_temp(
+        &self,
+        old: &Path,
+        dir: &Path,
+        target_name: &str,
+    ) -> io::Result<Option<TempFile>> {
+        self.then_cut(
+            "reuse_as_temp",
+            self.model.reuse_as_temp(old, dir, target_name),
+        )
+    }
+
     fn write_all(&self, temp: &mut TempFile, bytes: &[u8]) -> io::Result<()> {
         self.then_cut("write_all", self.model.write_all(temp, bytes))
     }
@@ -524,6 +536,16 @@ impl FileOps for KilledBeforeDirSync {
     fn create_temp(&self, dir: &Path, target_name: &str) -> io::Result<TempFile> {
         self.alive()?;
         self.model.create_temp(dir, target_name)
+    }
+
+    fn reuse_as_temp(
+        &self,
+        old: &Path,
+        dir: &Path,
+        target_name: &str,
+    ) -> io::Result<Option<TempFile>> {
+        self.alive()?;
+        self.model.reuse_as_temp(old, dir, target_name)
     }
 
     fn write_all(&self, temp: &mut TempFile, bytes: &[u8]) -> io::Result<()> {

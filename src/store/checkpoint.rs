@@ -89,6 +89,18 @@ pub enum CheckpointError {
         /// The task named inside the file.
         found: String,
     },
+    /// An older generation's file holds a later checkpoint than its name gives: the file was
+    /// being reused for a later save when the machine went down. It is not that generation.
+    #[error(
+        "the file is named generation {named} but holds generation {found} (left by a save \
+         that was interrupted); it is not generation {named}"
+    )]
+    NotItsGeneration {
+        /// The generation the file's name gives.
+        named: u64,
+        /// The generation recorded inside.
+        found: u64,
+    },
     /// Serializing or compressing failed (nothing was written).
     #[error("encoding the checkpoint failed: {0}")]
     Encode(#[source] std::io::Error),

@@ -228,27 +228,36 @@ impl CheckpointStore {
         })?;
         let key = latest_key(&cp.task_id);
         let keep_key = generation_key(&cp.task_id, previous);
-        self.storage
-            .put(&key, &bytes, Some(&keep_key))
-            .map_err(|source| StoreError::Io {
-                action: "writing",
-                key: key.clone(),
-                source,
-            })?;
+        // The generation that falls out of the kept window with this save. When older
+        // generations are kept, it is retired by the write itself (its file becomes the new
+        // temp file); with none kept, it is the copy just made, removed after the write.
+        let expired = previous
+            .checked_sub(self.keep_generations as u64)
+            .filter(|&expired| expired >= 1)
+            .map(|expired| generation_key(&cp.task_id, expired));
+        let written = match &expired {
+            Some(retire) if self.keep_generations > 0 => {
+                self.storage
+                    .put_retiring(&key, &bytes, Some(&keep_key), retire)
+            }
+            _ => self.storage.put(&key, &bytes, Some(&keep_key)),
+        };
+        written.map_err(|source| StoreError::Io {
+            action: "writing",
+            key: key.clone(),
+            source,
+        })?;
         *cached = Some(generation);
         drop(cached);
 
-        if let Some(expired) = previous.checked_sub(self.keep_generations as u64) {
-            if expired >= 1 {
-                let expired_key = generation_key(&cp.task_id, expired);
-                if let Err(err) = self.storage.remove(&expired_key) {
-                    tracing::warn!(
-                        task_id = %cp.task_id,
-                        key = %expired_key,
-                        error = %err,
-                        "could not remove an old checkpoint generation; it stays on disk"
-                    );
-                }
+        if let (Some(expired_key), 0) = (&expired, self.keep_generations) {
+            if let Err(err) = self.storage.remove(expired_key) {
+                tracing::warn!(
+                    task_id = %cp.task_id,
+                    key = %expired_key,
+                    error = %err,
+                    "could not remove an old checkpoint generation; it stays on disk"
+                );
             }
         }
         Ok(SavedCheckpoint {
@@ -313,7 +322,7 @@ impl CheckpointStore {
         let mut history = Vec::with_capacity(older.len() + 1);
         let key = latest_key(task_id);
         if let Some(bytes) = self.read(&key)? {
-            let decoded = decode_for_task(task_id, &bytes);
+            let decoded = decode_for_key(task_id, &key, &bytes);
             let newest_older = older.first().copied().unwrap_or(0);
             let generation = match &decoded {
                 Ok(cp) => cp.generation,
@@ -325,7 +334,7 @@ impl CheckpointStore {
         for generation in older {
             let key = generation_key(task_id, generation);
             if let Some(bytes) = self.read(&key)? {
-                let decoded = decode_for_task(task_id, &bytes);
+                let decoded = decode_for_key(task_id, &key, &bytes);
                 history.push(generation_info(generation, key, &bytes, decoded));
             }
         }
@@ -444,7 +453,26 @@ impl CheckpointStore {
     ) -> Result<Option<Result<IterationCheckpoint, CheckpointError>>, StoreError> {
         Ok(self
             .read(key)?
-            .map(|bytes| decode_for_task(task_id, &bytes)))
+            .map(|bytes| decode_for_key(task_id, key, &bytes)))
+    }
+}
+
+/// Decode the checkpoint file at `key` and check that it belongs to `task_id` and, for an
+/// older generation's file, that it holds no later generation than its name gives (a
+/// hand-restored older file is fine; a reused file left by an interrupted save is not).
+fn decode_for_key(
+    task_id: &str,
+    key: &str,
+    bytes: &[u8],
+) -> Result<IterationCheckpoint, CheckpointError> {
+    let cp = decode_for_task(task_id, bytes)?;
+    let name = key.rsplit('/').next().unwrap_or(key);
+    match parse_generation(task_id, name) {
+        Some(named) if cp.generation > named => Err(CheckpointError::NotItsGeneration {
+            named,
+            found: cp.generation,
+        }),
+        _ => Ok(cp),
     }
 }
 

@@ -110,6 +110,16 @@ impl FileOps for FaultyFileOps {
         self.real.create_temp(dir, target_name)
     }
 
+    fn reuse_as_temp(
+        &self,
+        old: &Path,
+        dir: &Path,
+        target_name: &str,
+    ) -> io::Result<Option<TempFile>> {
+        self.check("reuse_as_temp", Call::Other)?;
+        self.real.reuse_as_temp(old, dir, target_name)
+    }
+
     fn write_all(&self, temp: &mut TempFile, bytes: &[u8]) -> io::Result<()> {
         self.check("write_all", Call::Write(temp, bytes))?;
         self.real.write_all(temp, bytes)

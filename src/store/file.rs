@@ -195,6 +195,104 @@ impl FileStorage {
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         Arc::clone(commits.entry(dir.to_path_buf()).or_default())
     }
+
+    /// [`Storage::put`], reusing the file at `retire` (if given) as the temp file when it is
+    /// in the target's directory, and removing it otherwise.
+    fn write_object(
+        &self,
+        key: &str,
+        bytes: &[u8],
+        keep_previous_as: Option<&str>,
+        retire: Option<&str>,
+    ) -> io::Result<()> {
+        let target = self.path_of(key)?;
+        let keep = keep_previous_as.map(|k| self.path_of(k)).transpose()?;
+        if keep.as_deref() == Some(target.as_path()) {
+            // Keeping the old object under its own key would remove it before the rename.
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("cannot keep the previous object of {key:?} under the same key"),
+            ));
+        }
+        let (Some(parent), Some(target_name)) = (target.parent(), target.file_name()) else {
+            // validate_key guarantees a non-empty last component, so this is unreachable.
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("invalid storage key {key:?}: it names no file"),
+            ));
+        };
+        let target_name = target_name.to_string_lossy();
+        self.ensure_dir(parent)?;
+        self.adopt_dir(parent)?;
+        if let Some(keep_dir) = keep.as_deref().and_then(Path::parent) {
+            self.ensure_dir(keep_dir)?;
+            self.adopt_dir(keep_dir)?;
+        }
+
+        // Retiring the target or the kept copy would destroy what this write keeps.
+        let retire = retire
+            .map(|k| self.path_of(k))
+            .transpose()?
+            .filter(|r| *r != target && Some(r.as_path()) != keep.as_deref());
+        // The retired file becomes the temp file when it lives beside the target (the rename
+        // into place must stay within one directory).
+        let reused = match retire.as_deref().filter(|r| r.parent() == Some(parent)) {
+            Some(retire) => match self.ops.reuse_as_temp(retire, parent, &target_name) {
+                Ok(reused) => reused,
+                Err(err) => {
+                    // Reuse is only a saving: a retired file that cannot be opened or renamed
+                    // (read-only, say) is removed after the write, as if never reused.
+                    tracing::debug!(path = %retire.display(), error = %err, "not reusing a retired file");
+                    None
+                }
+            },
+            None => None,
+        };
+        let mut temp = match reused {
+            Some(temp) => temp,
+            None => self.create_temp_in(parent, &target_name)?,
+        };
+        let mut renamed = false;
+        let result = self.write_and_commit(
+            &mut temp,
+            bytes,
+            &target,
+            parent,
+            keep.as_deref(),
+            &mut renamed,
+        );
+        if result.is_err() && !renamed {
+            // Best effort: the original error is what the caller needs to see. A temp file that
+            // stays behind is removed by `remove_temp_files` at the next start.
+            let _ = self.ops.remove_file(&temp.path);
+        }
+        result?;
+        if let (Some(retire), false) = (retire.as_deref(), temp.reused) {
+            match self.ops.remove_file(retire) {
+                Err(err) if err.kind() != io::ErrorKind::NotFound => tracing::warn!(
+                    path = %retire.display(),
+                    error = %err,
+                    "could not remove a retired file (an old checkpoint generation); it stays on disk"
+                ),
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// A new temp file for `target_name` in `dir`, making the directory again if it was
+    /// removed behind our back.
+    fn create_temp_in(&self, dir: &Path, target_name: &str) -> io::Result<TempFile> {
+        match self.ops.create_temp(dir, target_name) {
+            Err(err) if err.kind() == io::ErrorKind::NotFound => {
+                adopted().remove(dir);
+                self.ensure_dir(dir)?;
+                self.adopt_dir(dir)?;
+                self.ops.create_temp(dir, target_name)
+            }
+            other => other,
+        }
+    }
 }
 
 /// Reject keys that could leave the root or name no file: empty, absolute, `..`, `.` or empty
@@ -233,55 +331,17 @@ fn validate_dir_key(dir: &str) -> io::Result<()> {
 
 impl Storage for FileStorage {
     fn put(&self, key: &str, bytes: &[u8], keep_previous_as: Option<&str>) -> io::Result<()> {
-        let target = self.path_of(key)?;
-        let keep = keep_previous_as.map(|k| self.path_of(k)).transpose()?;
-        if keep.as_deref() == Some(target.as_path()) {
-            // Keeping the old object under its own key would remove it before the rename.
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!("cannot keep the previous object of {key:?} under the same key"),
-            ));
-        }
-        let (Some(parent), Some(target_name)) = (target.parent(), target.file_name()) else {
-            // validate_key guarantees a non-empty last component, so this is unreachable.
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!("invalid storage key {key:?}: it names no file"),
-            ));
-        };
-        let target_name = target_name.to_string_lossy();
-        self.ensure_dir(parent)?;
-        self.adopt_dir(parent)?;
-        if let Some(keep_dir) = keep.as_deref().and_then(Path::parent) {
-            self.ensure_dir(keep_dir)?;
-            self.adopt_dir(keep_dir)?;
-        }
+        self.write_object(key, bytes, keep_previous_as, None)
+    }
 
-        let mut temp = match self.ops.create_temp(parent, &target_name) {
-            Err(err) if err.kind() == io::ErrorKind::NotFound => {
-                // The directory was removed behind our back: make it again, durably.
-                adopted().remove(parent);
-                self.ensure_dir(parent)?;
-                self.adopt_dir(parent)?;
-                self.ops.create_temp(parent, &target_name)?
-            }
-            other => other?,
-        };
-        let mut renamed = false;
-        let result = self.write_and_commit(
-            &mut temp,
-            bytes,
-            &target,
-            parent,
-            keep.as_deref(),
-            &mut renamed,
-        );
-        if result.is_err() && !renamed {
-            // Best effort: the original error is what the caller needs to see. A temp file that
-            // stays behind is removed by `remove_temp_files` at the next start.
-            let _ = self.ops.remove_file(&temp.path);
-        }
-        result
+    fn put_retiring(
+        &self,
+        key: &str,
+        bytes: &[u8],
+        keep_previous_as: Option<&str>,
+        retire: &str,
+    ) -> io::Result<()> {
+        self.write_object(key, bytes, keep_previous_as, Some(retire))
     }
 
     fn get(&self, key: &str) -> io::Result<Option<Vec<u8>>> {

@@ -8,7 +8,7 @@
 use std::fmt::Debug;
 use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 /// Suffix of every temp file cairn creates; startup cleanup removes files that end with it.
@@ -24,6 +24,9 @@ pub struct TempFile {
     pub file: File,
     /// Where the temp file lives: the same directory as its target, so the rename is atomic.
     pub path: PathBuf,
+    /// Whether this is a retired file's inode reused (see [`FileOps::reuse_as_temp`]): its old
+    /// bytes are overwritten and the length is set after the write.
+    pub reused: bool,
 }
 
 /// One method per syscall of an atomic write, so faults can be injected step by step.
@@ -32,7 +35,20 @@ pub trait FileOps: Send + Sync + Debug {
     /// (named `.{target_name}.{random}.cairn.tmp`, created with `create_new`).
     fn create_temp(&self, dir: &Path, target_name: &str) -> io::Result<TempFile>;
 
-    /// Write all of `bytes` to the temp file.
+    /// Turn the file at `old`, which is about to be removed anyway, into a temp file for the
+    /// target `target_name` in `dir` (its own directory): rename it to a temp name and open it
+    /// for overwriting. This saves allocating a new inode and freeing the old one, which some
+    /// file systems make expensive. `Ok(None)` when `old` is missing or is not a file with a
+    /// single name (overwriting a file that has another name would change that one too).
+    fn reuse_as_temp(
+        &self,
+        old: &Path,
+        dir: &Path,
+        target_name: &str,
+    ) -> io::Result<Option<TempFile>>;
+
+    /// Write all of `bytes` to the temp file (from its start; a reused file is cut to their
+    /// length).
     fn write_all(&self, temp: &mut TempFile, bytes: &[u8]) -> io::Result<()>;
 
     /// Flush the temp file's data and metadata to the disk (`fsync`).
@@ -51,6 +67,14 @@ pub trait FileOps: Send + Sync + Debug {
     fn remove_file(&self, path: &Path) -> io::Result<()>;
 }
 
+/// A fresh temp file name for `target_name` in `dir`: `.{target_name}.{random}.cairn.tmp`.
+fn temp_path(dir: &Path, target_name: &str) -> PathBuf {
+    let random: String = std::iter::repeat_with(fastrand::alphanumeric)
+        .take(12)
+        .collect();
+    dir.join(format!(".{target_name}.{random}{TEMP_SUFFIX}"))
+}
+
 /// The real syscalls; what every store uses outside of fault-injection tests.
 #[derive(Debug, Default, Clone)]
 pub struct RealFileOps;
@@ -59,17 +83,20 @@ impl FileOps for RealFileOps {
     fn create_temp(&self, dir: &Path, target_name: &str) -> io::Result<TempFile> {
         let mut last_collision = None;
         for _ in 0..TEMP_NAME_ATTEMPTS {
-            let random: String = std::iter::repeat_with(fastrand::alphanumeric)
-                .take(12)
-                .collect();
-            let path = dir.join(format!(".{target_name}.{random}{TEMP_SUFFIX}"));
+            let path = temp_path(dir, target_name);
             match OpenOptions::new()
                 .write(true)
                 .create_new(true)
                 .mode(0o644)
                 .open(&path)
             {
-                Ok(file) => return Ok(TempFile { file, path }),
+                Ok(file) => {
+                    return Ok(TempFile {
+                        file,
+                        path,
+                        reused: false,
+                    })
+                }
                 Err(err) if err.kind() == io::ErrorKind::AlreadyExists => {
                     last_collision = Some(err);
                 }
@@ -84,8 +111,43 @@ impl FileOps for RealFileOps {
         }))
     }
 
+    fn reuse_as_temp(
+        &self,
+        old: &Path,
+        dir: &Path,
+        target_name: &str,
+    ) -> io::Result<Option<TempFile>> {
+        let meta = match std::fs::symlink_metadata(old) {
+            Ok(meta) => meta,
+            Err(err) if err.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(err) => return Err(err),
+        };
+        if !meta.is_file() || meta.nlink() != 1 {
+            return Ok(None);
+        }
+        // Renamed first, so that nothing is ever opened for writing under a checkpoint's
+        // name. The random part makes the name unused (temp names are only made this way).
+        let path = temp_path(dir, target_name);
+        std::fs::rename(old, &path)?;
+        let file = OpenOptions::new()
+            .write(true)
+            .custom_flags(nix::libc::O_NOFOLLOW)
+            .open(&path)?;
+        Ok(Some(TempFile {
+            file,
+            path,
+            reused: true,
+        }))
+    }
+
     fn write_all(&self, temp: &mut TempFile, bytes: &[u8]) -> io::Result<()> {
-        temp.file.write_all(bytes)
+        temp.file.write_all(bytes)?;
+        if temp.reused {
+            // Overwritten in place, so the blocks stay allocated; only a longer old content
+            // needs cutting.
+            temp.file.set_len(bytes.len() as u64)?;
+        }
+        Ok(())
     }
 
     fn sync_file(&self, temp: &mut TempFile) -> io::Result<()> {
@@ -124,6 +186,15 @@ pub struct UnsyncedFileOps;
 impl FileOps for UnsyncedFileOps {
     fn create_temp(&self, dir: &Path, target_name: &str) -> io::Result<TempFile> {
         RealFileOps.create_temp(dir, target_name)
+    }
+
+    fn reuse_as_temp(
+        &self,
+        old: &Path,
+        dir: &Path,
+        target_name: &str,
+    ) -> io::Result<Option<TempFile>> {
+        RealFileOps.reuse_as_temp(old, dir, target_name)
     }
 
     fn write_all(&self, temp: &mut TempFile, bytes: &[u8]) -> io::Result<()> {

@@ -10,10 +10,16 @@
 //! The journal is a log, not state: lines are appended with `O_APPEND` and not fsynced, so a
 //! crash may lose its last lines (and tear the very last one, which readers skip). Nothing
 //! cairn decides depends on it.
+//!
+//! The daemon appends through a [`JournalWriter`], which writes from a thread of its own: the
+//! first line of a task creates its run directory and journal file, and the daemon's async
+//! thread must not wait for the file system. Each event is stamped when it happens, not when
+//! its line reaches the file.
 
 use std::fs::OpenOptions;
 use std::io::{self, BufRead, Write};
 use std::path::{Path, PathBuf};
+use std::sync::{mpsc, Mutex};
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -36,6 +42,11 @@ pub fn journal_path(queue_root: &Path, task_id: &str) -> PathBuf {
 /// Append an event; `details` must be a JSON object (anything else is recorded as `value`).
 /// Failures are logged, never fatal: the journal must not stop the work it describes.
 pub fn append(queue_root: &Path, task_id: &str, event: &str, details: Value) {
+    write_line(queue_root, task_id, event, &encode(event, details));
+}
+
+/// One journal line, stamped now.
+fn encode(event: &str, details: Value) -> Vec<u8> {
     let details = match details {
         Value::Object(map) => map,
         Value::Null => Map::new(),
@@ -46,22 +57,142 @@ pub fn append(queue_root: &Path, task_id: &str, event: &str, details: Value) {
         event: event.to_string(),
         details,
     };
+    // A map with string keys and a timestamp always serializes.
+    let mut line = serde_json::to_vec(&entry).unwrap_or_default();
+    line.push(b'\n');
+    line
+}
+
+/// Append one encoded line to a task's journal; failures are logged.
+fn write_line(queue_root: &Path, task_id: &str, event: &str, line: &[u8]) {
     let path = journal_path(queue_root, task_id);
     let write = || -> io::Result<()> {
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir)?;
         }
-        let mut line = serde_json::to_vec(&entry).map_err(io::Error::other)?;
-        line.push(b'\n');
         // One write call per line, so concurrent appends never interleave.
         OpenOptions::new()
             .create(true)
             .append(true)
             .open(&path)?
-            .write_all(&line)
+            .write_all(line)
     };
     if let Err(e) = write() {
         tracing::warn!(task_id, event, "cannot append to {}: {e}", path.display());
+    }
+}
+
+/// What the writer thread is handed.
+enum Message {
+    Line {
+        task_id: String,
+        event: String,
+        line: Vec<u8>,
+    },
+    /// Answer once every line handed over before this is written.
+    Flush(mpsc::Sender<()>),
+}
+
+/// Appends the daemon's journal lines from a thread of its own, in the order they were handed
+/// over. Dropping it writes what is still queued.
+#[derive(Debug)]
+pub struct JournalWriter {
+    queue_root: PathBuf,
+    /// `None` if the thread could not be started: lines are then written by the caller.
+    sender: Option<Mutex<mpsc::Sender<Message>>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl JournalWriter {
+    /// A writer for the journals of the queue at `queue_root`.
+    pub fn start(queue_root: impl Into<PathBuf>) -> JournalWriter {
+        let queue_root = queue_root.into();
+        let (sender, receiver) = mpsc::channel::<Message>();
+        let root = queue_root.clone();
+        let thread = std::thread::Builder::new()
+            .name("cairn-journal".into())
+            .spawn(move || {
+                for message in receiver {
+                    match message {
+                        Message::Line {
+                            task_id,
+                            event,
+                            line,
+                        } => write_line(&root, &task_id, &event, &line),
+                        Message::Flush(done) => {
+                            let _ = done.send(());
+                        }
+                    }
+                }
+            });
+        match thread {
+            Ok(thread) => JournalWriter {
+                queue_root,
+                sender: Some(Mutex::new(sender)),
+                thread: Some(thread),
+            },
+            Err(e) => {
+                tracing::warn!("cannot start the journal writer ({e}); appending directly");
+                JournalWriter {
+                    queue_root,
+                    sender: None,
+                    thread: None,
+                }
+            }
+        }
+    }
+
+    /// Append an event (stamped now) to a task's journal; see [`append`].
+    pub fn append(&self, task_id: &str, event: &str, details: Value) {
+        let line = encode(event, details);
+        let message = Message::Line {
+            task_id: task_id.to_string(),
+            event: event.to_string(),
+            line,
+        };
+        let unsent = match &self.sender {
+            Some(sender) => sender
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+                .send(message)
+                .err()
+                .map(|e| e.0),
+            None => Some(message),
+        };
+        // The thread is gone (it cannot be, short of a panic): write here instead.
+        if let Some(Message::Line {
+            task_id,
+            event,
+            line,
+        }) = unsent
+        {
+            write_line(&self.queue_root, &task_id, &event, &line);
+        }
+    }
+
+    /// Wait until every line appended so far is written. Blocking.
+    pub fn flush(&self) {
+        let Some(sender) = &self.sender else {
+            return;
+        };
+        let (done, written) = mpsc::channel();
+        let sent = sender
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .send(Message::Flush(done));
+        if sent.is_ok() {
+            let _ = written.recv();
+        }
+    }
+}
+
+impl Drop for JournalWriter {
+    fn drop(&mut self) {
+        // Closing the channel ends the thread once it has written what is queued.
+        self.sender = None;
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
     }
 }
 
@@ -111,5 +242,31 @@ mod tests {
         assert_eq!(events[0].event, "accepted");
         assert_eq!(events[1].details["iteration"], json!(3));
         assert!(read(dir.path(), "other").unwrap().is_empty());
+    }
+
+    #[test]
+    fn the_writer_keeps_order_and_flushes() {
+        let dir = tempfile::tempdir().unwrap();
+        let writer = JournalWriter::start(dir.path());
+        for i in 0..200 {
+            writer.append("t1", "checkpoint", json!({"iteration": i}));
+        }
+        writer.append("t2", "done", json!({}));
+        writer.flush();
+        let events = read(dir.path(), "t1").unwrap();
+        let order: Vec<u64> = events
+            .iter()
+            .map(|e| e.details["iteration"].as_u64().unwrap())
+            .collect();
+        assert_eq!(order, (0..200).collect::<Vec<u64>>());
+        assert!(events.windows(2).all(|w| w[0].at <= w[1].at));
+        writer.append("t2", "after-flush", json!({}));
+        drop(writer);
+        let names: Vec<String> = read(dir.path(), "t2")
+            .unwrap()
+            .into_iter()
+            .map(|e| e.event)
+            .collect();
+        assert_eq!(names, ["done", "after-flush"]);
     }
 }

@@ -49,6 +49,23 @@ pub trait Storage: Send + Sync + std::fmt::Debug {
     /// barrier as the new object.
     fn put(&self, key: &str, bytes: &[u8], keep_previous_as: Option<&str>) -> io::Result<()>;
 
+    /// [`put`](Storage::put), and the object at `retire` (one that is to go anyway, such as an
+    /// expired generation) is gone afterwards: a backend may reuse its storage for the new
+    /// object instead of allocating anew, as the file backend reuses the retired file's inode.
+    /// Failing to remove `retire` after a committed put is logged, not returned. On error the
+    /// previous object at `key` is intact, and `retire` may or may not be gone.
+    fn put_retiring(
+        &self,
+        key: &str,
+        bytes: &[u8],
+        keep_previous_as: Option<&str>,
+        retire: &str,
+    ) -> io::Result<()> {
+        self.put(key, bytes, keep_previous_as)?;
+        remove_retired(self, retire);
+        Ok(())
+    }
+
     /// The object's bytes, or `None` when there is no object at `key`.
     fn get(&self, key: &str) -> io::Result<Option<Vec<u8>>>;
 
@@ -62,4 +79,15 @@ pub trait Storage: Send + Sync + std::fmt::Debug {
     /// Remove temp files left behind by writes that never finished (a crash mid-write).
     /// Returns the keys removed. Called once at daemon start, while the queue lock is held.
     fn remove_temp_files(&self) -> io::Result<Vec<String>>;
+}
+
+/// Remove an object a committed put retired; a failure leaves it on disk and is logged.
+fn remove_retired(storage: &(impl Storage + ?Sized), retire: &str) {
+    if let Err(err) = storage.remove(retire) {
+        tracing::warn!(
+            key = %retire,
+            error = %err,
+            "could not remove a retired object (an old checkpoint generation); it stays on disk"
+        );
+    }
 }

@@ -267,6 +267,24 @@ impl FileOps for PowerLossFileOps {
         Ok(temp)
     }
 
+    fn reuse_as_temp(
+        &self,
+        old: &Path,
+        dir: &Path,
+        target_name: &str,
+    ) -> io::Result<Option<TempFile>> {
+        let mut model = self.step();
+        let reused = self.real.reuse_as_temp(old, dir, target_name)?;
+        if let Some(temp) = &reused {
+            // The old name may survive a power cut (the rename is not synced yet), and the
+            // content is about to be overwritten in place: until the next `sync_file` a power
+            // cut leaves it torn, which reads as empty here.
+            let id = model.node_for(key_of(&temp.file.metadata()?), false);
+            model.nodes[id] = Durable::File(None);
+        }
+        Ok(reused)
+    }
+
     fn write_all(&self, temp: &mut TempFile, bytes: &[u8]) -> io::Result<()> {
         let _model = self.step();
         self.real.write_all(temp, bytes)
