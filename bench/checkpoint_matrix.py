@@ -1,0 +1,60 @@
+#!/usr/bin/env python3
+"""Run every checkpoint-benchmark configuration round-robin and print the medians.
+
+Each configuration of the shared workload (bench/workload.md in the shared directory) runs
+`--rounds` times (default 3), interleaved with the others so that a noisy moment of the machine
+spreads over all of them: cairn durable, cairn published (no fsync), and the raw atomic-replace
+reference. Every run's JSON line is printed as it comes; a Markdown table of the medians of the
+per-run values follows.
+
+    cargo build --release && python3 bench/checkpoint_matrix.py [--rounds 5] [--cairn PATH]
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+VARIANTS = [("1k", 1), ("64k", 1), ("1m", 1), ("1k", 100), ("64k", 100)]
+FLAVOURS = [
+    ("raw", ["--raw"]),
+    ("cairn", []),
+    ("cairn", ["--durability", "none"]),
+]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--cairn", default=os.path.join(ROOT, "target", "release", "cairn"))
+    ap.add_argument("--dir", default=os.path.join(ROOT, "bench", ".data"))
+    args = ap.parse_args()
+    os.makedirs(args.dir, exist_ok=True)
+    fs = subprocess.run(["df", "-T", args.dir], capture_output=True, text=True).stdout
+    print(fs.strip(), file=sys.stderr)
+
+    rows = {}
+    for _ in range(args.rounds):
+        for size, conc in VARIANTS:
+            for name, flags in FLAVOURS:
+                cmd = [args.cairn, "bench", "checkpoint", "--size", size, "--conc", str(conc),
+                       "--dir", args.dir] + flags
+                out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+                line = json.loads(out)
+                print(json.dumps(line), flush=True)
+                rows.setdefault((line["impl"], line["mode"], size, conc), []).append(line)
+
+    print()
+    print("| impl | mode | size | conc | n | stored bytes | p50 ms | p99 ms | checkpoints/s |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for (impl, mode, size, conc), lines in rows.items():
+        med = lambda k: statistics.median(l[k] for l in lines)
+        print(f"| {impl} | {mode} | {size} | {conc} | {lines[0]['n']} | "
+              f"{med('stored_bytes'):,.0f} | {med('p50_ms'):.3f} | {med('p99_ms'):.3f} | "
+              f"{med('ops_s'):,.0f} |")
+
+
+if __name__ == "__main__":
+    main()
