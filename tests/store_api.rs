@@ -428,3 +428,34 @@ fn save_generations_from(store: &CheckpointStore, from: u64, to: u64) {
         );
     }
 }
+
+#[test]
+fn a_reused_file_longer_than_the_new_checkpoint_is_cut_to_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = CheckpointStore::open(dir.path()).unwrap();
+    // Generations 1..=4 carry a large state (random text does not compress).
+    let mut rng = fastrand::Rng::with_seed(1);
+    for generation in 1..=4u64 {
+        let mut big = checkpoint(generation);
+        let noise: String = std::iter::repeat_with(|| rng.alphanumeric())
+            .take(50_000)
+            .collect();
+        big.partial_results = serde_json::json!({ "noise": noise });
+        assert_eq!(store.save(&mut big).unwrap(), generation);
+    }
+    let big_len = fs::metadata(dir.path().join("incremental/t1.1.json.gz"))
+        .unwrap()
+        .len();
+    // Generation 5 is small and is written into generation 1's file.
+    let mut small = checkpoint(5);
+    assert_eq!(store.save(&mut small).unwrap(), 5);
+    let latest = dir.path().join("incremental/t1.json.gz");
+    assert!(fs::metadata(&latest).unwrap().len() < big_len / 10);
+    let loaded = CheckpointStore::open(dir.path())
+        .unwrap()
+        .latest(TASK)
+        .unwrap()
+        .unwrap();
+    assert!(loaded.skipped.is_empty(), "{:?}", loaded.skipped);
+    assert_eq!(loaded.checkpoint.partial_results, small.partial_results);
+}

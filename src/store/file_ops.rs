@@ -25,8 +25,10 @@ pub struct TempFile {
     /// Where the temp file lives: the same directory as its target, so the rename is atomic.
     pub path: PathBuf,
     /// Whether this is a retired file's inode reused (see [`FileOps::reuse_as_temp`]): its old
-    /// bytes are overwritten and the length is set after the write.
+    /// bytes are overwritten, and cut off after the write if they were longer.
     pub reused: bool,
+    /// The length the file had when it was opened (0 for a new one).
+    pub previous_len: u64,
 }
 
 /// One method per syscall of an atomic write, so faults can be injected step by step.
@@ -95,6 +97,7 @@ impl FileOps for RealFileOps {
                         file,
                         path,
                         reused: false,
+                        previous_len: 0,
                     })
                 }
                 Err(err) if err.kind() == io::ErrorKind::AlreadyExists => {
@@ -137,14 +140,15 @@ impl FileOps for RealFileOps {
             file,
             path,
             reused: true,
+            previous_len: meta.len(),
         }))
     }
 
     fn write_all(&self, temp: &mut TempFile, bytes: &[u8]) -> io::Result<()> {
         temp.file.write_all(bytes)?;
-        if temp.reused {
-            // Overwritten in place, so the blocks stay allocated; only a longer old content
-            // needs cutting.
+        if temp.reused && temp.previous_len > bytes.len() as u64 {
+            // Overwritten in place, so the blocks stay allocated; only the tail of a longer
+            // old content needs cutting.
             temp.file.set_len(bytes.len() as u64)?;
         }
         Ok(())
