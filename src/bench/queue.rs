@@ -1,13 +1,865 @@
-//! `cairn bench queue`: queue throughput, pickup latency, loop overhead, resume time, memory.
+//! `cairn bench queue`: the real daemon (`cairn run`, this very binary) against fresh queue
+//! directories, with real task files renamed into `inbox/`, as users drop them.
+//!
+//! Four measurements, one JSON line each (the loop one twice):
+//! - `throughput`: `--tasks` one-phase tasks running `true` renamed into the inbox of an idle
+//!   daemon all at once; tasks/s from the first rename to the last task's `done` event. Their
+//!   pickup latencies are printed too, but in a burst they are mostly queueing behind
+//!   `--max-tasks`.
+//! - `pickup`: `--paced-tasks` tasks dropped one at a time into an idle daemon (each after the
+//!   previous one is done and `--pace` has passed): the latency from the rename into `inbox/` to
+//!   the task being accepted and to its first phase starting.
+//! - `loop`: one task with a `loop` phase of `--loop-iterations` iterations of `echo {}`; the
+//!   phase's wall time per iteration, the same command's own run time (spawned as often from
+//!   here, with the same stdin/stdout pipes), and the difference. Once with a checkpoint after
+//!   every iteration (the default), once with only the final one.
+//! - `resume`: `--resume-tasks` tasks in flight in `current_work.json`, as a daemon killed with
+//!   SIGKILL leaves them (status `running`, one loop iteration done and checkpointed, one to
+//!   go), built with the library's own types; then a daemon is started and timed until it is
+//!   ready (READY=1 on `NOTIFY_SOCKET`), until every task has resumed (its new attempt durably
+//!   on record and its phase under way), and until every task is done. Its `--max-tasks` is
+//!   the number of tasks, since that many were running when the daemon was killed.
+//!
+//! Times come from the daemon's own records: the event journal `runs/<id>/events.jsonl`
+//! (nanosecond RFC 3339 timestamps from the same clock as the bench's), never from polling.
+//! Peak memory is the daemon's `VmHWM`, read from `/proc/<pid>/status` before it is stopped.
 
+use std::fs;
+use std::io::{Read, Write};
+use std::os::unix::net::UnixDatagram;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use anyhow::{bail, Context};
+use chrono::Utc;
 use clap::Args;
+use serde::Serialize;
+use serde_json::{json, Value};
+
+use super::checkpoint::default_dir;
+use super::{millis, percentile, round_to};
+use crate::queue::QueueDir;
+use crate::store::current_work::{ActiveStatus, ActiveTask, CurrentWork, PhaseTiming};
+use crate::store::journal::{self, JournalEvent};
+use crate::store::{CheckpointStore, FileStorage, LoopCheckpointer, Storage, UnsyncedFileOps};
+use crate::task::Task;
 
 /// Options of `cairn bench queue`.
 #[derive(Debug, Args)]
-pub struct QueueArgs {}
+pub struct QueueArgs {
+    /// Tasks dropped into the inbox at once for the throughput figure.
+    #[arg(long, default_value_t = 10_000, value_name = "N")]
+    tasks: usize,
+    /// Tasks dropped one at a time into an idle daemon for the pickup-latency figure.
+    #[arg(long, default_value_t = 200, value_name = "N")]
+    paced_tasks: usize,
+    /// The pause between a paced task being done and the next one being dropped.
+    #[arg(long, default_value = "20ms", value_parser = humantime::parse_duration, value_name = "DURATION")]
+    pace: Duration,
+    /// Iterations of the loop-overhead task.
+    #[arg(long, default_value_t = 1_000, value_name = "M")]
+    loop_iterations: u64,
+    /// Tasks in flight in current_work.json for the resume figure.
+    #[arg(long, default_value_t = 10_000, value_name = "N")]
+    resume_tasks: usize,
+    /// The daemon's --max-tasks in the throughput, pickup and loop runs (its default is 4).
+    #[arg(long, default_value_t = 4, value_name = "N")]
+    max_tasks: usize,
+    /// The daemon's --max-tasks in the resume run; by default --resume-tasks, since that many
+    /// tasks were running when the daemon was killed.
+    #[arg(long, value_name = "N")]
+    resume_max_tasks: Option<usize>,
+    /// Only these measurements (comma-separated); all of them by default.
+    #[arg(long, value_enum, value_delimiter = ',', value_name = "WHAT")]
+    only: Vec<Measurement>,
+    /// Where run directories are made (the same file system as the queues you care about).
+    #[arg(long, value_name = "DIR", default_value_os_t = default_dir())]
+    dir: PathBuf,
+    /// Keep the run's queues and daemon logs (their directory is printed on stderr).
+    #[arg(long)]
+    keep: bool,
+}
+
+/// One of the benchmark's measurements.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Measurement {
+    Throughput,
+    Pickup,
+    Loop,
+    Resume,
+}
+
+/// The command of the one-phase tasks: `true` prints nothing, and a `once` phase takes empty
+/// stdout as the output `null` (see `runner/once.rs`).
+const ONCE_COMMAND: &[&str] = &["true"];
+
+/// The command of the loop tasks: a loop reply must be JSON, and `{}` is the smallest valid
+/// one (state `null`, not done).
+const LOOP_COMMAND: &[&str] = &["echo", "{}"];
+
+/// The reply of a resumed task's last iteration: done, so the loop ends there.
+const RESUME_COMMAND: &[&str] = &["echo", "{\"done\": true}"];
+
+/// With no task finishing for this long, the bench gives up (the daemon's log says why).
+const STALL_LIMIT: Duration = Duration::from_secs(120);
 
 /// Run the queue benchmarks; returns the process exit code.
-pub fn run(_args: QueueArgs) -> u8 {
-    eprintln!("error: cairn bench queue is not built yet");
-    crate::cli::exit::FAILURE
+pub fn run(args: QueueArgs) -> u8 {
+    match run_all(&args) {
+        Ok(()) => crate::cli::exit::OK,
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            crate::cli::exit::FAILURE
+        }
+    }
+}
+
+fn run_all(args: &QueueArgs) -> anyhow::Result<()> {
+    if args.max_tasks == 0 || args.resume_max_tasks == Some(0) {
+        bail!("--max-tasks and --resume-max-tasks must be at least 1");
+    }
+    let wanted = |m: Measurement| args.only.is_empty() || args.only.contains(&m);
+    let root = fresh_root(&args.dir)?;
+    let bench = QueueBench {
+        root: root.clone(),
+        max_tasks: args.max_tasks,
+    };
+    let result = (|| {
+        if wanted(Measurement::Throughput) {
+            print_line(&bench.throughput(args.tasks)?)?;
+        }
+        if wanted(Measurement::Pickup) {
+            print_line(&bench.pickup(args.paced_tasks, args.pace)?)?;
+        }
+        if wanted(Measurement::Loop) {
+            for line in bench.loop_overhead(args.loop_iterations)? {
+                print_line(&line)?;
+            }
+        }
+        if wanted(Measurement::Resume) {
+            let max_tasks = args.resume_max_tasks.unwrap_or(args.resume_tasks.max(1));
+            print_line(&bench.resume(args.resume_tasks, max_tasks)?)?;
+        }
+        anyhow::Ok(())
+    })();
+    if args.keep || result.is_err() {
+        eprintln!("queues and daemon logs kept in {}", root.display());
+    } else {
+        fs::remove_dir_all(&root).with_context(|| format!("removing {}", root.display()))?;
+    }
+    result
+}
+
+/// Print one result line at once (a long run shows each figure as it is measured).
+fn print_line(line: &impl Serialize) -> anyhow::Result<()> {
+    let text = serde_json::to_string(line).context("printing a result")?;
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{text}").context("writing to stdout")?;
+    out.flush().context("writing to stdout")
+}
+
+/// A new, empty directory for this run under `dir`.
+fn fresh_root(dir: &Path) -> anyhow::Result<PathBuf> {
+    fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let root = tempfile::Builder::new()
+        .prefix("cairn-queue-")
+        .tempdir_in(dir)
+        .with_context(|| format!("creating a run directory in {}", dir.display()))?;
+    let root = root.keep();
+    std::path::absolute(&root).with_context(|| format!("resolving {}", root.display()))
+}
+
+/// The `throughput` line.
+#[derive(Debug, Serialize)]
+pub struct ThroughputLine {
+    bench: &'static str,
+    what: &'static str,
+    tasks: usize,
+    max_tasks: usize,
+    command: String,
+    /// From the first rename into the inbox to the last task's `done` event.
+    seconds: f64,
+    tasks_s: f64,
+    /// Rename into the inbox → first phase started, queueing behind `max_tasks` included.
+    pickup_p50_ms: f64,
+    pickup_p99_ms: f64,
+    peak_rss_mib: f64,
+}
+
+/// The `pickup` line.
+#[derive(Debug, Serialize)]
+pub struct PickupLine {
+    bench: &'static str,
+    what: &'static str,
+    tasks: usize,
+    command: String,
+    /// Rename into the inbox → accepted (`tasks/<id>.json` written durably).
+    accept_p50_ms: f64,
+    accept_p99_ms: f64,
+    /// Rename into the inbox → first phase started (its command about to be spawned).
+    pickup_p50_ms: f64,
+    pickup_p99_ms: f64,
+    pickup_max_ms: f64,
+    /// Rename into the inbox → `done` (record written).
+    done_p50_ms: f64,
+    peak_rss_mib: f64,
+}
+
+/// A `loop` line.
+#[derive(Debug, Serialize)]
+pub struct LoopLine {
+    bench: &'static str,
+    what: &'static str,
+    iterations: u64,
+    checkpoint_every: u64,
+    command: String,
+    /// The phase's wall time (`phase_started` → `phase_finished`) per iteration.
+    per_iteration_ms: f64,
+    /// The command's own run time, spawned from the bench with the same pipes, per run.
+    command_ms: f64,
+    /// The difference: what the daemon adds to each iteration.
+    overhead_ms: f64,
+    peak_rss_mib: f64,
+}
+
+/// The `resume` line.
+#[derive(Debug, Serialize)]
+pub struct ResumeLine {
+    bench: &'static str,
+    what: &'static str,
+    tasks: usize,
+    max_tasks: usize,
+    command: String,
+    /// Size of the `current_work.json` the daemon starts from.
+    current_work_bytes: u64,
+    /// Daemon process spawned → READY=1 (queue locked, every task recovered and lined up).
+    ready_ms: f64,
+    /// Daemon spawned → the first task resumed: its new attempt durably on record and its
+    /// phase under way (the `phase_started` event, before the checkpoint is read).
+    first_resumed_ms: f64,
+    /// Daemon spawned → the last task resumed (every task resumed).
+    all_resumed_ms: f64,
+    /// Daemon spawned → the last task done.
+    all_done_ms: f64,
+    peak_rss_mib: f64,
+}
+
+struct QueueBench {
+    /// The run directory; each measurement works in its own subdirectory.
+    root: PathBuf,
+    max_tasks: usize,
+}
+
+impl QueueBench {
+    /// A fresh queue for one measurement, with a staging directory beside it on the same file
+    /// system (task files are written there and renamed into the inbox).
+    fn prepare(&self, name: &str) -> anyhow::Result<(PathBuf, PathBuf)> {
+        let dir = self.root.join(name);
+        let queue = dir.join("queue");
+        let staging = dir.join("staging");
+        fs::create_dir_all(&staging).with_context(|| format!("creating {}", staging.display()))?;
+        QueueDir::new(&queue)
+            .create_all()
+            .with_context(|| format!("creating the queue {}", queue.display()))?;
+        Ok((queue, staging))
+    }
+
+    fn throughput(&self, tasks: usize) -> anyhow::Result<ThroughputLine> {
+        let (queue, staging) = self.prepare("throughput")?;
+        let mut daemon = Daemon::start(&queue, self.max_tasks, None)?;
+        warm_up(&mut daemon, &queue, &staging)?;
+        let ids: Vec<String> = (0..tasks).map(|i| format!("t{i:06}")).collect();
+        for id in &ids {
+            stage(&staging, id, &once_task(id))?;
+        }
+        let started = SystemTime::now();
+        let mut dropped = Vec::with_capacity(tasks);
+        for id in &ids {
+            dropped.push(drop_into_inbox(&staging, &queue, id)?);
+        }
+        wait_for_done(&mut daemon, &queue, tasks + 1)?;
+        let peak = daemon.peak_rss_mib()?;
+        daemon.stop()?;
+
+        let mut pickups = Vec::with_capacity(tasks);
+        let mut last_done = started;
+        for (id, renamed) in ids.iter().zip(&dropped) {
+            let events = TaskEvents::read(&queue, id)?;
+            pickups.push(since(*renamed, events.last("phase_started", id)?));
+            last_done = last_done.max(events.last("done", id)?);
+        }
+        pickups.sort_unstable();
+        let elapsed = last_done.duration_since(started).unwrap_or_default();
+        Ok(ThroughputLine {
+            bench: "queue",
+            what: "throughput",
+            tasks,
+            max_tasks: self.max_tasks,
+            command: ONCE_COMMAND.join(" "),
+            seconds: round_to(elapsed.as_secs_f64(), 3),
+            tasks_s: round_to(tasks as f64 / elapsed.as_secs_f64().max(1e-9), 1),
+            pickup_p50_ms: millis(percentile(&pickups, 0.50)),
+            pickup_p99_ms: millis(percentile(&pickups, 0.99)),
+            peak_rss_mib: peak,
+        })
+    }
+
+    fn pickup(&self, tasks: usize, pace: Duration) -> anyhow::Result<PickupLine> {
+        let (queue, staging) = self.prepare("pickup")?;
+        let mut daemon = Daemon::start(&queue, self.max_tasks, None)?;
+        warm_up(&mut daemon, &queue, &staging)?;
+        let mut accepts = Vec::with_capacity(tasks);
+        let mut pickups = Vec::with_capacity(tasks);
+        let mut dones = Vec::with_capacity(tasks);
+        let mut dropped = Vec::with_capacity(tasks);
+        for i in 0..tasks {
+            let id = format!("p{i:06}");
+            stage(&staging, &id, &once_task(&id))?;
+            std::thread::sleep(pace);
+            dropped.push((id.clone(), drop_into_inbox(&staging, &queue, &id)?));
+            wait_for_record(&mut daemon, &queue, &id)?;
+        }
+        let peak = daemon.peak_rss_mib()?;
+        daemon.stop()?;
+        for (id, renamed) in &dropped {
+            let events = TaskEvents::read(&queue, id)?;
+            accepts.push(since(*renamed, events.last("accepted", id)?));
+            pickups.push(since(*renamed, events.last("phase_started", id)?));
+            dones.push(since(*renamed, events.last("done", id)?));
+        }
+        for list in [&mut accepts, &mut pickups, &mut dones] {
+            list.sort_unstable();
+        }
+        Ok(PickupLine {
+            bench: "queue",
+            what: "pickup",
+            tasks,
+            command: ONCE_COMMAND.join(" "),
+            accept_p50_ms: millis(percentile(&accepts, 0.50)),
+            accept_p99_ms: millis(percentile(&accepts, 0.99)),
+            pickup_p50_ms: millis(percentile(&pickups, 0.50)),
+            pickup_p99_ms: millis(percentile(&pickups, 0.99)),
+            pickup_max_ms: millis(percentile(&pickups, 1.0)),
+            done_p50_ms: millis(percentile(&dones, 0.50)),
+            peak_rss_mib: peak,
+        })
+    }
+
+    fn loop_overhead(&self, iterations: u64) -> anyhow::Result<Vec<LoopLine>> {
+        if iterations == 0 {
+            bail!("--loop-iterations must be at least 1");
+        }
+        let (queue, staging) = self.prepare("loop")?;
+        let mut daemon = Daemon::start(&queue, self.max_tasks, None)?;
+        warm_up(&mut daemon, &queue, &staging)?;
+        let mut walls = Vec::new();
+        for every in [1, iterations] {
+            let id = format!("loop-every-{every}");
+            let task = json!({
+                "id": id,
+                "phases": [{
+                    "name": "spin",
+                    "kind": "loop",
+                    "run": LOOP_COMMAND,
+                    "max_iterations": iterations,
+                    "checkpoint_every": every,
+                }],
+            });
+            stage(&staging, &id, &task)?;
+            drop_into_inbox(&staging, &queue, &id)?;
+            wait_for_record(&mut daemon, &queue, &id)?;
+            let events = TaskEvents::read(&queue, &id)?;
+            let wall = events
+                .last("phase_finished", &id)?
+                .duration_since(events.last("phase_started", &id)?)
+                .unwrap_or_default();
+            walls.push((id, every, wall));
+        }
+        let peak = daemon.peak_rss_mib()?;
+        daemon.stop()?;
+
+        let command = own_run_time(&queue, iterations)?;
+        Ok(walls
+            .into_iter()
+            .map(|(_, every, wall)| {
+                let per_iteration = wall / iterations as u32;
+                LoopLine {
+                    bench: "queue",
+                    what: "loop",
+                    iterations,
+                    checkpoint_every: every,
+                    command: LOOP_COMMAND.join(" "),
+                    per_iteration_ms: millis(per_iteration),
+                    command_ms: millis(command),
+                    overhead_ms: round_to(
+                        (per_iteration.as_secs_f64() - command.as_secs_f64()) * 1e3,
+                        4,
+                    ),
+                    peak_rss_mib: peak,
+                }
+            })
+            .collect())
+    }
+
+    fn resume(&self, tasks: usize, max_tasks: usize) -> anyhow::Result<ResumeLine> {
+        let (queue, _) = self.prepare("resume")?;
+        let ids: Vec<String> = (0..tasks).map(|i| format!("r{i:06}")).collect();
+        let current_work_bytes = build_crashed_queue(&queue, &ids)?;
+        let notify = ReadyListener::start()?;
+        let spawned = Instant::now();
+        let spawned_at = SystemTime::now();
+        let mut daemon = Daemon::start(&queue, max_tasks, Some(&notify.path))?;
+        wait_for_done(&mut daemon, &queue, tasks)?;
+        let ready = notify.ready_after(spawned)?;
+        let peak = daemon.peak_rss_mib()?;
+        daemon.stop()?;
+        drop(notify);
+
+        let mut first_resumed: Option<SystemTime> = None;
+        let mut all_resumed = spawned_at;
+        let mut all_done = spawned_at;
+        for id in &ids {
+            let events = TaskEvents::read(&queue, id)?;
+            let resumed = events.last("phase_started", id)?;
+            first_resumed = Some(first_resumed.map_or(resumed, |f| f.min(resumed)));
+            all_resumed = all_resumed.max(resumed);
+            all_done = all_done.max(events.last("done", id)?);
+            check_resumed(&queue, id)?;
+        }
+        let after = |t: SystemTime| millis(t.duration_since(spawned_at).unwrap_or_default());
+        Ok(ResumeLine {
+            bench: "queue",
+            what: "resume",
+            tasks,
+            max_tasks,
+            command: RESUME_COMMAND.join(" "),
+            current_work_bytes,
+            ready_ms: millis(ready),
+            first_resumed_ms: after(first_resumed.unwrap_or(spawned_at)),
+            all_resumed_ms: after(all_resumed),
+            all_done_ms: after(all_done),
+            peak_rss_mib: peak,
+        })
+    }
+}
+
+/// A one-phase task running [`ONCE_COMMAND`].
+fn once_task(id: &str) -> Value {
+    json!({"id": id, "phases": [{"name": "noop", "run": ONCE_COMMAND}]})
+}
+
+/// Write a task file into the staging directory (not watched by the daemon).
+fn stage(staging: &Path, id: &str, task: &Value) -> anyhow::Result<()> {
+    let path = staging.join(format!("{id}.json"));
+    let bytes = serde_json::to_vec(task).context("encoding a task")?;
+    fs::write(&path, bytes).with_context(|| format!("writing {}", path.display()))
+}
+
+/// Rename a staged task file into the inbox; returns when it got there.
+fn drop_into_inbox(staging: &Path, queue: &Path, id: &str) -> anyhow::Result<SystemTime> {
+    let name = format!("{id}.json");
+    let (from, to) = (staging.join(&name), queue.join("inbox").join(&name));
+    fs::rename(&from, &to)
+        .with_context(|| format!("renaming {} to {}", from.display(), to.display()))?;
+    Ok(SystemTime::now())
+}
+
+/// Run one task through the fresh daemon first, so what is measured afterwards is its steady
+/// state (the queue's directories adopted, the watch running).
+fn warm_up(daemon: &mut Daemon, queue: &Path, staging: &Path) -> anyhow::Result<()> {
+    stage(staging, "warmup", &once_task("warmup"))?;
+    drop_into_inbox(staging, queue, "warmup")?;
+    wait_for_record(daemon, queue, "warmup")
+}
+
+/// Wait until `done/<id>.json` exists (failing if the task failed instead).
+fn wait_for_record(daemon: &mut Daemon, queue: &Path, id: &str) -> anyhow::Result<()> {
+    let done = queue.join(QueueDir::done_key(id));
+    let failed = queue.join(QueueDir::failed_key(id));
+    let since = Instant::now();
+    loop {
+        if done.exists() {
+            return Ok(());
+        }
+        if failed.exists() {
+            bail!("task {id} failed; see {}", failed.display());
+        }
+        daemon.check_running()?;
+        if since.elapsed() > STALL_LIMIT {
+            bail!(
+                "task {id} was not done after {STALL_LIMIT:?}; see {}",
+                daemon.log.display()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// Wait until `done/` holds `expected` records, failing on any record in `failed/` or when no
+/// task finishes for [`STALL_LIMIT`].
+fn wait_for_done(daemon: &mut Daemon, queue: &Path, expected: usize) -> anyhow::Result<()> {
+    let (done_dir, failed_dir) = (queue.join("done"), queue.join("failed"));
+    let mut last = (0, Instant::now());
+    loop {
+        let done = count_records(&done_dir)?;
+        if done >= expected {
+            return Ok(());
+        }
+        if let Some(name) = first_entry(&failed_dir)? {
+            bail!("a task failed; see {}", failed_dir.join(name).display());
+        }
+        daemon.check_running()?;
+        if done != last.0 {
+            last = (done, Instant::now());
+        } else if last.1.elapsed() > STALL_LIMIT {
+            bail!(
+                "no task finished for {STALL_LIMIT:?} ({done} of {expected} done); see {}",
+                daemon.log.display()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn count_records(dir: &Path) -> anyhow::Result<usize> {
+    let entries = fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))?;
+    let mut count = 0;
+    for entry in entries {
+        let entry = entry.with_context(|| format!("reading {}", dir.display()))?;
+        if entry.file_name().to_string_lossy().ends_with(".json") {
+            count += 1;
+        }
+    }
+    Ok(count)
+}
+
+fn first_entry(dir: &Path) -> anyhow::Result<Option<String>> {
+    let mut entries = fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))?;
+    Ok(entries
+        .next()
+        .transpose()
+        .with_context(|| format!("reading {}", dir.display()))?
+        .map(|e| e.file_name().to_string_lossy().into_owned()))
+}
+
+/// The time from `earlier` to `later`, zero if the clock says otherwise.
+fn since(earlier: SystemTime, later: SystemTime) -> Duration {
+    later.duration_since(earlier).unwrap_or_default()
+}
+
+/// A task's journal.
+struct TaskEvents(Vec<JournalEvent>);
+
+impl TaskEvents {
+    fn read(queue: &Path, id: &str) -> anyhow::Result<TaskEvents> {
+        journal::read(queue, id)
+            .map(TaskEvents)
+            .with_context(|| format!("reading {}", journal::journal_path(queue, id).display()))
+    }
+
+    /// When the last `event` was recorded.
+    fn last(&self, event: &str, id: &str) -> anyhow::Result<SystemTime> {
+        self.0
+            .iter()
+            .rev()
+            .find(|e| e.event == event)
+            .map(|e| SystemTime::from(e.at))
+            .with_context(|| format!("task {id}'s journal has no {event:?} event"))
+    }
+}
+
+/// The mean time of one run of [`LOOP_COMMAND`] spawned from here as the daemon spawns it: the
+/// iteration's request on a stdin pipe, stdout read from a pipe, stderr appended to a log, in
+/// the queue directory.
+fn own_run_time(queue: &Path, runs: u64) -> anyhow::Result<Duration> {
+    let log_path = queue.join("baseline.log");
+    let log = fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log_path)
+        .with_context(|| format!("opening {}", log_path.display()))?;
+    let started = Instant::now();
+    for iteration in 0..runs {
+        let request = json!({
+            "task_id": "loop-every-1",
+            "phase": "spin",
+            "iteration": iteration,
+            "state": null,
+            "inputs": {},
+            "attempt": 1,
+        });
+        let stdin = serde_json::to_vec(&request).context("encoding a request")?;
+        let mut child = Command::new(LOOP_COMMAND[0])
+            .args(&LOOP_COMMAND[1..])
+            .current_dir(queue)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::from(log.try_clone().context("duplicating the log")?))
+            .spawn()
+            .with_context(|| format!("starting {LOOP_COMMAND:?}"))?;
+        if let Some(mut pipe) = child.stdin.take() {
+            // A command that does not read its stdin is fine, as in the daemon.
+            let _ = pipe.write_all(&stdin);
+        }
+        let mut reply = Vec::new();
+        if let Some(mut pipe) = child.stdout.take() {
+            pipe.read_to_end(&mut reply).context("reading the reply")?;
+        }
+        let status = child.wait().context("waiting for the command")?;
+        if !status.success() {
+            bail!("{LOOP_COMMAND:?} failed: {status}");
+        }
+    }
+    Ok(started.elapsed() / runs as u32)
+}
+
+/// Build the queue a daemon killed with SIGKILL leaves behind with `ids` in flight: each task's
+/// definition in `tasks/`, a loop checkpoint after its first of two iterations, and its entry in
+/// `current_work.json` with status `running`. Written with the library's own types, without
+/// fsync (a `sync` at the end), since this setup is not what is measured. Returns the size of
+/// `current_work.json`.
+fn build_crashed_queue(queue: &Path, ids: &[String]) -> anyhow::Result<u64> {
+    QueueDir::new(queue)
+        .create_all()
+        .with_context(|| format!("creating the queue {}", queue.display()))?;
+    let storage: Arc<dyn Storage> = Arc::new(FileStorage::with_ops(
+        queue,
+        Arc::new(UnsyncedFileOps) as Arc<dyn crate::store::FileOps>,
+    ));
+    let checkpoints = CheckpointStore::with_storage(Arc::clone(&storage));
+    let crashed_at = Utc::now();
+    let mut work = CurrentWork::default();
+    for id in ids {
+        let file = json!({
+            "id": id,
+            "phases": [{
+                "name": "spin",
+                "kind": "loop",
+                "run": RESUME_COMMAND,
+                "max_iterations": 2,
+            }],
+        });
+        let bytes = serde_json::to_vec(&file).context("encoding a task")?;
+        let task = Task::parse(&bytes).map_err(|e| anyhow::anyhow!("the resume task: {e}"))?;
+        let key = QueueDir::task_key(id);
+        storage
+            .put(&key, &task.to_json_bytes(), None)
+            .with_context(|| format!("writing {}", queue.join(&key).display()))?;
+        let mut checkpointer =
+            LoopCheckpointer::new(checkpoints.clone(), id.as_str(), crate::runner::LOOP_SCOPE)
+                .phase("spin", 0)
+                .attempt(1)
+                .every(1);
+        checkpointer
+            .checkpoint(1, &json!({"resumable": true}))
+            .with_context(|| format!("checkpointing {id}"))?;
+        let mut entry = ActiveTask::new(id, "spin");
+        entry.attempt = 1;
+        entry.status = ActiveStatus::Running;
+        entry.iterations = 1;
+        entry.last_checkpoint_at = Some(crashed_at);
+        entry.phases.push(PhaseTiming {
+            name: "spin".into(),
+            started_at: entry.started_at,
+            finished_at: None,
+            iterations: None,
+        });
+        work.active_tasks.push(entry);
+        fs::create_dir_all(queue.join("runs").join(id))
+            .with_context(|| format!("creating runs/{id} in {}", queue.display()))?;
+    }
+    work.updated_at = crashed_at;
+    let bytes = serde_json::to_vec_pretty(&work).context("encoding current_work.json")?;
+    storage
+        .put(QueueDir::CURRENT_WORK_KEY, &bytes, None)
+        .with_context(|| format!("writing {}", queue.join("current_work.json").display()))?;
+    nix::unistd::sync();
+    Ok(bytes.len() as u64)
+}
+
+/// The daemon resumed the task from its checkpoint: its loop ran one iteration after the one
+/// checkpointed (two in all), rather than starting over (which would end after one).
+fn check_resumed(queue: &Path, id: &str) -> anyhow::Result<()> {
+    let path = queue.join(QueueDir::done_key(id));
+    let bytes = fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
+    let record: Value =
+        serde_json::from_slice(&bytes).with_context(|| format!("parsing {}", path.display()))?;
+    let iterations = record["phases"]
+        .as_array()
+        .and_then(|phases| phases.last())
+        .and_then(|phase| phase["iterations"].as_u64());
+    if iterations != Some(2) {
+        bail!(
+            "task {id} did not resume from its checkpoint: {} says its loop ran {iterations:?} iterations, not 2",
+            path.display()
+        );
+    }
+    Ok(())
+}
+
+/// A `cairn run` child process on a queue, its stderr in `daemon.log` beside the queue.
+struct Daemon {
+    child: Child,
+    log: PathBuf,
+}
+
+impl Daemon {
+    /// Start `cairn run` (this binary) on `queue`; `notify` becomes its `NOTIFY_SOCKET` (see
+    /// [`ReadyListener`]).
+    fn start(queue: &Path, max_tasks: usize, notify: Option<&Path>) -> anyhow::Result<Daemon> {
+        let exe = std::env::current_exe().context("finding the cairn binary")?;
+        let log = queue.with_file_name("daemon.log");
+        let log_file = fs::File::create(&log)
+            .with_context(|| format!("creating the daemon log {}", log.display()))?;
+        let mut command = Command::new(exe);
+        command
+            .arg("--queue")
+            .arg(queue)
+            .args(["run", "--stop-grace", "5s", "--max-tasks"])
+            .arg(max_tasks.to_string())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(log_file));
+        for name in crate::daemon::NOTIFY_ENV {
+            command.env_remove(name);
+        }
+        command.env_remove("JOURNAL_STREAM");
+        if let Some(socket) = notify {
+            command.env("NOTIFY_SOCKET", socket);
+        }
+        let child = command.spawn().context("starting cairn run")?;
+        Ok(Daemon { child, log })
+    }
+
+    fn pid(&self) -> i32 {
+        // A pid always fits: Linux caps pids at 2^22.
+        self.child.id() as i32
+    }
+
+    /// Fail if the daemon has exited.
+    fn check_running(&mut self) -> anyhow::Result<()> {
+        match self.child.try_wait().context("checking on the daemon")? {
+            None => Ok(()),
+            Some(status) => bail!(
+                "the daemon exited early ({status}); see {}",
+                self.log.display()
+            ),
+        }
+    }
+
+    /// The daemon's peak resident memory so far (`VmHWM`), in MiB.
+    fn peak_rss_mib(&self) -> anyhow::Result<f64> {
+        let path = format!("/proc/{}/status", self.pid());
+        let status = fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
+        let kib = status
+            .lines()
+            .find_map(|line| line.strip_prefix("VmHWM:"))
+            .and_then(|rest| {
+                rest.trim()
+                    .trim_end_matches("kB")
+                    .trim()
+                    .parse::<f64>()
+                    .ok()
+            })
+            .with_context(|| format!("{path} has no VmHWM line"))?;
+        Ok(round_to(kib / 1024.0, 1))
+    }
+
+    /// SIGTERM, and wait for a clean exit.
+    fn stop(&mut self) -> anyhow::Result<()> {
+        use nix::sys::signal::{kill, Signal};
+        kill(nix::unistd::Pid::from_raw(self.pid()), Signal::SIGTERM)
+            .context("signalling the daemon")?;
+        let status = self.child.wait().context("waiting for the daemon")?;
+        if !status.success() {
+            bail!(
+                "the daemon exited with {status} after SIGTERM; see {}",
+                self.log.display()
+            );
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Daemon {
+    /// A bench that fails half-way leaves no daemon behind.
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// The bench's end of the daemon's `NOTIFY_SOCKET`: a thread notes when READY=1 arrives and
+/// keeps reading every later message (STATUS= on each change), since a full socket would block
+/// the daemon's sends.
+struct ReadyListener {
+    path: PathBuf,
+    ready_at: Arc<Mutex<Option<Instant>>>,
+    stop: Arc<AtomicBool>,
+    reader: Option<std::thread::JoinHandle<()>>,
+}
+
+impl ReadyListener {
+    /// The socket's path. A Unix socket path must stay under 108 bytes, so it lives in the
+    /// system's temp directory rather than beside the queue, named after the bench's pid.
+    fn path() -> PathBuf {
+        std::env::temp_dir().join(format!("cairn-bench-notify-{}.sock", std::process::id()))
+    }
+
+    /// Bind the socket and start reading it.
+    fn start() -> anyhow::Result<ReadyListener> {
+        let path = Self::path();
+        let _ = fs::remove_file(&path);
+        let socket = UnixDatagram::bind(&path)
+            .with_context(|| format!("binding the notify socket {}", path.display()))?;
+        socket
+            .set_read_timeout(Some(Duration::from_millis(50)))
+            .context("setting the notify socket's timeout")?;
+        let ready_at: Arc<Mutex<Option<Instant>>> = Arc::default();
+        let stop: Arc<AtomicBool> = Arc::default();
+        let (thread_ready, thread_stop) = (Arc::clone(&ready_at), Arc::clone(&stop));
+        let reader = std::thread::spawn(move || {
+            let mut buf = vec![0u8; 64 * 1024];
+            while !thread_stop.load(Ordering::Relaxed) {
+                let Ok(len) = socket.recv(&mut buf) else {
+                    continue;
+                };
+                let now = Instant::now();
+                let message = String::from_utf8_lossy(&buf[..len]);
+                if message.lines().any(|line| line == "READY=1") {
+                    let mut ready = thread_ready.lock().unwrap_or_else(|p| p.into_inner());
+                    ready.get_or_insert(now);
+                }
+            }
+        });
+        Ok(ReadyListener {
+            path,
+            ready_at,
+            stop,
+            reader: Some(reader),
+        })
+    }
+
+    /// How long after `spawned` READY=1 arrived.
+    fn ready_after(&self, spawned: Instant) -> anyhow::Result<Duration> {
+        let ready_at = *self.ready_at.lock().unwrap_or_else(|p| p.into_inner());
+        ready_at
+            .map(|at| at.saturating_duration_since(spawned))
+            .context("the daemon never sent READY=1")
+    }
+}
+
+impl Drop for ReadyListener {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(reader) = self.reader.take() {
+            let _ = reader.join();
+        }
+        let _ = fs::remove_file(&self.path);
+    }
 }

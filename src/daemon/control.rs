@@ -102,7 +102,7 @@ impl Scheduler {
     fn queued_entry(&self, id: &str) -> Option<ActiveTask> {
         let pending = self.pending.iter().any(|(_, _, p)| p == id);
         let task = self.tasks.get(id)?;
-        pending.then(|| self.fresh_entry(task))
+        pending.then(|| fresh_entry(&self.ctx, task))
     }
 
     /// Take a task out of every queue it waits in.
@@ -116,36 +116,6 @@ impl Scheduler {
         if let Err(e) = self.ctx.work.persist().await {
             tracing::error!("{e}");
         }
-    }
-
-    /// The entry a task starts its first attempt with: at its first phase, or where
-    /// `cairn fork` said (`runs/<id>/start.json`).
-    pub(super) fn fresh_entry(&self, task: &Task) -> ActiveTask {
-        let id = task.id();
-        let first_phase = task.phases.first().map(|p| p.name.as_str()).unwrap_or("");
-        let mut entry = ActiveTask::new(id, first_phase);
-        let start = match self.ctx.storage.get(&StartPoint::key(id)) {
-            Ok(Some(bytes)) => serde_json::from_slice::<StartPoint>(&bytes)
-                .map_err(|e| {
-                    tracing::error!(task_id = id, "ignoring an unreadable start point: {e}")
-                })
-                .ok(),
-            Ok(None) => None,
-            Err(e) => {
-                tracing::error!(task_id = id, "ignoring an unreadable start point: {e}");
-                None
-            }
-        };
-        if let Some(start) = start.filter(|s| s.phase_index < task.phases.len()) {
-            entry.phase_index = start.phase_index;
-            entry.phase = task.phases[start.phase_index].name.clone();
-            entry.phase_outputs = start
-                .phase_outputs
-                .into_iter()
-                .map(|(name, value)| (name, StoredOutput::Inline(value)))
-                .collect();
-        }
-        entry
     }
 
     /// Bring a failed, cancelled or budget-stopped task back: it resumes from its last
@@ -229,4 +199,32 @@ impl Scheduler {
             tracing::error!(task_id = id, "cannot archive the failed record: {e}");
         }
     }
+}
+
+/// The entry a task starts its first attempt with: at its first phase, or where `cairn fork`
+/// said (`runs/<id>/start.json`). Reads a file: call it off the async thread.
+pub(super) fn fresh_entry(ctx: &RunContext, task: &Task) -> ActiveTask {
+    let id = task.id();
+    let first_phase = task.phases.first().map(|p| p.name.as_str()).unwrap_or("");
+    let mut entry = ActiveTask::new(id, first_phase);
+    let start = match ctx.storage.get(&StartPoint::key(id)) {
+        Ok(Some(bytes)) => serde_json::from_slice::<StartPoint>(&bytes)
+            .map_err(|e| tracing::error!(task_id = id, "ignoring an unreadable start point: {e}"))
+            .ok(),
+        Ok(None) => None,
+        Err(e) => {
+            tracing::error!(task_id = id, "ignoring an unreadable start point: {e}");
+            None
+        }
+    };
+    if let Some(start) = start.filter(|s| s.phase_index < task.phases.len()) {
+        entry.phase_index = start.phase_index;
+        entry.phase = task.phases[start.phase_index].name.clone();
+        entry.phase_outputs = start
+            .phase_outputs
+            .into_iter()
+            .map(|(name, value)| (name, StoredOutput::Inline(value)))
+            .collect();
+    }
+    entry
 }

@@ -137,6 +137,7 @@ pub async fn run(config: DaemonConfig, shutdown: Shutdown) -> Result<DaemonExit,
         work: Arc::new(work),
         shutdown: shutdown.clone(),
         controls: Default::default(),
+        journal: crate::store::journal::JournalWriter::start(&root),
     });
     let mut scheduler = Scheduler {
         intake: Arc::new(Mutex::new(Intake::new(queue.clone(), Arc::clone(&storage)))),
@@ -150,6 +151,9 @@ pub async fn run(config: DaemonConfig, shutdown: Shutdown) -> Result<DaemonExit,
         running: JoinSet::new(),
         running_ids: HashSet::new(),
         inbox_deferred: false,
+        scan: None,
+        scan_again: false,
+        intake_hints: Vec::new(),
         notifier: notify::ServiceNotifier::new(),
         finished: 0,
     };
@@ -159,6 +163,8 @@ pub async fn run(config: DaemonConfig, shutdown: Shutdown) -> Result<DaemonExit,
     scheduler.notifier.ready(status);
     let exit = scheduler.work_until_stopped().await;
     scheduler.drain().await;
+    let ctx = Arc::clone(&scheduler.ctx);
+    runner_blocking(move || ctx.journal.flush()).await;
     tracing::info!("cairn daemon stopped");
     Ok(if shutdown.is_immediate() {
         DaemonExit::StoppedImmediately
@@ -180,14 +186,31 @@ pub(crate) struct Scheduler {
     next_seq: u64,
     /// Tasks waiting for their backoff to pass.
     retries: Vec<(DateTime<Utc>, String)>,
-    running: JoinSet<(String, AttemptEnd)>,
+    running: JoinSet<(String, AttemptOutcome)>,
     /// Ids of the tasks with an attempt running now.
     running_ids: HashSet<String>,
     /// The last scan left files in the inbox that may still be being written.
     inbox_deferred: bool,
+    /// The inbox scan running on the blocking pool.
+    scan: Option<tokio::task::JoinHandle<std::io::Result<crate::queue::IntakeReport>>>,
+    /// Start another scan when the running one ends (hints arrived meanwhile).
+    scan_again: bool,
+    /// Inbox hints for the next scan.
+    intake_hints: Vec<QueueHint>,
     notifier: notify::ServiceNotifier,
     /// Tasks finished since start, for the service status.
     finished: u64,
+}
+
+/// How an attempt's future ended, as the main loop sees it.
+pub(crate) enum AttemptOutcome {
+    /// Every phase finished, `done/<id>.json` is written and the task has left
+    /// `current_work`; this is its entry as it ended.
+    Recorded(Box<ActiveTask>),
+    /// Every phase finished, but the done record could not be written (the error).
+    RecordFailed(String),
+    /// Any other end, which the main loop handles.
+    Ended(AttemptEnd),
 }
 
 fn lock(intake: &Mutex<Intake>) -> std::sync::MutexGuard<'_, Intake> {

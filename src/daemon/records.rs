@@ -2,32 +2,60 @@
 
 use super::*;
 
-impl Scheduler {
-    pub(super) async fn write_done(&self, task: &Task, entry: &ActiveTask) -> Result<(), String> {
-        let outputs = self.outputs_by_name(entry).await?;
-        let result = task
-            .phases
-            .last()
-            .and_then(|p| outputs.get(&p.name).cloned())
-            .unwrap_or(Value::Null);
-        let finished_at = Utc::now();
-        let record = DoneRecord {
-            status: "done".into(),
-            task_id: entry.task_id.clone(),
-            result,
-            phase_outputs: outputs,
-            attempts: entry.attempt,
-            failed_attempts: entry.failed_attempts,
-            started_at: entry.started_at,
-            finished_at,
-            duration_seconds: (finished_at - entry.started_at).num_milliseconds() as f64 / 1000.0,
-            cost: entry.cost,
-            phases: entry.phases.clone(),
-        };
-        self.put_record(QueueDir::done_key(&entry.task_id), to_record_bytes(&record))
-            .await
-    }
+/// Finish a task whose every phase is done, inside its attempt's future (so the main loop never
+/// waits for these writes): write `done/<id>.json` durably, then drop the task from
+/// `current_work`. The record is durable before the entry can leave the file. Returns the entry
+/// as it ended.
+pub(super) async fn record_done(ctx: &Arc<RunContext>, task: &Task) -> Result<ActiveTask, String> {
+    let id = task.id();
+    let entry = ctx
+        .work
+        .update(|w| w.get(id).cloned())
+        .ok_or_else(|| format!("internal error: task {id} is not in current_work"))?;
+    write_done(ctx, task, &entry).await?;
+    ctx.work.update(|w| w.remove(id));
+    // Dropping the entry from the file is no durability step (a restart drops an entry whose
+    // task has a record), so the task's slot is freed without waiting for it; the write joins
+    // the next group commit. A failure is not fatal for the same reason.
+    let work = Arc::clone(&ctx.work);
+    tokio::spawn(async move {
+        if let Err(e) = work.persist().await {
+            tracing::error!("{e}");
+        }
+    });
+    Ok(entry)
+}
 
+async fn write_done(ctx: &RunContext, task: &Task, entry: &ActiveTask) -> Result<(), String> {
+    let outputs = outputs_by_name(ctx, entry).await?;
+    let result = task
+        .phases
+        .last()
+        .and_then(|p| outputs.get(&p.name).cloned())
+        .unwrap_or(Value::Null);
+    let finished_at = Utc::now();
+    let record = DoneRecord {
+        status: "done".into(),
+        task_id: entry.task_id.clone(),
+        result,
+        phase_outputs: outputs,
+        attempts: entry.attempt,
+        failed_attempts: entry.failed_attempts,
+        started_at: entry.started_at,
+        finished_at,
+        duration_seconds: (finished_at - entry.started_at).num_milliseconds() as f64 / 1000.0,
+        cost: entry.cost,
+        phases: entry.phases.clone(),
+    };
+    put_record(
+        ctx,
+        QueueDir::done_key(&entry.task_id),
+        to_record_bytes(&record),
+    )
+    .await
+}
+
+impl Scheduler {
     /// The task has used up its attempts: record it in failed/ (its checkpoints stay).
     pub(super) async fn give_up(&mut self, task: &Arc<Task>, entry: ActiveTask, error: String) {
         self.record_failure(task, entry, error, "failed").await
@@ -56,7 +84,7 @@ impl Scheduler {
         );
         // The record is written even if an earlier phase's output cannot be read back, but
         // it says so: `cairn retry` restores outputs from this record.
-        let (outputs, error) = match self.outputs_by_name(&entry).await {
+        let (outputs, error) = match outputs_by_name(&self.ctx, &entry).await {
             Ok(outputs) => (outputs, error),
             Err(problem) => {
                 tracing::error!(task_id = %id, "reading the outputs of earlier phases: {problem}");
@@ -86,9 +114,12 @@ impl Scheduler {
             phase_outputs: outputs,
             phases: entry.phases.clone(),
         };
-        match self
-            .put_record(QueueDir::failed_key(&id), to_record_bytes(&record))
-            .await
+        match put_record(
+            &self.ctx,
+            QueueDir::failed_key(&id),
+            to_record_bytes(&record),
+        )
+        .await
         {
             Ok(()) => {
                 self.ctx.work.update(|w| w.remove(&id));
@@ -99,22 +130,22 @@ impl Scheduler {
             }
         }
     }
+}
 
-    pub(super) async fn outputs_by_name(
-        &self,
-        entry: &ActiveTask,
-    ) -> Result<std::collections::BTreeMap<String, Value>, String> {
-        match runner::load_inputs(&self.ctx, &entry.phase_outputs).await? {
-            Value::Object(map) => Ok(map.into_iter().collect()),
-            _ => Ok(Default::default()),
-        }
+async fn outputs_by_name(
+    ctx: &RunContext,
+    entry: &ActiveTask,
+) -> Result<std::collections::BTreeMap<String, Value>, String> {
+    match runner::load_inputs(ctx, &entry.phase_outputs).await? {
+        Value::Object(map) => Ok(map.into_iter().collect()),
+        _ => Ok(Default::default()),
     }
+}
 
-    pub(super) async fn put_record(&self, key: String, bytes: Vec<u8>) -> Result<(), String> {
-        let storage = Arc::clone(&self.ctx.storage);
-        let put_key = key.clone();
-        runner_blocking(move || storage.put(&put_key, &bytes, None))
-            .await
-            .map_err(|e| format!("writing {key}: {e}"))
-    }
+async fn put_record(ctx: &RunContext, key: String, bytes: Vec<u8>) -> Result<(), String> {
+    let storage = Arc::clone(&ctx.storage);
+    let put_key = key.clone();
+    runner_blocking(move || storage.put(&put_key, &bytes, None))
+        .await
+        .map_err(|e| format!("writing {key}: {e}"))
 }

@@ -3,10 +3,25 @@
 
 use std::time::Instant;
 
+use super::control::fresh_entry;
 use super::*;
 
 /// How often the progress of running tasks is written to `current_work.json`.
 const PROGRESS_WRITE_INTERVAL: Duration = Duration::from_secs(2);
+
+/// Files taken per inbox scan: a large drop is taken in batches, and the first tasks start
+/// while the rest are read.
+const INTAKE_BATCH: usize = 256;
+
+/// The inbox scan under way, if any (pending forever otherwise, for `select!`).
+async fn wait_for_scan(
+    scan: &mut Option<tokio::task::JoinHandle<std::io::Result<crate::queue::IntakeReport>>>,
+) -> Result<std::io::Result<crate::queue::IntakeReport>, tokio::task::JoinError> {
+    match scan {
+        Some(handle) => handle.await,
+        None => std::future::pending().await,
+    }
+}
 
 impl Scheduler {
     /// The main loop: start what can start, then wait for a task to end, an inbox hint, a timer
@@ -20,7 +35,8 @@ impl Scheduler {
                     (None, mpsc::unbounded_channel().1)
                 }
             };
-        self.scan_inbox().await;
+        // Tasks that were in flight start while the inbox is read.
+        self.start_scan();
         self.process_control().await;
         let mut last_inbox_scan = Instant::now();
         let mut last_progress_write = Instant::now();
@@ -47,15 +63,13 @@ impl Scheduler {
                 _ = self.ctx.shutdown.stopped() => break,
                 hint = hints.recv(), if watcher.is_some() => {
                     let (mut inbox, mut control) = (false, false);
+                    // Inbox hints go to the next scan: the intake is locked while a scan runs,
+                    // and this thread must not wait for it.
                     let mut take = |hint: QueueHint| match hint {
                         QueueHint::Control => control = true,
                         QueueHint::InboxChanged => inbox = true,
-                        QueueHint::InboxComplete(name) => {
-                            lock(&self.intake).hint_complete(name);
-                            inbox = true;
-                        }
-                        QueueHint::InboxWriting(name) => {
-                            lock(&self.intake).hint_writing(name);
+                        hint @ (QueueHint::InboxComplete(_) | QueueHint::InboxWriting(_)) => {
+                            self.intake_hints.push(hint);
                             inbox = true;
                         }
                     };
@@ -66,16 +80,20 @@ impl Scheduler {
                         take(hint);
                     }
                     if inbox {
-                        self.scan_inbox().await;
+                        self.start_scan();
                         last_inbox_scan = Instant::now();
                     }
                     if control {
                         self.process_control().await;
                     }
                 }
+                scanned = wait_for_scan(&mut self.scan) => {
+                    self.scan = None;
+                    self.scan_finished(scanned);
+                }
                 _ = tokio::time::sleep(tick) => {
                     if self.inbox_deferred || last_inbox_scan.elapsed() >= self.config.rescan_interval {
-                        self.scan_inbox().await;
+                        self.start_scan();
                         last_inbox_scan = Instant::now();
                     }
                     self.process_control().await;
@@ -148,13 +166,49 @@ impl Scheduler {
             && self.pending.is_empty()
             && self.retries.is_empty()
             && !self.inbox_deferred
+            && self.scan.is_none()
+            && !self.scan_again
     }
 
-    pub(super) async fn scan_inbox(&mut self) {
+    /// Start a scan of the inbox on the blocking pool, handing it the hints gathered since the
+    /// last one; if one is running, another follows it.
+    pub(super) fn start_scan(&mut self) {
+        if self.scan.is_some() {
+            self.scan_again = true;
+            return;
+        }
+        self.scan_again = false;
+        let hints = std::mem::take(&mut self.intake_hints);
         let intake = Arc::clone(&self.intake);
-        match runner_blocking(move || lock(&intake).scan()).await {
+        self.scan = Some(tokio::task::spawn_blocking(move || {
+            let mut intake = lock(&intake);
+            for hint in hints {
+                match hint {
+                    QueueHint::InboxComplete(name) => intake.hint_complete(name),
+                    QueueHint::InboxWriting(name) => intake.hint_writing(name),
+                    QueueHint::InboxChanged | QueueHint::Control => {}
+                }
+            }
+            intake.scan_batch(INTAKE_BATCH)
+        }));
+    }
+
+    /// Take in what a scan accepted; scan again if it left files or hints arrived meanwhile.
+    pub(super) fn scan_finished(
+        &mut self,
+        scanned: Result<std::io::Result<crate::queue::IntakeReport>, tokio::task::JoinError>,
+    ) {
+        let scanned = match scanned {
+            Ok(scanned) => scanned,
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            Err(e) => Err(std::io::Error::other(e)),
+        };
+        match scanned {
             Ok(report) => {
-                self.inbox_deferred = report.deferred > 0;
+                // A batch that stopped early has not looked at every file; the next one will.
+                if !report.more {
+                    self.inbox_deferred = report.deferred > 0;
+                }
                 for task in report.accepted {
                     self.ctx.journal(
                         task.id(),
@@ -163,10 +217,29 @@ impl Scheduler {
                     );
                     self.add_pending(task);
                 }
+                if report.more || self.scan_again {
+                    self.start_scan();
+                }
             }
             Err(e) => {
                 tracing::error!("scanning the inbox: {e}; trying again shortly");
                 self.inbox_deferred = true;
+            }
+        }
+    }
+
+    /// Scan the inbox until every complete file is taken (waiting for a scan under way).
+    pub(super) async fn scan_inbox(&mut self) {
+        loop {
+            if self.scan.is_none() {
+                self.start_scan();
+            }
+            let scanned = wait_for_scan(&mut self.scan).await;
+            self.scan = None;
+            // Anything this scan leaves (a full batch, hints meanwhile) starts the next one.
+            self.scan_finished(scanned);
+            if self.scan.is_none() {
+                return;
             }
         }
     }
@@ -200,44 +273,44 @@ impl Scheduler {
 
     pub(super) fn start_attempt(&mut self, task: Arc<Task>) {
         let id = task.id().to_string();
-        let fresh = self
-            .ctx
-            .work
-            .update(|w| w.get(&id).is_none())
-            .then(|| self.fresh_entry(&task));
+        let fresh = self.ctx.work.update(|w| w.get(&id).is_none());
         // Requests meant for an earlier attempt do not carry over.
         self.ctx.drop_control(&id);
         self.running_ids.insert(id.clone());
-        self.ctx.work.update(|w| {
-            if let Some(entry) = fresh {
-                w.upsert(entry);
-            }
-            if let Some(entry) = w.get_mut(&id) {
-                entry.attempt += 1;
-                entry.status = ActiveStatus::Running;
-                entry.attempt_started_phase = entry.phase_index;
-                entry.next_attempt_at = None;
-            }
-        });
-        let (attempt, phase) = self
-            .ctx
-            .work
-            .update(|w| w.get(&id).map(|e| (e.attempt, e.phase.clone())))
-            .unwrap_or_default();
-        self.ctx.journal(
-            &id,
-            "attempt_started",
-            serde_json::json!({"attempt": attempt, "phase": phase}),
-        );
         let ctx = Arc::clone(&self.ctx);
         self.running.spawn(async move {
+            if fresh {
+                // Where a new task starts (a fork's start point) is read off the async thread.
+                // Its entry exists only from then on, so no write of current_work.json can
+                // record it at the wrong phase.
+                let (read_ctx, read_task) = (Arc::clone(&ctx), Arc::clone(&task));
+                let entry = runner_blocking(move || fresh_entry(&read_ctx, &read_task)).await;
+                ctx.work.update(|w| w.upsert(entry));
+            }
+            let (attempt, phase) = ctx
+                .work
+                .update(|w| {
+                    w.get_mut(&id).map(|entry| {
+                        entry.attempt += 1;
+                        entry.status = ActiveStatus::Running;
+                        entry.attempt_started_phase = entry.phase_index;
+                        entry.next_attempt_at = None;
+                        (entry.attempt, entry.phase.clone())
+                    })
+                })
+                .unwrap_or_default();
+            ctx.journal(
+                &id,
+                "attempt_started",
+                serde_json::json!({"attempt": attempt, "phase": phase}),
+            );
             // The attempt is on record before any command runs, so a crash is accounted for.
             if let Err(e) = ctx.work.persist().await {
                 let end = AttemptEnd::Failed {
                     error: format!("cannot record the attempt: {e}"),
                     counts: false,
                 };
-                return (id, end);
+                return (id, AttemptOutcome::Ended(end));
             }
             let end = std::panic::AssertUnwindSafe(runner::run_attempt(&ctx, &task))
                 .catch_unwind()
@@ -246,15 +319,24 @@ impl Scheduler {
                     error: "internal error: the task runner panicked".into(),
                     counts: true,
                 });
-            (id, end)
+            // A finished task is recorded here, off the main loop: its writes then overlap
+            // with other tasks' work instead of holding up the whole scheduler.
+            let outcome = match end {
+                AttemptEnd::Done => match records::record_done(&ctx, &task).await {
+                    Ok(entry) => AttemptOutcome::Recorded(Box::new(entry)),
+                    Err(error) => AttemptOutcome::RecordFailed(error),
+                },
+                other => AttemptOutcome::Ended(other),
+            };
+            (id, outcome)
         });
     }
 
     pub(super) async fn attempt_finished(
         &mut self,
-        joined: Result<(String, AttemptEnd), tokio::task::JoinError>,
+        joined: Result<(String, AttemptOutcome), tokio::task::JoinError>,
     ) {
-        let (id, end) = match joined {
+        let (id, outcome) = match joined {
             Ok(result) => result,
             Err(e) => {
                 tracing::error!("a task runner was lost: {e}");
@@ -265,6 +347,31 @@ impl Scheduler {
         let control = self.ctx.drop_control(&id).unwrap_or_default();
         let Some(task) = self.tasks.get(&id).cloned() else {
             return;
+        };
+        let end = match outcome {
+            // Finished and recorded (an operator's cancel does not undo that).
+            AttemptOutcome::Recorded(entry) => {
+                tracing::info!(task_id = %id, attempts = entry.attempt, "task done");
+                self.ctx.journal(
+                    &id,
+                    "done",
+                    serde_json::json!({"attempts": entry.attempt, "cost": entry.cost}),
+                );
+                self.tasks.remove(&id);
+                self.finished += 1;
+                return;
+            }
+            AttemptOutcome::RecordFailed(error) => {
+                tracing::error!(task_id = %id, "{error}");
+                if let Some(mut entry) = self.ctx.work.update(|w| w.get(&id).cloned()) {
+                    self.schedule_retry(&task, &mut entry, error, false);
+                    if let Err(e) = self.ctx.work.persist().await {
+                        tracing::error!("{e}");
+                    }
+                }
+                return;
+            }
+            AttemptOutcome::Ended(end) => end,
         };
         let Some(mut entry) = self.ctx.work.update(|w| w.get(&id).cloned()) else {
             return;
@@ -298,23 +405,16 @@ impl Scheduler {
             other => other,
         };
         match end {
-            AttemptEnd::Done => match self.write_done(&task, &entry).await {
-                Ok(()) => {
-                    tracing::info!(task_id = %id, attempts = entry.attempt, "task done");
-                    self.ctx.journal(
-                        &id,
-                        "done",
-                        serde_json::json!({"attempts": entry.attempt, "cost": entry.cost}),
-                    );
-                    self.ctx.work.update(|w| w.remove(&id));
-                    self.tasks.remove(&id);
-                    self.finished += 1;
-                }
-                Err(error) => {
-                    tracing::error!(task_id = %id, "{error}");
-                    self.schedule_retry(&task, &mut entry, error, false);
-                }
-            },
+            // Recorded in the attempt's future; only an outcome built elsewhere lands here.
+            AttemptEnd::Done => {
+                tracing::error!(task_id = %id, "internal error: a finished attempt was not recorded");
+                self.schedule_retry(
+                    &task,
+                    &mut entry,
+                    "internal error: the finished task was not recorded".into(),
+                    false,
+                );
+            }
             AttemptEnd::Interrupted => {
                 entry.status = ActiveStatus::Interrupted;
                 tracing::info!(task_id = %id, phase = %entry.phase, iterations = entry.iterations, "task interrupted");

@@ -53,6 +53,8 @@ pub struct IntakeReport {
     pub rejected: Vec<Rejection>,
     /// Files left in the inbox for now because they may still be being written.
     pub deferred: usize,
+    /// The scan stopped at its batch limit with files left to take: scan again.
+    pub more: bool,
 }
 
 /// A file refused at intake.
@@ -120,17 +122,32 @@ impl Intake {
 
     /// Take every complete file in the inbox.
     pub fn scan(&mut self) -> io::Result<IntakeReport> {
+        self.scan_batch(usize::MAX)
+    }
+
+    /// Take complete files in the inbox, at most `limit` of them (accepted or rejected); the
+    /// report's `more` says whether files were left for another call. The daemon scans in
+    /// batches so that the first tasks of a large drop start while the rest are taken.
+    pub fn scan_batch(&mut self, limit: usize) -> io::Result<IntakeReport> {
         let mut report = IntakeReport::default();
         let inbox = self.queue.inbox();
         let mut names = read_names(&inbox)?;
         names.sort();
         // Forget hints about files that are gone.
-        self.writing.retain(|n| names.contains(n));
-        self.complete_hints.retain(|n| names.contains(n));
+        {
+            let present: HashSet<&str> = names.iter().map(String::as_str).collect();
+            self.writing.retain(|n| present.contains(n.as_str()));
+            self.complete_hints.retain(|n| present.contains(n.as_str()));
+        }
         let now = SystemTime::now();
+        let mut taken = 0;
         for name in names {
             if name.starts_with('.') || name.ends_with(".tmp") {
                 continue;
+            }
+            if taken >= limit {
+                report.more = true;
+                break;
             }
             let path = inbox.join(&name);
             let meta = match fs::symlink_metadata(&path) {
@@ -179,6 +196,7 @@ impl Intake {
                     ))
                 }
             }
+            taken += 1;
             match self.process_claim(&claim, &name, &suffix, false) {
                 Ok(outcome) => self.record(outcome, &mut report),
                 Err(e) => {

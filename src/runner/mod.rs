@@ -14,6 +14,8 @@ mod work_state;
 mod worker;
 
 pub use child::{CommandRun, RunEnd, KILL_AFTER, MAX_REPLY_BYTES};
+/// The scope of loop phases' checkpoints (the queue benchmark builds such checkpoints).
+pub(crate) use loop_phase::LOOP_SCOPE;
 pub use orphans::kill_orphans;
 pub use work_state::{LoadError, WorkState};
 
@@ -51,6 +53,8 @@ pub struct RunContext {
     pub shutdown: Shutdown,
     /// Operator requests for the tasks running now, by task id.
     pub controls: std::sync::Mutex<std::collections::HashMap<String, TaskControl>>,
+    /// Appends to the tasks' event journals off the async thread.
+    pub journal: crate::store::journal::JournalWriter,
 }
 
 impl RunContext {
@@ -73,7 +77,7 @@ impl RunContext {
 
     /// Append to the task's event journal (see [`crate::store::journal`]).
     pub fn journal(&self, task_id: &str, event: &str, details: Value) {
-        crate::store::journal::append(self.queue.root(), task_id, event, details);
+        self.journal.append(task_id, event, details);
     }
 }
 
@@ -117,9 +121,16 @@ pub enum PhaseEnd {
 /// The entry must exist and carry the attempt number.
 pub async fn run_attempt(ctx: &Arc<RunContext>, task: &Arc<Task>) -> AttemptEnd {
     let id = task.id();
-    if let Err(e) = std::fs::create_dir_all(ctx.queue.run_dir(id)) {
+    // Off the async thread: creating a directory allocates an inode, which can take a while.
+    let run_dir = ctx.queue.run_dir(id);
+    let create_dir = run_dir.clone();
+    let created = blocking(move || std::fs::create_dir_all(create_dir))
+        .await
+        .map_err(|e| e.to_string())
+        .and_then(|created| created.map_err(|e| e.to_string()));
+    if let Err(e) = created {
         return AttemptEnd::Failed {
-            error: format!("creating {}: {e}", ctx.queue.run_dir(id).display()),
+            error: format!("creating {}: {e}", run_dir.display()),
             counts: false,
         };
     }

@@ -1,5 +1,11 @@
 //! The daemon's in-memory copy of `current_work.json` and the one writer that persists it.
+//!
+//! Writes are group-committed: every change is made in memory first, then [`WorkState::persist`]
+//! returns once a write that includes it is durable. Changes that several tasks make while a
+//! write is under way are all covered by the next one, so many tasks starting or finishing at
+//! once cost a few rewrites of the file, not one each.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use chrono::Utc;
@@ -14,8 +20,12 @@ use crate::store::Storage;
 #[derive(Debug)]
 pub struct WorkState {
     work: Mutex<CurrentWork>,
-    /// Serializes writers, so the file on disk only moves forward.
-    write_lock: Mutex<()>,
+    /// Persist requests so far; a request's ticket is this count right after it was made.
+    requested: AtomicU64,
+    /// Serializes writers, so the file on disk only moves forward, and holds the highest ticket
+    /// that a finished write covered. An async lock: callers waiting for the writer wait as
+    /// futures, not as blocked threads.
+    written: tokio::sync::Mutex<u64>,
     storage: Arc<dyn Storage>,
 }
 
@@ -60,7 +70,8 @@ impl WorkState {
         };
         Ok(WorkState {
             work: Mutex::new(work),
-            write_lock: Mutex::new(()),
+            requested: AtomicU64::new(0),
+            written: tokio::sync::Mutex::new(0),
             storage,
         })
     }
@@ -78,16 +89,25 @@ impl WorkState {
         self.update(|work| work.clone())
     }
 
-    /// Durably write the latest in-memory state. Blocking: call it off the async thread.
-    pub fn persist_blocking(&self) -> std::io::Result<()> {
-        let _writer = self
-            .write_lock
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        let bytes = self.update(|work| {
+    /// Take a ticket for the changes made so far. Any write that begins after the ticket was
+    /// taken serializes the state after those changes (both happen under `work`'s lock or
+    /// after this increment), so it covers them.
+    fn ticket(&self) -> u64 {
+        self.requested.fetch_add(1, Ordering::SeqCst) + 1
+    }
+
+    /// Write the state as it is now; returns the highest ticket the write covers.
+    fn write_now(&self) -> std::io::Result<u64> {
+        // Read before the state is copied: every ticket up to here belongs to changes that are
+        // already in it.
+        let covers = self.requested.load(Ordering::SeqCst);
+        // Copied under the lock, serialized outside it: the async thread must not wait for a
+        // large file to be encoded.
+        let work = self.update(|work| {
             work.updated_at = Utc::now();
-            serde_json::to_vec_pretty(work)
-        })?;
+            work.clone()
+        });
+        let bytes = serde_json::to_vec_pretty(&work)?;
         self.storage
             .put(QueueDir::CURRENT_WORK_KEY, &bytes, None)
             .map_err(|e| {
@@ -95,14 +115,35 @@ impl WorkState {
                     e.kind(),
                     format!("writing {}: {e}", QueueDir::CURRENT_WORK_KEY),
                 )
-            })
+            })?;
+        Ok(covers)
     }
 
-    /// Durably write the latest in-memory state.
+    /// Durably write the latest in-memory state (or wait for a write that covers it).
+    /// Blocking: call it off the async thread.
+    pub fn persist_blocking(&self) -> std::io::Result<()> {
+        let ticket = self.ticket();
+        let mut written = self.written.blocking_lock();
+        if *written >= ticket {
+            return Ok(());
+        }
+        *written = self.write_now()?;
+        Ok(())
+    }
+
+    /// Durably write the latest in-memory state: returns once a write that includes every
+    /// change made before the call is durable. A failed write reports its error to the caller
+    /// that made it; callers that were waiting then write themselves.
     pub async fn persist(self: &Arc<Self>) -> std::io::Result<()> {
+        let ticket = self.ticket();
+        let mut written = self.written.lock().await;
+        if *written >= ticket {
+            return Ok(());
+        }
         let this = Arc::clone(self);
-        tokio::task::spawn_blocking(move || this.persist_blocking())
+        *written = tokio::task::spawn_blocking(move || this.write_now())
             .await
-            .map_err(std::io::Error::other)?
+            .map_err(std::io::Error::other)??;
+        Ok(())
     }
 }

@@ -1,0 +1,109 @@
+//! `cairn bench queue` at tiny sizes: every measurement runs the real daemon and prints one
+//! JSON line with the fields it promises, counts as asked and plausible figures. No timing is
+//! asserted: speed is what the benchmark reports, not what a test checks.
+
+use std::process::Command;
+
+use serde_json::Value;
+
+/// Run the benchmark with tiny sizes in a temp directory; returns its result lines.
+fn run_bench(dir: &std::path::Path) -> Vec<Value> {
+    let out = Command::new(env!("CARGO_BIN_EXE_cairn"))
+        .args([
+            "bench",
+            "queue",
+            "--tasks",
+            "20",
+            "--paced-tasks",
+            "5",
+            "--pace",
+            "5ms",
+            "--loop-iterations",
+            "10",
+            "--resume-tasks",
+            "20",
+            "--dir",
+        ])
+        .arg(dir)
+        .output()
+        .expect("running cairn bench queue");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "cairn bench queue failed ({}):\nstdout:\n{stdout}\nstderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}")))
+        .collect()
+}
+
+/// The number at `field`, which must be there.
+fn num(line: &Value, field: &str) -> f64 {
+    line[field]
+        .as_f64()
+        .unwrap_or_else(|| panic!("no number {field:?} in {line}"))
+}
+
+#[test]
+fn every_measurement_prints_its_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let lines = run_bench(dir.path());
+    let whats: Vec<&str> = lines.iter().map(|l| l["what"].as_str().unwrap()).collect();
+    assert_eq!(whats, ["throughput", "pickup", "loop", "loop", "resume"]);
+    assert!(lines.iter().all(|l| l["bench"] == "queue"));
+    for line in &lines {
+        assert!(num(line, "peak_rss_mib") > 0.0, "{line}");
+    }
+
+    let throughput = &lines[0];
+    assert_eq!(throughput["tasks"], 20);
+    assert_eq!(throughput["max_tasks"], 4);
+    assert_eq!(throughput["command"], "true");
+    assert!(num(throughput, "seconds") > 0.0 && num(throughput, "tasks_s") > 0.0);
+    assert!(num(throughput, "pickup_p50_ms") > 0.0);
+    assert!(num(throughput, "pickup_p99_ms") >= num(throughput, "pickup_p50_ms"));
+
+    // Each task's pickup comes after its acceptance and before it is done, so the
+    // percentiles keep that order.
+    let pickup = &lines[1];
+    assert_eq!(pickup["tasks"], 5);
+    assert!(num(pickup, "accept_p50_ms") > 0.0);
+    assert!(num(pickup, "accept_p99_ms") >= num(pickup, "accept_p50_ms"));
+    assert!(num(pickup, "pickup_p50_ms") >= num(pickup, "accept_p50_ms"));
+    assert!(num(pickup, "pickup_p99_ms") >= num(pickup, "pickup_p50_ms"));
+    assert!(num(pickup, "pickup_max_ms") >= num(pickup, "pickup_p99_ms"));
+    assert!(num(pickup, "done_p50_ms") >= num(pickup, "pickup_p50_ms"));
+
+    let every: Vec<u64> = lines[2..4]
+        .iter()
+        .map(|l| l["checkpoint_every"].as_u64().unwrap())
+        .collect();
+    assert_eq!(every, [1, 10]);
+    for line in &lines[2..4] {
+        assert_eq!(line["iterations"], 10);
+        assert_eq!(line["command"], "echo {}");
+        let (per_iteration, command) = (num(line, "per_iteration_ms"), num(line, "command_ms"));
+        assert!(per_iteration > 0.0 && command > 0.0, "{line}");
+        // The overhead is the difference of the two (each rounded to 4 decimals).
+        assert!(
+            (num(line, "overhead_ms") - (per_iteration - command)).abs() < 0.001,
+            "{line}"
+        );
+    }
+
+    let resume = &lines[4];
+    assert_eq!(resume["tasks"], 20);
+    assert_eq!(resume["max_tasks"], 20);
+    assert!(num(resume, "current_work_bytes") > 0.0);
+    assert!(num(resume, "ready_ms") > 0.0);
+    assert!(num(resume, "first_resumed_ms") > 0.0);
+    assert!(num(resume, "all_resumed_ms") >= num(resume, "first_resumed_ms"));
+    assert!(num(resume, "all_done_ms") >= num(resume, "all_resumed_ms"));
+
+    // Without --keep, the run's queues are removed.
+    let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+    assert!(left.is_empty(), "the run left {left:?}");
+}
