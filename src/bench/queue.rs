@@ -106,6 +106,9 @@ const RESUME_COMMAND: &[&str] = &["echo", "{\"done\": true}"];
 /// With no task finishing for this long, the bench gives up (the daemon's log says why).
 const STALL_LIMIT: Duration = Duration::from_secs(120);
 
+/// How long an idle daemon may take to exit after SIGTERM.
+const STOP_LIMIT: Duration = Duration::from_secs(60);
+
 /// Run the queue benchmarks; returns the process exit code.
 pub fn run(args: QueueArgs) -> u8 {
     match run_all(&args) {
@@ -768,12 +771,27 @@ impl Daemon {
         Ok(round_to(kib / 1024.0, 1))
     }
 
-    /// SIGTERM, and wait for a clean exit.
+    /// SIGTERM, and wait for a clean exit ([`STOP_LIMIT`] at most: a daemon that does not
+    /// exit is killed and reported, not waited for forever).
     fn stop(&mut self) -> anyhow::Result<()> {
         use nix::sys::signal::{kill, Signal};
         kill(nix::unistd::Pid::from_raw(self.pid()), Signal::SIGTERM)
             .context("signalling the daemon")?;
-        let status = self.child.wait().context("waiting for the daemon")?;
+        let since = Instant::now();
+        let status = loop {
+            if let Some(status) = self.child.try_wait().context("waiting for the daemon")? {
+                break status;
+            }
+            if since.elapsed() > STOP_LIMIT {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                bail!(
+                    "the daemon did not exit within {STOP_LIMIT:?} of SIGTERM; see {}",
+                    self.log.display()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        };
         if !status.success() {
             bail!(
                 "the daemon exited with {status} after SIGTERM; see {}",

@@ -221,7 +221,7 @@ fn lock(intake: &Mutex<Intake>) -> std::sync::MutexGuard<'_, Intake> {
 
 /// Run blocking file work off the async thread; a panic there is re-raised here.
 async fn runner_blocking<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> T {
-    match tokio::task::spawn_blocking(work).await {
+    match crate::runner::spawn_limited(work).await {
         Ok(value) => value,
         Err(e) => std::panic::resume_unwind(e.into_panic()),
     }

@@ -14,11 +14,25 @@ impl Scheduler {
             tracing::error!("finishing interrupted intake: {e}");
         }
 
+        // Everything recovery reads, read in one pass off the async thread: a queue may hold
+        // thousands of tasks in flight.
         let entries = self.ctx.work.snapshot().active_tasks;
-        for entry in entries {
+        // Recovery decides about these; none of them is a pending task, whatever it decides.
+        let in_flight: HashSet<String> = entries.iter().map(|e| e.task_id.clone()).collect();
+        let ctx = Arc::clone(&self.ctx);
+        let (records, prefetched) = runner_blocking(move || {
+            let records = Records::list(ctx.storage.as_ref());
+            let prefetched: Vec<Prefetched> = entries
+                .into_iter()
+                .map(|entry| Prefetched::read(&ctx, &records, entry))
+                .collect();
+            (records, prefetched)
+        })
+        .await;
+        for entry in prefetched {
             self.recover_entry(entry).await;
         }
-        self.load_pending().await?;
+        self.load_pending(&records, &in_flight).await?;
         if let Err(e) = self.ctx.work.persist().await {
             // Not fatal: every later change writes the whole file again.
             tracing::error!("{e}");
@@ -32,9 +46,15 @@ impl Scheduler {
         Ok(())
     }
 
-    pub(super) async fn recover_entry(&mut self, mut entry: ActiveTask) {
+    async fn recover_entry(&mut self, prefetched: Prefetched) {
+        let Prefetched {
+            mut entry,
+            has_record,
+            task,
+            progressed,
+        } = prefetched;
         let id = entry.task_id.clone();
-        if self.has_record(&id).await {
+        if has_record {
             if let Some(record) = self.retried_record(&entry).await {
                 // `cairn retry` wrote this entry but died before archiving the old record.
                 self.archive_failure(&id, &record).await;
@@ -44,7 +64,7 @@ impl Scheduler {
                 return;
             }
         }
-        let task = match self.read_task(&id).await {
+        let task = match task {
             Ok(task) => Arc::new(task),
             Err(error) => {
                 tracing::error!(task_id = %id, "cannot resume: {error}");
@@ -69,7 +89,10 @@ impl Scheduler {
                 // up no attempt. Only a run of crashes in a row with no progress at all marks
                 // the task as the likely cause: it goes to failed/ so the daemon can get on
                 // with the rest of the queue.
-                let progressed = self.attempt_progressed(&entry).await;
+                let progressed = match progressed {
+                    Some(progressed) => progressed,
+                    None => self.attempt_progressed(&entry).await,
+                };
                 entry.crashes_without_progress = if progressed {
                     0
                 } else {
@@ -123,45 +146,50 @@ impl Scheduler {
 
     /// Did the attempt recorded in `entry` finish a phase or write a checkpoint?
     pub(super) async fn attempt_progressed(&self, entry: &ActiveTask) -> bool {
-        if entry.phase_index > entry.attempt_started_phase {
-            return true;
-        }
-        let checkpoints = self.ctx.checkpoints.clone();
-        let id = entry.task_id.clone();
-        match runner_blocking(move || checkpoints.latest(&id)).await {
-            Ok(Some(loaded)) => {
-                loaded.checkpoint.attempt == entry.attempt
-                    && loaded.checkpoint.phase_index == entry.phase_index
-            }
-            _ => false,
-        }
+        let ctx = Arc::clone(&self.ctx);
+        let entry = entry.clone();
+        runner_blocking(move || attempt_progressed(&ctx, &entry)).await
     }
 
     /// Accepted tasks that never started (not in current_work and without a record).
-    pub(super) async fn load_pending(&mut self) -> Result<(), DaemonError> {
+    async fn load_pending(
+        &mut self,
+        records: &Records,
+        in_flight: &HashSet<String>,
+    ) -> Result<(), DaemonError> {
         let storage = Arc::clone(&self.ctx.storage);
         let names = runner_blocking(move || storage.list("tasks"))
             .await
             .map_err(|e| DaemonError::Setup(format!("listing tasks/: {e}")))?;
-        let mut found = Vec::new();
-        for name in names {
-            let Some(id) = name.strip_suffix(".json") else {
-                continue;
-            };
-            if self.tasks.contains_key(id) || self.has_record(id).await {
-                continue;
-            }
-            match self.read_task(id).await {
-                Ok(task) => {
-                    let accepted = std::fs::metadata(self.ctx.queue.tasks().join(&name))
-                        .and_then(|m| m.modified())
-                        .ok();
-                    found.push((accepted, task));
+        let ids: Vec<String> = names
+            .iter()
+            .filter_map(|name| name.strip_suffix(".json"))
+            .filter(|id| !self.tasks.contains_key(*id) && !in_flight.contains(*id))
+            .map(str::to_string)
+            .collect();
+        let ctx = Arc::clone(&self.ctx);
+        let records = records.clone();
+        let found = runner_blocking(move || {
+            let mut found = Vec::new();
+            for id in ids {
+                if records.has(ctx.storage.as_ref(), &id) {
+                    continue;
                 }
-                Err(error) => tracing::error!(task_id = id, "skipping task: {error}"),
+                match read_task(&ctx, &id) {
+                    Ok(task) => {
+                        let accepted =
+                            std::fs::metadata(ctx.queue.tasks().join(format!("{id}.json")))
+                                .and_then(|m| m.modified())
+                                .ok();
+                        found.push((accepted, task));
+                    }
+                    Err(error) => tracing::error!(task_id = id, "skipping task: {error}"),
+                }
             }
-        }
-        found.sort_by_key(|(accepted, _)| *accepted);
+            found.sort_by_key(|(accepted, _)| *accepted);
+            found
+        })
+        .await;
         for (_, task) in found {
             self.add_pending(task);
         }
@@ -176,26 +204,102 @@ impl Scheduler {
         self.tasks.insert(id, Arc::new(task));
     }
 
-    pub(super) async fn has_record(&self, id: &str) -> bool {
-        let storage = Arc::clone(&self.ctx.storage);
-        let (done, failed) = (QueueDir::done_key(id), QueueDir::failed_key(id));
-        runner_blocking(move || {
-            matches!(storage.get(&done), Ok(Some(_))) || matches!(storage.get(&failed), Ok(Some(_)))
-        })
-        .await
+    pub(super) async fn read_task(&self, id: &str) -> Result<Task, String> {
+        let ctx = Arc::clone(&self.ctx);
+        let id = id.to_string();
+        runner_blocking(move || read_task(&ctx, &id)).await
+    }
+}
+
+/// A task's definition from `tasks/<id>.json`. Blocking.
+fn read_task(ctx: &RunContext, id: &str) -> Result<Task, String> {
+    let key = QueueDir::task_key(id);
+    let bytes = ctx
+        .storage
+        .get(&key)
+        .map_err(|e| format!("reading {key}: {e}"))?
+        .ok_or_else(|| format!("its definition {key} is missing"))?;
+    let mut task = Task::parse_stored(&bytes).map_err(|e| format!("{key}: {e}"))?;
+    task.id = Some(id.to_string());
+    Ok(task)
+}
+
+/// Did the attempt recorded in `entry` finish a phase or write a checkpoint? Blocking.
+fn attempt_progressed(ctx: &RunContext, entry: &ActiveTask) -> bool {
+    if entry.phase_index > entry.attempt_started_phase {
+        return true;
+    }
+    match ctx.checkpoints.latest(&entry.task_id) {
+        Ok(Some(loaded)) => {
+            loaded.checkpoint.attempt == entry.attempt
+                && loaded.checkpoint.phase_index == entry.phase_index
+        }
+        _ => false,
+    }
+}
+
+/// Which tasks have a final record, from one listing of `done/` and one of `failed/`, instead
+/// of reading each task's record files to learn whether they exist.
+#[derive(Debug, Clone)]
+struct Records {
+    /// `None` when a listing failed: each task is then looked up on its own.
+    names: Option<(HashSet<String>, HashSet<String>)>,
+}
+
+impl Records {
+    /// Blocking.
+    fn list(storage: &dyn Storage) -> Records {
+        let listed = storage.list("done").and_then(|done| {
+            let failed = storage.list("failed")?;
+            Ok((done.into_iter().collect(), failed.into_iter().collect()))
+        });
+        match listed {
+            Ok(names) => Records { names: Some(names) },
+            Err(e) => {
+                tracing::warn!("listing done/ and failed/: {e}; looking up each task instead");
+                Records { names: None }
+            }
+        }
     }
 
-    pub(super) async fn read_task(&self, id: &str) -> Result<Task, String> {
-        let storage = Arc::clone(&self.ctx.storage);
-        let key = QueueDir::task_key(id);
-        let get_key = key.clone();
-        let bytes = runner_blocking(move || storage.get(&get_key))
-            .await
-            .map_err(|e| format!("reading {key}: {e}"))?
-            .ok_or_else(|| format!("its definition {key} is missing"))?;
-        let mut task = Task::parse_stored(&bytes).map_err(|e| format!("{key}: {e}"))?;
-        task.id = Some(id.to_string());
-        Ok(task)
+    /// Whether `done/<id>.json` or `failed/<id>.json` exists. Blocking.
+    fn has(&self, storage: &dyn Storage, id: &str) -> bool {
+        match &self.names {
+            Some((done, failed)) => {
+                let name = format!("{id}.json");
+                done.contains(&name) || failed.contains(&name)
+            }
+            None => {
+                matches!(storage.get(&QueueDir::done_key(id)), Ok(Some(_)))
+                    || matches!(storage.get(&QueueDir::failed_key(id)), Ok(Some(_)))
+            }
+        }
+    }
+}
+
+/// What recovery needs to know about one entry of `current_work.json`, read off the async
+/// thread.
+struct Prefetched {
+    entry: ActiveTask,
+    has_record: bool,
+    task: Result<Task, String>,
+    /// For an entry whose attempt the daemon died in: whether that attempt made progress.
+    progressed: Option<bool>,
+}
+
+impl Prefetched {
+    /// Blocking.
+    fn read(ctx: &RunContext, records: &Records, entry: ActiveTask) -> Prefetched {
+        let has_record = records.has(ctx.storage.as_ref(), &entry.task_id);
+        let task = read_task(ctx, &entry.task_id);
+        let progressed = (!has_record && task.is_ok() && entry.status == ActiveStatus::Running)
+            .then(|| attempt_progressed(ctx, &entry));
+        Prefetched {
+            entry,
+            has_record,
+            task,
+            progressed,
+        }
     }
 }
 

@@ -309,11 +309,32 @@ pub(crate) fn checkpoint_error(e: StoreError) -> PhaseError {
     }
 }
 
+/// Blocking jobs of the runners and the scheduler that run at once. Thousands of tasks in
+/// flight would otherwise grow tokio's blocking pool to hundreds of threads: each one's stack
+/// and malloc arena add to the daemon's memory, and every fork of the daemon (one per command
+/// run) copies the page tables of all of it. The disk is no faster for more than a few dozen
+/// writers, whose directory fsyncs are group-committed anyway.
+const MAX_BLOCKING_JOBS: usize = 64;
+
+static BLOCKING_SLOTS: tokio::sync::Semaphore =
+    tokio::sync::Semaphore::const_new(MAX_BLOCKING_JOBS);
+
+/// Run blocking work on tokio's blocking pool, at most [`MAX_BLOCKING_JOBS`] at once (callers
+/// past that wait as futures). The work must not wait for other such work.
+pub(crate) async fn spawn_limited<T: Send + 'static>(
+    work: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, tokio::task::JoinError> {
+    // The semaphore is never closed, so acquiring cannot fail; were it closed, the work would
+    // just run without a slot.
+    let _slot = BLOCKING_SLOTS.acquire().await.ok();
+    tokio::task::spawn_blocking(work).await
+}
+
 /// Run blocking work (file I/O, fsync) off the daemon's async thread.
 pub(crate) async fn blocking<T: Send + 'static>(
     work: impl FnOnce() -> T + Send + 'static,
 ) -> Result<T, PhaseError> {
-    tokio::task::spawn_blocking(work)
+    spawn_limited(work)
         .await
         .map_err(|e| PhaseError::Transient(format!("internal error in a blocking task: {e}")))
 }
