@@ -74,21 +74,18 @@ fn later_iterations_of_other_tasks_match_the_reference_generator() {
         return;
     };
     let cases = [(7u64, "1k", 13u64), (99, "64k", 9), (3, "1k", 1999)];
+    let case_list = cases
+        .iter()
+        .map(|(t, s, i)| format!("({t}, {s:?}, {i})"))
+        .collect::<Vec<_>>()
+        .join(", ");
     let program = format!(
         "import sys, hashlib\nsys.path.insert(0, {dir:?})\nimport workload\n\
-         for t, size, i in {cases}:\n    \
+         for t, size, i in [{case_list}]:\n    \
              ts = workload.TaskState(t, size)\n    \
              for _ in range(i): ts.advance()\n    \
              print(hashlib.sha256(workload.canonical(ts.state())).hexdigest())\n",
         dir = script.parent().unwrap().display().to_string(),
-        cases = format!(
-            "[{}]",
-            cases
-                .iter()
-                .map(|(t, s, i)| format!("({t}, {s:?}, {i})"))
-                .collect::<Vec<_>>()
-                .join(", ")
-        ),
     );
     let output = Command::new("python3")
         .arg("-c")
