@@ -98,18 +98,17 @@ impl WorkState {
     /// Write the state as it is now, encoded in `buffer`; returns the highest ticket the write
     /// covers.
     fn write_now(&self, buffer: &mut Vec<u8>) -> std::io::Result<u64> {
-        // Read before the state is copied: every ticket up to here belongs to changes that are
-        // already in it.
+        // Read before the state is encoded: every ticket up to here belongs to changes that
+        // are already in it.
         let covers = self.requested.load(Ordering::SeqCst);
-        // Copied under the lock, encoded outside it: the async thread must not wait for a
-        // large file to be encoded.
-        let work = self.update(|work| {
+        // Encoded under the lock, as one consistent state, straight into the kept buffer: a
+        // copy taken to encode outside the lock cost as much memory again as the state, in
+        // whichever thread's malloc arena the write ran.
+        self.update(|work| {
             work.updated_at = Utc::now();
-            work.clone()
-        });
-        buffer.clear();
-        serde_json::to_writer_pretty(&mut *buffer, &work)?;
-        drop(work);
+            buffer.clear();
+            serde_json::to_writer_pretty(&mut *buffer, &*work)
+        })?;
         self.storage
             .put(QueueDir::CURRENT_WORK_KEY, buffer, None)
             .map_err(|e| {
@@ -163,6 +162,6 @@ struct Writer {
     /// The highest ticket that a finished write covered.
     covered: u64,
     /// The encoding buffer, kept between writes: a large file is encoded without growing a
-    /// new buffer each time (which leaves freed megabytes in every thread's malloc arena).
+    /// new buffer each time (which would leave freed megabytes in every thread's malloc arena).
     buffer: Vec<u8>,
 }
