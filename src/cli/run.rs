@@ -45,7 +45,7 @@ pub fn run(queue: &Path, args: RunArgs) -> u8 {
     config.stop_grace = args.stop_grace;
     config.max_tasks = args.max_tasks;
 
-    runtime.block_on(async move {
+    let code = runtime.block_on(async move {
         let shutdown = Shutdown::new();
         let signals = match Signals::new([SIGINT, SIGTERM]) {
             Ok(signals) => signals,
@@ -75,8 +75,10 @@ pub fn run(queue: &Path, args: RunArgs) -> u8 {
             }
         });
         let outcome = daemon::run(config, shutdown).await;
+        // The listener only forwards signals; it is not waited for, so a signal racing the
+        // close cannot keep the process alive.
         handle.close();
-        let _ = listener.await;
+        listener.abort();
         match outcome {
             Ok(DaemonExit::Idle | DaemonExit::Stopped) => exit::OK,
             Ok(DaemonExit::StoppedImmediately) => exit::STOPPED_AT_ONCE,
@@ -93,5 +95,9 @@ pub fn run(queue: &Path, args: RunArgs) -> u8 {
                 exit::FAILURE
             }
         }
-    })
+    });
+    // Everything committed is flushed by now; a blocking job still running (a stuck file
+    // system call) must not keep the process from exiting.
+    runtime.shutdown_timeout(std::time::Duration::from_secs(10));
+    code
 }
