@@ -34,12 +34,7 @@ fn checkpoint(iterations: u64) -> IterationCheckpoint {
 
 /// Save generations 1..=n, generation g holding iteration count 10 * g.
 fn save_generations(store: &CheckpointStore, n: u64) {
-    for generation in 1..=n {
-        assert_eq!(
-            store.save(&mut checkpoint(10 * generation)).unwrap(),
-            generation
-        );
-    }
+    save_generations_from(store, 1, n);
 }
 
 /// The task's checkpoint file names on disk, sorted.
