@@ -120,19 +120,6 @@ impl WorkState {
         Ok(covers)
     }
 
-    /// Durably write the latest in-memory state (or wait for a write that covers it).
-    /// Blocking: call it off the async thread.
-    pub fn persist_blocking(&self) -> std::io::Result<()> {
-        let ticket = self.ticket();
-        let mut writer = self.writer.blocking_lock();
-        if writer.covered >= ticket {
-            return Ok(());
-        }
-        let Writer { covered, buffer } = &mut *writer;
-        *covered = self.write_now(buffer)?;
-        Ok(())
-    }
-
     /// Durably write the latest in-memory state: returns once a write that includes every
     /// change made before the call is durable. A failed write reports its error to the caller
     /// that made it; callers that were waiting then write themselves.

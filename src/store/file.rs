@@ -230,6 +230,7 @@ impl FileStorage {
         }
 
         // Retiring the target or the kept copy would destroy what this write keeps.
+        let retire_key = retire;
         let retire = retire
             .map(|k| self.path_of(k))
             .transpose()?
@@ -267,15 +268,8 @@ impl FileStorage {
             let _ = self.ops.remove_file(&temp.path);
         }
         result?;
-        if let (Some(retire), false) = (retire.as_deref(), temp.reused) {
-            match self.ops.remove_file(retire) {
-                Err(err) if err.kind() != io::ErrorKind::NotFound => tracing::warn!(
-                    path = %retire.display(),
-                    error = %err,
-                    "could not remove a retired file (an old checkpoint generation); it stays on disk"
-                ),
-                _ => {}
-            }
+        if let (Some(key), Some(_), false) = (retire_key, &retire, temp.reused) {
+            super::remove_retired(self, key);
         }
         Ok(())
     }

@@ -132,10 +132,19 @@ impl FileOps for RealFileOps {
         // name. The random part makes the name unused (temp names are only made this way).
         let path = temp_path(dir, target_name);
         std::fs::rename(old, &path)?;
-        let file = OpenOptions::new()
+        let file = match OpenOptions::new()
             .write(true)
             .custom_flags(nix::libc::O_NOFOLLOW)
-            .open(&path)?;
+            .open(&path)
+        {
+            Ok(file) => file,
+            Err(err) => {
+                // The file was on its way out anyway; best effort, and a leftover temp file is
+                // removed at the next start.
+                let _ = std::fs::remove_file(&path);
+                return Err(err);
+            }
+        };
         Ok(Some(TempFile {
             file,
             path,

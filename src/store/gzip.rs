@@ -14,7 +14,7 @@
 use std::io::{self, Write};
 use std::sync::mpsc;
 use std::sync::{Mutex, PoisonError};
-use std::thread::Scope;
+use std::thread::{Scope, ScopedJoinHandle};
 
 use flate2::{Compress, Compression, FlushCompress, Status};
 
@@ -53,54 +53,83 @@ pub fn gzip_with(produce: impl FnOnce(&mut dyn Write) -> io::Result<()>) -> io::
             job_rx: &job_rx,
             done_tx: done_tx.clone(),
             helpers_left: helpers,
+            helpers: Vec::new(),
             block: Vec::new(),
             blocks_sent: 0,
             total_len: 0,
         };
         let produced = produce(&mut writer);
-        // No more blocks: helpers stop once the queue is empty.
-        writer.jobs = None;
-        produced?;
         let BlockWriter {
+            jobs,
+            done_tx: helpers_done_tx,
+            helpers,
             block: last,
             blocks_sent,
             total_len,
             ..
         } = writer;
-        // This thread helps with what is still queued, then compresses the last block.
-        while let Some(block) = next_block(&job_rx, false) {
-            let _ = done_tx.send(compress_block(block, FlushCompress::Sync));
+        // No more blocks: helpers stop once the queue is empty. Only they hold senders of
+        // results from now on, so collecting ends when they have all stopped.
+        drop((jobs, helpers_done_tx));
+        let assembled = produced
+            .and_then(|()| assemble(&job_rx, done_tx, &done_rx, last, blocks_sent, total_len));
+        // Joined here, so a helper that panicked makes an error rather than a panic of the
+        // scope (its block is then missing from `assemble`'s result too).
+        let mut panicked = false;
+        for helper in helpers {
+            panicked |= helper.join().is_err();
         }
-        let tail = compress_block(
-            Block {
-                index: blocks_sent,
-                data: last,
-            },
-            FlushCompress::Finish,
-        );
-        let mut parts: Vec<Option<(Vec<u8>, crc32fast::Hasher)>> = Vec::new();
-        parts.resize_with(blocks_sent + 1, || None);
-        for done in std::iter::once(tail).chain(done_rx.iter().take(blocks_sent)) {
-            let index = done.index;
-            parts[index] = Some(done.result?);
+        if panicked {
+            return Err(io::Error::other("a compression thread panicked"));
         }
-        let mut out = Vec::with_capacity(
-            HEADER.len() + 8 + parts.iter().flatten().map(|(b, _)| b.len()).sum::<usize>(),
-        );
-        out.extend_from_slice(&HEADER);
-        let mut crc = crc32fast::Hasher::new();
-        for part in parts {
-            let Some((bytes, part_crc)) = part else {
-                return Err(io::Error::other("a compressed block went missing"));
-            };
-            out.extend_from_slice(&bytes);
-            crc.combine(&part_crc);
-        }
-        out.extend_from_slice(&crc.finalize().to_le_bytes());
-        // ISIZE is the input length modulo 2^32, as the format defines it.
-        out.extend_from_slice(&(total_len as u32).to_le_bytes());
-        Ok(out)
+        assembled
     })
+}
+
+/// Compress what is still queued and the last block on this thread, collect every block's
+/// result, and put the member together: header, blocks in order, CRC-32 and length.
+fn assemble(
+    job_rx: &Mutex<mpsc::Receiver<Block>>,
+    done_tx: mpsc::Sender<Compressed>,
+    done_rx: &mpsc::Receiver<Compressed>,
+    last: Vec<u8>,
+    blocks_sent: usize,
+    total_len: usize,
+) -> io::Result<Vec<u8>> {
+    while let Some(block) = next_block(job_rx, false) {
+        // The receiver is `done_rx`, alive until this function returns.
+        let _ = done_tx.send(compress_block(block, FlushCompress::Sync));
+    }
+    drop(done_tx);
+    let tail = compress_block(
+        Block {
+            index: blocks_sent,
+            data: last,
+        },
+        FlushCompress::Finish,
+    );
+    let mut parts: Vec<Option<(Vec<u8>, crc32fast::Hasher)>> = Vec::new();
+    parts.resize_with(blocks_sent + 1, || None);
+    for done in std::iter::once(tail).chain(done_rx.iter()) {
+        let index = done.index;
+        parts[index] = Some(done.result?);
+    }
+    let mut out = Vec::with_capacity(
+        HEADER.len() + 8 + parts.iter().flatten().map(|(b, _)| b.len()).sum::<usize>(),
+    );
+    out.extend_from_slice(&HEADER);
+    let mut crc = crc32fast::Hasher::new();
+    for part in parts {
+        let Some((bytes, part_crc)) = part else {
+            return Err(io::Error::other("a compressed block went missing"));
+        };
+        out.extend_from_slice(&bytes);
+        crc.combine(&part_crc);
+    }
+    out.extend_from_slice(&crc.finalize().to_le_bytes());
+    // ISIZE is the input length modulo 2^32, as the format defines it.
+    out.extend_from_slice(&(total_len as u32).to_le_bytes());
+    Ok(out)
 }
 
 /// Cores beyond the calling thread's. Looked up once: the lookup reads cgroup files, which
@@ -133,6 +162,8 @@ struct BlockWriter<'scope, 'env> {
     done_tx: mpsc::Sender<Compressed>,
     /// Helper threads that may still be started (one per spare core, on demand).
     helpers_left: usize,
+    /// The helpers started, to be joined.
+    helpers: Vec<ScopedJoinHandle<'scope, ()>>,
     /// The block being filled (grows as needed, so a small document stays small).
     block: Vec<u8>,
     blocks_sent: usize,
@@ -159,7 +190,7 @@ impl BlockWriter<'_, '_> {
             self.helpers_left -= 1;
             let job_rx = self.job_rx;
             let done_tx = self.done_tx.clone();
-            self.scope.spawn(move || {
+            let helper = self.scope.spawn(move || {
                 while let Some(block) = next_block(job_rx, true) {
                     if done_tx
                         .send(compress_block(block, FlushCompress::Sync))
@@ -169,6 +200,7 @@ impl BlockWriter<'_, '_> {
                     }
                 }
             });
+            self.helpers.push(helper);
         }
     }
 }

@@ -19,7 +19,7 @@
 use std::fs::OpenOptions;
 use std::io::{self, BufRead, Write};
 use std::path::{Path, PathBuf};
-use std::sync::{mpsc, Mutex};
+use std::sync::mpsc;
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -99,7 +99,7 @@ enum Message {
 pub struct JournalWriter {
     queue_root: PathBuf,
     /// `None` if the thread could not be started: lines are then written by the caller.
-    sender: Option<Mutex<mpsc::Sender<Message>>>,
+    sender: Option<mpsc::Sender<Message>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -128,7 +128,7 @@ impl JournalWriter {
         match thread {
             Ok(thread) => JournalWriter {
                 queue_root,
-                sender: Some(Mutex::new(sender)),
+                sender: Some(sender),
                 thread: Some(thread),
             },
             Err(e) => {
@@ -151,12 +151,7 @@ impl JournalWriter {
             line,
         };
         let unsent = match &self.sender {
-            Some(sender) => sender
-                .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner())
-                .send(message)
-                .err()
-                .map(|e| e.0),
+            Some(sender) => sender.send(message).err().map(|e| e.0),
             None => Some(message),
         };
         // The thread is gone (it cannot be, short of a panic): write here instead.
@@ -176,10 +171,7 @@ impl JournalWriter {
             return;
         };
         let (done, written) = mpsc::channel();
-        let sent = sender
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .send(Message::Flush(done));
+        let sent = sender.send(Message::Flush(done));
         if sent.is_ok() {
             let _ = written.recv();
         }

@@ -159,12 +159,8 @@ impl LoopCheckpointer {
     ) -> Result<(), StoreError> {
         // A newer iteration supersedes whatever was pending.
         self.pending = None;
-        match self.store.save_with_info(&mut cp) {
-            Ok(saved) => {
-                self.last_saved = Some(saved);
-                self.last_written = Some(cp.iteration_count);
-                Ok(())
-            }
+        match self.save(&mut cp) {
+            Ok(()) => Ok(()),
             Err(err) => {
                 let IterationCheckpoint {
                     iteration_count,
@@ -192,20 +188,17 @@ impl LoopCheckpointer {
         let Some(mut cp) = self.pending.take() else {
             return Ok(());
         };
-        match self.store.save_with_info(&mut cp) {
-            Ok(saved) => {
-                self.last_saved = Some(saved);
-                self.last_written = Some(cp.iteration_count);
-                Ok(())
-            }
-            Err(err) => {
-                self.pending = Some(cp);
-                Err(err)
-            }
-        }
+        self.save(&mut cp).inspect_err(|_| self.pending = Some(cp))
     }
 
-    /// The iteration count of the last checkpoint committed (written, or found by resume).
+    /// Write `cp` durably and remember it as the last write.
+    fn save<S: Serialize>(&mut self, cp: &mut IterationCheckpoint<S>) -> Result<(), StoreError> {
+        let saved = self.store.save_with_info(cp)?;
+        self.last_saved = Some(saved);
+        self.last_written = Some(cp.iteration_count);
+        Ok(())
+    }
+
     /// Record the task's summed cost so far; later checkpoints carry it.
     pub fn set_cost(&mut self, total: Option<f64>) {
         self.cost = total;
@@ -216,6 +209,7 @@ impl LoopCheckpointer {
         self.last_saved.take()
     }
 
+    /// The iteration count of the last checkpoint committed (written, or found by resume).
     pub fn last_committed(&self) -> Option<u64> {
         self.last_written
     }
