@@ -425,6 +425,18 @@ impl Phase {
     }
 }
 
+/// `"run": "python3 step.py"` is a common first try: the command is not run by a shell, so it
+/// must be the program and its arguments as an array. The message shows that form.
+fn run_as_string_hint(line: &str) -> String {
+    let words: Vec<&str> = line.split_whitespace().collect();
+    let as_array = serde_json::to_string(&words).unwrap_or_default();
+    let through_shell = serde_json::to_string(&["sh", "-c", line]).unwrap_or_default();
+    format!(
+        "must be an array of strings, the program and its arguments (no shell runs it): \
+         {as_array}; for shell syntax use {through_shell}"
+    )
+}
+
 /// serde would read a struct from a JSON array by position; a task, its phases, `retry` and
 /// `budget` must be objects with named fields.
 fn check_shape(bytes: &[u8]) -> Result<(), TaskError> {
@@ -455,6 +467,12 @@ fn check_shape(bytes: &[u8]) -> Result<(), TaskError> {
     if let Some(Value::Array(phases)) = value.get("phases") {
         for (i, phase) in phases.iter().enumerate() {
             object(phase, format!("phases[{i}]"))?;
+            if let Some(Value::String(line)) = phase.get("run") {
+                return Err(TaskError::new(
+                    format!("phases[{i}].run"),
+                    run_as_string_hint(line),
+                ));
+            }
         }
     }
     Ok(())
@@ -555,6 +573,13 @@ mod tests {
         let err = parse(r#"{"id":"../x","phases":[{"name":"a","run":["x"]}]}"#).unwrap_err();
         assert_eq!(err.field.as_deref(), Some("id"));
 
+        let err = parse(r#"{"phases":[{"name":"a","run":"python3 step.py --fast"}]}"#).unwrap_err();
+        assert_eq!(err.field.as_deref(), Some("phases[0].run"));
+        assert!(
+            err.problem
+                .contains(r#"["python3","step.py","--fast"]"#),
+            "{err}"
+        );
         let err = parse(r#"{"phases":[{"name":"a","run":[]}]}"#).unwrap_err();
         assert_eq!(err.field.as_deref(), Some("phases[0].run"));
 

@@ -206,6 +206,20 @@ fn validate_exits_0_for_a_valid_file_and_3_for_invalid_ones() {
     let output = queue.cairn_output(&["validate", &dir.display().to_string()], b"");
     assert_eq!(output.status.code(), Some(3), "{output:?}");
     assert!(stderr_of(&output).contains("not a regular file"));
+    // A command line given as one string: the error shows it as an array.
+    let path = queue.aux("string-run.json");
+    fs::write(
+        &path,
+        br#"{"phases": [{"name": "a", "run": "python3 step.py --fast"}]}"#,
+    )
+    .unwrap();
+    let output = queue.cairn_output(&["validate", &path.display().to_string()], b"");
+    let stderr = stderr_of(&output);
+    assert_eq!(output.status.code(), Some(3), "{stderr}");
+    assert!(
+        stderr.contains("phases[0].run") && stderr.contains(r#"["python3","step.py","--fast"]"#),
+        "no array form in: {stderr}"
+    );
     // validate changes nothing.
     assert!(queue.list("inbox").is_empty());
 }
@@ -249,5 +263,25 @@ fn submit_dash_reads_the_task_from_stdin() {
     assert_eq!(
         queue.done(&generated).unwrap()["result"],
         json!("anonymous")
+    );
+}
+
+#[test]
+fn validate_dash_names_stdin_the_same_way_on_success_and_on_error() {
+    let queue = TestQueue::new();
+    let valid = serde_json::to_vec(&once_task("v", &json!(1))).unwrap();
+    let output = queue.cairn_output(&["validate", "-"], &valid);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr_of(&output));
+    assert!(
+        stdout_of(&output).starts_with("<stdin>: valid"),
+        "{}",
+        stdout_of(&output)
+    );
+    let output = queue.cairn_output(&["validate", "-"], b"{\"phases\": 7}");
+    assert_eq!(output.status.code(), Some(3), "{output:?}");
+    assert!(
+        stderr_of(&output).starts_with("error: <stdin>: "),
+        "{}",
+        stderr_of(&output)
     );
 }

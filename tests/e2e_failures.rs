@@ -116,6 +116,12 @@ fn a_once_reply_that_is_not_json_is_quoted_in_the_error() {
         error.contains(r#"it printed: "Loading model... done\n{}\n""#),
         "the error does not quote the reply: {error}"
     );
+    // Log lines on stdout are the usual cause: the error says where they belong.
+    assert!(
+        error.contains("print log lines to stderr, which goes to")
+            && error.contains("runs/chatty/0-talk.log"),
+        "no hint about stderr: {error}"
+    );
 }
 
 #[test]

@@ -121,13 +121,17 @@ pub fn read_task_file(file: &Path) -> Result<(String, Task), u8> {
     match Task::parse(&bytes) {
         Ok(task) => Ok((stem, task)),
         Err(e) => {
-            let name = if file == Path::new("-") {
-                "<stdin>".to_string()
-            } else {
-                file.display().to_string()
-            };
-            eprintln!("error: {name}: {e}");
+            eprintln!("error: {}: {e}", file_name(file));
             Err(exit::INVALID_TASK)
         }
+    }
+}
+
+/// How messages name a task file: its path, or `<stdin>` for "-".
+pub fn file_name(file: &Path) -> String {
+    if file == Path::new("-") {
+        "<stdin>".to_string()
+    } else {
+        file.display().to_string()
     }
 }

@@ -22,7 +22,7 @@ pub fn run(args: ValidateArgs) -> u8 {
                 .collect();
             println!(
                 "{}: valid; phases: {}",
-                args.file.display(),
+                super::submit::file_name(&args.file),
                 phases.join(", ")
             );
             exit::OK

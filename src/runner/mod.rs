@@ -411,8 +411,17 @@ impl PhaseRun<'_> {
             } else {
                 ""
             };
+            // Text that is not JSON at all is most often log lines printed on stdout.
+            let hint = if e.is_syntax() {
+                format!(
+                    " (stdout carries only the JSON reply; print log lines to stderr, which goes to {})",
+                    self.log_path().display()
+                )
+            } else {
+                String::new()
+            };
             PhaseError::Command(format!(
-                "{}: the reply on stdout is not valid: {e}; it printed: {start:?}{more}",
+                "{}: the reply on stdout is not valid: {e}; it printed: {start:?}{more}{hint}",
                 self.describe(iteration)
             ))
         })
