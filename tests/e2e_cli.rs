@@ -285,3 +285,52 @@ fn validate_dash_names_stdin_the_same_way_on_success_and_on_error() {
         stderr_of(&output)
     );
 }
+
+#[test]
+fn submit_refuses_a_queue_that_does_not_exist_unless_asked_to_create_it() {
+    let queue = TestQueue::new();
+    let file = write_task_file(&queue, "t.json", &once_task("t", &json!(1)));
+    let missing = queue.aux("elsewhere");
+    let missing_text = missing.display().to_string();
+    let submit = |extra: &[&str]| {
+        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_cairn"));
+        command.env_remove("CAIRN_QUEUE");
+        command.args(["--queue", &missing_text, "submit"]);
+        command.args(extra).arg(&file);
+        command.output().expect("running cairn submit")
+    };
+    let output = submit(&[]);
+    let stderr = stderr_of(&output);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(&missing_text) && stderr.contains("--queue DIR"),
+        "the error does not name the directory and the way out: {stderr}"
+    );
+    assert_eq!(stdout_of(&output), "");
+    assert!(!missing.exists(), "a queue was created anyway");
+
+    let output = submit(&["--create-queue"]);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr_of(&output));
+    assert_eq!(stdout_of(&output), "t\n");
+    assert!(missing.join("inbox/t.json").is_file());
+}
+
+#[test]
+fn submit_tells_a_person_on_stderr_what_happened_and_what_to_run_next() {
+    let queue = TestQueue::new();
+    let file = write_task_file(&queue, "t.json", &once_task("told", &json!(1)));
+    let output = queue.cairn_output(&["submit", &file], b"");
+    assert_eq!(output.status.code(), Some(0), "{}", stderr_of(&output));
+    assert_eq!(stdout_of(&output), "told\n", "stdout must hold only the id");
+    let stderr = stderr_of(&output);
+    let root = queue.root().display().to_string();
+    for expected in [
+        "submitted told to ",
+        "no daemon runs on this queue",
+        &format!("cairn --queue {root} run"),
+        &format!("cairn --queue {root} show told"),
+        "status",
+    ] {
+        assert!(stderr.contains(expected), "{expected:?} missing: {stderr}");
+    }
+}

@@ -11,9 +11,17 @@ use crate::store::{FileStorage, Storage};
 use crate::task::{generate_id, random_suffix, Task, MAX_TASK_FILE_BYTES};
 
 #[derive(Debug, Args)]
+#[command(after_help = "\
+The id goes to stdout (for scripts); what happened and what to run next goes to stderr.
+The queue directory must exist: a submit in the wrong directory would otherwise start a queue
+no daemon reads. --create-queue makes a new one.")]
 pub struct SubmitArgs {
     /// The task file ("-" for stdin).
     file: PathBuf,
+
+    /// Create the queue directory if it does not exist yet.
+    #[arg(long)]
+    create_queue: bool,
 }
 
 pub fn run(queue: &Path, args: SubmitArgs) -> u8 {
@@ -26,8 +34,17 @@ pub fn run(queue: &Path, args: SubmitArgs) -> u8 {
         .get_or_insert_with(|| generate_id(&stem, &random_suffix()))
         .clone();
     let queue_dir = QueueDir::new(queue);
-    // A queue that does not exist yet is created (a first local run); an existing one is left
-    // as its owner set it up.
+    if !queue.is_dir() && !args.create_queue {
+        let shown = std::path::absolute(queue).unwrap_or_else(|_| queue.to_path_buf());
+        eprintln!(
+            "error: there is no queue at {} (nothing was submitted); name the queue with \
+             --queue DIR or CAIRN_QUEUE, run from the directory that holds it, or create it \
+             with `cairn submit --create-queue` or `cairn run`",
+            shown.display()
+        );
+        return exit::FAILURE;
+    }
+    // The inbox of a new queue is created; an existing one is left as its owner set it up.
     if !queue_dir.inbox().is_dir() {
         if let Err(e) = queue_dir.create_all() {
             eprintln!("error: {e}");
@@ -67,7 +84,27 @@ pub fn run(queue: &Path, args: SubmitArgs) -> u8 {
         return exit::FAILURE;
     }
     println!("{id}");
+    tell_what_next(queue, &id);
     exit::OK
+}
+
+/// For people (stderr, so the id stays alone on stdout): where the task went and what to run.
+fn tell_what_next(queue: &Path, id: &str) {
+    let shown = std::path::absolute(queue).unwrap_or_else(|_| queue.to_path_buf());
+    let cairn = if queue == Path::new("./queue") {
+        "cairn".to_string()
+    } else {
+        format!("cairn --queue {}", shown.display())
+    };
+    let daemon = if super::view::daemon_info(queue).running {
+        "its daemon takes it within a second".to_string()
+    } else {
+        format!("no daemon runs on this queue: `{cairn} run` starts one")
+    };
+    eprintln!(
+        "submitted {id} to {}; {daemon}; follow it with `{cairn} status` or `{cairn} show {id}`",
+        shown.join("inbox").display()
+    );
 }
 
 /// Read and validate a task file ("-" is stdin). Returns the name to derive an id from, or
