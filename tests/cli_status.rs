@@ -100,7 +100,11 @@ fn assert_status_schema(document: &Value) {
     let top = document.as_object().expect("an object");
     let mut keys: Vec<&str> = top.keys().map(String::as_str).collect();
     keys.sort();
-    assert_eq!(keys, ["daemon", "inbox", "queue", "tasks", "version"]);
+    assert_eq!(
+        keys,
+        ["daemon", "inbox", "queue", "rejected", "tasks", "version"]
+    );
+    assert_eq!(json_type(&document["rejected"]), "integer");
     assert_eq!(document["version"], 1);
     assert_eq!(json_type(&document["queue"]), "string");
     assert_eq!(json_type(&document["inbox"]), "integer");
@@ -233,9 +237,10 @@ fn status_shows_each_state_in_stable_columns_and_a_documented_json() {
     let rows = table_rows(&table);
     let first_four: Vec<Vec<&str>> = rows
         .iter()
+        .take(4)
         .map(|r| r[..4].iter().map(String::as_str).collect())
         .collect();
-    // In flight first, then pending, then finished; by id within each; no rejected file.
+    // In flight first, then pending, then finished; by id within each; the rejected file last.
     assert_eq!(
         first_four,
         [
@@ -246,6 +251,9 @@ fn status_shows_each_state_in_stable_columns_and_a_documented_json() {
         ],
         "{table}"
     );
+    assert_eq!(rows.len(), 5, "{table}");
+    assert!(rows[4][0].starts_with("rejected-broken-"), "{table}");
+    assert_eq!(rows[4][1..], ["rejected", "-", "-", "-", "-", "-", "-"], "{table}");
     // ghost: no rate or ETA without a daemon, its checkpoint's cost, an age.
     assert_eq!(rows[0][4..7], ["-", "-", "0.25"], "{table}");
     assert!(rows[0][7].ends_with('s') && rows[0][8] == "ago", "{table}");
@@ -317,7 +325,8 @@ fn status_shows_each_state_in_stable_columns_and_a_documented_json() {
         (json!("done"), json!(3))
     );
     assert_eq!(task(&document, "pend")["attempts"], 0);
-    assert_eq!(document["tasks"].as_array().unwrap().len(), 4);
+    assert_eq!(document["tasks"].as_array().unwrap().len(), 5);
+    assert_eq!(document["rejected"], 1);
 
     // show agrees: the phase in flight with its progress, the entry's attempts and error.
     let show = stdout_of(&queue.cairn_output(&["show", "ghost"], b""));
@@ -473,4 +482,74 @@ fn status_of_a_queue_that_does_not_exist_fails_naming_it() {
         stderr_of(&output)
     );
     assert!(output.stdout.is_empty());
+}
+
+#[test]
+fn rejected_files_show_by_default_without_flooding_and_show_finds_them_by_file_name() {
+    let queue = TestQueue::new();
+    for n in 0..5 {
+        queue.drop_bytes(&format!("broken-{n}.json"), b"{\"phases\": [", true);
+    }
+    queue.drop_bytes("typo.json", br#"{"phases": [{"name": "a", "run": ["true"], "colour": 1}]}"#, true);
+    queue.run_until_idle(&[]);
+    assert_eq!(queue.rejections().len(), 6);
+    let typo = queue
+        .list("failed")
+        .into_iter()
+        .find_map(|name| {
+            name.strip_suffix(".json")
+                .filter(|stem| stem.starts_with("rejected-typo-"))
+                .map(str::to_string)
+        })
+        .expect("typo.json's record");
+
+    let output = queue.cairn_output(&["status"], b"");
+    assert_eq!(output.status.code(), Some(0), "{}", stderr_of(&output));
+    let table = stdout_of(&output);
+    let listed: Vec<String> = table_rows(&table)
+        .into_iter()
+        .filter(|r| r[1] == "rejected")
+        .map(|r| r[0].clone())
+        .collect();
+    // The 3 with the latest rejected_at (RFC 3339 in UTC sorts as text).
+    let mut by_time: Vec<(String, String)> = queue
+        .rejections()
+        .into_values()
+        .map(|record| {
+            let input = record["input"].as_str().unwrap();
+            let name = input.strip_prefix("failed/").unwrap().strip_suffix(".input").unwrap();
+            (record["rejected_at"].as_str().unwrap().to_string(), name.to_string())
+        })
+        .collect();
+    by_time.sort();
+    let mut recent: Vec<String> = by_time[3..].iter().map(|(_, name)| name.clone()).collect();
+    recent.sort();
+    let mut listed_sorted = listed.clone();
+    listed_sorted.sort();
+    assert_eq!(listed_sorted, recent, "not the 3 most recent: {table}");
+    let stderr = stderr_of(&output);
+    assert!(
+        stderr.contains("6 file(s) were rejected at intake") && stderr.contains("--all"),
+        "no note about the rejections not listed: {stderr}"
+    );
+    let all = status(&queue, &["--all"]);
+    let rejected_rows = table_rows(&all)
+        .into_iter()
+        .filter(|r| r[1] == "rejected")
+        .count();
+    assert_eq!(rejected_rows, 6, "{all}");
+    let document = status_json(&queue);
+    assert_eq!(document["rejected"], 6);
+
+    // `show` finds a rejection by the name the file had in the inbox, with or without .json.
+    for name in ["typo", "typo.json"] {
+        let output = queue.cairn_output(&["show", name], b"");
+        let show = stdout_of(&output);
+        assert_eq!(output.status.code(), Some(0), "{name}: {}", stderr_of(&output));
+        assert!(show.contains(&typo), "{name}: {show}");
+        assert!(show.contains("rejected"), "{name}: {show}");
+        assert!(show.contains("phases[0].colour"), "{name}: the reason is missing: {show}");
+    }
+    let output = queue.cairn_output(&["show", "no-such-file"], b"");
+    assert_eq!(output.status.code(), Some(1), "{output:?}");
 }

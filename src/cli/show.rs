@@ -46,10 +46,11 @@ pub fn run(queue: &Path, args: ShowArgs) -> u8 {
         return exit::USAGE;
     }
     let root = std::path::absolute(queue).unwrap_or_else(|_| queue.to_path_buf());
-    let Some(task) = view::load_task(&root, &args.id) else {
+    let Some(task) = find(&root, &args.id) else {
         eprintln!(
-            "error: queue {} has no task {:?} (no tasks/{id}.json, done/{id}.json, failed/{id}.json \
-             nor an entry in current_work.json); `cairn status --all` lists the tasks",
+            "error: queue {} has no task {:?} (no tasks/{id}.json, done/{id}.json, failed/{id}.json, \
+             entry in current_work.json nor rejected inbox/{id}.json); `cairn status --all` lists \
+             the tasks",
             root.display(),
             args.id,
             id = args.id
@@ -97,6 +98,24 @@ pub fn run(queue: &Path, args: ShowArgs) -> u8 {
         human(&root, &task, daemon, &phases, &earlier, &timeline, now)
     };
     view::print_or_fail(&text)
+}
+
+/// The task with this id; else the latest rejection of the inbox file of this name (others
+/// are named on stderr).
+fn find(root: &Path, id: &str) -> Option<TaskView> {
+    if let Some(task) = view::load_task(root, id) {
+        return Some(task);
+    }
+    let rejections = view::rejections_of(root, id);
+    let (latest, older) = rejections.split_first()?;
+    if !older.is_empty() {
+        eprintln!(
+            "note: inbox/{id} was rejected {} times; this is the latest, the others are {}",
+            rejections.len(),
+            older.join(", ")
+        );
+    }
+    view::load_task(root, latest)
 }
 
 fn phase_json(row: &PhaseRow) -> Value {

@@ -30,7 +30,8 @@ pub const COLUMNS: [&str; 8] = [
 #[derive(Debug, Args)]
 #[command(after_help = "\
 States: pending, running, paused, waiting_retry, interrupted (stopped, or its daemon died; \
-resumes at the next start), done, failed, budget_exceeded, cancelled, rejected (--all).
+resumes at the next start), done, failed, budget_exceeded, cancelled, rejected (a file refused \
+at intake: the 3 most recent are listed, --all lists every one; `cairn show NAME` says why).
 
 Columns: PHASE is name(k/n); ITER is iterations done/total (items for items phases, the \
 worker's own count for workers); RATE is iterations per minute of the phase's current run; \
@@ -47,10 +48,13 @@ pub struct StatusArgs {
     #[arg(long, short)]
     watch: bool,
 
-    /// Also list files rejected at intake (failed/rejected-*.json).
+    /// List every file rejected at intake (failed/rejected-*.json), not only the 3 most recent.
     #[arg(long, short)]
     all: bool,
 }
+
+/// Rejected intake files listed without `--all`: enough to notice them, not a flood.
+const RECENT_REJECTED: usize = 3;
 
 pub fn run(queue: &Path, args: StatusArgs) -> u8 {
     if !queue.is_dir() {
@@ -61,7 +65,13 @@ pub fn run(queue: &Path, args: StatusArgs) -> u8 {
         return exit::FAILURE;
     }
     let queue = &std::path::absolute(queue).unwrap_or_else(|_| queue.to_path_buf());
-    let options = LoadOptions { rejected: args.all };
+    let options = LoadOptions {
+        rejected: if args.all {
+            usize::MAX
+        } else {
+            RECENT_REJECTED
+        },
+    };
     if args.watch {
         return watch(queue, options, args.json);
     }
@@ -94,8 +104,20 @@ fn unreadable_queue(view: &QueueView) -> bool {
         .any(|w| w.contains("current_work.json"))
 }
 
-/// Hints on stderr, for people: tasks that wait for a daemon.
+/// Hints on stderr, for people: rejected files not listed, tasks that wait for a daemon.
 fn notes(view: &QueueView) {
+    let listed = view
+        .tasks
+        .iter()
+        .filter(|t| t.state == view::State::Rejected)
+        .count();
+    if view.rejected > listed {
+        eprintln!(
+            "note: {} file(s) were rejected at intake, the {listed} most recent listed; \
+             `cairn status --all` lists every one, `cairn show NAME` says why",
+            view.rejected
+        );
+    }
     if view.daemon.running {
         return;
     }
@@ -126,6 +148,7 @@ pub fn to_json(view: &QueueView) -> Value {
         "queue": view.root.display().to_string(),
         "daemon": view.daemon.to_json(),
         "inbox": view.inbox,
+        "rejected": view.rejected,
         "tasks": view.tasks.iter().map(|t| t.to_json(view.now)).collect::<Vec<_>>(),
     })
 }

@@ -262,6 +262,8 @@ pub struct QueueView {
     pub tasks: Vec<TaskView>,
     /// Task files in `inbox/` not taken yet.
     pub inbox: usize,
+    /// Files rejected at intake (`failed/rejected-*.json`), listed in `tasks` or not.
+    pub rejected: usize,
     /// Files that could not be read (each names the file and why).
     pub warnings: Vec<String>,
 }
@@ -269,8 +271,9 @@ pub struct QueueView {
 /// What to read besides the basics.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct LoadOptions {
-    /// Include rejected intake files (`failed/rejected-*.json`).
-    pub rejected: bool,
+    /// How many rejected intake files (`failed/rejected-*.json`) to list, the most recent ones
+    /// (`usize::MAX`: all).
+    pub rejected: usize,
 }
 
 /// The queue's files, listed once.
@@ -337,13 +340,15 @@ pub fn load(root: &Path, options: LoadOptions) -> QueueView {
             .map(|id| task_view(&listing, id))
             .collect()
     });
-    if options.rejected {
-        tasks.extend(
-            rejected
-                .into_iter()
-                .map(|(stem, record)| rejected_view(&stem, record)),
-        );
-    }
+    let rejected_count = rejected.len();
+    // Most recent first; ties (same time) by name.
+    rejected.sort_by(|(a_stem, a), (b_stem, b)| b.at.cmp(&a.at).then_with(|| a_stem.cmp(b_stem)));
+    tasks.extend(
+        rejected
+            .into_iter()
+            .take(options.rejected)
+            .map(|(stem, record)| rejected_view(&stem, record)),
+    );
     tasks.sort_by(|a, b| {
         a.state
             .rank()
@@ -371,6 +376,7 @@ pub fn load(root: &Path, options: LoadOptions) -> QueueView {
         daemon: listing.daemon,
         tasks,
         inbox,
+        rejected: rejected_count,
         warnings,
     }
 }
@@ -405,6 +411,25 @@ pub fn task_exists(root: &Path, id: &str) -> bool {
             .join(format!("{id}.json.gz"))
             .exists()
         || read_current_work(root).is_ok_and(|work| work.get(id).is_some())
+}
+
+/// The names of the rejection records (`failed/rejected-*.json`) of files that were dropped as
+/// `inbox/<file>` or `inbox/<file>.json`, the most recent first: a person knows the file name,
+/// not the suffix intake gave the record.
+pub fn rejections_of(root: &Path, file: &str) -> Vec<String> {
+    let wanted = [format!("inbox/{file}"), format!("inbox/{file}.json")];
+    let mut found: Vec<(Option<DateTime<Utc>>, String)> = json_stems(&root.join("failed"))
+        .into_iter()
+        .filter(|stem| stem.starts_with("rejected-"))
+        .filter_map(|stem| {
+            let record = Record::read(&root.join("failed").join(format!("{stem}.json"))).ok()?;
+            let named = record.value["file"].as_str()?;
+            (record.status == "rejected" && wanted.iter().any(|w| w == named))
+                .then_some((record.at, stem))
+        })
+        .collect();
+    found.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(&b.1)));
+    found.into_iter().map(|(_, stem)| stem).collect()
 }
 
 fn rejected_view(stem: &str, record: Record) -> TaskView {
