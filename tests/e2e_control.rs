@@ -210,3 +210,65 @@ fn fork_an_earlier_generation_with_a_patched_state() {
     let out = queue.cairn_output(&["fork", "acc", "--as", "acc-fork"], b"");
     assert_eq!(out.status.code(), Some(2), "a duplicate id must be refused");
 }
+
+/// A task that leaves `side` behind when its command runs.
+fn marking_task(id: &str, side: &std::path::Path) -> serde_json::Value {
+    json!({
+        "id": id,
+        "phases": [{"name": "mark", "run": ["sh", "-c", format!("touch '{}'; echo 1", side.display())]}],
+    })
+}
+
+#[test]
+fn a_task_still_in_the_inbox_is_listed_shown_and_steered_by_its_id() {
+    let queue = TestQueue::new();
+    let (side_a, side_b) = (queue.aux("a.ran"), queue.aux("b.ran"));
+    for (id, side) in [("a", &side_a), ("b", &side_b)] {
+        let task = serde_json::to_vec(&marking_task(id, side)).unwrap();
+        let out = queue.cairn_output(&["submit", "-"], &task);
+        assert_eq!(out.status.code(), Some(0), "{out:?}");
+    }
+    assert_eq!(queue.list("inbox"), ["a.json", "b.json"]);
+
+    // No daemon has taken them: status lists them, show finds them.
+    let out = queue.cairn_output(&["status", "--json"], b"");
+    let document: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let states: Vec<(String, String)> = document["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| (t["id"].as_str().unwrap().into(), t["state"].as_str().unwrap().into()))
+        .collect();
+    assert_eq!(
+        states,
+        [("a".into(), "submitted".into()), ("b".into(), "submitted".into())]
+    );
+    let out = queue.cairn_output(&["show", "a"], b"");
+    let show = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert!(show.contains("submitted"), "{show}");
+    assert!(show.contains("definition  inbox/a.json"), "{show}");
+
+    // Steered before any daemon accepted them.
+    for (verb, id) in [("cancel", "a"), ("pause", "b")] {
+        let out = queue.cairn_output(&[verb, id], b"");
+        assert_eq!(out.status.code(), Some(0), "{verb} {id}: {out:?}");
+        let said = String::from_utf8_lossy(&out.stdout);
+        assert!(said.contains("still in inbox/"), "{verb} {id}: {said}");
+    }
+
+    // The daemon takes them, applies the requests before either starts, and goes idle.
+    queue.run_until_idle(&[]);
+    let cancelled = queue.failed("a").expect("failed/a.json");
+    assert_eq!(cancelled["status"], "cancelled", "{cancelled}");
+    assert!(!side_a.exists(), "the cancelled task ran");
+    assert_eq!(status_of(&queue, "b").as_deref(), Some("paused"));
+    assert!(!side_b.exists(), "the paused task ran");
+    assert!(queue.list("control").is_empty(), "{:?}", queue.list("control"));
+
+    let out = queue.cairn_output(&["resume", "b"], b"");
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    queue.run_until_idle(&[]);
+    assert_eq!(queue.done("b").expect("done/b.json")["result"], json!(1));
+    assert!(side_b.exists());
+}

@@ -49,8 +49,12 @@ pub fn run(queue: &Path, action: Action, args: ControlArgs) -> u8 {
         return exit::USAGE;
     }
     let storage = FileStorage::new(queue);
+    // A task still in the inbox is steered too: the daemon holds the request until it has
+    // taken the task.
+    let mut submitted = false;
     match storage.get(&QueueDir::task_key(&args.id)) {
         Ok(Some(_)) => {}
+        Ok(None) if in_inbox(queue, &args.id) => submitted = true,
         Ok(None) => {
             eprintln!("error: queue {} has no task {:?}", queue.display(), args.id);
             return exit::FAILURE;
@@ -77,10 +81,12 @@ pub fn run(queue: &Path, action: Action, args: ControlArgs) -> u8 {
         return exit::OK;
     }
     let Some(pid) = daemon_pid(queue) else {
-        println!(
-            "{verb} requested for {}; no daemon is running, it takes effect when one starts",
-            args.id
-        );
+        let when = if submitted {
+            "it is still in inbox/ and no daemon is running; it takes effect when one takes the task"
+        } else {
+            "no daemon is running, it takes effect when one starts"
+        };
+        println!("{verb} requested for {}; {when}", args.id);
         return exit::OK;
     };
     let deadline = Instant::now() + WAIT_FOR_DAEMON;
@@ -105,6 +111,14 @@ pub fn run(queue: &Path, action: Action, args: ControlArgs) -> u8 {
         args.id
     );
     exit::OK
+}
+
+/// Is a task with this id waiting in `inbox/` (as `cairn submit` names it, or inside a file
+/// named otherwise)?
+fn in_inbox(queue: &Path, id: &str) -> bool {
+    super::view::inbox_tasks(queue)
+        .iter()
+        .any(|(_, task)| task.id() == id)
 }
 
 /// The pid of the daemon that owns the queue, if one is alive. Only reads `.lock`: taking the

@@ -170,7 +170,7 @@ fn phase_rows(root: &Path, task: &TaskView) -> Vec<PhaseRow> {
             } else {
                 None
             };
-            let (iteration, total) = if is_current || task.state == State::Pending {
+            let (iteration, total) = if is_current || task.state.not_started() {
                 if Some(index) == current {
                     (task.iteration, task.total)
                 } else {
@@ -200,7 +200,7 @@ fn phase_rows(root: &Path, task: &TaskView) -> Vec<PhaseRow> {
 fn phase_state(task: &TaskView, index: usize, current: Option<usize>) -> String {
     match (&task.state, current) {
         (State::Done, _) => "done".into(),
-        (State::Pending, _) => "pending".into(),
+        (state, _) if state.not_started() => "pending".into(),
         (_, Some(c)) if index < c => "done".into(),
         (state, Some(c)) if index == c => state.as_str().to_string(),
         (state, _) if state.is_in_flight() => "pending".into(),
@@ -333,7 +333,7 @@ fn human(
     }
     field("error", task.error.clone().unwrap_or("-".into()));
 
-    out.push_str(&format!("\ndefinition  tasks/{}.json\n", task.id));
+    out.push_str(&format!("\ndefinition  {}\n", task.definition_key));
     match &task.task {
         Some(def) => {
             let pretty = serde_json::to_string_pretty(def).unwrap_or_default();

@@ -29,7 +29,7 @@ pub const COLUMNS: [&str; 8] = [
 
 #[derive(Debug, Args)]
 #[command(after_help = "\
-States: pending, running, paused, waiting_retry, interrupted (stopped, or its daemon died; \
+States: submitted (in inbox/, not taken by a daemon yet), pending, running, paused, waiting_retry, interrupted (stopped, or its daemon died; \
 resumes at the next start), done, failed, budget_exceeded, cancelled, rejected (a file refused \
 at intake: the 3 most recent are listed, --all lists every one; `cairn show NAME` says why).
 
@@ -193,7 +193,7 @@ pub fn iter_cell(task: &TaskView) -> String {
     match (task.iteration, task.total) {
         (Some(done), Some(total)) => format!("{done}/{total}"),
         (Some(done), None) => done.to_string(),
-        (None, Some(total)) if task.state == view::State::Pending => format!("0/{total}"),
+        (None, Some(total)) if task.state.not_started() => format!("0/{total}"),
         _ => "-".into(),
     }
 }

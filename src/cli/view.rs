@@ -62,6 +62,8 @@ impl DaemonInfo {
 /// Where a task stands.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum State {
+    /// In `inbox/`, not taken by a daemon yet (no daemon runs, or it has not got to it).
+    Submitted,
     /// Accepted (`tasks/<id>.json`), not started yet.
     Pending,
     Running,
@@ -82,6 +84,7 @@ pub enum State {
 impl State {
     pub fn as_str(&self) -> &str {
         match self {
+            State::Submitted => "submitted",
             State::Pending => "pending",
             State::Running => "running",
             State::Paused => "paused",
@@ -115,11 +118,16 @@ impl State {
         )
     }
 
-    /// Sort rank: tasks in flight first, then pending, finished, rejected.
+    /// Submitted or accepted, and not started yet.
+    pub fn not_started(&self) -> bool {
+        matches!(self, State::Submitted | State::Pending)
+    }
+
+    /// Sort rank: tasks in flight first, then pending (and submitted), finished, rejected.
     fn rank(&self) -> u8 {
         match self {
             s if s.is_in_flight() => 0,
-            State::Pending => 1,
+            State::Pending | State::Submitted => 1,
             State::Rejected => 3,
             _ => 2,
         }
@@ -197,6 +205,8 @@ pub struct TaskView {
     pub checkpoint: Option<IterationCheckpoint>,
     /// Files of this task that could not be read.
     pub warnings: Vec<String>,
+    /// Where the definition was read: `tasks/<id>.json`, or `inbox/<name>` while submitted.
+    pub definition_key: String,
 }
 
 impl TaskView {
@@ -222,6 +232,7 @@ impl TaskView {
             record: None,
             checkpoint: None,
             warnings: Vec::new(),
+            definition_key: format!("tasks/{id}.json"),
         }
     }
 
@@ -340,6 +351,13 @@ pub fn load(root: &Path, options: LoadOptions) -> QueueView {
             .map(|id| task_view(&listing, id))
             .collect()
     });
+    // A file in the inbox whose id is taken already will be rejected, not run.
+    tasks.extend(
+        inbox_tasks(root)
+            .into_iter()
+            .filter(|(_, task)| !ids.contains(task.id()))
+            .map(|(name, task)| submitted_view(root, &name, task)),
+    );
     let rejected_count = rejected.len();
     // Most recent first; ties (same time) by name.
     rejected.sort_by(|(a_stem, a), (b_stem, b)| b.at.cmp(&a.at).then_with(|| a_stem.cmp(b_stem)));
@@ -389,7 +407,10 @@ pub fn load_task(root: &Path, id: &str) -> Option<TaskView> {
         || root.join("failed").join(format!("{id}.json")).exists()
         || listing.work.get(id).is_some();
     if !known {
-        return None;
+        return inbox_tasks(root)
+            .into_iter()
+            .find(|(_, task)| task.id() == id)
+            .map(|(name, task)| submitted_view(root, &name, task));
     }
     if let Ok(record) = Record::read(&root.join("failed").join(format!("{id}.json"))) {
         if record.status == "rejected" {
@@ -399,6 +420,42 @@ pub fn load_task(root: &Path, id: &str) -> Option<TaskView> {
     let mut view = quietly(|| task_view(&listing, id));
     view.warnings.splice(0..0, listing.warnings);
     Some(view)
+}
+
+/// How many inbox files `status` reads to list submitted tasks; beyond that they are only
+/// counted, so that a large drop does not make every status query read all of it.
+const INBOX_READ_LIMIT: usize = 1000;
+
+/// The task files waiting in `inbox/` that name their id (as `cairn submit` writes them), by
+/// file name. Files without an id get one only when the daemon takes them; files that do not
+/// parse will be rejected: neither is listed.
+pub fn inbox_tasks(root: &Path) -> Vec<(String, Task)> {
+    let inbox = root.join("inbox");
+    list_names(&inbox)
+        .into_iter()
+        .filter(|name| !name.starts_with('.') && name.ends_with(".json"))
+        .take(INBOX_READ_LIMIT)
+        .filter_map(|name| {
+            let path = inbox.join(&name);
+            // Only regular files, and not a huge one: the daemon will refuse those anyway.
+            let meta = fs::symlink_metadata(&path).ok()?;
+            if !meta.is_file() || meta.len() > crate::task::MAX_TASK_FILE_BYTES {
+                return None;
+            }
+            let task = Task::parse(&fs::read(&path).ok()?).ok()?;
+            task.id.is_some().then_some((name, task))
+        })
+        .collect()
+}
+
+/// A task still in the inbox: where it will start, as for a pending one.
+fn submitted_view(root: &Path, name: &str, task: Task) -> TaskView {
+    let mut view = TaskView::new(task.id(), State::Submitted);
+    view.definition_key = format!("inbox/{name}");
+    view.phase_count = Some(task.phases.len());
+    view.task = Some(task);
+    pending(root, &mut view);
+    view
 }
 
 /// Does the queue have any file of this task (definition, record, entry or checkpoint)?

@@ -7,18 +7,42 @@ use crate::store::current_work::{StartPoint, StoredOutput};
 use crate::store::records::FailedRecord;
 
 impl Scheduler {
-    /// Apply and remove every request waiting in `control/`, oldest first.
+    /// Apply and remove every request waiting in `control/`, oldest first. A request for a
+    /// task the daemon has not taken from the inbox yet stays for a later round (see
+    /// [`Scheduler::may_still_arrive`]), and so do the requests for that task after it.
     pub(super) async fn process_control(&mut self) {
         let storage = Arc::clone(&self.ctx.storage);
-        let requests = match runner_blocking(move || control::pending(storage.as_ref())).await {
-            Ok(requests) => requests,
+        let inbox = self.ctx.queue.inbox();
+        let read = move || {
+            let requests = control::pending(storage.as_ref())?;
+            // Which of the requested tasks sit in the inbox under the name `cairn submit` uses.
+            let in_inbox: HashSet<String> = requests
+                .iter()
+                .filter_map(|(_, r)| r.as_ref().ok())
+                .map(|r| r.task_id.clone())
+                .filter(|id| inbox.join(format!("{id}.json")).exists())
+                .collect();
+            Ok::<_, std::io::Error>((requests, in_inbox))
+        };
+        let (requests, in_inbox) = match runner_blocking(read).await {
+            Ok(read) => read,
             Err(e) => {
                 tracing::error!("reading control requests: {e}");
                 return;
             }
         };
+        self.control_deferred = false;
+        let mut deferred: HashSet<String> = HashSet::new();
         for (key, request) in requests {
             match request {
+                Ok(request)
+                    if deferred.contains(&request.task_id)
+                        || self.may_still_arrive(&request.task_id, &in_inbox) =>
+                {
+                    deferred.insert(request.task_id);
+                    self.control_deferred = true;
+                    continue;
+                }
                 Ok(request) => self.apply_control(request).await,
                 Err(problem) => {
                     tracing::warn!(request = %key, "ignored a control request: {problem}")
@@ -30,6 +54,14 @@ impl Scheduler {
                 tracing::error!(request = %key, "cannot remove a handled control request: {e}");
             }
         }
+    }
+
+    /// A task this daemon does not know yet that the intake may still bring: its file is in
+    /// the inbox, or a scan of the inbox is under way or due. Its requests wait for it.
+    fn may_still_arrive(&self, id: &str, in_inbox: &HashSet<String>) -> bool {
+        let known = self.tasks.contains_key(id) || self.ctx.work.update(|w| w.get(id).is_some());
+        let intake_busy = self.scan.is_some() || self.scan_again || self.inbox_deferred;
+        !known && (intake_busy || in_inbox.contains(id))
     }
 
     async fn apply_control(&mut self, request: ControlRequest) {

@@ -156,6 +156,7 @@ pub async fn run(config: DaemonConfig, shutdown: Shutdown) -> Result<DaemonExit,
         intake_hints: Vec::new(),
         notifier: notify::ServiceNotifier::new(),
         finished: 0,
+        control_deferred: false,
     };
     scheduler.recover().await?;
     // The queue is locked and what was in flight is lined up again.
@@ -200,6 +201,9 @@ pub(crate) struct Scheduler {
     notifier: notify::ServiceNotifier,
     /// Tasks finished since start, for the service status.
     finished: u64,
+    /// Control requests wait in `control/` for a task still in the inbox: look again as soon
+    /// as a scan has taken tasks in, before any of them starts.
+    control_deferred: bool,
 }
 
 /// How an attempt's future ended, as the main loop sees it.

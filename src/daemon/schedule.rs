@@ -90,6 +90,9 @@ impl Scheduler {
                 scanned = wait_for_scan(&mut self.scan) => {
                     self.scan = None;
                     self.scan_finished(scanned);
+                    if self.control_deferred {
+                        self.process_control().await;
+                    }
                 }
                 _ = tokio::time::sleep(tick) => {
                     if self.inbox_deferred || last_inbox_scan.elapsed() >= self.config.rescan_interval {
