@@ -141,7 +141,38 @@ fn show_history_and_checkpoint_of_a_finished_task() {
         );
     }
 
+    // The logs of the task's commands, by full path, with their sizes.
+    let logs: Vec<Vec<&str>> = show
+        .lines()
+        .skip_while(|l| !l.starts_with("logs"))
+        .skip(1)
+        .take_while(|l| !l.is_empty())
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    let run_dir = root.join("runs/fin");
+    let expected: Vec<String> = ["0-hello.log", "1-count.log"]
+        .iter()
+        .map(|name| run_dir.join(name).display().to_string())
+        .collect();
+    assert_eq!(
+        logs.iter().map(|l| l[0]).collect::<Vec<_>>(),
+        expected,
+        "{show}"
+    );
+    for line in &logs {
+        assert!(std::path::Path::new(line[0]).is_file(), "{show}");
+        assert!(line[2].ends_with('B'), "no size: {show}");
+    }
+
     let document = json_of(&cairn(&queue, &["show", "fin", "--json"], 0));
+    let json_logs: Vec<&str> = document["logs"]
+        .as_array()
+        .expect("show --json lists the logs")
+        .iter()
+        .map(|l| l["path"].as_str().unwrap())
+        .collect();
+    assert_eq!(json_logs, expected, "{document:#}");
+    assert!(document["logs"][1]["bytes"].as_u64().unwrap() > 0, "{document:#}");
     for key in [
         "version",
         "queue",

@@ -73,6 +73,7 @@ pub fn run(queue: &Path, args: ShowArgs) -> u8 {
     };
     let phases = phase_rows(&root, &task);
     let earlier = earlier_failures(&root, &args.id);
+    let logs = log_files(&root, &task.id);
     let now = Utc::now();
     let text = if args.json {
         let document = json!({
@@ -89,13 +90,20 @@ pub fn run(queue: &Path, args: ShowArgs) -> u8 {
             "error": task.error,
             "record": task.record.as_ref().map(|r| r.value.clone()),
             "earlier_failures": earlier,
+            "logs": logs.iter().map(|(path, bytes)| json!({"path": path.display().to_string(), "bytes": bytes})).collect::<Vec<_>>(),
             "timeline": timeline,
         });
         let mut text = serde_json::to_string_pretty(&document).unwrap_or_default();
         text.push('\n');
         text
     } else {
-        human(&root, &task, daemon, &phases, &earlier, &timeline, now)
+        let details = Details {
+            phases: &phases,
+            earlier: &earlier,
+            logs: &logs,
+            timeline: &timeline,
+        };
+        human(&root, &task, daemon, &details, now)
     };
     view::print_or_fail(&text)
 }
@@ -243,6 +251,36 @@ fn phase_output(root: &Path, task: &TaskView, name: &str) -> Option<Value> {
         .cloned()
 }
 
+/// The stderr logs of a task's commands (`runs/<id>/<index>-<phase>.log`), with their sizes.
+fn log_files(root: &Path, id: &str) -> Vec<(std::path::PathBuf, u64)> {
+    let dir = root.join("runs").join(id);
+    view::list_names(&dir)
+        .into_iter()
+        .filter(|name| name.ends_with(".log"))
+        .filter_map(|name| {
+            let path = dir.join(name);
+            let bytes = fs::metadata(&path).ok()?.len();
+            Some((path, bytes))
+        })
+        .collect()
+}
+
+/// Where to read what the commands printed on stderr.
+fn logs_section(root: &Path, id: &str, logs: &[(std::path::PathBuf, u64)]) -> String {
+    let mut out = format!("\nlogs  {}\n", root.join("runs").join(id).display());
+    if logs.is_empty() {
+        out.push_str("  (none yet)\n");
+    }
+    for (path, bytes) in logs {
+        out.push_str(&format!(
+            "  {}  {}\n",
+            path.display(),
+            view::format_bytes(*bytes)
+        ));
+    }
+    out
+}
+
 /// Records of earlier failures that `cairn retry` archived as `runs/<id>/failed-*.json`.
 fn earlier_failures(root: &Path, id: &str) -> Vec<Value> {
     let dir = root.join("runs").join(id);
@@ -253,15 +291,28 @@ fn earlier_failures(root: &Path, id: &str) -> Vec<Value> {
         .collect()
 }
 
+/// What `show` lists below a task's summary.
+#[derive(Clone, Copy)]
+struct Details<'a> {
+    phases: &'a [PhaseRow],
+    earlier: &'a [Value],
+    logs: &'a [(std::path::PathBuf, u64)],
+    timeline: &'a [JournalEvent],
+}
+
 fn human(
     root: &Path,
     task: &TaskView,
     daemon: view::DaemonInfo,
-    phases: &[PhaseRow],
-    earlier: &[Value],
-    timeline: &[JournalEvent],
+    lists: &Details,
     now: DateTime<Utc>,
 ) -> String {
+    let Details {
+        phases,
+        earlier,
+        logs,
+        timeline,
+    } = *lists;
     let mut out = String::new();
     let mut field = |name: &str, value: String| {
         out.push_str(&format!("{name:<12}{value}\n"));
@@ -381,6 +432,7 @@ fn human(
         }
     }
 
+    out.push_str(&logs_section(root, &task.id, logs));
     out.push_str(&format!("\ntimeline  runs/{}/events.jsonl\n", task.id));
     if timeline.is_empty() {
         out.push_str("  (no events)\n");
