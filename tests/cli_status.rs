@@ -553,3 +553,40 @@ fn rejected_files_show_by_default_without_flooding_and_show_finds_them_by_file_n
     let output = queue.cairn_output(&["show", "no-such-file"], b"");
     assert_eq!(output.status.code(), Some(1), "{output:?}");
 }
+
+#[test]
+fn a_finished_worker_keeps_the_total_it_reported() {
+    let queue = TestQueue::new();
+    queue.seed_task(
+        "w.json",
+        &json!({
+            "id": "w",
+            "phases": [{
+                "name": "work",
+                "kind": "worker",
+                "run": ["python3", fixture("worker_by_hand.py"), queue.aux("w.side"),
+                        "--iterations", "4", "--sleep", "0"],
+            }],
+        }),
+    );
+    queue.run_until_idle(&[]);
+    queue.wait_done("w");
+
+    let table = status(&queue, &[]);
+    let row = table_rows(&table)
+        .into_iter()
+        .find(|r| r[0] == "w")
+        .unwrap_or_else(|| panic!("no w in {table}"));
+    assert_eq!(row[1..4], ["done", "work(1/1)", "4/4"], "{table}");
+    let w = task(&status_json(&queue), "w");
+    assert_eq!((w["iteration"].clone(), w["total"].clone()), (json!(4), json!(4)));
+
+    let show = stdout_of(&queue.cairn_output(&["show", "w"], b""));
+    let phase_row: Vec<&str> = show
+        .lines()
+        .find(|l| l.trim_start().starts_with("1/1"))
+        .unwrap_or_else(|| panic!("no phase row in {show}"))
+        .split_whitespace()
+        .collect();
+    assert_eq!(phase_row[..5], ["1/1", "work", "worker", "done", "4/4"], "{show}");
+}

@@ -669,6 +669,7 @@ fn build_crashed_queue(queue: &Path, ids: &[String]) -> anyhow::Result<u64> {
             started_at: entry.started_at,
             finished_at: None,
             iterations: None,
+            total: None,
         });
         work.active_tasks.push(entry);
         fs::create_dir_all(queue.join("runs").join(id))

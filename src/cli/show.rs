@@ -187,7 +187,7 @@ fn phase_rows(root: &Path, task: &TaskView) -> Vec<PhaseRow> {
             } else {
                 (
                     timing.and_then(|t| t.iterations),
-                    definition_total(task, index),
+                    definition_total(task, index).or(timing.and_then(|t| t.total)),
                 )
             };
             PhaseRow {

@@ -651,14 +651,16 @@ fn finished(listing: &Listing, view: &mut TaskView, record: Record) {
         .and_then(|t| t.phases.get(index?))
         .cloned();
     view.kind = phase.as_ref().map(|p| p.kind);
-    // Iterations of that phase, as the record's timings tell.
-    if let (Some(name), Some(timings)) = (&view.phase, value["phases"].as_array()) {
-        view.iteration = timings
+    // Iterations of that phase (and a worker's total), as the record's timings tell.
+    let timing = match (&view.phase, value["phases"].as_array()) {
+        (Some(name), Some(timings)) => timings
             .iter()
             .rev()
             .find(|t| t["name"].as_str() == Some(name))
-            .and_then(|t| t["iterations"].as_u64());
-    }
+            .cloned(),
+        _ => None,
+    };
+    view.iteration = timing.as_ref().and_then(|t| t["iterations"].as_u64());
     if view.state != State::Done && view.kind.is_some_and(|k| k != PhaseKind::Once) {
         // Stopped mid-phase: its checkpoints are kept for a retry.
         if let Ok(Some(loaded)) = listing.store.latest(&view.id) {
@@ -676,7 +678,8 @@ fn finished(listing: &Listing, view: &mut TaskView, record: Record) {
             PhaseKind::Items => items_total(&listing.root, phase, |name| {
                 outputs.get(name).cloned().map(StoredOutput::Inline)
             }),
-            _ => None,
+            PhaseKind::Worker => timing.as_ref().and_then(|t| t["total"].as_u64()),
+            PhaseKind::Once => None,
         };
     }
     view.record = Some(record);

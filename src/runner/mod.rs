@@ -174,6 +174,7 @@ pub async fn run_attempt(ctx: &Arc<RunContext>, task: &Arc<Task>) -> AttemptEnd 
                         started_at: Utc::now(),
                         finished_at: None,
                         iterations: None,
+                        total: None,
                     });
                 }
             }
@@ -493,6 +494,9 @@ impl PhaseRun<'_> {
         self.ctx.work.update(|w| {
             if let Some(entry) = w.get_mut(self.task.id()) {
                 entry.progress = Some(Progress { done, total });
+                if let Some(timing) = entry.phases.last_mut().filter(|_| total.is_some()) {
+                    timing.total = total;
+                }
             }
         });
     }

@@ -106,6 +106,10 @@ pub struct PhaseTiming {
     /// Completed iterations, for iterative phases.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub iterations: Option<u64>,
+    /// A worker's last reported total (`{"progress": {"total": N}}`), kept for its records:
+    /// a worker's definition has no total of its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub total: Option<u64>,
 }
 
 /// One task in flight.
