@@ -334,3 +334,44 @@ fn submit_tells_a_person_on_stderr_what_happened_and_what_to_run_next() {
         assert!(stderr.contains(expected), "{expected:?} missing: {stderr}");
     }
 }
+
+#[test]
+fn docs_cli_md_covers_every_command_and_exit_code_of_the_help() {
+    let queue = TestQueue::new();
+    let help = stdout_of(&queue.cairn_output(&["--help"], b""));
+    let docs = fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/cli.md"))
+        .expect("reading docs/cli.md");
+    let headings: Vec<&str> = docs.lines().filter(|l| l.starts_with("## ")).collect();
+    let commands: Vec<&str> = help
+        .lines()
+        .skip_while(|l| !l.starts_with("Commands:"))
+        .skip(1)
+        .take_while(|l| l.starts_with("  "))
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|name| *name != "help")
+        .collect();
+    assert!(commands.len() >= 15, "{help}");
+    for command in commands {
+        let documented = headings.iter().any(|h| {
+            h.split(|c: char| c == '`' || c == ' ' || c == '|')
+                .skip_while(|w| *w != "cairn")
+                .nth(1)
+                .is_some_and(|first| first == command || h.contains(&format!("|{command}")))
+        });
+        assert!(documented, "docs/cli.md has no section for `cairn {command}`");
+    }
+    let codes: Vec<&str> = help
+        .lines()
+        .skip_while(|l| !l.starts_with("Exit codes:"))
+        .skip(1)
+        .take_while(|l| l.starts_with("  "))
+        .filter_map(|l| l.split_whitespace().next())
+        .collect();
+    assert!(codes.len() >= 7, "{help}");
+    for code in codes {
+        assert!(
+            docs.contains(&format!("\n| {code} |")),
+            "exit code {code} is not in docs/cli.md's table"
+        );
+    }
+}
