@@ -576,8 +576,7 @@ mod tests {
         let err = parse(r#"{"phases":[{"name":"a","run":"python3 step.py --fast"}]}"#).unwrap_err();
         assert_eq!(err.field.as_deref(), Some("phases[0].run"));
         assert!(
-            err.problem
-                .contains(r#"["python3","step.py","--fast"]"#),
+            err.problem.contains(r#"["python3","step.py","--fast"]"#),
             "{err}"
         );
         let err = parse(r#"{"phases":[{"name":"a","run":[]}]}"#).unwrap_err();

@@ -172,7 +172,10 @@ fn show_history_and_checkpoint_of_a_finished_task() {
         .map(|l| l["path"].as_str().unwrap())
         .collect();
     assert_eq!(json_logs, expected, "{document:#}");
-    assert!(document["logs"][1]["bytes"].as_u64().unwrap() > 0, "{document:#}");
+    assert!(
+        document["logs"][1]["bytes"].as_u64().unwrap() > 0,
+        "{document:#}"
+    );
     for key in [
         "version",
         "queue",

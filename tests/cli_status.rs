@@ -253,7 +253,11 @@ fn status_shows_each_state_in_stable_columns_and_a_documented_json() {
     );
     assert_eq!(rows.len(), 5, "{table}");
     assert!(rows[4][0].starts_with("rejected-broken-"), "{table}");
-    assert_eq!(rows[4][1..], ["rejected", "-", "-", "-", "-", "-", "-"], "{table}");
+    assert_eq!(
+        rows[4][1..],
+        ["rejected", "-", "-", "-", "-", "-", "-"],
+        "{table}"
+    );
     // ghost: no rate or ETA without a daemon, its checkpoint's cost, an age.
     assert_eq!(rows[0][4..7], ["-", "-", "0.25"], "{table}");
     assert!(rows[0][7].ends_with('s') && rows[0][8] == "ago", "{table}");
@@ -490,7 +494,11 @@ fn rejected_files_show_by_default_without_flooding_and_show_finds_them_by_file_n
     for n in 0..5 {
         queue.drop_bytes(&format!("broken-{n}.json"), b"{\"phases\": [", true);
     }
-    queue.drop_bytes("typo.json", br#"{"phases": [{"name": "a", "run": ["true"], "colour": 1}]}"#, true);
+    queue.drop_bytes(
+        "typo.json",
+        br#"{"phases": [{"name": "a", "run": ["true"], "colour": 1}]}"#,
+        true,
+    );
     queue.run_until_idle(&[]);
     assert_eq!(queue.rejections().len(), 6);
     let typo = queue
@@ -517,8 +525,15 @@ fn rejected_files_show_by_default_without_flooding_and_show_finds_them_by_file_n
         .into_values()
         .map(|record| {
             let input = record["input"].as_str().unwrap();
-            let name = input.strip_prefix("failed/").unwrap().strip_suffix(".input").unwrap();
-            (record["rejected_at"].as_str().unwrap().to_string(), name.to_string())
+            let name = input
+                .strip_prefix("failed/")
+                .unwrap()
+                .strip_suffix(".input")
+                .unwrap();
+            (
+                record["rejected_at"].as_str().unwrap().to_string(),
+                name.to_string(),
+            )
         })
         .collect();
     by_time.sort();
@@ -545,10 +560,18 @@ fn rejected_files_show_by_default_without_flooding_and_show_finds_them_by_file_n
     for name in ["typo", "typo.json"] {
         let output = queue.cairn_output(&["show", name], b"");
         let show = stdout_of(&output);
-        assert_eq!(output.status.code(), Some(0), "{name}: {}", stderr_of(&output));
+        assert_eq!(
+            output.status.code(),
+            Some(0),
+            "{name}: {}",
+            stderr_of(&output)
+        );
         assert!(show.contains(&typo), "{name}: {show}");
         assert!(show.contains("rejected"), "{name}: {show}");
-        assert!(show.contains("phases[0].colour"), "{name}: the reason is missing: {show}");
+        assert!(
+            show.contains("phases[0].colour"),
+            "{name}: the reason is missing: {show}"
+        );
     }
     let output = queue.cairn_output(&["show", "no-such-file"], b"");
     assert_eq!(output.status.code(), Some(1), "{output:?}");
@@ -579,7 +602,10 @@ fn a_finished_worker_keeps_the_total_it_reported() {
         .unwrap_or_else(|| panic!("no w in {table}"));
     assert_eq!(row[1..4], ["done", "work(1/1)", "4/4"], "{table}");
     let w = task(&status_json(&queue), "w");
-    assert_eq!((w["iteration"].clone(), w["total"].clone()), (json!(4), json!(4)));
+    assert_eq!(
+        (w["iteration"].clone(), w["total"].clone()),
+        (json!(4), json!(4))
+    );
 
     let show = stdout_of(&queue.cairn_output(&["show", "w"], b""));
     let phase_row: Vec<&str> = show
@@ -588,5 +614,9 @@ fn a_finished_worker_keeps_the_total_it_reported() {
         .unwrap_or_else(|| panic!("no phase row in {show}"))
         .split_whitespace()
         .collect();
-    assert_eq!(phase_row[..5], ["1/1", "work", "worker", "done", "4/4"], "{show}");
+    assert_eq!(
+        phase_row[..5],
+        ["1/1", "work", "worker", "done", "4/4"],
+        "{show}"
+    );
 }

@@ -353,12 +353,15 @@ fn docs_cli_md_covers_every_command_and_exit_code_of_the_help() {
     assert!(commands.len() >= 15, "{help}");
     for command in commands {
         let documented = headings.iter().any(|h| {
-            h.split(|c: char| c == '`' || c == ' ' || c == '|')
+            h.split(['`', ' ', '|'])
                 .skip_while(|w| *w != "cairn")
                 .nth(1)
                 .is_some_and(|first| first == command || h.contains(&format!("|{command}")))
         });
-        assert!(documented, "docs/cli.md has no section for `cairn {command}`");
+        assert!(
+            documented,
+            "docs/cli.md has no section for `cairn {command}`"
+        );
     }
     let codes: Vec<&str> = help
         .lines()

@@ -237,11 +237,19 @@ fn a_task_still_in_the_inbox_is_listed_shown_and_steered_by_its_id() {
         .as_array()
         .unwrap()
         .iter()
-        .map(|t| (t["id"].as_str().unwrap().into(), t["state"].as_str().unwrap().into()))
+        .map(|t| {
+            (
+                t["id"].as_str().unwrap().into(),
+                t["state"].as_str().unwrap().into(),
+            )
+        })
         .collect();
     assert_eq!(
         states,
-        [("a".into(), "submitted".into()), ("b".into(), "submitted".into())]
+        [
+            ("a".into(), "submitted".into()),
+            ("b".into(), "submitted".into())
+        ]
     );
     let out = queue.cairn_output(&["show", "a"], b"");
     let show = String::from_utf8_lossy(&out.stdout);
@@ -264,7 +272,11 @@ fn a_task_still_in_the_inbox_is_listed_shown_and_steered_by_its_id() {
     assert!(!side_a.exists(), "the cancelled task ran");
     assert_eq!(status_of(&queue, "b").as_deref(), Some("paused"));
     assert!(!side_b.exists(), "the paused task ran");
-    assert!(queue.list("control").is_empty(), "{:?}", queue.list("control"));
+    assert!(
+        queue.list("control").is_empty(),
+        "{:?}",
+        queue.list("control")
+    );
 
     let out = queue.cairn_output(&["resume", "b"], b"");
     assert_eq!(out.status.code(), Some(0), "{out:?}");

@@ -35,9 +35,12 @@ impl Scheduler {
         let mut deferred: HashSet<String> = HashSet::new();
         for (key, request) in requests {
             match request {
+                // A retry is for a failed record, never a task in the inbox: it waits only
+                // behind an earlier request for the same task.
                 Ok(request)
                     if deferred.contains(&request.task_id)
-                        || self.may_still_arrive(&request.task_id, &in_inbox) =>
+                        || (request.action != ControlAction::Retry
+                            && self.may_still_arrive(&request.task_id, &in_inbox)) =>
                 {
                     deferred.insert(request.task_id);
                     self.control_deferred = true;
