@@ -351,7 +351,7 @@ impl Scheduler {
         let end = match outcome {
             // Finished and recorded (an operator's cancel does not undo that).
             AttemptOutcome::Recorded(entry) => {
-                tracing::info!(task_id = %id, attempts = entry.attempt, "task done");
+                tracing::info!(task_id = %id, runs = entry.attempt, failed_attempts = entry.failed_attempts, "task done");
                 self.ctx.journal(
                     &id,
                     "done",
