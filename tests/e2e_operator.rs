@@ -57,7 +57,10 @@ fn an_existing_cwd_draws_no_warning() {
     let out = queue.cairn_output(&["validate", file.to_str().unwrap()], b"");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
-    assert!(!stderr.contains("warning"), "no warning expected: {stderr:?}");
+    assert!(
+        !stderr.contains("warning"),
+        "no warning expected: {stderr:?}"
+    );
 }
 
 /// The daemon's log lines that carry `level` (`ERROR`, `WARN`, `INFO`).
@@ -82,7 +85,11 @@ fn a_cancel_is_logged_as_information_and_runs_are_not_counted_as_failures() {
     // Pause and resume: two runs, no failure.
     for action in ["pause", "resume"] {
         let out = queue.cairn_output(&[action, "steer"], b"");
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         if action == "pause" {
             wait_until("the task is paused", DEADLINE, || {
                 queue.active_entry("steer").map(|e| e["status"] == "paused") == Some(true)
@@ -90,11 +97,17 @@ fn a_cancel_is_logged_as_information_and_runs_are_not_counted_as_failures() {
         }
     }
     wait_until("the second run", DEADLINE, || {
-        queue.active_entry("steer").map(|e| e["attempt"] == 2 && e["status"] == "running")
+        queue
+            .active_entry("steer")
+            .map(|e| e["attempt"] == 2 && e["status"] == "running")
             == Some(true)
     });
     let out = queue.cairn_output(&["cancel", "steer"], b"");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let record = queue.wait_failed("steer");
     assert_eq!(record["status"], "cancelled");
     assert_eq!(record["attempts"], 2, "{record:#}");
@@ -126,4 +139,168 @@ fn a_cancel_is_logged_as_information_and_runs_are_not_counted_as_failures() {
         runs.split_whitespace().collect::<Vec<_>>().join(" "),
         "runs 2 (0 failed attempts of 3 allowed)"
     );
+}
+
+fn failing_task(id: &str) -> serde_json::Value {
+    json!({
+        "id": id,
+        "retry": {"max_attempts": 1},
+        "phases": [{"name": "fail", "run": ["sh", "-c", "exit 3"]}],
+    })
+}
+
+/// `cairn run --exit-when-idle <args>` to its end: exit code and stderr.
+fn run_idle(queue: &TestQueue, args: &[&str]) -> (Option<i32>, String) {
+    let mut all = vec!["--exit-when-idle"];
+    all.extend_from_slice(args);
+    let mut daemon = queue.start(&all);
+    let status = daemon.wait_exit(DEADLINE);
+    (status.code(), daemon.stderr())
+}
+
+#[test]
+fn an_idle_exit_sums_up_the_run_and_fails_on_request_when_tasks_failed() {
+    let queue = TestQueue::new();
+    queue.seed_task("fine.json", &once_task("fine", &json!({"ok": true})));
+    queue.seed_task("bad.json", &failing_task("bad"));
+    queue.drop_bytes("broken.json", b"{\"phases\": ", true);
+
+    let (code, stderr) = run_idle(&queue, &[]);
+    assert_eq!(code, Some(0), "{stderr}");
+    let root = queue.root().display().to_string();
+    assert!(
+        stderr.contains("this run: 1 done, 1 failed, 1 rejected"),
+        "{stderr}"
+    );
+    assert!(stderr.contains(&format!("{root}/done/")), "{stderr}");
+    assert!(
+        stderr.contains(&format!("bad in {root}/failed/")),
+        "{stderr}"
+    );
+    assert!(stderr.contains("rejected: rejected-broken-"), "{stderr}");
+
+    // With the flag, a failure of this run exits 6; a later run without failures exits 0.
+    queue.seed_task("worse.json", &failing_task("worse"));
+    let (code, stderr) = run_idle(&queue, &["--fail-on-task-failure"]);
+    assert_eq!(code, Some(6), "{stderr}");
+    assert!(
+        stderr.contains("this run: 0 done, 1 failed, 0 rejected"),
+        "{stderr}"
+    );
+    let (code, stderr) = run_idle(&queue, &["--fail-on-task-failure"]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(
+        stderr.contains("this run: 0 done, 0 failed, 0 rejected"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn a_paused_task_stays_paused_through_an_idle_run_and_every_message_says_so() {
+    let queue = TestQueue::new();
+    let side = queue.aux("loop.side");
+    queue.seed_task("held.json", &loop_task("held", &side, 200, 0.2));
+    let mut daemon = queue.start(&[]);
+    wait_until("an iteration", DEADLINE, || {
+        !ended_iterations(&side).is_empty()
+    });
+    let out = queue.cairn_output(&["pause", "held"], b"");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    wait_until("the task is paused", DEADLINE, || {
+        queue.active_entry("held").map(|e| e["status"] == "paused") == Some(true)
+    });
+    daemon.signal(SIGTERM);
+    assert_eq!(daemon.wait_exit(DEADLINE).code(), Some(0));
+    let iterations = ended_iterations(&side).len();
+
+    // status does not promise that the next run continues it.
+    let out = queue.cairn_output(&["status"], b"");
+    let notes = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        notes.contains("1 paused task(s) stay paused") && !notes.contains("continue at the next"),
+        "{notes}"
+    );
+
+    // An idle run counts it at start, leaves it alone and says how to resume it.
+    let (code, stderr) = run_idle(&queue, &[]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(
+        stderr
+            .lines()
+            .any(|l| l.contains("recovered the queue") && l.contains("paused=1")),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("1 paused")
+            && stderr.contains("held; they stay paused until `cairn resume ID`"),
+        "{stderr}"
+    );
+    assert_eq!(
+        ended_iterations(&side).len(),
+        iterations,
+        "a paused task ran"
+    );
+    assert_eq!(queue.active_entry("held").unwrap()["status"], "paused");
+}
+
+/// The exit codes `cairn --help` lists (`  N    meaning` lines under "Exit codes:").
+fn listed_exit_codes(help: &str) -> Vec<u8> {
+    help.lines()
+        .skip_while(|l| *l != "Exit codes:")
+        .skip(1)
+        .take_while(|l| !l.is_empty())
+        .filter_map(|l| l.split_whitespace().next()?.parse().ok())
+        .collect()
+}
+
+#[test]
+fn every_exit_code_is_in_the_help_of_each_command_the_readme_and_docs_cli() {
+    use cairn::cli::exit;
+    let queue = TestQueue::new();
+    let expected = vec![
+        exit::OK,
+        exit::FAILURE,
+        exit::USAGE,
+        exit::INVALID_TASK,
+        exit::QUEUE_LOCKED,
+        exit::UNSAFE_QUEUE,
+        exit::TASKS_FAILED,
+        exit::STOPPED_AT_ONCE,
+    ];
+    for args in [
+        &["--help"][..],
+        &["help", "run"],
+        &["help", "submit"],
+        &["status", "--help"],
+    ] {
+        let out = queue.cairn_output(args, b"");
+        let help = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(
+            listed_exit_codes(&help),
+            expected,
+            "cairn {args:?}:\n{help}"
+        );
+    }
+    let manifest = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let readme = std::fs::read_to_string(manifest.join("README.md")).unwrap();
+    let paragraph = readme
+        .split("\n\n")
+        .find(|p| p.starts_with("Exit codes:"))
+        .expect("README has an exit codes paragraph")
+        .replace('\n', " ");
+    let cli_md = std::fs::read_to_string(manifest.join("docs/cli.md")).unwrap();
+    for code in expected {
+        assert!(
+            paragraph.contains(&format!(" {code} ")),
+            "README's exit codes lack {code}: {paragraph}"
+        );
+        assert!(
+            cli_md.contains(&format!("\n| {code} | ")),
+            "docs/cli.md's exit code table lacks {code}"
+        );
+    }
 }

@@ -17,7 +17,7 @@ mod view;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 /// Exit codes, documented in `cairn --help`.
 pub mod exit {
@@ -33,6 +33,9 @@ pub mod exit {
     pub const QUEUE_LOCKED: u8 = 4;
     /// The queue's directories are writable by users other than the daemon's (and inbox/'s group).
     pub const UNSAFE_QUEUE: u8 = 5;
+    /// `run --fail-on-task-failure`: a task of this run did not end done, or a file was
+    /// rejected.
+    pub const TASKS_FAILED: u8 = 6;
     /// A second stop signal cut the shutdown short (committed work was flushed).
     pub const STOPPED_AT_ONCE: u8 = 130;
 }
@@ -45,6 +48,8 @@ Exit codes:
   3    invalid task file (submit, validate)
   4    the queue is owned by another running daemon (run)
   5    the queue's directories are writable by other users (run)
+  6    with run --fail-on-task-failure: a task of this run failed, was cancelled or
+       stopped by its budget, or a file was rejected
   130  a second SIGINT/SIGTERM stopped the daemon at once, after flushing committed work
 
 The queue directory is --queue, else $CAIRN_QUEUE, else ./queue.";
@@ -109,7 +114,12 @@ enum Command {
 
 /// Parse the command line, run the subcommand, and map the outcome to an exit code.
 pub fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
+    // Every `cairn help COMMAND` lists the exit codes too, from the one table above.
+    let parsed = Cli::command()
+        .mut_subcommands(|command| command.after_help(AFTER_HELP))
+        .try_get_matches()
+        .and_then(|matches| Cli::from_arg_matches(&matches));
+    let cli = match parsed {
         Ok(cli) => cli,
         Err(e) => {
             let _ = e.print();

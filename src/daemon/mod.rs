@@ -21,8 +21,10 @@ mod notify;
 mod records;
 mod recovery;
 mod schedule;
+mod summary;
 
 pub use notify::NOTIFY_ENV;
+pub use summary::RunSummary;
 
 use crate::queue::{Intake, LockError, QueueDir, QueueHint, QueueLock, QueueWatcher};
 use crate::runner::{self, AttemptEnd, RunContext, WorkState};
@@ -87,6 +89,17 @@ pub enum DaemonError {
 
 /// Run the daemon on a queue until it is stopped (or idle, with `exit_when_idle`).
 pub async fn run(config: DaemonConfig, shutdown: Shutdown) -> Result<DaemonExit, DaemonError> {
+    run_with_summary(config, shutdown)
+        .await
+        .map(|(exit, _)| exit)
+}
+
+/// [`run`], also returning what this run did: tasks done, failed and rejected, and what it left
+/// paused or unfinished.
+pub async fn run_with_summary(
+    config: DaemonConfig,
+    shutdown: Shutdown,
+) -> Result<(DaemonExit, RunSummary), DaemonError> {
     let root = std::path::absolute(&config.queue_dir)
         .map_err(|e| DaemonError::Setup(format!("queue {}: {e}", config.queue_dir.display())))?;
     let queue = QueueDir::new(&root);
@@ -156,6 +169,10 @@ pub async fn run(config: DaemonConfig, shutdown: Shutdown) -> Result<DaemonExit,
         intake_hints: Vec::new(),
         notifier: notify::ServiceNotifier::new(),
         finished: 0,
+        summary: RunSummary {
+            queue: root.clone(),
+            ..RunSummary::default()
+        },
     };
     scheduler.recover().await?;
     // The queue is locked and what was in flight is lined up again.
@@ -165,12 +182,30 @@ pub async fn run(config: DaemonConfig, shutdown: Shutdown) -> Result<DaemonExit,
     scheduler.drain().await;
     let ctx = Arc::clone(&scheduler.ctx);
     runner_blocking(move || ctx.journal.flush()).await;
-    tracing::info!("cairn daemon stopped");
-    Ok(if shutdown.is_immediate() {
+    let mut summary = std::mem::take(&mut scheduler.summary);
+    scheduler.ctx.work.update(|work| {
+        for entry in &work.active_tasks {
+            if entry.status == ActiveStatus::Paused {
+                summary.paused.push(entry.task_id.clone());
+            } else {
+                summary.unfinished += 1;
+            }
+        }
+    });
+    tracing::info!(
+        done = summary.done.len(),
+        failed = summary.failed.len(),
+        rejected = summary.rejected.len(),
+        paused = summary.paused.len(),
+        unfinished = summary.unfinished,
+        "cairn daemon stopped"
+    );
+    let exit = if shutdown.is_immediate() {
         DaemonExit::StoppedImmediately
     } else {
         exit
-    })
+    };
+    Ok((exit, summary))
 }
 
 pub(crate) struct Scheduler {
@@ -200,6 +235,8 @@ pub(crate) struct Scheduler {
     notifier: notify::ServiceNotifier,
     /// Tasks finished since start, for the service status.
     finished: u64,
+    /// What this run did, for the closing summary.
+    summary: RunSummary,
 }
 
 /// How an attempt's future ended, as the main loop sees it.

@@ -217,6 +217,9 @@ impl Scheduler {
                     );
                     self.add_pending(task);
                 }
+                for rejection in report.rejected {
+                    self.summary.rejected.push(rejection.record_name());
+                }
                 if report.more || self.scan_again {
                     self.start_scan();
                 }
@@ -359,6 +362,7 @@ impl Scheduler {
                 );
                 self.tasks.remove(&id);
                 self.finished += 1;
+                self.summary.done.push(id);
                 return;
             }
             AttemptOutcome::RecordFailed(error) => {

@@ -96,9 +96,7 @@ pub fn spawn_in_group(
             Ok(())
         });
     }
-    command
-        .spawn()
-        .map_err(|e| spawn_error(program, cwd, e))
+    command.spawn().map_err(|e| spawn_error(program, cwd, e))
 }
 
 /// Name what is missing when a spawn fails: `execve` reports a missing working directory and
