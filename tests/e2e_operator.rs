@@ -304,3 +304,88 @@ fn every_exit_code_is_in_the_help_of_each_command_the_readme_and_docs_cli() {
         );
     }
 }
+
+/// Copy the repository's `queue/examples/` (task files and scripts) into `queue`.
+fn copy_examples(queue: &TestQueue) {
+    let source = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("queue/examples");
+    let target = queue.path("examples");
+    std::fs::create_dir_all(target.join("scripts")).unwrap();
+    for dir in ["", "scripts"] {
+        for entry in std::fs::read_dir(source.join(dir)).unwrap() {
+            let entry = entry.unwrap();
+            if entry.file_type().unwrap().is_file() {
+                std::fs::copy(entry.path(), target.join(dir).join(entry.file_name())).unwrap();
+            }
+        }
+    }
+}
+
+#[test]
+fn the_worker_examples_find_their_helpers_with_no_setup_outside_the_repository() {
+    let queue = TestQueue::new();
+    copy_examples(&queue);
+    for name in ["train-worker", "crawl-worker"] {
+        let file = queue.path(&format!("examples/{name}.json"));
+        let out = queue.cairn_output(&["submit", file.to_str().unwrap()], b"");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    // Neither the daemon nor the shell it was started from knows where the helpers are.
+    let out = queue
+        .cairn()
+        .args(["run", "--exit-when-idle"])
+        .env_remove("CAIRN_CLIENTS")
+        .env_remove("PYTHONPATH")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(stderr.contains("this run: 2 done, 0 failed"), "{stderr}");
+    let done = queue.list("done");
+    assert_eq!(done.len(), 2, "{done:?}\n{stderr}");
+    for record in &done {
+        let record = read_json(&queue.path(&format!("done/{record}")));
+        let result = &record["result"];
+        assert!(
+            result["epochs"] == 30 || result["pages"] == 20,
+            "unexpected result {result}"
+        );
+    }
+}
+
+#[test]
+fn clients_path_prints_the_helpers_built_from_the_repository_files() {
+    let queue = TestQueue::new();
+    let out = queue.cairn_output(&["clients-path"], b"");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let dir = std::path::PathBuf::from(String::from_utf8(out.stdout).unwrap().trim_end());
+    assert_eq!(dir, queue.path("clients"));
+    let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("clients");
+    for helper in ["python/cairn_worker.py", "sh/cairn.sh"] {
+        assert_eq!(
+            std::fs::read(dir.join(helper)).unwrap(),
+            std::fs::read(repo.join(helper)).unwrap(),
+            "{helper} differs from the repository's"
+        );
+    }
+
+    // A queue that does not exist is not created.
+    let missing = queue.aux("no-such-queue");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_cairn"))
+        .env_remove("CAIRN_QUEUE")
+        .arg("--queue")
+        .arg(&missing)
+        .arg("clients-path")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no queue directory"));
+    assert!(!missing.exists());
+}

@@ -2,6 +2,7 @@
 
 mod bench;
 mod checkpoint;
+mod clients_path;
 mod completions;
 mod control;
 mod fork;
@@ -108,6 +109,9 @@ enum Command {
     Prune(prune::PruneArgs),
     /// Print a shell completion script.
     Completions(completions::CompletionsArgs),
+    /// Print the directory of the worker helpers (cairn_worker.py, cairn.sh), writing them there
+    /// first if needed.
+    ClientsPath(clients_path::ClientsPathArgs),
     /// Measure cairn's hot paths and print the figures (one JSON line per run).
     Bench(bench::BenchArgs),
 }
@@ -116,7 +120,10 @@ enum Command {
 pub fn main() -> ExitCode {
     // Every `cairn help COMMAND` lists the exit codes too, from the one table above.
     let parsed = Cli::command()
-        .mut_subcommands(|command| command.after_help(AFTER_HELP))
+        .mut_subcommands(|command| {
+            let own = command.get_after_help().map(|own| format!("{own}\n\n"));
+            command.after_help(format!("{}{AFTER_HELP}", own.unwrap_or_default()))
+        })
         .try_get_matches()
         .and_then(|matches| Cli::from_arg_matches(&matches));
     let cli = match parsed {
@@ -146,6 +153,7 @@ pub fn main() -> ExitCode {
         Command::Retry(args) => control::run(&cli.queue, control::Action::Retry, args),
         Command::Prune(args) => prune::run(&cli.queue, args),
         Command::Completions(args) => completions::run(args),
+        Command::ClientsPath(args) => clients_path::run(&cli.queue, args),
         Command::Bench(args) => bench::run(args),
     };
     ExitCode::from(code)

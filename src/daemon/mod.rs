@@ -117,6 +117,12 @@ pub async fn run_with_summary(
         );
     }
     tracing::info!(queue = %root.display(), pid = std::process::id(), "cairn daemon started");
+    let clients_root = root.clone();
+    // Not fatal: only tasks whose workers use the helpers need them, and their error names
+    // the missing file.
+    if let Err(e) = runner_blocking(move || crate::clients::install(&clients_root)).await {
+        tracing::error!("writing the worker helpers: {e}");
+    }
 
     let storage: Arc<dyn Storage> = match &config.storage {
         Some(storage) => Arc::clone(storage),
