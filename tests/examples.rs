@@ -1,6 +1,6 @@
 //! The library examples as a user meets them: the README quotes `examples/embed.rs` whole, it
 //! runs in a directory of its own, and `examples/checkpoint_loop.rs` run again after it finished
-//! writes no new generation.
+//! writes no new generation; the README states the default retry policy the code has.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -101,4 +101,23 @@ fn rerunning_a_finished_checkpoint_loop_writes_no_new_generation() {
     }
     let after = (names(&queue.join("incremental")), std::fs::read(&latest).unwrap());
     assert_eq!(before, after, "a rerun changed the checkpoints");
+}
+
+#[test]
+fn the_readme_states_the_default_retry_policy() {
+    use cairn::task::RetryPolicy;
+    let readme =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md")).unwrap();
+    let stated = readme
+        .split_once("the default is\n  `")
+        .and_then(|(_, rest)| rest.split_once('`'))
+        .expect("README states the default retry policy")
+        .0;
+    let stated: RetryPolicy = serde_json::from_str(stated).unwrap();
+    assert_eq!(stated, RetryPolicy::default());
+    assert_eq!(
+        stated.delay_after(2),
+        2 * stated.backoff,
+        "README: the third attempt waits twice the backoff"
+    );
 }
