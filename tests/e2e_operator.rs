@@ -389,3 +389,77 @@ fn clients_path_prints_the_helpers_built_from_the_repository_files() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("no queue directory"));
     assert!(!missing.exists());
 }
+
+/// `cairn <args>` run from the directory that holds `queue/`, as the README's commands are
+/// (no `--queue`: the default `./queue`).
+fn readme_cairn(queue: &TestQueue, args: &[&str]) -> std::process::Command {
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_cairn"));
+    command
+        .args(args)
+        .current_dir(queue.root().parent().unwrap())
+        .env_remove("CAIRN_QUEUE")
+        .env_remove("RUST_LOG");
+    command
+}
+
+fn readme_output(queue: &TestQueue, args: &[&str]) -> (String, String) {
+    let out = readme_cairn(queue, args).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(
+        out.status.success(),
+        "cairn {args:?}: {}\n{stderr}",
+        out.status
+    );
+    (String::from_utf8(out.stdout).unwrap(), stderr)
+}
+
+#[test]
+fn the_readme_stop_and_resume_walkthrough_works_as_written() {
+    let queue = TestQueue::new();
+    copy_examples(&queue);
+    // The README's commands run from the directory that holds queue/.
+    let (stdout, _) = readme_output(&queue, &["submit", "queue/examples/slow-sum.json"]);
+    let id = stdout.trim().to_string();
+    assert!(
+        id.starts_with("slow-sum-") && id.len() == "slow-sum-".len() + 6,
+        "submit printed {stdout:?}"
+    );
+
+    // Ctrl-C after a few iterations.
+    let mut daemon = readme_cairn(&queue, &["run", "--exit-when-idle"])
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let checkpoint = queue.path(&format!("incremental/{id}.json.gz"));
+    wait_until("three iterations are checkpointed", DEADLINE, || {
+        checkpoint.exists() && queue.checkpoint(&id).iteration_count >= 3
+    });
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(daemon.id() as i32), SIGINT).unwrap();
+    assert_eq!(daemon.wait().unwrap().code(), Some(0));
+    let (status, _) = readme_output(&queue, &["status"]);
+    assert!(
+        status
+            .lines()
+            .any(|l| l.starts_with(&id) && l.contains("interrupted")),
+        "{status}"
+    );
+
+    // Run again: it continues, and every iteration ran once.
+    readme_output(&queue, &["run", "--exit-when-idle"]);
+    let log = std::fs::read_to_string(queue.path(&format!("runs/{id}/0-sum.log"))).unwrap();
+    let iterations: Vec<u64> = log
+        .lines()
+        .filter(|l| l.contains("total is now"))
+        .map(|l| l["iteration ".len()..l.find(':').unwrap()].parse().unwrap())
+        .collect();
+    assert_eq!(iterations, (0..20).collect::<Vec<_>>(), "{log}");
+    let done = queue.done(&id).expect("the task is done");
+    assert_eq!(done["result"]["total"], 2470);
+    let (show, _) = readme_output(&queue, &["show", &id]);
+    assert!(
+        show.lines()
+            .any(|l| l.split_whitespace().collect::<Vec<_>>().join(" ")
+                == "runs 2 (0 failed attempts of 3 allowed)"),
+        "{show}"
+    );
+}

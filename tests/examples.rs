@@ -68,7 +68,10 @@ fn the_readme_quotes_the_embedding_example_whole() {
         .and_then(|(_, rest)| rest.split_once("```"))
         .expect("README has a rust block under 'Embedding the library'")
         .0;
-    assert_eq!(quoted, program, "README's snippet differs from examples/embed.rs");
+    assert_eq!(
+        quoted, program,
+        "README's snippet differs from examples/embed.rs"
+    );
 }
 
 #[test]
@@ -94,12 +97,21 @@ fn rerunning_a_finished_checkpoint_loop_writes_no_new_generation() {
     let first = run_in(&binary, dir.path(), &[queue_arg, "3"]);
     assert!(first.contains("sum of 1..=3 = 6"), "{first}");
     let latest = queue.join("incremental/checkpoint-loop-example.json.gz");
-    let before = (names(&queue.join("incremental")), std::fs::read(&latest).unwrap());
+    let before = (
+        names(&queue.join("incremental")),
+        std::fs::read(&latest).unwrap(),
+    );
     for _ in 0..2 {
         let again = run_in(&binary, dir.path(), &[queue_arg, "3"]);
-        assert!(again.contains("already finished: sum of 1..=3 = 6"), "{again}");
+        assert!(
+            again.contains("already finished: sum of 1..=3 = 6"),
+            "{again}"
+        );
     }
-    let after = (names(&queue.join("incremental")), std::fs::read(&latest).unwrap());
+    let after = (
+        names(&queue.join("incremental")),
+        std::fs::read(&latest).unwrap(),
+    );
     assert_eq!(before, after, "a rerun changed the checkpoints");
 }
 
