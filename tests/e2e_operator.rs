@@ -1,6 +1,7 @@
-//! What an operator sees around a run, with the real binary: errors that name what is missing,
-//! the daemon's start and closing lines, log levels of an operator's own actions, and how runs
-//! and failed attempts are counted.
+//! What a user and an operator see around a run, with the real binary: errors that name what
+//! is missing, the daemon's start and closing lines and exit codes, paused tasks across runs,
+//! log levels of an operator's own actions, how runs and failed attempts are counted, worker
+//! helpers found with no setup, and the README's walkthrough followed literally.
 
 mod common;
 
