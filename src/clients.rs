@@ -48,8 +48,12 @@ pub fn install(queue_root: &Path) -> io::Result<PathBuf> {
             .mode(0o755)
             .create(parent)
             .map_err(|e| named(e, "creating", parent))?;
-        let mut temp =
-            tempfile::NamedTempFile::new_in(parent).map_err(|e| named(e, "writing in", parent))?;
+        // Named like the store's temp files, so a start after a crash removes a leftover one.
+        let mut temp = tempfile::Builder::new()
+            .prefix(".")
+            .suffix(crate::store::TEMP_SUFFIX)
+            .tempfile_in(parent)
+            .map_err(|e| named(e, "writing in", parent))?;
         temp.write_all(contents.as_bytes())
             .and_then(|()| {
                 temp.as_file()
