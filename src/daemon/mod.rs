@@ -192,17 +192,17 @@ pub async fn run_with_summary(
     scheduler.ctx.work.update(|work| {
         for entry in &work.active_tasks {
             if entry.status == ActiveStatus::Paused {
-                summary.paused.push(entry.task_id.clone());
+                summary.paused.add(entry.task_id.as_str());
             } else {
                 summary.unfinished += 1;
             }
         }
     });
     tracing::info!(
-        done = summary.done.len(),
-        failed = summary.failed.len(),
-        rejected = summary.rejected.len(),
-        paused = summary.paused.len(),
+        done = summary.done.count,
+        failed = summary.failed.count,
+        rejected = summary.rejected.count,
+        paused = summary.paused.count,
         unfinished = summary.unfinished,
         "cairn daemon stopped"
     );

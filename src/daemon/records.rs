@@ -71,7 +71,7 @@ impl Scheduler {
         status: &str,
     ) {
         let id = entry.task_id.clone();
-        self.summary.failed.push((id.clone(), status.to_string()));
+        self.summary.add_failed(&id, status);
         // An operator's cancel is what they asked for, and a budget stop is the task's own
         // limit: neither is an error of the daemon's or the task's.
         match status {

@@ -218,7 +218,7 @@ impl Scheduler {
                     self.add_pending(task);
                 }
                 for rejection in report.rejected {
-                    self.summary.rejected.push(rejection.record_name());
+                    self.summary.rejected.add(rejection.record_name());
                 }
                 if report.more || self.scan_again {
                     self.start_scan();
@@ -362,7 +362,7 @@ impl Scheduler {
                 );
                 self.tasks.remove(&id);
                 self.finished += 1;
-                self.summary.done.push(id);
+                self.summary.done.add(id);
                 return;
             }
             AttemptOutcome::RecordFailed(error) => {
