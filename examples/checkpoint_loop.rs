@@ -2,7 +2,8 @@
 //!
 //! Sums the numbers 1..=N, one iteration per number, and checkpoints after every iteration.
 //! Interrupt it (Ctrl-C) and run it again with the same directory: it resumes after the last
-//! completed iteration instead of starting over.
+//! completed iteration instead of starting over. Run again after it finished, it reports the
+//! result of its final checkpoint and writes nothing.
 //!
 //! ```text
 //! cargo run --example checkpoint_loop -- DIR [N]
@@ -50,7 +51,30 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
 
     let store = CheckpointStore::open(&dir)?;
     let mut checkpointer = LoopCheckpointer::new(store, "checkpoint-loop-example", "sum");
-    let (start, mut state) = match checkpointer.resume::<Sum>()? {
+    let latest = checkpointer.resume_checkpoint()?;
+    if let Some(finished) = latest.as_ref().filter(|cp| cp.done) {
+        // The final checkpoint is there: the loop is over, and writing it again would only add
+        // a generation.
+        println!(
+            "already finished: sum of 1..={} = {} (final checkpoint, generation {}, in {})",
+            finished.iteration_count,
+            finished
+                .output
+                .as_ref()
+                .unwrap_or(&finished.partial_results),
+            finished.generation,
+            dir.join("incremental").display()
+        );
+        return Ok(());
+    }
+    let resumed = match latest {
+        Some(cp) => Some((
+            cp.iteration_count,
+            serde_json::from_value::<Sum>(cp.partial_results)?,
+        )),
+        None => None,
+    };
+    let (start, mut state) = match resumed {
         Some((done, state)) => {
             println!(
                 "resuming at iteration {done} (total so far {})",

@@ -292,6 +292,21 @@ impl Task {
         self.id.as_deref().unwrap_or("")
     }
 
+    /// Problems that do not make the task invalid but will likely make it fail, for `validate`
+    /// and `submit` to warn about. Only an absolute `cwd` is checked: a relative one is taken
+    /// from the queue directory, which the submitting shell may not be in.
+    pub fn warnings(&self) -> Vec<String> {
+        let mut warnings = Vec::new();
+        if let Some(cwd) = self.cwd.as_deref().filter(|cwd| cwd.is_absolute()) {
+            match std::fs::metadata(cwd) {
+                Ok(meta) if meta.is_dir() => {}
+                Ok(_) => warnings.push(format!("cwd {} is not a directory", cwd.display())),
+                Err(e) => warnings.push(format!("cwd {}: {e}", cwd.display())),
+            }
+        }
+        warnings
+    }
+
     /// Check everything the types alone do not.
     pub fn validate(&self) -> Result<(), TaskError> {
         if let Some(id) = &self.id {

@@ -66,7 +66,7 @@ fn task(document: &Value, id: &str) -> Value {
 }
 
 /// The keys of a status task object and the JSON types each may have.
-const TASK_SCHEMA: [(&str, &[&str]); 14] = [
+const TASK_SCHEMA: [(&str, &[&str]); 15] = [
     ("id", &["string"]),
     ("state", &["string"]),
     ("phase", &["string", "null"]),
@@ -80,6 +80,7 @@ const TASK_SCHEMA: [(&str, &[&str]); 14] = [
     ("last_checkpoint_at", &["string", "null"]),
     ("last_checkpoint_age_seconds", &["integer", "null"]),
     ("attempts", &["integer", "null"]),
+    ("failed_attempts", &["integer", "null"]),
     ("error", &["string", "null"]),
 ];
 
@@ -345,7 +346,7 @@ fn status_shows_each_state_in_stable_columns_and_a_documented_json() {
     };
     assert_eq!(line("state"), "interrupted (daemon not running)");
     assert_eq!(line("iteration"), "6/10");
-    assert_eq!(line("attempts"), "2 (1 failed)");
+    assert_eq!(line("runs"), "2 (1 failed attempts of 3 allowed)");
     assert_eq!(line("error"), "the first attempt failed");
     assert!(line("checkpoint").ends_with("generation 1"), "{show}");
     assert_eq!(line("1/1"), "count loop interrupted 6/10 -", "{show}");

@@ -46,6 +46,7 @@ fn commands_get_the_request_their_identity_and_the_queue_as_cwd() {
             "CAIRN_PHASE": "first",
             "CAIRN_ATTEMPT": "1",
             "CAIRN_IDEMPOTENCY_KEY": "ident:first:0",
+            "CAIRN_CLIENTS": queue.path("clients"),
         })
     );
     assert_eq!(first["cwd"], json!(root));

@@ -165,10 +165,41 @@ fn system_unit_verifies() {
     assert_verifies(&path, false);
 }
 
+/// The drop-in with every suggested setting (`#Key=value`) uncommented, its `ExecStart=` pointed
+/// at the built binary.
+fn every_suggestion_of(drop_in: &str) -> String {
+    let lines: Vec<String> = drop_in
+        .lines()
+        .map(|line| match line.strip_prefix('#') {
+            Some(setting)
+                if setting.starts_with(|c: char| c.is_ascii_uppercase())
+                    && setting.contains('=') =>
+            {
+                setting.replace(SYSTEM_EXEC, BINARY)
+            }
+            _ => line.to_string(),
+        })
+        .collect();
+    lines.join("\n") + "\n"
+}
+
+#[test]
+fn the_relaxing_drop_in_changes_nothing_as_shipped() {
+    // Installed as is, it must not name paths of some other site (a missing ReadWritePaths= or
+    // BindPaths= fails the unit with 226/NAMESPACE).
+    let drop_in = unit_source("relax-sandbox.conf.example");
+    assert_eq!(
+        section(&drop_in, "Service"),
+        Vec::<(String, String)>::new(),
+        "every setting of relax-sandbox.conf.example must be commented out"
+    );
+}
+
 #[test]
 fn system_unit_verifies_with_the_relaxing_drop_in() {
     let text = with_built_binary(&unit_source("cairn.service"), SYSTEM_EXEC);
-    let drop_in = unit_source("relax-sandbox.conf.example");
+    let drop_in = every_suggestion_of(&unit_source("relax-sandbox.conf.example"));
+    assert!(drop_in.contains("\nBindPaths="), "{drop_in}");
     let (_dir, path) = unit_dir(
         "cairn.service",
         &text,
@@ -395,4 +426,38 @@ fn sysusers_and_tmpfiles_snippets_build_the_shared_inbox() {
     let unit = unit_source("cairn.service");
     assert_eq!(service_value(&unit, "StateDirectoryMode"), "0750");
     assert_eq!(service_value(&unit, "StateDirectory"), "cairn");
+}
+
+/// The command lines of the first ```sh block after `heading` in a markdown file, without
+/// comments, blank lines and a leading `sudo `.
+fn commands_under(markdown: &str, heading: &str) -> Vec<String> {
+    let after = markdown
+        .split_once(heading)
+        .unwrap_or_else(|| panic!("no heading {heading:?}"))
+        .1;
+    let block = after
+        .split_once("```sh\n")
+        .and_then(|(_, rest)| rest.split_once("```"))
+        .expect("a sh block")
+        .0;
+    block
+        .lines()
+        .map(|l| l.split_once(" #").map_or(l, |(command, _)| command).trim())
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(|l| l.strip_prefix("sudo ").unwrap_or(l).to_string())
+        .collect()
+}
+
+#[test]
+fn the_readme_installs_the_service_as_docs_service_md_does() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let readme = fs::read_to_string(root.join("README.md")).unwrap();
+    let guide = fs::read_to_string(root.join("docs/service.md")).unwrap();
+    let install = commands_under(&guide, "## Install");
+    let readme_steps = commands_under(&readme, "## Run as a service");
+    assert_eq!(
+        readme_steps[..install.len().min(readme_steps.len())],
+        install[..],
+        "README's service snippet must start with docs/service.md's install steps"
+    );
 }

@@ -2,6 +2,7 @@
 
 mod bench;
 mod checkpoint;
+mod clients_path;
 mod completions;
 mod control;
 mod fork;
@@ -17,7 +18,7 @@ mod view;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 /// Exit codes, documented in `cairn --help`.
 pub mod exit {
@@ -33,6 +34,9 @@ pub mod exit {
     pub const QUEUE_LOCKED: u8 = 4;
     /// The queue's directories are writable by users other than the daemon's (and inbox/'s group).
     pub const UNSAFE_QUEUE: u8 = 5;
+    /// `run --fail-on-task-failure`: a task of this run did not end done, or a file was
+    /// rejected.
+    pub const TASKS_FAILED: u8 = 6;
     /// A second stop signal cut the shutdown short (committed work was flushed).
     pub const STOPPED_AT_ONCE: u8 = 130;
 }
@@ -45,6 +49,8 @@ Exit codes:
   3    invalid task file (submit, validate)
   4    the queue is owned by another running daemon (run)
   5    the queue's directories are writable by other users (run)
+  6    with run --fail-on-task-failure: a task of this run failed, was cancelled or
+       stopped by its budget, or a file was rejected
   130  a second SIGINT/SIGTERM stopped the daemon at once, after flushing committed work
 
 The queue directory is --queue, else $CAIRN_QUEUE, else ./queue.";
@@ -103,13 +109,24 @@ enum Command {
     Prune(prune::PruneArgs),
     /// Print a shell completion script.
     Completions(completions::CompletionsArgs),
+    /// Print the directory of the worker helpers (cairn_worker.py, cairn.sh), writing them there
+    /// first if needed.
+    ClientsPath(clients_path::ClientsPathArgs),
     /// Measure cairn's hot paths and print the figures (one JSON line per run).
     Bench(bench::BenchArgs),
 }
 
 /// Parse the command line, run the subcommand, and map the outcome to an exit code.
 pub fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
+    // Every `cairn help COMMAND` lists the exit codes too, from the one table above.
+    let parsed = Cli::command()
+        .mut_subcommands(|command| {
+            let own = command.get_after_help().map(|own| format!("{own}\n\n"));
+            command.after_help(format!("{}{AFTER_HELP}", own.unwrap_or_default()))
+        })
+        .try_get_matches()
+        .and_then(|matches| Cli::from_arg_matches(&matches));
+    let cli = match parsed {
         Ok(cli) => cli,
         Err(e) => {
             let _ = e.print();
@@ -136,6 +153,7 @@ pub fn main() -> ExitCode {
         Command::Retry(args) => control::run(&cli.queue, control::Action::Retry, args),
         Command::Prune(args) => prune::run(&cli.queue, args),
         Command::Completions(args) => completions::run(args),
+        Command::ClientsPath(args) => clients_path::run(&cli.queue, args),
         Command::Bench(args) => bench::run(args),
     };
     ExitCode::from(code)

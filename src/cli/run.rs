@@ -9,14 +9,20 @@ use signal_hook::consts::{SIGINT, SIGTERM};
 use signal_hook_tokio::Signals;
 
 use super::exit;
-use crate::daemon::{self, DaemonConfig, DaemonError, DaemonExit};
+use crate::daemon::{self, DaemonConfig, DaemonError, DaemonExit, RunSummary};
 use crate::shutdown::Shutdown;
 
 #[derive(Debug, Args)]
 pub struct RunArgs {
-    /// Exit 0 once no task is pending, running or waiting for a retry.
+    /// Exit 0 once no task is pending, running or waiting for a retry. Paused tasks stay
+    /// paused (until `cairn resume`) and do not keep the daemon running.
     #[arg(long)]
     exit_when_idle: bool,
+
+    /// Exit 6 instead of 0 when a task of this run failed, was cancelled or stopped by its
+    /// budget, or a file was rejected (for scripts and CI).
+    #[arg(long)]
+    fail_on_task_failure: bool,
 
     /// After SIGINT/SIGTERM, how long commands in flight may take to finish their iteration
     /// before they get SIGTERM (then SIGKILL 5s later). Keep it below systemd's TimeoutStopSec.
@@ -44,6 +50,7 @@ pub fn run(queue: &Path, args: RunArgs) -> u8 {
     config.exit_when_idle = args.exit_when_idle;
     config.stop_grace = args.stop_grace;
     config.max_tasks = args.max_tasks;
+    let fail_on_task_failure = args.fail_on_task_failure;
 
     let code = runtime.block_on(async move {
         let shutdown = Shutdown::new();
@@ -74,14 +81,24 @@ pub fn run(queue: &Path, args: RunArgs) -> u8 {
                 }
             }
         });
-        let outcome = daemon::run(config, shutdown).await;
+        let outcome = daemon::run_with_summary(config, shutdown).await;
         // The listener only forwards signals; it is not waited for, so a signal racing the
         // close cannot keep the process alive.
         handle.close();
         listener.abort();
         match outcome {
-            Ok(DaemonExit::Idle | DaemonExit::Stopped) => exit::OK,
-            Ok(DaemonExit::StoppedImmediately) => exit::STOPPED_AT_ONCE,
+            Ok((how, summary)) => {
+                closing_summary(&summary);
+                match how {
+                    DaemonExit::StoppedImmediately => exit::STOPPED_AT_ONCE,
+                    DaemonExit::Idle | DaemonExit::Stopped
+                        if fail_on_task_failure && summary.any_failed() =>
+                    {
+                        exit::TASKS_FAILED
+                    }
+                    DaemonExit::Idle | DaemonExit::Stopped => exit::OK,
+                }
+            }
             Err(DaemonError::Lock(e @ crate::queue::LockError::Held { .. })) => {
                 eprintln!("error: {e}");
                 exit::QUEUE_LOCKED
@@ -100,4 +117,11 @@ pub fn run(queue: &Path, args: RunArgs) -> u8 {
     // system call) must not keep the process from exiting.
     runtime.shutdown_timeout(std::time::Duration::from_secs(10));
     code
+}
+
+/// The closing summary on stderr, after the daemon's last log line. A closed stderr is not an
+/// error worth failing the run for.
+fn closing_summary(summary: &RunSummary) {
+    use std::io::Write;
+    let _ = std::io::stderr().write_all(summary.render().as_bytes());
 }

@@ -356,10 +356,17 @@ fn human(
         "cost",
         task.cost.map(view::format_cost).unwrap_or("-".into()),
     );
+    // Every start counts as a run (resumes after a stop, pause or crash too); only failed
+    // attempts count against `retry.max_attempts`, so the two are shown apart.
+    let allowed = task
+        .task
+        .as_ref()
+        .map(|t| format!(" of {} allowed", t.retry.max_attempts))
+        .unwrap_or_default();
     field(
-        "attempts",
+        "runs",
         match (task.attempts, task.failed_attempts) {
-            (Some(a), Some(f)) => format!("{a} ({f} failed)"),
+            (Some(a), Some(f)) => format!("{a} ({f} failed attempts{allowed})"),
             (Some(a), None) => a.to_string(),
             _ => "-".into(),
         },

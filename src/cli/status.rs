@@ -121,15 +121,28 @@ fn notes(view: &QueueView) {
     if view.daemon.running {
         return;
     }
+    // Paused tasks stay paused across runs (docs/decisions.md), so they are not promised to
+    // continue.
+    let paused = view
+        .tasks
+        .iter()
+        .filter(|t| t.state == view::State::Paused)
+        .count();
     let waiting = view
         .tasks
         .iter()
         .filter(|t| t.state.is_in_flight() || t.state == view::State::Pending)
-        .count();
+        .count()
+        - paused;
     if waiting > 0 {
         eprintln!(
             "note: no daemon is running on {}; {waiting} unfinished task(s) continue at the next `cairn run`",
             view.root.display()
+        );
+    }
+    if paused > 0 {
+        eprintln!(
+            "note: {paused} paused task(s) stay paused, also across `cairn run`, until `cairn resume ID`"
         );
     }
     if view.inbox > 0 {

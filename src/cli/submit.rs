@@ -155,10 +155,20 @@ pub fn read_task_file(file: &Path) -> Result<(String, Task), u8> {
             }
         }
     };
+    let name = if file == Path::new("-") {
+        "<stdin>".to_string()
+    } else {
+        file.display().to_string()
+    };
     match Task::parse(&bytes) {
-        Ok(task) => Ok((stem, task)),
+        Ok(task) => {
+            for warning in task.warnings() {
+                eprintln!("warning: {name}: {warning}");
+            }
+            Ok((stem, task))
+        }
         Err(e) => {
-            eprintln!("error: {}: {e}", file_name(file));
+            eprintln!("error: {name}: {e}");
             Err(exit::INVALID_TASK)
         }
     }

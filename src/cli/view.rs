@@ -192,7 +192,8 @@ pub struct TaskView {
     pub eta_seconds: Option<u64>,
     pub cost: Option<f64>,
     pub last_checkpoint_at: Option<DateTime<Utc>>,
-    /// Attempts started, and how many failed.
+    /// Runs started (resumes after a stop, pause or crash included), and how many attempts
+    /// failed; only the failures count against `retry.max_attempts`.
     pub attempts: Option<u32>,
     pub failed_attempts: Option<u32>,
     pub error: Option<String>,
@@ -258,6 +259,7 @@ impl TaskView {
             "last_checkpoint_at": self.last_checkpoint_at.map(rfc3339),
             "last_checkpoint_age_seconds": self.checkpoint_age(now),
             "attempts": self.attempts,
+            "failed_attempts": self.failed_attempts,
             "error": self.error,
         })
     }

@@ -21,8 +21,10 @@ mod notify;
 mod records;
 mod recovery;
 mod schedule;
+mod summary;
 
 pub use notify::NOTIFY_ENV;
+pub use summary::RunSummary;
 
 use crate::queue::{Intake, LockError, QueueDir, QueueHint, QueueLock, QueueWatcher};
 use crate::runner::{self, AttemptEnd, RunContext, WorkState};
@@ -87,6 +89,17 @@ pub enum DaemonError {
 
 /// Run the daemon on a queue until it is stopped (or idle, with `exit_when_idle`).
 pub async fn run(config: DaemonConfig, shutdown: Shutdown) -> Result<DaemonExit, DaemonError> {
+    run_with_summary(config, shutdown)
+        .await
+        .map(|(exit, _)| exit)
+}
+
+/// [`run`], also returning what this run did: tasks done, failed and rejected, and what it left
+/// paused or unfinished.
+pub async fn run_with_summary(
+    config: DaemonConfig,
+    shutdown: Shutdown,
+) -> Result<(DaemonExit, RunSummary), DaemonError> {
     let root = std::path::absolute(&config.queue_dir)
         .map_err(|e| DaemonError::Setup(format!("queue {}: {e}", config.queue_dir.display())))?;
     let queue = QueueDir::new(&root);
@@ -104,6 +117,12 @@ pub async fn run(config: DaemonConfig, shutdown: Shutdown) -> Result<DaemonExit,
         );
     }
     tracing::info!(queue = %root.display(), pid = std::process::id(), "cairn daemon started");
+    let clients_root = root.clone();
+    // Not fatal: only tasks whose workers use the helpers need them, and their error names
+    // the missing file.
+    if let Err(e) = runner_blocking(move || crate::clients::install(&clients_root)).await {
+        tracing::error!("writing the worker helpers: {e}");
+    }
 
     let storage: Arc<dyn Storage> = match &config.storage {
         Some(storage) => Arc::clone(storage),
@@ -157,6 +176,10 @@ pub async fn run(config: DaemonConfig, shutdown: Shutdown) -> Result<DaemonExit,
         notifier: notify::ServiceNotifier::new(),
         finished: 0,
         control_deferred: false,
+        summary: RunSummary {
+            queue: root.clone(),
+            ..RunSummary::default()
+        },
     };
     scheduler.recover().await?;
     // The queue is locked and what was in flight is lined up again.
@@ -166,12 +189,30 @@ pub async fn run(config: DaemonConfig, shutdown: Shutdown) -> Result<DaemonExit,
     scheduler.drain().await;
     let ctx = Arc::clone(&scheduler.ctx);
     runner_blocking(move || ctx.journal.flush()).await;
-    tracing::info!("cairn daemon stopped");
-    Ok(if shutdown.is_immediate() {
+    let mut summary = std::mem::take(&mut scheduler.summary);
+    scheduler.ctx.work.update(|work| {
+        for entry in &work.active_tasks {
+            if entry.status == ActiveStatus::Paused {
+                summary.paused.add(entry.task_id.as_str());
+            } else {
+                summary.unfinished += 1;
+            }
+        }
+    });
+    tracing::info!(
+        done = summary.done.count,
+        failed = summary.failed.count,
+        rejected = summary.rejected.count,
+        paused = summary.paused.count,
+        unfinished = summary.unfinished,
+        "cairn daemon stopped"
+    );
+    let exit = if shutdown.is_immediate() {
         DaemonExit::StoppedImmediately
     } else {
         exit
-    })
+    };
+    Ok((exit, summary))
 }
 
 pub(crate) struct Scheduler {
@@ -204,6 +245,8 @@ pub(crate) struct Scheduler {
     /// Control requests wait in `control/` for a task still in the inbox: look again as soon
     /// as a scan has taken tasks in, before any of them starts.
     control_deferred: bool,
+    /// What this run did, for the closing summary.
+    summary: RunSummary,
 }
 
 /// How an attempt's future ended, as the main loop sees it.

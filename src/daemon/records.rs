@@ -71,7 +71,20 @@ impl Scheduler {
         status: &str,
     ) {
         let id = entry.task_id.clone();
-        tracing::error!(task_id = %id, attempts = entry.attempt, status, "task ended: {error}");
+        self.summary.add_failed(&id, status);
+        // An operator's cancel is what they asked for, and a budget stop is the task's own
+        // limit: neither is an error of the daemon's or the task's.
+        match status {
+            "cancelled" => {
+                tracing::info!(task_id = %id, runs = entry.attempt, status, "task cancelled: {error}")
+            }
+            "budget_exceeded" => {
+                tracing::warn!(task_id = %id, runs = entry.attempt, status, "task stopped by its budget: {error}")
+            }
+            _ => {
+                tracing::error!(task_id = %id, runs = entry.attempt, failed_attempts = entry.failed_attempts, status, "task failed: {error}")
+            }
+        }
         let event = if status == "budget_exceeded" {
             "budget_stopped"
         } else {

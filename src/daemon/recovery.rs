@@ -37,10 +37,18 @@ impl Scheduler {
             // Not fatal: every later change writes the whole file again.
             tracing::error!("{e}");
         }
+        // Paused tasks are held until `cairn resume`; counted so an operator sees them.
+        let paused = self.ctx.work.update(|work| {
+            work.active_tasks
+                .iter()
+                .filter(|t| t.status == ActiveStatus::Paused)
+                .count()
+        });
         tracing::info!(
             resumed = self.resume.len(),
             waiting_retry = self.retries.len(),
             pending = self.pending.len(),
+            paused,
             "recovered the queue"
         );
         Ok(())

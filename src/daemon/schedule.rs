@@ -220,6 +220,9 @@ impl Scheduler {
                     );
                     self.add_pending(task);
                 }
+                for rejection in report.rejected {
+                    self.summary.rejected.add(rejection.record_name());
+                }
                 if report.more || self.scan_again {
                     self.start_scan();
                 }
@@ -354,7 +357,7 @@ impl Scheduler {
         let end = match outcome {
             // Finished and recorded (an operator's cancel does not undo that).
             AttemptOutcome::Recorded(entry) => {
-                tracing::info!(task_id = %id, attempts = entry.attempt, "task done");
+                tracing::info!(task_id = %id, runs = entry.attempt, failed_attempts = entry.failed_attempts, "task done");
                 self.ctx.journal(
                     &id,
                     "done",
@@ -362,6 +365,7 @@ impl Scheduler {
                 );
                 self.tasks.remove(&id);
                 self.finished += 1;
+                self.summary.done.add(id);
                 return;
             }
             AttemptOutcome::RecordFailed(error) => {

@@ -67,6 +67,19 @@ pub struct Rejection {
     pub error: TaskError,
 }
 
+impl Rejection {
+    /// The record's name without directory and extension (`rejected-<stem>-<suffix>`), which
+    /// `cairn show` takes.
+    pub fn record_name(&self) -> String {
+        let name = self
+            .record_key
+            .rsplit('/')
+            .next()
+            .unwrap_or(&self.record_key);
+        name.strip_suffix(".json").unwrap_or(name).to_string()
+    }
+}
+
 enum Outcome {
     Accepted(Task),
     AlreadyAccepted,

@@ -96,9 +96,28 @@ pub fn spawn_in_group(
             Ok(())
         });
     }
-    command
-        .spawn()
-        .map_err(|e| io::Error::new(e.kind(), format!("cannot start {program:?}: {e}")))
+    command.spawn().map_err(|e| spawn_error(program, cwd, e))
+}
+
+/// Name what is missing when a spawn fails: `execve` reports a missing working directory and
+/// a missing program alike as "No such file or directory", so the directory is checked here,
+/// after the failure (a successful spawn costs no extra system call).
+fn spawn_error(program: &str, cwd: &std::path::Path, error: io::Error) -> io::Error {
+    let cwd_problem = match std::fs::metadata(cwd) {
+        Ok(meta) if meta.is_dir() => None,
+        Ok(_) => Some("is not a directory".to_string()),
+        Err(e) => Some(e.to_string()),
+    };
+    match cwd_problem {
+        Some(problem) => io::Error::new(
+            error.kind(),
+            format!(
+                "cannot start {program:?}: its working directory {} (the task's cwd): {problem}",
+                cwd.display()
+            ),
+        ),
+        None => io::Error::new(error.kind(), format!("cannot start {program:?}: {error}")),
+    }
 }
 
 /// Open a command's log for appending and write its header line.

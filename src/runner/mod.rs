@@ -526,6 +526,9 @@ impl PhaseRun<'_> {
         if let Some(iteration) = iteration {
             env.push(("CAIRN_ITERATION".to_string(), iteration.to_string()));
         }
+        // The worker helpers the daemon wrote at start (see `crate::clients`).
+        let clients = crate::clients::clients_dir(self.ctx.queue.root());
+        env.extend(crate::clients::command_env(&clients, &self.task.env));
         env
     }
 

@@ -125,7 +125,8 @@ pub struct ActiveTask {
     pub started_at: DateTime<Utc>,
     #[serde(default)]
     pub last_checkpoint_at: Option<DateTime<Utc>>,
-    /// Attempts started so far (the current one included); given to commands as `attempt`.
+    /// Runs started so far (the current one included; resumes after a stop, pause or crash
+    /// count too, so this is not a count of failures); given to commands as `attempt`.
     pub attempt: u32,
     /// Attempts that failed; the task fails when this reaches `retry.max_attempts`.
     pub failed_attempts: u32,

@@ -31,6 +31,7 @@ pub use checkpoint_store::{
 };
 pub use faulty::{FaultMode, FaultyFileOps};
 pub use file::FileStorage;
+pub(crate) use file_ops::TEMP_SUFFIX;
 pub use file_ops::{FileOps, RealFileOps, TempFile, UnsyncedFileOps};
 pub use loop_checkpointer::LoopCheckpointer;
 pub use power_loss::PowerLossFileOps;

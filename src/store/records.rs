@@ -17,7 +17,8 @@ pub struct DoneRecord {
     /// The last phase's output.
     pub result: Value,
     pub phase_outputs: BTreeMap<String, Value>,
-    /// Attempts started, and how many of them failed.
+    /// Runs started (the first, and each resume after a stop, pause, crash or retry; the name
+    /// is kept for compatibility), and how many attempts failed.
     pub attempts: u32,
     pub failed_attempts: u32,
     pub started_at: DateTime<Utc>,

@@ -4,18 +4,17 @@
 # cairn starts this once and it loops by itself, reporting through clients/sh/cairn.sh. Stop
 # the daemon midway (Ctrl-C) and start it again: the page being fetched is abandoned (cairn's
 # SIGTERM stops the fetch too), the worker exits 75, and the next run continues from that page.
-# It also runs on its own: `sh examples/scripts/crawl_worker.sh` (CAIRN_DEBUG=1 shows messages).
+# It also runs on its own, from the queue directory's parent:
+#   CAIRN_CLIENTS=$(cairn clients-path) sh queue/examples/scripts/crawl_worker.sh
+# (CAIRN_DEBUG=1 shows the messages).
 set -u
 
-# The helper is in clients/sh of the cairn repository, three levels up from here. For a queue
-# directory kept elsewhere, set CAIRN_CLIENTS to the repository's clients directory.
-helper=$(dirname "$0")/../../../clients/sh/cairn.sh
-[ -f "$helper" ] || helper=${CAIRN_CLIENTS:-.}/sh/cairn.sh
-if [ ! -f "$helper" ]; then
-    echo "crawl_worker.sh: cannot find cairn.sh; set CAIRN_CLIENTS to cairn's clients directory" >&2
+# cairn gives every command CAIRN_CLIENTS, the directory where the daemon wrote its helpers.
+if [ -z "${CAIRN_CLIENTS:-}" ]; then
+    echo "crawl_worker.sh: CAIRN_CLIENTS is not set; outside cairn, set it to \$(cairn clients-path)" >&2
     exit 1
 fi
-. "$helper"
+. "$CAIRN_CLIENTS/sh/cairn.sh"
 
 PAGES=20
 

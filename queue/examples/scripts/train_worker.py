@@ -4,22 +4,19 @@
 cairn starts this once and it loops by itself, reporting through the helper in
 clients/python/cairn_worker.py. Stop the daemon midway (Ctrl-C) and start it again: the worker
 gets SIGTERM, finishes its epoch, checkpoints and exits 75; the next run continues from the
-next epoch and ends with the same output as an uninterrupted run. It also runs on its own:
-`python3 examples/scripts/train_worker.py` (set CAIRN_DEBUG=1 to see the messages).
+next epoch and ends with the same output as an uninterrupted run. It also runs on its own, from
+the queue directory's parent:
+`PYTHONPATH="$(cairn clients-path)/python" python3 queue/examples/scripts/train_worker.py`
+(set CAIRN_DEBUG=1 to see the messages).
 """
-import os
 import sys
 import time
 
-# The helper is in clients/python of the cairn repository, three levels up from here. For a
-# queue directory kept elsewhere, set CAIRN_CLIENTS to the repository's clients directory.
-sys.path.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "clients", "python"))
-if os.environ.get("CAIRN_CLIENTS"):
-    sys.path.append(os.path.join(os.environ["CAIRN_CLIENTS"], "python"))
+# cairn puts the directory of its helpers on every command's PYTHONPATH.
 try:
     import cairn_worker
 except ImportError:
-    sys.exit("train_worker.py: cannot find cairn_worker.py; set CAIRN_CLIENTS to cairn's clients directory")
+    sys.exit('train_worker.py: cannot import cairn_worker; outside cairn, set PYTHONPATH="$(cairn clients-path)/python"')
 
 EPOCHS = 30
 
