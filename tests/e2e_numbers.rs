@@ -17,13 +17,21 @@ use serde_json::Value;
 /// Every digit is kept; only an exponent's spelling is normalized (`E` → `e`, an explicit
 /// sign), which is how Python, JavaScript and Go write exponents in the first place.
 const NUMBERS: [(&str, &str, &str); 8] = [
-    ("big", "170141183460469231731687303715884118073", "170141183460469231731687303715884118073"), // 2**127 + 12345
+    (
+        "big",
+        "170141183460469231731687303715884118073",
+        "170141183460469231731687303715884118073",
+    ), // 2**127 + 12345
     ("neg", "-9223372036854775809", "-9223372036854775809"), // -2**63 - 1
     ("tenth", "0.1", "0.1"),
     ("padded", "1.10", "1.10"),
-    ("long", "3.14159265358979323846264338327950288", "3.14159265358979323846264338327950288"),
+    (
+        "long",
+        "3.14159265358979323846264338327950288",
+        "3.14159265358979323846264338327950288",
+    ),
     ("python", "1e+16", "1e+16"),
-    ("huge", "1e400", "1e+400"), // beyond f64
+    ("huge", "1e400", "1e+400"),  // beyond f64
     ("tiny", "1E-400", "1e-400"), // below the smallest f64
 ];
 
@@ -122,7 +130,12 @@ fn a_loop_items_and_once_phases_keep_every_number_exactly() {
         .collect();
     let seen: Vec<(u64, u64)> = lines
         .iter()
-        .map(|l| (l["iteration"].as_u64().unwrap(), l["attempt"].as_u64().unwrap()))
+        .map(|l| {
+            (
+                l["iteration"].as_u64().unwrap(),
+                l["attempt"].as_u64().unwrap(),
+            )
+        })
         .collect();
     assert_eq!(seen, [(0, 1), (1, 1), (2, 1), (2, 2), (3, 2)], "{lines:?}");
     for line in &lines {
