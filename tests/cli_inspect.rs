@@ -114,7 +114,7 @@ fn show_history_and_checkpoint_of_a_finished_task() {
             "loop",
             "done",
             "5/5",
-            r#"{"seen":[0,1,2,3,4],"sum":30}"#
+            r#"{"sum":30,"seen":[0,1,2,3,4]}"#
         ],
         "{show}"
     );
@@ -416,6 +416,23 @@ fn checkpoint_shows_pythons_nan_and_infinity_as_written_and_history_gives_no_gen
     ] {
         assert!(text.contains(line), "{line} in\n{text}");
     }
+    // Keys in the order the file has them (Python's dict order), not sorted.
+    let keys = [
+        "\"reviewed\"",
+        "\"notes\"",
+        "\"loss\"",
+        "\"best\"",
+        "\"worst\"",
+    ];
+    let at: Vec<usize> = keys.iter().map(|k| text.find(k).unwrap()).collect();
+    assert!(
+        at.windows(2).all(|w| w[0] < w[1]),
+        "{keys:?} in order in\n{text}"
+    );
+    assert!(
+        text.find("\"task_id\"") < text.find("\"checkpoint_interval\""),
+        "{text}"
+    );
     let note = stderr_of(&output);
     assert!(note.contains(&shown), "{note}");
     assert!(note.contains("not standard JSON"), "{note}");

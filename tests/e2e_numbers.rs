@@ -211,6 +211,16 @@ fn a_worker_resumes_with_its_numbers_exactly_and_fork_patches_keep_them() {
     // `cairn checkpoint` of the worker's final checkpoint, and a fork whose patch adds more.
     let printed = stdout_text(&queue, &["checkpoint", "wnumbers"]);
     assert_holds_every_token("cairn checkpoint", &printed);
+    // The state's keys in the order the worker wrote them, not sorted.
+    let written: Vec<&str> = NUMBERS.iter().map(|(key, _, _)| *key).collect();
+    let state = &serde_json::from_str::<Value>(&printed).unwrap()["partial_results"];
+    let printed_keys: Vec<&str> = state
+        .as_object()
+        .expect("the state")
+        .keys()
+        .map(String::as_str)
+        .collect();
+    assert_eq!(printed_keys[..written.len()], written[..], "{printed}");
     let patch = r#"{"added": 340282366920938463463374607431768211457, "tenth": 0.10}"#;
     let new_id = stdout_text(
         &queue,
