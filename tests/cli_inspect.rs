@@ -114,7 +114,7 @@ fn show_history_and_checkpoint_of_a_finished_task() {
             "loop",
             "done",
             "5/5",
-            r#"{"seen":[0,1,2,3,4],"sum":30}"#
+            r#"{"sum":30,"seen":[0,1,2,3,4]}"#
         ],
         "{show}"
     );
@@ -328,11 +328,17 @@ fn show_history_and_checkpoint_of_a_finished_task() {
 
 /// Write a checkpoint with the Python pattern's code (gzip level 9, indent 2).
 fn python_checkpoint(path: &Path, task_id: &str, iterations: u64) {
+    python_checkpoint_with(path, task_id, iterations, &[]);
+}
+
+/// The same, with the fixture's options (`--non-finite`).
+fn python_checkpoint_with(path: &Path, task_id: &str, iterations: u64, options: &[&str]) {
     let status = Command::new("python3")
         .arg(fixture("cli_pattern_checkpoint.py"))
         .arg(path)
         .arg(task_id)
         .arg(iterations.to_string())
+        .args(options)
         .status()
         .expect("running python3");
     assert!(status.success());
@@ -424,6 +430,80 @@ fn checkpoint_reads_files_written_by_the_python_pattern() {
         &["checkpoint", &path.display().to_string(), "--gen", "2"],
         2,
     );
+}
+
+#[test]
+fn checkpoint_shows_pythons_nan_and_infinity_as_written_and_history_gives_no_generation() {
+    let queue = TestQueue::new();
+    let path = queue.aux("thala.json.gz");
+    python_checkpoint_with(&path, "thala-7", 2, &["--non-finite"]);
+    let shown = path.display().to_string();
+
+    let output = cairn(&queue, &["checkpoint", &shown], 0);
+    let text = stdout_of(&output);
+    for line in [
+        "\"loss\": NaN,",
+        "\"best\": Infinity,",
+        "\"worst\": -Infinity",
+        r#""says": "NaN, Infinity and -Infinity, \"NaN\"""#,
+        "\"iteration_count\": 2,",
+    ] {
+        assert!(text.contains(line), "{line} in\n{text}");
+    }
+    // Keys in the order the file has them (Python's dict order), not sorted.
+    let keys = [
+        "\"reviewed\"",
+        "\"notes\"",
+        "\"loss\"",
+        "\"best\"",
+        "\"worst\"",
+    ];
+    let at: Vec<usize> = keys.iter().map(|k| text.find(k).unwrap()).collect();
+    assert!(
+        at.windows(2).all(|w| w[0] < w[1]),
+        "{keys:?} in order in\n{text}"
+    );
+    assert!(
+        text.find("\"task_id\"") < text.find("\"checkpoint_interval\""),
+        "{text}"
+    );
+    let note = stderr_of(&output);
+    assert!(note.contains(&shown), "{note}");
+    assert!(note.contains("not standard JSON"), "{note}");
+    assert!(note.contains("NaN, Infinity, -Infinity"), "{note}");
+    // Nothing else is touched: with the tokens read as null the rest is the file's JSON.
+    let standard: Value = serde_json::from_str(
+        &text
+            .replace(": NaN", ": null")
+            .replace(": -Infinity", ": null")
+            .replace(": Infinity", ": null"),
+    )
+    .unwrap_or_else(|e| panic!("{e}: {text}"));
+    assert_eq!(
+        standard["partial_results"],
+        json!({"reviewed": [0, 1], "notes": "käse, 🧀", "loss": null, "best": null,
+               "worst": null, "says": "NaN, Infinity and -Infinity, \"NaN\""})
+    );
+    // A standard file gets no note.
+    let plain = queue.aux("plain.json.gz");
+    python_checkpoint(&plain, "plain", 1);
+    let output = cairn(&queue, &["checkpoint", &plain.display().to_string()], 0);
+    assert_eq!(stderr_of(&output), "");
+
+    // Copied into the queue as a task's latest file, it is not one of cairn's generations.
+    fs::create_dir_all(queue.path("incremental")).unwrap();
+    fs::copy(&path, queue.path("incremental/thala-7.json.gz")).unwrap();
+    let output = cairn(&queue, &["history", "thala-7"], 0);
+    let table = stdout_of(&output);
+    let row = table.lines().nth(1).unwrap_or_else(|| panic!("{table}"));
+    let cells: Vec<&str> = row.split_whitespace().collect();
+    assert_eq!(cells[..3], ["none", "2", "supervise"], "{table}");
+    assert!(row.contains("not a cairn checkpoint"), "{table}");
+    let history = json_of(&cairn(&queue, &["history", "thala-7", "--json"], 0));
+    let latest = &history["generations"][0];
+    assert_eq!(latest["generation"], Value::Null, "{history}");
+    assert_eq!(latest["iteration"], 2, "{history}");
+    assert_eq!(latest["phase"], "supervise", "{history}");
 }
 
 /// Date a file or directory back by an hour.

@@ -5,16 +5,18 @@
 //! fallback to an older generation when the latest file is damaged). A file path is read
 //! leniently, so that checkpoints written by the Python pattern cairn's format follows — the
 //! six fields `task_id`, `phase`, `iteration_count`, `checkpoint_interval`, `partial_results`,
-//! `last_checkpoint_at`, gzip, indented or not, no `format_version` — print as well.
+//! `last_checkpoint_at`, gzip, indented or not, no `format_version` — print as well, including
+//! the `NaN`, `Infinity` and `-Infinity` that Python's `json` writes for such floats (shown as
+//! written, with a note on stderr that the file is not standard JSON).
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use clap::Args;
-use serde_json::Value;
 
 use super::exit;
+use super::python_json::PythonJson;
 use super::view;
 use crate::store::{CheckpointStore, FileStorage, IterationCheckpoint};
 
@@ -62,7 +64,10 @@ pub fn run(queue: &Path, args: CheckpointArgs) -> u8 {
             );
             return exit::USAGE;
         }
-        read_file(&as_path).map(|value| serde_json::to_string_pretty(&value).unwrap_or_default())
+        read_file(&as_path).map(|parsed| {
+            note_non_standard(&as_path, &parsed);
+            parsed.to_string_pretty(&parsed.value)
+        })
     } else {
         read_task(&root, &args.target, args.generation)
     };
@@ -114,14 +119,28 @@ fn read_task(root: &Path, id: &str, generation: Option<u64>) -> Result<String, S
     serde_json::to_string_pretty(&checkpoint).map_err(|e| format!("task {id:?}: {e}"))
 }
 
+/// Say on stderr that a file holds Python's non-standard tokens, which are printed as written.
+fn note_non_standard(path: &Path, parsed: &PythonJson) {
+    let tokens = parsed.non_standard_tokens();
+    if !tokens.is_empty() {
+        eprintln!(
+            "note: {} is not standard JSON: it holds {} (as Python's json module writes them), \
+             printed as written",
+            path.display(),
+            tokens.join(", ")
+        );
+    }
+}
+
 /// Any gzip JSON checkpoint file: cairn's own, or the Python pattern's six fields.
-pub fn read_file(path: &Path) -> Result<Value, String> {
+pub fn read_file(path: &Path) -> Result<PythonJson, String> {
     let bytes = std::fs::read(path).map_err(|e| format!("reading {}: {e}", path.display()))?;
     decode_lenient(&bytes).map_err(|why| format!("{}: {why}", path.display()))
 }
 
-/// gzip (one or more members, CRC and length checked) → JSON object with the pattern's fields.
-pub fn decode_lenient(bytes: &[u8]) -> Result<Value, String> {
+/// gzip (one or more members, CRC and length checked) → JSON object with the pattern's fields;
+/// Python's `NaN`, `Infinity` and `-Infinity` are accepted.
+pub fn decode_lenient(bytes: &[u8]) -> Result<PythonJson, String> {
     let mut json = Vec::new();
     flate2::read::MultiGzDecoder::new(bytes)
         .take(MAX_DECOMPRESSED_BYTES + 1)
@@ -132,9 +151,9 @@ pub fn decode_lenient(bytes: &[u8]) -> Result<Value, String> {
             "decompresses to more than {MAX_DECOMPRESSED_BYTES} bytes; refused"
         ));
     }
-    let value: Value =
-        serde_json::from_slice(&json).map_err(|e| format!("the gzip content is not JSON: {e}"))?;
-    let Some(object) = value.as_object() else {
+    let parsed =
+        PythonJson::parse(&json).map_err(|e| format!("the gzip content is not JSON: {e}"))?;
+    let Some(object) = parsed.value.as_object() else {
         return Err("the JSON is not an object, so not a checkpoint".into());
     };
     let missing: Vec<&str> = PATTERN_FIELDS
@@ -149,7 +168,7 @@ pub fn decode_lenient(bytes: &[u8]) -> Result<Value, String> {
             PATTERN_FIELDS.join(", ")
         ));
     }
-    Ok(value)
+    Ok(parsed)
 }
 
 #[cfg(test)]
@@ -167,8 +186,9 @@ mod tests {
     fn lenient_decoding_wants_the_six_fields_and_a_whole_stream() {
         let six = r#"{"task_id": "t", "phase": "p", "iteration_count": 3,
             "checkpoint_interval": 1, "partial_results": [1], "last_checkpoint_at": "2025-01-01T00:00:00"}"#;
-        let value = decode_lenient(&gzip(six)).unwrap();
-        assert_eq!(value["iteration_count"], 3);
+        let parsed = decode_lenient(&gzip(six)).unwrap();
+        assert_eq!(parsed.value["iteration_count"], 3);
+        assert!(parsed.non_standard_tokens().is_empty());
 
         let err = decode_lenient(&gzip(r#"{"task_id": "t"}"#)).unwrap_err();
         assert!(err.contains("missing phase, iteration_count"), "{err}");

@@ -1,5 +1,9 @@
 //! `cairn history ID [--json]`: the checkpoint generations kept for a task, newest first —
 //! generation, iteration, phase, when it was written, size, and why a file does not decode.
+//!
+//! A file that is not cairn's but a checkpoint of the Python pattern cairn's format follows (no
+//! `format_version`, no `generation`; copied into the queue by hand) has no generation: its
+//! row says `none` (`null` in `--json`), with its iteration and phase as the file gives them.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -8,6 +12,7 @@ use chrono::Utc;
 use clap::Args;
 use serde_json::{json, Value};
 
+use super::checkpoint::decode_lenient;
 use super::exit;
 use super::view;
 use crate::store::{decode_checkpoint, CheckpointStore, FileStorage, GenerationInfo};
@@ -29,8 +34,58 @@ pub struct HistoryArgs {
 /// One generation, with what the file says about its phase.
 struct Row {
     info: GenerationInfo,
+    /// `None` for a file of the Python pattern, which has no generation.
+    generation: Option<u64>,
     phase: Option<String>,
     phase_index: Option<usize>,
+}
+
+impl Row {
+    /// The row of one file: cairn's checkpoint, else possibly one of the Python pattern.
+    fn read(root: &Path, info: GenerationInfo) -> Row {
+        let bytes = std::fs::read(root.join(&info.key)).ok();
+        let decoded = bytes
+            .as_deref()
+            .and_then(|bytes| decode_checkpoint(bytes).ok())
+            .filter(|_| info.error.is_none());
+        if let Some(cp) = decoded {
+            return Row {
+                generation: Some(info.generation),
+                phase: Some(cp.phase),
+                phase_index: Some(cp.phase_index),
+                info,
+            };
+        }
+        let foreign = bytes
+            .as_deref()
+            .and_then(|bytes| decode_lenient(bytes).ok())
+            .filter(|parsed| parsed.value.get("generation").is_none());
+        match foreign {
+            Some(parsed) => Row::foreign(info, &parsed.value),
+            None => Row {
+                generation: Some(info.generation),
+                phase: None,
+                phase_index: None,
+                info,
+            },
+        }
+    }
+
+    /// A Python pattern's file: what it says, and why it is not one of cairn's generations.
+    fn foreign(mut info: GenerationInfo, value: &Value) -> Row {
+        info.iteration_count = value["iteration_count"].as_u64();
+        info.error = Some(
+            "not a cairn checkpoint (no format_version or generation): written by the Python \
+             pattern; `cairn checkpoint FILE` prints it"
+                .into(),
+        );
+        Row {
+            generation: None,
+            phase: value["phase"].as_str().map(str::to_string),
+            phase_index: None,
+            info,
+        }
+    }
 }
 
 pub fn run(queue: &Path, args: HistoryArgs) -> u8 {
@@ -58,17 +113,7 @@ pub fn run(queue: &Path, args: HistoryArgs) -> u8 {
     }
     let rows: Vec<Row> = history
         .into_iter()
-        .map(|info| {
-            let decoded = std::fs::read(root.join(&info.key))
-                .ok()
-                .and_then(|bytes| decode_checkpoint(&bytes).ok())
-                .filter(|_| info.error.is_none());
-            Row {
-                phase: decoded.as_ref().map(|cp| cp.phase.clone()),
-                phase_index: decoded.map(|cp| cp.phase_index),
-                info,
-            }
-        })
+        .map(|info| Row::read(&root, info))
         .collect();
     if rows.is_empty() && !args.json {
         eprintln!(
@@ -95,7 +140,7 @@ pub fn run(queue: &Path, args: HistoryArgs) -> u8 {
 fn row_json(root: &Path, latest: bool, row: &Row) -> Value {
     let info = &row.info;
     json!({
-        "generation": info.generation,
+        "generation": row.generation,
         "latest": latest,
         "file": root.join(&info.key).display().to_string(),
         "bytes": info.bytes,
@@ -115,7 +160,9 @@ fn table(rows: &[Row]) -> String {
         .map(|row| {
             let info = &row.info;
             vec![
-                info.generation.to_string(),
+                row.generation
+                    .map(|g| g.to_string())
+                    .unwrap_or_else(|| "none".into()),
                 info.iteration_count
                     .map(|i| i.to_string())
                     .unwrap_or_else(dash),

@@ -8,6 +8,7 @@ mod control;
 mod fork;
 mod history;
 mod prune;
+mod python_json;
 mod run;
 mod show;
 mod status;
