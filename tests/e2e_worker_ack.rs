@@ -1,0 +1,217 @@
+//! Worker acknowledgements on a slow disk (issue 14): a worker built on the Python helper
+//! waits for cairn's answer to each checkpoint, so one SIGKILL of the daemon re-runs at most the
+//! iteration in flight, however long the daemon's fsyncs take.
+//!
+//! The daemon runs under strace, which delays every `fsync`/`fdatasync` it makes by 0.7 s (a
+//! checkpoint takes two: the file and its directory). It is SIGKILLed (by its own pid, not
+//! strace's) once two checkpoints are on disk, then restarted without strace to finish the task.
+//! The worker logs each iteration it starts to a side file. The same run with the helper told
+//! not to wait (`--no-wait`) re-runs several iterations, which shows the scenario can catch a
+//! worker running ahead of its committed checkpoints.
+//!
+//! Needs `strace` (`.ci/run` installs it): without it the tests say so and pass, except under
+//! `CI=true`, where they fail.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::fs;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+
+use cairn::store::decode_checkpoint;
+use common::*;
+use nix::sys::signal::kill;
+use nix::unistd::Pid;
+use serde_json::json;
+
+const TASK: &str = "slow-disk";
+const ITERATIONS: u64 = 8;
+/// How long strace holds each fsync of the daemon, in microseconds.
+const FSYNC_DELAY_US: u64 = 700_000;
+
+/// Whether strace can trace here; if not, say so loudly, and fail under `CI=true`.
+fn strace_works() -> bool {
+    let works = Command::new("strace")
+        .args(["-f", "-qq", "-o", "/dev/null", "-e", "trace=fsync", "true"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|status| status.success());
+    if !works {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "this test needs a working strace (apt-get install strace); .ci/run installs it"
+        );
+        eprintln!(
+            "SKIPPED: this test needs a working strace to slow down the daemon's fsyncs \
+             (apt-get install strace; ptrace must be allowed)"
+        );
+    }
+    works
+}
+
+/// `cairn run` on this queue under strace, every fsync and fdatasync delayed.
+fn start_slow_daemon(queue: &TestQueue) -> Child {
+    let stderr = fs::File::create(queue.aux("slow-daemon.stderr")).expect("creating a log");
+    Command::new("strace")
+        .args(["-f", "--seccomp-bpf", "-qq", "-o", "/dev/null"])
+        .args(["-e", "trace=fsync,fdatasync"])
+        .arg("-e")
+        .arg(format!("inject=fsync,fdatasync:delay_exit={FSYNC_DELAY_US}"))
+        .arg("--")
+        .arg(env!("CARGO_BIN_EXE_cairn"))
+        .arg("--queue")
+        .arg(queue.root())
+        .arg("run")
+        .env_remove("CAIRN_QUEUE")
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(stderr)
+        .spawn()
+        .expect("starting cairn run under strace")
+}
+
+/// The daemon's pid, from the queue's lock file (strace's child, not strace).
+fn daemon_pid(queue: &TestQueue) -> i32 {
+    wait_for("the daemon has locked the queue", DEADLINE, || {
+        let pid: i32 = fs::read_to_string(queue.path(".lock"))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()?;
+        let comm = fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
+        (comm.trim() == "cairn").then_some(pid)
+    })
+}
+
+/// The iteration count of the task's latest checkpoint on disk, if any.
+fn checkpointed(queue: &TestQueue) -> Option<u64> {
+    let bytes = fs::read(queue.path(&format!("incremental/{TASK}.json.gz"))).ok()?;
+    decode_checkpoint(&bytes).ok().map(|cp| cp.iteration_count)
+}
+
+/// The iterations started, in order, per the fixture's side file.
+fn starts(side: &Path) -> Vec<u64> {
+    fs::read_to_string(side)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|line| match line.split(' ').collect::<Vec<_>>()[..] {
+            ["start", i, _] => i.parse().ok(),
+            _ => None,
+        })
+        .collect()
+}
+
+/// What one SIGKILL did to the worker.
+struct Outcome {
+    /// Starts beyond the first of each iteration.
+    reruns: usize,
+    /// The starts before and after the kill, for messages.
+    before: Vec<u64>,
+    after: Vec<u64>,
+    /// Whether the worker had run its loop to the end before the kill.
+    finished_before_kill: bool,
+}
+
+/// Run the worker under a slow disk, SIGKILL the daemon once two checkpoints are on disk,
+/// restart it to finish the task, and count the iterations that ran again.
+fn kill_once_under_slow_fsyncs(worker_args: &[&str]) -> Outcome {
+    let queue = TestQueue::new();
+    let side = queue.aux("worker.side");
+    let mut run = vec![
+        json!("python3"),
+        json!(fixture("worker_helper.py")),
+        json!(side),
+        json!("--iterations"),
+        json!(ITERATIONS.to_string()),
+        json!("--sleep"),
+        json!("0.1"),
+    ];
+    run.extend(worker_args.iter().map(|a| json!(a)));
+    let task = json!({"id": TASK, "phases": [{"name": "work", "kind": "worker", "run": run}]});
+    queue.seed_task(&format!("{TASK}.json"), &task);
+
+    let mut strace = start_slow_daemon(&queue);
+    let pid = daemon_pid(&queue);
+    wait_until("two checkpoints are on disk", DEADLINE, || {
+        checkpointed(&queue).is_some_and(|n| n >= 2)
+    });
+    kill(Pid::from_raw(pid), SIGKILL).expect("SIGKILL to the daemon");
+    wait_for("strace exits after the daemon's SIGKILL", DEADLINE, || {
+        strace.try_wait().expect("checking on strace")
+    });
+    let before = starts(&side);
+    let finished_before_kill = fs::read_to_string(&side)
+        .unwrap_or_default()
+        .lines()
+        .any(|line| line.starts_with("exit 0 "));
+
+    queue.run_until_idle(&[]);
+    let record = queue.wait_done(TASK);
+    let expected = json!({
+        "sum": (0..ITERATIONS).map(|i| i * i).sum::<u64>(),
+        "last": ITERATIONS - 1,
+    });
+    assert_eq!(record["result"], expected, "the result of an uninterrupted run");
+    let all = starts(&side);
+    let distinct: BTreeSet<u64> = all.iter().copied().collect();
+    assert_eq!(
+        distinct,
+        (0..ITERATIONS).collect::<BTreeSet<u64>>(),
+        "every iteration ran: {all:?}"
+    );
+    Outcome {
+        reruns: all.len() - distinct.len(),
+        after: all[before.len()..].to_vec(),
+        before,
+        finished_before_kill,
+    }
+}
+
+#[test]
+fn with_acks_one_sigkill_on_a_slow_disk_reruns_at_most_the_iteration_in_flight() {
+    if !strace_works() {
+        return;
+    }
+    let outcome = kill_once_under_slow_fsyncs(&[]);
+    eprintln!(
+        "with acks: {} iterations ran again (started before the kill {:?}, after {:?})",
+        outcome.reruns, outcome.before, outcome.after
+    );
+    assert!(
+        !outcome.finished_before_kill,
+        "the kill should come mid-run; iterations started before it: {:?}",
+        outcome.before
+    );
+    assert!(
+        outcome.reruns <= 1,
+        "{} iterations ran again after one SIGKILL (at most the one in flight may): \
+         started before the kill {:?}, after {:?}",
+        outcome.reruns,
+        outcome.before,
+        outcome.after
+    );
+}
+
+/// The control: the same kill with a worker that does not wait re-runs more than the bound, so
+/// the test above would catch a helper that runs ahead of its committed checkpoints.
+#[test]
+fn without_acks_the_same_sigkill_reruns_more_than_one_iteration() {
+    if !strace_works() {
+        return;
+    }
+    let outcome = kill_once_under_slow_fsyncs(&["--no-wait"]);
+    eprintln!(
+        "without acks: {} iterations ran again (started before the kill {:?}, after {:?})",
+        outcome.reruns, outcome.before, outcome.after
+    );
+    assert!(
+        outcome.reruns > 1,
+        "without waiting, the worker should have run ahead of its checkpoints: \
+         started before the kill {:?}, after {:?}",
+        outcome.before,
+        outcome.after
+    );
+}
