@@ -4,10 +4,12 @@
 //!
 //! The daemon runs under strace, which delays every `fsync`/`fdatasync` it makes by 0.7 s (a
 //! checkpoint takes two: the file and its directory). It is SIGKILLed (by its own pid, not
-//! strace's) once two checkpoints are on disk, then restarted without strace to finish the task.
-//! The worker logs each iteration it starts to a side file. The same run with the helper told
+//! strace's) once two checkpoints are on disk and iteration 2 has started, then restarted
+//! without strace to finish the task. The worker logs each iteration it starts to a side file. The same run with the helper told
 //! not to wait (`--no-wait`) re-runs several iterations, which shows the scenario can catch a
-//! worker running ahead of its committed checkpoints.
+//! worker running ahead of its committed checkpoints. Also here: a stop during a slow commit,
+//! `checkpoint_every: 3`, and a failed checkpoint write, none of which may leave a waiting
+//! worker hanging.
 //!
 //! Needs `strace` (`.ci/run` installs it): without it the tests say so and pass, except under
 //! `CI=true`, where they fail.
@@ -23,7 +25,7 @@ use cairn::store::decode_checkpoint;
 use common::*;
 use nix::sys::signal::kill;
 use nix::unistd::Pid;
-use serde_json::json;
+use serde_json::{json, Value};
 
 const TASK: &str = "slow-disk";
 const ITERATIONS: u64 = 8;
@@ -104,6 +106,29 @@ fn starts(side: &Path) -> Vec<u64> {
         .collect()
 }
 
+/// The task: `worker_helper.py` over `ITERATIONS` iterations of 0.1 s, logging to `side`.
+fn helper_task(side: &Path, worker_args: &[&str]) -> Value {
+    let mut run = vec![
+        json!("python3"),
+        json!(fixture("worker_helper.py")),
+        json!(side),
+        json!("--iterations"),
+        json!(ITERATIONS.to_string()),
+        json!("--sleep"),
+        json!("0.1"),
+    ];
+    run.extend(worker_args.iter().map(|a| json!(a)));
+    json!({"id": TASK, "phases": [{"name": "work", "kind": "worker", "run": run}]})
+}
+
+/// What an uninterrupted run of the task ends with.
+fn expected_result() -> Value {
+    json!({
+        "sum": (0..ITERATIONS).map(|i| i * i).sum::<u64>(),
+        "last": ITERATIONS - 1,
+    })
+}
+
 /// What one SIGKILL did to the worker.
 struct Outcome {
     /// Starts beyond the first of each iteration.
@@ -115,28 +140,19 @@ struct Outcome {
     finished_before_kill: bool,
 }
 
-/// Run the worker under a slow disk, SIGKILL the daemon once two checkpoints are on disk,
+/// Run the worker under a slow disk, SIGKILL the daemon once two checkpoints are on disk and
+/// iteration 2 has started,
 /// restart it to finish the task, and count the iterations that ran again.
 fn kill_once_under_slow_fsyncs(worker_args: &[&str]) -> Outcome {
     let queue = TestQueue::new();
     let side = queue.aux("worker.side");
-    let mut run = vec![
-        json!("python3"),
-        json!(fixture("worker_helper.py")),
-        json!(side),
-        json!("--iterations"),
-        json!(ITERATIONS.to_string()),
-        json!("--sleep"),
-        json!("0.1"),
-    ];
-    run.extend(worker_args.iter().map(|a| json!(a)));
-    let task = json!({"id": TASK, "phases": [{"name": "work", "kind": "worker", "run": run}]});
-    queue.seed_task(&format!("{TASK}.json"), &task);
+    queue.seed_task(&format!("{TASK}.json"), &helper_task(&side, worker_args));
 
     let mut strace = start_slow_daemon(&queue);
     let pid = daemon_pid(&queue);
-    wait_until("two checkpoints are on disk", DEADLINE, || {
-        checkpointed(&queue).is_some_and(|n| n >= 2)
+    // With acks, iteration 2 is then in flight (or its checkpoint on its way).
+    wait_until("two checkpoints are on disk and iteration 2 has started", DEADLINE, || {
+        checkpointed(&queue).is_some_and(|n| n >= 2) && starts(&side).contains(&2)
     });
     kill(Pid::from_raw(pid), SIGKILL).expect("SIGKILL to the daemon");
     wait_for("strace exits after the daemon's SIGKILL", DEADLINE, || {
@@ -150,11 +166,7 @@ fn kill_once_under_slow_fsyncs(worker_args: &[&str]) -> Outcome {
 
     queue.run_until_idle(&[]);
     let record = queue.wait_done(TASK);
-    let expected = json!({
-        "sum": (0..ITERATIONS).map(|i| i * i).sum::<u64>(),
-        "last": ITERATIONS - 1,
-    });
-    assert_eq!(record["result"], expected, "the result of an uninterrupted run");
+    assert_eq!(record["result"], expected_result(), "the result of an uninterrupted run");
     let all = starts(&side);
     let distinct: BTreeSet<u64> = all.iter().copied().collect();
     assert_eq!(
@@ -214,4 +226,56 @@ fn without_acks_the_same_sigkill_reruns_more_than_one_iteration() {
         outcome.before,
         outcome.after
     );
+}
+
+/// A daemon stop during a slow commit: the worker (told by SIGTERM) still gets its answer,
+/// finishes cleanly with status 75, the daemon exits 0, and the restart runs no iteration again.
+#[test]
+fn a_stop_during_a_slow_commit_answers_the_worker_and_reruns_nothing() {
+    if !strace_works() {
+        return;
+    }
+    let queue = TestQueue::new();
+    let side = queue.aux("worker.side");
+    queue.seed_task(&format!("{TASK}.json"), &helper_task(&side, &[]));
+    let mut strace = start_slow_daemon(&queue);
+    let pid = daemon_pid(&queue);
+    wait_until("two checkpoints are on disk", DEADLINE, || {
+        checkpointed(&queue).is_some_and(|n| n >= 2)
+    });
+    kill(Pid::from_raw(pid), SIGTERM).expect("SIGTERM to the daemon");
+    let status = wait_for("the daemon exits after SIGTERM", DEADLINE, || {
+        strace.try_wait().expect("checking on strace")
+    });
+    assert_eq!(status.code(), Some(0), "the daemon (through strace) exited with {status}");
+    let text = fs::read_to_string(&side).unwrap_or_default();
+    assert!(
+        text.lines().any(|line| line.starts_with("exit 75 ")),
+        "the worker should have exited 75 on its own after its last answer:\n{text}"
+    );
+    queue.run_until_idle(&[]);
+    assert_eq!(queue.wait_done(TASK)["result"], expected_result());
+    let all = starts(&side);
+    assert_eq!(all, (0..ITERATIONS).collect::<Vec<_>>(), "each iteration ran once");
+}
+
+/// `checkpoint_every: 3`: the answers to the checkpoints between two writes come at once (with
+/// the committed count behind), so a waiting worker runs through; a clean stop flushes the
+/// latest iteration and nothing runs again.
+#[test]
+fn with_checkpoint_every_3_a_waiting_worker_runs_through_and_a_stop_reruns_nothing() {
+    let queue = TestQueue::new();
+    let side = queue.aux("worker.side");
+    let mut task = helper_task(&side, &[]);
+    task["phases"][0]["checkpoint_every"] = json!(3);
+    queue.seed_task(&format!("{TASK}.json"), &task);
+    let mut daemon = queue.start(&[]);
+    wait_until("iteration 4 has started", DEADLINE, || starts(&side).contains(&4));
+    daemon.signal(SIGTERM);
+    let status = daemon.wait_exit(DEADLINE);
+    assert_eq!(status.code(), Some(0), "the daemon exited with {status}");
+    queue.run_until_idle(&[]);
+    assert_eq!(queue.wait_done(TASK)["result"], expected_result());
+    let all = starts(&side);
+    assert_eq!(all, (0..ITERATIONS).collect::<Vec<_>>(), "each iteration ran once");
 }
