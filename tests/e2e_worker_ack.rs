@@ -18,10 +18,15 @@ mod common;
 
 use std::collections::BTreeSet;
 use std::fs;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
 
-use cairn::store::decode_checkpoint;
+use cairn::daemon::{self, DaemonConfig, DaemonExit};
+use cairn::shutdown::Shutdown;
+use cairn::store::{decode_checkpoint, FaultMode, FaultyFileOps, FileStorage, Storage};
 use common::*;
 use nix::sys::signal::kill;
 use nix::unistd::Pid;
@@ -278,4 +283,104 @@ fn with_checkpoint_every_3_a_waiting_worker_runs_through_and_a_stop_reruns_nothi
     assert_eq!(queue.wait_done(TASK)["result"], expected_result());
     let all = starts(&side);
     assert_eq!(all, (0..ITERATIONS).collect::<Vec<_>>(), "each iteration ran once");
+}
+
+/// Run the daemon in this process on a storage backend whose `ops` may fail a write, until the
+/// queue is idle.
+fn run_in_process(queue: &Path, ops: Arc<FaultyFileOps>) {
+    let storage: Arc<dyn Storage> = Arc::new(FileStorage::with_ops(queue, ops));
+    let mut config = DaemonConfig::new(queue);
+    config.exit_when_idle = true;
+    config.storage = Some(storage);
+    config.rescan_interval = Duration::from_millis(50);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    let exit = runtime
+        .block_on(async {
+            tokio::time::timeout(Duration::from_secs(120), daemon::run(config, Shutdown::new()))
+                .await
+        })
+        .expect("the daemon did not finish within 120 s")
+        .expect("the daemon failed to run");
+    assert_eq!(exit, DaemonExit::Idle);
+}
+
+/// A failed checkpoint write (disk full) at each write step of a run in turn: a worker waiting
+/// for that checkpoint's answer gets it (not committed) and SIGTERM, and exits 75 on its own,
+/// never left hanging until SIGKILL; the task is retried and finishes with the right result.
+#[test]
+fn a_failed_checkpoint_write_answers_the_waiting_worker_which_exits_75() {
+    let setup = |dir: &Path| -> PathBuf {
+        let queue = dir.join("queue");
+        fs::create_dir_all(queue.join("inbox")).expect("creating the inbox");
+        let side = dir.join("worker.side");
+        let mut task = helper_task(&side, &[]);
+        task["phases"][0]["run"][4] = json!("3"); // iterations
+        task["phases"][0]["run"][6] = json!("0.01"); // seconds each
+        task["retry"] = json!({"max_attempts": 2, "backoff": "20ms", "max_backoff": "40ms"});
+        let path = queue.join(format!("inbox/{TASK}.json"));
+        fs::write(&path, task.to_string()).expect("writing the task");
+        let old = std::time::SystemTime::now() - Duration::from_secs(600);
+        let file = fs::File::options().write(true).open(&path).expect("the task");
+        file.set_modified(old).expect("backdating the task");
+        side
+    };
+    let reference = tempfile::tempdir().expect("a temp dir");
+    setup(reference.path());
+    let counting = Arc::new(FaultyFileOps::new());
+    run_in_process(&reference.path().join("queue"), Arc::clone(&counting));
+    let steps = counting.steps();
+
+    // Four runs at a time: each mostly waits (worker start-up, retry backoff).
+    let next_step = AtomicU64::new(0);
+    let stopped_for_a_failed_write = AtomicU64::new(0);
+    std::thread::scope(|scope| {
+        for _ in 0..4 {
+            scope.spawn(|| loop {
+                let step = next_step.fetch_add(1, Ordering::SeqCst);
+                if step >= steps {
+                    break;
+                }
+                if fail_at_step(step, &setup) {
+                    stopped_for_a_failed_write.fetch_add(1, Ordering::SeqCst);
+                }
+            });
+        }
+    });
+    let stopped_for_a_failed_write = stopped_for_a_failed_write.into_inner();
+    eprintln!("{stopped_for_a_failed_write} of {steps} failing steps stopped the worker");
+    assert!(
+        stopped_for_a_failed_write > 0,
+        "no failing step hit a worker checkpoint ({steps} steps)"
+    );
+}
+
+/// One run whose write step `step` fails; true if a worker was stopped by it (exited 75).
+fn fail_at_step(step: u64, setup: &impl Fn(&Path) -> PathBuf) -> bool {
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let side = setup(dir.path());
+    let queue = dir.path().join("queue");
+    run_in_process(&queue, Arc::new(FaultyFileOps::fail_at(step, FaultMode::Error)));
+    let record = read_json(&queue.join(format!("done/{TASK}.json")));
+    let sum: u64 = (0..3u64).map(|i| i * i).sum();
+    assert_eq!(record["result"], json!({"sum": sum, "last": 2}), "step {step}");
+    // Every worker process that started also exited on its own (none was killed).
+    let text = fs::read_to_string(&side).unwrap_or_default();
+    let pids = |prefixes: &[&str]| -> Vec<String> {
+        let mut pids: Vec<String> = text
+            .lines()
+            .filter(|l| prefixes.iter().any(|p| l.starts_with(p)))
+            .filter_map(|l| l.rsplit(' ').next().map(str::to_string))
+            .collect();
+        pids.sort();
+        pids
+    };
+    assert_eq!(
+        pids(&["fresh ", "resume "]),
+        pids(&["exit "]),
+        "step {step}: a worker did not exit on its own:\n{text}"
+    );
+    text.lines().any(|l| l.starts_with("exit 75 "))
 }
