@@ -65,7 +65,9 @@ fn start_slow_daemon(queue: &TestQueue) -> Child {
         .args(["-f", "--seccomp-bpf", "-qq", "-o", "/dev/null"])
         .args(["-e", "trace=fsync,fdatasync"])
         .arg("-e")
-        .arg(format!("inject=fsync,fdatasync:delay_exit={FSYNC_DELAY_US}"))
+        .arg(format!(
+            "inject=fsync,fdatasync:delay_exit={FSYNC_DELAY_US}"
+        ))
         .arg("--")
         .arg(env!("CARGO_BIN_EXE_cairn"))
         .arg("--queue")
@@ -156,9 +158,11 @@ fn kill_once_under_slow_fsyncs(worker_args: &[&str]) -> Outcome {
     let mut strace = start_slow_daemon(&queue);
     let pid = daemon_pid(&queue);
     // With acks, iteration 2 is then in flight (or its checkpoint on its way).
-    wait_until("two checkpoints are on disk and iteration 2 has started", DEADLINE, || {
-        checkpointed(&queue).is_some_and(|n| n >= 2) && starts(&side).contains(&2)
-    });
+    wait_until(
+        "two checkpoints are on disk and iteration 2 has started",
+        DEADLINE,
+        || checkpointed(&queue).is_some_and(|n| n >= 2) && starts(&side).contains(&2),
+    );
     kill(Pid::from_raw(pid), SIGKILL).expect("SIGKILL to the daemon");
     wait_for("strace exits after the daemon's SIGKILL", DEADLINE, || {
         strace.try_wait().expect("checking on strace")
@@ -171,7 +175,11 @@ fn kill_once_under_slow_fsyncs(worker_args: &[&str]) -> Outcome {
 
     queue.run_until_idle(&[]);
     let record = queue.wait_done(TASK);
-    assert_eq!(record["result"], expected_result(), "the result of an uninterrupted run");
+    assert_eq!(
+        record["result"],
+        expected_result(),
+        "the result of an uninterrupted run"
+    );
     let all = starts(&side);
     let distinct: BTreeSet<u64> = all.iter().copied().collect();
     assert_eq!(
@@ -252,7 +260,11 @@ fn a_stop_during_a_slow_commit_answers_the_worker_and_reruns_nothing() {
     let status = wait_for("the daemon exits after SIGTERM", DEADLINE, || {
         strace.try_wait().expect("checking on strace")
     });
-    assert_eq!(status.code(), Some(0), "the daemon (through strace) exited with {status}");
+    assert_eq!(
+        status.code(),
+        Some(0),
+        "the daemon (through strace) exited with {status}"
+    );
     let text = fs::read_to_string(&side).unwrap_or_default();
     assert!(
         text.lines().any(|line| line.starts_with("exit 75 ")),
@@ -261,7 +273,11 @@ fn a_stop_during_a_slow_commit_answers_the_worker_and_reruns_nothing() {
     queue.run_until_idle(&[]);
     assert_eq!(queue.wait_done(TASK)["result"], expected_result());
     let all = starts(&side);
-    assert_eq!(all, (0..ITERATIONS).collect::<Vec<_>>(), "each iteration ran once");
+    assert_eq!(
+        all,
+        (0..ITERATIONS).collect::<Vec<_>>(),
+        "each iteration ran once"
+    );
 }
 
 /// `checkpoint_every: 3`: the answers to the checkpoints between two writes come at once (with
@@ -275,14 +291,20 @@ fn with_checkpoint_every_3_a_waiting_worker_runs_through_and_a_stop_reruns_nothi
     task["phases"][0]["checkpoint_every"] = json!(3);
     queue.seed_task(&format!("{TASK}.json"), &task);
     let mut daemon = queue.start(&[]);
-    wait_until("iteration 4 has started", DEADLINE, || starts(&side).contains(&4));
+    wait_until("iteration 4 has started", DEADLINE, || {
+        starts(&side).contains(&4)
+    });
     daemon.signal(SIGTERM);
     let status = daemon.wait_exit(DEADLINE);
     assert_eq!(status.code(), Some(0), "the daemon exited with {status}");
     queue.run_until_idle(&[]);
     assert_eq!(queue.wait_done(TASK)["result"], expected_result());
     let all = starts(&side);
-    assert_eq!(all, (0..ITERATIONS).collect::<Vec<_>>(), "each iteration ran once");
+    assert_eq!(
+        all,
+        (0..ITERATIONS).collect::<Vec<_>>(),
+        "each iteration ran once"
+    );
 }
 
 /// Run the daemon in this process on a storage backend whose `ops` may fail a write, until the
@@ -299,8 +321,11 @@ fn run_in_process(queue: &Path, ops: Arc<FaultyFileOps>) {
         .expect("a runtime");
     let exit = runtime
         .block_on(async {
-            tokio::time::timeout(Duration::from_secs(120), daemon::run(config, Shutdown::new()))
-                .await
+            tokio::time::timeout(
+                Duration::from_secs(120),
+                daemon::run(config, Shutdown::new()),
+            )
+            .await
         })
         .expect("the daemon did not finish within 120 s")
         .expect("the daemon failed to run");
@@ -323,7 +348,10 @@ fn a_failed_checkpoint_write_answers_the_waiting_worker_which_exits_75() {
         let path = queue.join(format!("inbox/{TASK}.json"));
         fs::write(&path, task.to_string()).expect("writing the task");
         let old = std::time::SystemTime::now() - Duration::from_secs(600);
-        let file = fs::File::options().write(true).open(&path).expect("the task");
+        let file = fs::File::options()
+            .write(true)
+            .open(&path)
+            .expect("the task");
         file.set_modified(old).expect("backdating the task");
         side
     };
@@ -362,10 +390,17 @@ fn fail_at_step(step: u64, setup: &impl Fn(&Path) -> PathBuf) -> bool {
     let dir = tempfile::tempdir().expect("a temp dir");
     let side = setup(dir.path());
     let queue = dir.path().join("queue");
-    run_in_process(&queue, Arc::new(FaultyFileOps::fail_at(step, FaultMode::Error)));
+    run_in_process(
+        &queue,
+        Arc::new(FaultyFileOps::fail_at(step, FaultMode::Error)),
+    );
     let record = read_json(&queue.join(format!("done/{TASK}.json")));
     let sum: u64 = (0..3u64).map(|i| i * i).sum();
-    assert_eq!(record["result"], json!({"sum": sum, "last": 2}), "step {step}");
+    assert_eq!(
+        record["result"],
+        json!({"sum": sum, "last": 2}),
+        "step {step}"
+    );
     // Every worker process that started also exited on its own (none was killed).
     let text = fs::read_to_string(&side).unwrap_or_default();
     let pids = |prefixes: &[&str]| -> Vec<String> {

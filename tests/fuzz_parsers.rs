@@ -617,7 +617,15 @@ fn channel_checked(line: &str) -> Result<(), String> {
     };
     for key in object.keys() {
         assert!(
-            ["checkpoint", "progress", "cost", "output", "heartbeat", "ack"].contains(&key.as_str()),
+            [
+                "checkpoint",
+                "progress",
+                "cost",
+                "output",
+                "heartbeat",
+                "ack"
+            ]
+            .contains(&key.as_str()),
             "accepted an unknown key {key:?}: {line:?}"
         );
     }

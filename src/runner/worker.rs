@@ -319,8 +319,7 @@ async fn take_checkpoint<'r, 'a>(
     let count = worker.count;
     // Decide on the budget before the (fsynced) write, so that a worker over its budget
     // gets SIGTERM without waiting for the disk, and starts no further paid iteration.
-    if let Err(stop) = run.check_budget(cost_known, &format!("the work up to checkpoint {count}"))
-    {
+    if let Err(stop) = run.check_budget(cost_known, &format!("the work up to checkpoint {count}")) {
         stop_worker(&mut worker, stop, group);
     }
     let written = worker
