@@ -419,3 +419,24 @@ fn fail_at_step(step: u64, setup: &impl Fn(&Path) -> PathBuf) -> bool {
     );
     text.lines().any(|l| l.starts_with("exit 75 "))
 }
+
+/// A worker that asks for answers and never reads them (well past the FIFO's 64 KiB) does not
+/// stall the daemon: the answers that do not fit are dropped, and its later messages count.
+#[test]
+fn answers_nobody_reads_never_stall_the_daemon() {
+    let queue = TestQueue::new();
+    let script = "import os\n\
+                  with open(os.environ['CAIRN_CHANNEL'], 'a') as channel:\n\
+                  \x20   for n in range(5000):\n\
+                  \x20       channel.write('{\"heartbeat\": true, \"ack\": true}\\n')\n\
+                  \x20   channel.write('{\"checkpoint\": {\"iteration\": 1, \"state\": 7}, \"ack\": true}\\n')\n\
+                  \x20   channel.write('{\"output\": \"after 5000 answers\"}\\n')\n";
+    queue.seed_task(
+        "deaf.json",
+        &json!({"id": "deaf", "phases": [{"name": "work", "kind": "worker",
+                                          "run": ["python3", "-c", script]}]}),
+    );
+    queue.run_until_idle(&[]);
+    let record = queue.wait_done("deaf");
+    assert_eq!(record["result"], json!("after 5000 answers"));
+}
