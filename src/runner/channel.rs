@@ -256,3 +256,75 @@ pub fn parse_message(line: &str) -> Result<Message, String> {
     // Parsed again from the text, so that a field given twice is refused.
     serde_json::from_str(line).map_err(|e| format!("not a channel message ({e}): {}", quote()))
 }
+
+#[cfg(test)]
+mod tests {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+
+    use super::AckPipe;
+
+    /// A reader of the pipe as a helper opens it: read-only, non-blocking.
+    fn open_reader(pipe: &AckPipe) -> std::fs::File {
+        std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(nix::fcntl::OFlag::O_NONBLOCK.bits())
+            .open(pipe.path())
+            .expect("opening the ack pipe for reading")
+    }
+
+    fn read_all(reader: &mut std::fs::File) -> String {
+        let mut text = String::new();
+        let mut buf = [0u8; 65536];
+        loop {
+            match reader.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => text.push_str(std::str::from_utf8(&buf[..n]).expect("UTF-8")),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(e) => panic!("reading the ack pipe: {e}"),
+            }
+        }
+        text
+    }
+
+    #[test]
+    fn answers_are_whole_lines_and_a_full_pipe_drops_them_without_blocking() {
+        let dir = tempfile::tempdir().expect("a temp dir");
+        let pipe = AckPipe::create(&dir.path().join("ack")).expect("creating the ack pipe");
+        let mut reader = open_reader(&pipe);
+        pipe.acknowledge(7, 6);
+        pipe.refuse("not a channel message: \"x\"");
+        assert_eq!(
+            read_all(&mut reader),
+            "{\"checkpoint\":7,\"committed\":6}\n{\"error\":\"not a channel message: \\\"x\\\"\"}\n"
+        );
+        // Nobody reads: far more than the pipe holds; this must return, with whole lines kept.
+        for n in 0..20_000 {
+            pipe.acknowledge(n, n);
+        }
+        let kept = read_all(&mut reader);
+        let lines: Vec<&str> = kept.lines().collect();
+        assert!(lines.len() < 20_000, "{} answers kept", lines.len());
+        for (n, line) in lines.iter().enumerate() {
+            assert_eq!(*line, format!("{{\"checkpoint\":{n},\"committed\":{n}}}"));
+        }
+        // Room again: the next answer gets through.
+        pipe.acknowledge(20_000, 20_000);
+        assert_eq!(
+            read_all(&mut reader),
+            "{\"checkpoint\":20000,\"committed\":20000}\n"
+        );
+    }
+
+    #[test]
+    fn a_long_refusal_is_cut_to_fit_one_atomic_write() {
+        let dir = tempfile::tempdir().expect("a temp dir");
+        let pipe = AckPipe::create(&dir.path().join("ack")).expect("creating the ack pipe");
+        let mut reader = open_reader(&pipe);
+        pipe.refuse(&"\u{1}".repeat(10_000));
+        let line = read_all(&mut reader);
+        assert!(line.len() <= 4096, "{} bytes", line.len());
+        let answer: serde_json::Value = serde_json::from_str(&line).expect("one JSON line");
+        assert!(answer["error"].is_string());
+    }
+}
