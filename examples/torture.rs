@@ -7,7 +7,8 @@
 //! The workload, in batches of eight tasks dropped into `inbox/` whenever the queue runs low:
 //! `loop` tasks (`tests/fixtures/logging_loop.py`, `checkpoint_every` 1 and 3), `items` tasks
 //! (`tests/fixtures/items_twice.py`, concurrency 3) and `worker` tasks
-//! (`tests/fixtures/worker_by_hand.py`), each logging every run of an iteration or item to its
+//! (`tests/fixtures/worker_helper.py`, on the Python helper, which waits for each checkpoint to
+//! be committed), each logging every run of an iteration or item to its
 //! own side file. The daemon is killed with SIGKILL (about one time in five: SIGTERM, a clean
 //! stop) a random moment after it has made progress, and restarted, until N kills are done;
 //! then `cairn run --exit-when-idle` finishes the queue.
@@ -25,9 +26,9 @@
 //!   deterministic state);
 //! - per task, the iterations (items) that ran more than once are no more than the kills
 //!   allow: per SIGKILL while the task was in flight, `checkpoint_every` for a loop (the one in
-//!   flight plus the completed ones not yet checkpointed), `concurrency` for items, 2 for a
-//!   worker (the iteration in flight plus the one whose checkpoint was on its way); per SIGTERM,
-//!   none.
+//!   flight plus the completed ones not yet checkpointed), `concurrency` for items, 1 for a
+//!   worker (the iteration in flight: it starts the next one only once cairn has answered that
+//!   the last one is committed); per SIGTERM, none.
 //!
 //! It prints one summary line and exits 0, or exits 1 with a message on the first violation.
 
@@ -145,7 +146,7 @@ impl Spec {
         match self.kind {
             Kind::Loop { every } => every,
             Kind::Items => ITEMS_CONCURRENCY,
-            Kind::Worker => 2,
+            Kind::Worker => 1,
         }
     }
 }
@@ -235,7 +236,7 @@ fn make_batch(batch: usize, rng: &mut fastrand::Rng, dir: &Path) -> Vec<(Spec, V
             "phases": [{
                 "name": "work",
                 "kind": "worker",
-                "run": ["python3", fixture("worker_by_hand.py"), side,
+                "run": ["python3", fixture("worker_helper.py"), side,
                         "--iterations", iterations.to_string(), "--sleep", "0.05"],
             }],
         });
@@ -269,7 +270,7 @@ fn starts(spec: &Spec) -> Vec<u64> {
         .filter_map(|line| {
             let f: Vec<&str> = line.split(' ').collect();
             match (spec.kind, f.as_slice()) {
-                // worker_by_hand.py: `start <iteration> <pid>`
+                // worker_helper.py: `start <iteration> <pid>`
                 (Kind::Worker, ["start", i, _]) => i.parse().ok(),
                 // logging_loop.py, items_twice.py: `start <task> <iteration> <attempt> <pid>`
                 (Kind::Loop { .. } | Kind::Items, ["start", _, i, _, _]) => i.parse().ok(),

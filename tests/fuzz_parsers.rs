@@ -420,6 +420,7 @@ const KEYS: &[&str] = &[
     "cost",
     "output",
     "heartbeat",
+    "ack",
     "action",
     "task_id",
     "requested_at",
@@ -616,7 +617,15 @@ fn channel_checked(line: &str) -> Result<(), String> {
     };
     for key in object.keys() {
         assert!(
-            ["checkpoint", "progress", "cost", "output", "heartbeat"].contains(&key.as_str()),
+            [
+                "checkpoint",
+                "progress",
+                "cost",
+                "output",
+                "heartbeat",
+                "ack"
+            ]
+            .contains(&key.as_str()),
             "accepted an unknown key {key:?}: {line:?}"
         );
     }
@@ -634,6 +643,7 @@ fn channel_checked(line: &str) -> Result<(), String> {
         present("heartbeat"),
         "{line:?}"
     );
+    assert_eq!(message.ack.is_some(), present("ack"), "{line:?}");
     if let Some(cost) = message.cost {
         assert!(cost.is_finite(), "{line:?}");
     }

@@ -17,9 +17,15 @@ a FIFO to write JSON lines to, and `CAIRN_RESUME`, the path of the last committe
 (unset on a fresh start). Exit 0 = phase done, 75 = interrupted (resume me later), anything
 else = failed attempt. stdout and stderr are only logs.
 
+`checkpoint()` (and so `Loop`) waits until cairn has committed the checkpoint, through the
+answer cairn writes to the FIFO `CAIRN_ACK`, so that a crash re-runs at most the iteration in
+flight. `checkpoint(..., wait=False)`, `Loop(..., wait=False)` or `CAIRN_CHECKPOINT_WAIT=0` in
+the environment send checkpoints without waiting: faster on a slow disk, but a crash may then
+re-run every iteration whose checkpoint was still on its way.
+
 Outside cairn (`CAIRN_CHANNEL` unset) every message is dropped, or printed to stderr when
 `CAIRN_DEBUG` is set, so the same script also runs standalone. If cairn goes away (the channel
-has no reader any more), the next message ends the worker with status 75.
+has no reader any more, or the ack pipe no writer), the worker ends with status 75.
 
 Standard library only; Python 3.8+.
 """
@@ -27,17 +33,28 @@ Standard library only; Python 3.8+.
 import errno
 import json
 import os
+import select
 import signal
 import sys
 import threading
 
-__all__ = ["resume_state", "checkpoint", "progress", "cost", "output", "heartbeat", "send", "Loop"]
+__all__ = [
+    "resume_state", "checkpoint", "progress", "cost", "output", "heartbeat", "send", "Loop",
+    "CairnError",
+]
 
 EXIT_INTERRUPTED = 75  # "resume me later from my last checkpoint"
 
 _lock = threading.Lock()  # one message at a time, whole lines, from any thread
 _fd = None  # the channel, opened on first use and kept open
 _gone = False  # the channel lost its reader: cairn is gone, drop everything
+_ack_lock = threading.Lock()  # one checkpoint waiting for its answer at a time
+_ack_fd = None  # the ack pipe, opened on first use and kept open
+_ack_buffer = b""  # answers read but not yet taken
+
+
+class CairnError(Exception):
+    """cairn refused a line the worker sent (the message says why)."""
 
 
 def resume_state():
@@ -49,9 +66,29 @@ def resume_state():
     return saved if saved is not None else (0, None)
 
 
-def checkpoint(iteration, state):
-    """Commit progress: iterations `0 .. iteration - 1` are done and `state` is their result."""
-    send({"checkpoint": {"iteration": iteration, "state": state}})
+def checkpoint(iteration, state, wait=None):
+    """Commit progress: iterations `0 .. iteration - 1` are done and `state` is their result.
+
+    Inside cairn this waits until cairn has handled the checkpoint (written it durably, unless
+    the phase's `checkpoint_every` makes this one wait for a later one) and returns the
+    committed iteration count, where a restart would resume. With `wait=False`, or with
+    `CAIRN_CHECKPOINT_WAIT=0` in the environment when `wait` is None, it only sends the
+    checkpoint and returns None; so does it outside cairn, or under a cairn without `CAIRN_ACK`.
+    Raises CairnError if cairn refused the line.
+    """
+    if isinstance(iteration, bool) or not isinstance(iteration, int) or iteration < 0:
+        raise ValueError("iteration must be a whole number of at least 0, not %r" % (iteration,))
+    message = {"checkpoint": {"iteration": iteration, "state": state}}
+    if not _waits(wait):
+        send(message)
+        return None
+    message["ack"] = True
+    with _ack_lock:
+        _drain_acks()  # answers nobody waited for must not be taken for this one
+        send(message)
+        if _gone:
+            return None
+        return _await_ack(iteration)
 
 
 def progress(done, total):
@@ -97,7 +134,7 @@ def send(message):
             if err.errno not in (errno.EPIPE, errno.ENXIO):
                 raise
             _gone = True
-            _daemon_gone(err)
+            _daemon_gone(err.strerror)
 
 
 class Loop:
@@ -116,13 +153,16 @@ class Loop:
 
     `total=None` loops until the body calls `loop.finish()`, which makes the current iteration
     the last. (A plain `break` leaves without checkpointing the iteration it breaks out of.)
+    `wait` is passed to `checkpoint()`: by default the next iteration starts only once the
+    last one's checkpoint is committed.
     Create the loop in the main thread: it installs the SIGTERM handler.
     """
 
-    def __init__(self, total=None, state=None):
+    def __init__(self, total=None, state=None, wait=None):
         saved = _read_resume()
         self.iteration, self.state = saved if saved is not None else (0, state)
         self.total = total
+        self.wait = wait
         self.stopping = False
         self._last = False
         signal.signal(signal.SIGTERM, self._on_term)
@@ -140,7 +180,7 @@ class Loop:
                 sys.exit(EXIT_INTERRUPTED)  # nothing new since the last checkpoint
             yield self.iteration
             self.iteration += 1
-            checkpoint(self.iteration, self.state)
+            checkpoint(self.iteration, self.state, wait=self.wait)
             if self.total is not None:
                 progress(self.iteration, self.total)
 
@@ -163,9 +203,71 @@ def _open_channel(path):
     return fd
 
 
-def _daemon_gone(err):
+def _waits(wait):
+    """Whether a checkpoint waits for its answer (only possible inside a cairn with acks)."""
+    if not os.environ.get("CAIRN_CHANNEL") or not os.environ.get("CAIRN_ACK"):
+        return False
+    if wait is None:
+        return os.environ.get("CAIRN_CHECKPOINT_WAIT", "1").strip() != "0"
+    return bool(wait)
+
+
+def _ack_pipe():
+    global _ack_fd
+    if _ack_fd is None:
+        # Non-blocking, so that opening never waits and stale answers can be drained; cairn
+        # holds a write end for as long as it runs, so end-of-file means cairn is gone.
+        flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+        _ack_fd = os.open(os.environ["CAIRN_ACK"], flags)
+    return _ack_fd
+
+
+def _read_ack_chunk(fd):
+    """Append what the ack pipe holds to the buffer; False if nothing is there yet."""
+    global _ack_buffer
+    try:
+        chunk = os.read(fd, 65536)
+    except BlockingIOError:
+        return False
+    if not chunk:
+        _daemon_gone("no answer: cairn is gone")
+    _ack_buffer += chunk
+    return True
+
+
+def _drain_acks():
+    global _ack_buffer
+    fd = _ack_pipe()
+    while _read_ack_chunk(fd):
+        pass
+    _ack_buffer = b""
+
+
+def _await_ack(iteration):
+    """Wait for cairn's answer to checkpoint `iteration`; return the committed count.
+
+    No time limit: cairn always answers, or stops the worker (SIGTERM, then SIGKILL), or is gone
+    (end of file). A signal handler (Loop's SIGTERM) runs and the wait goes on (PEP 475).
+    """
+    global _ack_buffer
+    fd = _ack_pipe()
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    while True:
+        while b"\n" not in _ack_buffer:
+            poller.poll()
+            _read_ack_chunk(fd)
+        line, _, _ack_buffer = _ack_buffer.partition(b"\n")
+        answer = json.loads(line)
+        if "error" in answer:
+            raise CairnError("cairn refused a line: %s" % answer["error"])
+        if answer.get("checkpoint", -1) >= iteration:
+            return answer["committed"]
+
+
+def _daemon_gone(reason):
     """The channel has no reader: cairn stopped or died. Exit 75 quietly (resume me later)."""
-    sys.stderr.write("cairn: channel closed (%s); exiting with status 75\n" % err.strerror)
+    sys.stderr.write("cairn: channel closed (%s); exiting with status 75\n" % reason)
     if threading.current_thread() is threading.main_thread():
         raise SystemExit(EXIT_INTERRUPTED)
     sys.stdout.flush()

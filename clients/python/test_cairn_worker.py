@@ -11,6 +11,7 @@ import sys
 import tempfile
 import textwrap
 import threading
+import time
 import unittest
 
 import cairn_worker
@@ -306,6 +307,167 @@ class DaemonGoneTest(TempDirTest):
         self.assertEqual(proc.returncode, 75)
         self.assertEqual(out, "")
         self.assertRegex(err, CHANNEL_CLOSED)
+
+
+class FakeCairn:
+    """A channel and an ack pipe read and written the way cairn does, answering by hand.
+
+    The ack pipe is held open for reading and writing (as cairn holds it), so a worker never
+    sees its end until `go_away()`. `next_line()` returns the worker's next channel line.
+    """
+
+    def __init__(self, directory):
+        self.channel = Channel(directory)
+        self.ack_path = os.path.join(directory, "ack")
+        os.mkfifo(self.ack_path)
+        self._ack_fd = os.open(self.ack_path, os.O_RDWR | os.O_NONBLOCK)
+        self._seen = 0
+
+    def env(self):
+        return {"CAIRN_CHANNEL": self.channel.path, "CAIRN_ACK": self.ack_path}
+
+    def lines_so_far(self):
+        return b"".join(self.channel._chunks).decode("utf-8").split("\n")[:-1]
+
+    def next_line(self, timeout=10):
+        deadline = time.monotonic() + timeout
+        while True:
+            lines = self.lines_so_far()
+            if len(lines) > self._seen:
+                self._seen += 1
+                return lines[self._seen - 1]
+            if time.monotonic() > deadline:
+                raise AssertionError("no line from the worker within %s s" % timeout)
+            time.sleep(0.01)
+
+    def answer(self, line):
+        os.write(self._ack_fd, (line + "\n").encode())
+
+    def go_away(self):
+        os.close(self._ack_fd)
+
+
+# Checkpoints 1..3, each followed by what cairn answered ("committed N") or the error.
+WAITING_WORKER = """
+    import cairn_worker
+    for n in (1, 2, 3):
+        try:
+            print("committed", cairn_worker.checkpoint(n, [n]), flush=True)
+        except cairn_worker.CairnError as e:
+            print("refused:", e, flush=True)
+"""
+
+
+def ack_line(iteration, state):
+    return json.dumps(
+        {"checkpoint": {"iteration": iteration, "state": state}, "ack": True}, separators=(",", ":")
+    )
+
+
+class AckTest(TempDirTest):
+    def test_checkpoint_waits_for_its_answer_and_returns_the_committed_count(self):
+        cairn = FakeCairn(self.dir)
+        proc = start_worker(WAITING_WORKER, **cairn.env())
+        try:
+            self.assertEqual(cairn.next_line(), ack_line(1, [1]))
+            time.sleep(0.3)  # unanswered: the worker must not go on
+            self.assertEqual(cairn.lines_so_far(), [ack_line(1, [1])])
+            cairn.answer('{"checkpoint":1,"committed":1}')
+            self.assertEqual(proc.stdout.readline(), "committed 1\n")
+            self.assertEqual(cairn.next_line(), ack_line(2, [2]))
+            # An older answer (to a checkpoint sent without waiting) is not this one's; with
+            # checkpoint_every > 1 the committed count lags behind.
+            cairn.answer('{"checkpoint":1,"committed":1}')
+            cairn.answer('{"checkpoint":2,"committed":1}')
+            self.assertEqual(proc.stdout.readline(), "committed 1\n")
+            self.assertEqual(cairn.next_line(), ack_line(3, [3]))
+            cairn.answer('{"error":"not a channel message (...)"}')
+            out, err = proc.communicate(timeout=10)
+        finally:
+            proc.kill()
+        self.assertEqual((proc.returncode, err), (0, ""))
+        self.assertEqual(out, "refused: cairn refused a line: not a channel message (...)\n")
+
+    def test_answers_nobody_waited_for_are_dropped_before_a_checkpoint(self):
+        cairn = FakeCairn(self.dir)
+        cairn.answer('{"checkpoint":5,"committed":5}')  # stale, from earlier
+        cairn.answer('{"error":"stale"}')
+        proc = start_worker(WAITING_WORKER, **cairn.env())
+        try:
+            self.assertEqual(cairn.next_line(), ack_line(1, [1]))
+            cairn.answer('{"checkpoint":1,"committed":0}')
+            self.assertEqual(proc.stdout.readline(), "committed 0\n")
+        finally:
+            proc.kill()
+            proc.communicate()
+
+    def test_opting_out_sends_without_ack_and_does_not_wait(self):
+        # Nobody answers here: a worker that waited would hang and fail the test.
+        argument = """
+            import cairn_worker as cw
+            print(cw.checkpoint(1, "a", wait=False))
+            for i in cw.Loop(total=2, wait=False): pass
+        """
+        environment = """
+            import cairn_worker as cw
+            print(cw.checkpoint(1, "a"))
+            for i in cw.Loop(total=2): pass
+        """
+        for how, code, env in [
+            ("argument", argument, {}),
+            ("environment", environment, {"CAIRN_CHECKPOINT_WAIT": "0"}),
+        ]:
+            with self.subTest(how):
+                cairn = FakeCairn(tempfile.mkdtemp(dir=self.dir))
+                status, out, err = run_worker(code, **cairn.env(), **env)
+                self.assertEqual((status, out, err), (0, "None\n", ""))
+                self.assertEqual(
+                    cairn.channel.lines(),
+                    [
+                        checkpoint_line(1, "a"),
+                        checkpoint_line(1, None),
+                        '{"progress":{"done":1,"total":2}}',
+                        checkpoint_line(2, None),
+                        '{"progress":{"done":2,"total":2}}',
+                    ],
+                )
+
+    def test_cairn_gone_while_waiting_exits_75(self):
+        cairn = FakeCairn(self.dir)
+        proc = start_worker(WAITING_WORKER, **cairn.env())
+        try:
+            self.assertEqual(cairn.next_line(), ack_line(1, [1]))
+            cairn.go_away()
+            out, err = proc.communicate(timeout=10)
+        finally:
+            proc.kill()
+        self.assertEqual((proc.returncode, out), (75, ""))
+        self.assertRegex(err, CHANNEL_CLOSED)
+
+    def test_sigterm_while_waiting_keeps_waiting_then_the_loop_exits_75(self):
+        cairn = FakeCairn(self.dir)
+        proc = start_worker(LOOP_WORKER % (100, 0), **cairn.env())
+        try:
+            self.assertEqual(cairn.next_line(), ack_line(1, [0]))
+            proc.send_signal(signal.SIGTERM)
+            time.sleep(0.3)  # the handler has run; the worker still waits
+            self.assertIsNone(proc.poll())
+            cairn.answer('{"checkpoint":1,"committed":1}')
+            out, err = proc.communicate(timeout=10)
+        finally:
+            proc.kill()
+        self.assertEqual((proc.returncode, err), (75, ""))
+        self.assertEqual(out, "start 0\n")
+        self.assertEqual(
+            cairn.channel.lines(), [ack_line(1, [0]), '{"progress":{"done":1,"total":100}}']
+        )
+
+    def test_a_bad_iteration_is_refused_before_sending(self):
+        status, out, err = run_worker(
+            "import cairn_worker as cw\ntry:\n    cw.checkpoint(-1, None)\n"
+            "except ValueError as e:\n    print(e)\n"
+        )
+        self.assertEqual((status, out), (0, "iteration must be a whole number of at least 0, not -1\n"))
 
 
 class StandaloneTest(TempDirTest):

@@ -17,7 +17,10 @@
 # `cairn_stopping` is true should be abandoned (exit 75 without checkpointing it).
 #
 # Each message is one line `printf '%s\n' "$msg" >> "$CAIRN_CHANNEL"` (a FIFO that cairn
-# reads). Without CAIRN_CHANNEL (outside cairn) messages are dropped, or printed to stderr
+# reads). cairn_checkpoint then waits for cairn's answer on the FIFO $CAIRN_ACK, so that the
+# next iteration starts only once this one is committed and a crash re-runs at most the
+# iteration in flight; CAIRN_CHECKPOINT_WAIT=0 sends checkpoints without waiting (faster on a
+# slow disk, but a crash may then re-run every iteration whose checkpoint was on its way). Without CAIRN_CHANNEL (outside cairn) messages are dropped, or printed to stderr
 # when CAIRN_DEBUG is set. JSON arguments are passed through as they are: give valid JSON.
 # Names starting with `_cairn` are private.
 
@@ -31,8 +34,18 @@ cairn_send() {
 }
 
 # cairn_checkpoint ITERATION STATE_JSON: iterations 0 .. ITERATION-1 are done, with this state.
+# Inside cairn, returns once cairn has committed it (or, with checkpoint_every > 1, handled it);
+# the committed iteration count is then in $CAIRN_COMMITTED. Status 1 if cairn refused the line
+# (invalid JSON), with cairn's reason on stderr.
 cairn_checkpoint() {
-    _cairn_count iteration "$1" && cairn_send "{\"checkpoint\":{\"iteration\":$1,\"state\":$2}}"
+    _cairn_count iteration "$1" || return
+    if [ -z "${CAIRN_ACK:-}" ] || [ -z "${CAIRN_CHANNEL:-}" ] ||
+        [ "${CAIRN_CHECKPOINT_WAIT:-1}" = 0 ]; then
+        cairn_send "{\"checkpoint\":{\"iteration\":$1,\"state\":$2}}"
+        return
+    fi
+    cairn_send "{\"checkpoint\":{\"iteration\":$1,\"state\":$2},\"ack\":true}" &&
+        _cairn_await_ack "$1"
 }
 
 # cairn_progress DONE TOTAL: for display.
@@ -72,12 +85,43 @@ cairn_resume_state() {
 # cairn_trap_term: from now on SIGTERM only marks the worker as stopping (see cairn_stopping).
 cairn_trap_term() {
     _cairn_stop=
-    trap '_cairn_stop=1' TERM
+    trap '_cairn_stop=1 _cairn_signals=$((${_cairn_signals:-0} + 1))' TERM
 }
 
 # cairn_stopping: true (0) once SIGTERM arrived after cairn_trap_term.
 cairn_stopping() {
     [ -n "${_cairn_stop:-}" ]
+}
+
+# _cairn_await_ack ITERATION: read cairn's answers until the one to checkpoint ITERATION
+# ({"checkpoint":N,"committed":C} with N >= ITERATION; older ones are left over from checkpoints
+# sent without waiting) or a refusal ({"error":...}). No time limit: cairn answers, or stops the
+# worker, or is gone (end of file: exit 75, as when the channel is gone). A trapped SIGTERM cuts
+# a read short (dash); the wait then goes on.
+_cairn_await_ack() {
+    while :; do
+        _cairn_seen=${_cairn_signals:-0}
+        if IFS= read -r _cairn_answer; then
+            case $_cairn_answer in
+                '{"checkpoint":'*',"committed":'*'}')
+                    _cairn_n=${_cairn_answer#'{"checkpoint":'}
+                    _cairn_n=${_cairn_n%%,*}
+                    if [ "$_cairn_n" -ge "$1" ]; then
+                        CAIRN_COMMITTED=${_cairn_answer##*'"committed":'}
+                        CAIRN_COMMITTED=${CAIRN_COMMITTED%'}'}
+                        return 0
+                    fi
+                    ;;
+                '{"error":'*)
+                    printf 'cairn refused a line: %s\n' "$_cairn_answer" >&2
+                    return 1
+                    ;;
+            esac
+        elif [ "${_cairn_signals:-0}" = "$_cairn_seen" ]; then
+            echo "cairn: channel closed (no answer: cairn is gone); exiting with status 75" >&2
+            exit 75
+        fi
+    done < "$CAIRN_ACK"
 }
 
 # CAIRN_RESUME holds one line, {"iteration":N,"state":JSON}; print what sed script $1 takes

@@ -38,7 +38,7 @@ close_channel() {
 # wait_for_line FILE LINE: poll (up to 10 s) until FILE holds LINE.
 wait_for_line() {
     n=0
-    until grep -qx "$2" "$1" 2> /dev/null; do
+    until grep -Fqx "$2" "$1" 2> /dev/null; do
         n=$((n + 1))
         [ "$n" -le 200 ] || { echo "timed out waiting for '$2' in $1"; return 1; }
         sleep 0.05
@@ -168,6 +168,106 @@ start 2" "$(cat "$tmp/log")"
 else
     echo "skip SIGTERM tests: no setsid to give the worker its own process group"
 fi
+
+# --- acknowledgements -------------------------------------------------------------------------
+# A fake cairn: the channel as above, and an ack pipe this shell holds open for reading and
+# writing on fd 8 (as cairn holds it), answering by hand. Workers run without fds 8 and 9.
+open_ack() {
+    open_channel
+    rm -f "$tmp/ack"
+    mkfifo "$tmp/ack"
+    exec 8<> "$tmp/ack"
+}
+
+# A worker sending checkpoints 1..3 and logging each outcome.
+cat > "$tmp/acker.sh" << 'EOF'
+. "$CAIRN_SH"
+cairn_trap_term
+for n in 1 2 3; do
+    if cairn_checkpoint "$n" "[$n]"; then
+        echo "committed ${CAIRN_COMMITTED:-none}"
+    else
+        echo "refused $?"
+    fi
+done
+if cairn_stopping; then echo stopping; fi
+EOF
+start_acker() {
+    : > "$tmp/log"
+    CAIRN_CHANNEL=$tmp/channel CAIRN_ACK=$tmp/ack CAIRN_SH=$here/cairn.sh \
+        sh "$tmp/acker.sh" > "$tmp/log" 2> "$tmp/stderr" 8>&- 9>&- &
+    pid=$!
+}
+ack_line() {
+    printf '{"checkpoint":{"iteration":%d,"state":[%d]},"ack":true}' "$1" "$1"
+}
+
+open_ack
+start_acker
+wait_for_line "$tmp/received" "$(ack_line 1)"
+sleep 0.3
+check "ack: the checkpoint waits for its answer" "" "$(cat "$tmp/log")"
+printf '%s\n' '{"checkpoint":1,"committed":1}' >&8
+wait_for_line "$tmp/received" "$(ack_line 2)"
+# An answer to an older checkpoint is not this one's; with checkpoint_every > 1 the committed
+# count lags behind.
+printf '%s\n' '{"checkpoint":1,"committed":1}' '{"checkpoint":2,"committed":1}' >&8
+wait_for_line "$tmp/received" "$(ack_line 3)"
+printf '%s\n' '{"error":"not a channel message (bad)"}' >&8
+wait "$pid"
+status=$?
+exec 8>&-
+close_channel
+check "ack: exit 0" 0 "$status"
+check "ack: each outcome" "committed 1
+committed 1
+refused 1" "$(cat "$tmp/log")"
+check "ack: a refusal says why" 'cairn refused a line: {"error":"not a channel message (bad)"}' \
+    "$(cat "$tmp/stderr")"
+
+# SIGTERM while waiting (trapped): the wait goes on until the answer comes.
+open_ack
+start_acker
+wait_for_line "$tmp/received" "$(ack_line 1)"
+kill -TERM "$pid"
+sleep 0.3
+check "ack, SIGTERM: still waiting" "" "$(cat "$tmp/log")"
+printf '%s\n' '{"checkpoint":1,"committed":1}' '{"checkpoint":2,"committed":2}' \
+    '{"checkpoint":3,"committed":3}' >&8
+wait "$pid"
+status=$?
+exec 8>&-
+close_channel
+check "ack, SIGTERM: every answer taken" "0 committed 1
+committed 2
+committed 3
+stopping" "$status $(cat "$tmp/log")"
+
+# cairn gone while the worker waits: exit 75 with one line on stderr.
+open_ack
+start_acker
+wait_for_line "$tmp/received" "$(ack_line 1)"
+exec 8>&-
+wait "$pid"
+status=$?
+close_channel
+check "ack, cairn gone: exit 75" 75 "$status"
+check "ack, cairn gone: says so" "cairn: channel closed (no answer: cairn is gone); exiting with status 75" \
+    "$(cat "$tmp/stderr")"
+
+# Opting out: CAIRN_CHECKPOINT_WAIT=0 sends plain checkpoints and never waits (nobody answers).
+open_ack
+CAIRN_CHECKPOINT_WAIT=0 CAIRN_CHANNEL=$tmp/channel CAIRN_ACK=$tmp/ack CAIRN_SH=$here/cairn.sh \
+    sh "$tmp/acker.sh" > "$tmp/log" 2>&1 8>&- 9>&-
+status=$?
+exec 8>&-
+close_channel
+check "no wait: nothing to wait for" "0 committed none
+committed none
+committed none" "$status $(cat "$tmp/log")"
+check "no wait: plain checkpoint lines" '{"checkpoint":{"iteration":1,"state":[1]}}
+{"checkpoint":{"iteration":2,"state":[2]}}
+{"checkpoint":{"iteration":3,"state":[3]}}' "$(cat "$tmp/received")"
 
 # --- a run that is not stopped ends with exit 0 and its output --------------------------------
 printf '%s\n' '{"iteration":97,"state":[0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,22,23,24,25,26,27,28,29,30,31,32,33,34,35,36,37,38,39,40,41,42,43,44,45,46,47,48,49,50,51,52,53,54,55,56,57,58,59,60,61,62,63,64,65,66,67,68,69,70,71,72,73,74,75,76,77,78,79,80,81,82,83,84,85,86,87,88,89,90,91,92,93,94,95,96]}' > "$tmp/resume.json"

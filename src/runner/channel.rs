@@ -6,6 +6,12 @@
 //! up to `PIPE_BUF` (4096) bytes whole even with several writers. The daemon opens it for reading
 //! *and* writing before the worker starts, so a worker's `open` never blocks and the reader never
 //! sees end-of-file between two writers.
+//!
+//! The way back is a second FIFO, the [`AckPipe`] (`$CAIRN_ACK`): a worker that puts `"ack":
+//! true` in a message gets one line once the daemon has handled it, saying which iteration is
+//! committed. The daemon holds it open for reading and writing, so a worker's reader never sees
+//! end-of-file while the daemon lives (and does see it once the daemon is gone), and writes to it
+//! without blocking: a line that does not fit (a worker that asks and never reads) is dropped.
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -33,6 +39,9 @@ pub struct Message {
     pub cost: Option<f64>,
     #[serde(default)]
     pub output: Option<Value>,
+    /// Answer this message on the ack pipe once it is handled (see [`AckPipe`]).
+    #[serde(default)]
+    pub ack: Option<bool>,
     /// Any message shows the worker is alive; this one says only that.
     #[serde(default)]
     #[allow(dead_code)]
@@ -73,16 +82,7 @@ impl std::fmt::Debug for Channel {
 impl Channel {
     /// Make a fresh FIFO at `path` (replacing a stale one) and open it.
     pub fn create(path: &Path) -> io::Result<Channel> {
-        match std::fs::remove_file(path) {
-            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
-            _ => {}
-        }
-        nix::unistd::mkfifo(path, Mode::from_bits_truncate(0o600)).map_err(|e| {
-            io::Error::new(
-                io::Error::from(e).kind(),
-                format!("creating the channel {}: {e}", path.display()),
-            )
-        })?;
+        make_fifo(path)?;
         let receiver = pipe::OpenOptions::new()
             .read_write(true)
             .open_receiver(path)?;
@@ -147,6 +147,91 @@ impl Drop for Channel {
     }
 }
 
+/// The daemon's side of `$CAIRN_ACK`: a FIFO it writes one line to per message that asked
+/// for it; removed when dropped.
+///
+/// The lines are `{"checkpoint":N,"committed":C}` (the message's checkpoint iteration, or the
+/// latest one received when it carried none; `C` the iteration count of the phase's last
+/// durable checkpoint, where a restart resumes) and `{"error":"..."}` for a line that was not a
+/// valid message (whether it asked or not: the daemon cannot tell).
+pub struct AckPipe {
+    path: PathBuf,
+    /// Opened read-write and non-blocking: the daemon never waits on a worker that does not read.
+    file: std::fs::File,
+}
+
+impl std::fmt::Debug for AckPipe {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AckPipe").field("path", &self.path).finish()
+    }
+}
+
+/// The longest error line written; pipes keep writes up to `PIPE_BUF` (4096) bytes whole.
+const MAX_ACK_ERROR_CHARS: usize = 500;
+
+impl AckPipe {
+    /// Make a fresh FIFO at `path` (replacing a stale one) and open it.
+    pub fn create(path: &Path) -> io::Result<AckPipe> {
+        make_fifo(path)?;
+        use std::os::unix::fs::OpenOptionsExt;
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(nix::fcntl::OFlag::O_NONBLOCK.bits())
+            .open(path)?;
+        Ok(AckPipe {
+            path: path.to_path_buf(),
+            file,
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Tell the worker that its checkpoint `iteration` is handled and `committed` is durable.
+    pub fn acknowledge(&self, iteration: u64, committed: u64) {
+        self.write_line(&format!(
+            "{{\"checkpoint\":{iteration},\"committed\":{committed}}}\n"
+        ));
+    }
+
+    /// Tell the worker that a line it sent was refused, and why.
+    pub fn refuse(&self, problem: &str) {
+        let problem: String = problem.chars().take(MAX_ACK_ERROR_CHARS).collect();
+        let line = serde_json::json!({ "error": problem }).to_string() + "\n";
+        self.write_line(&line);
+    }
+
+    /// One `write`: whole, or (pipe full, nobody reading) not at all.
+    fn write_line(&self, line: &str) {
+        use std::io::Write;
+        if let Err(e) = (&self.file).write(line.as_bytes()) {
+            tracing::debug!(path = %self.path.display(), "ack line dropped: {e}");
+        }
+    }
+}
+
+impl Drop for AckPipe {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// Make a FIFO at `path`, replacing whatever stale file is there.
+fn make_fifo(path: &Path) -> io::Result<()> {
+    match std::fs::remove_file(path) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+        _ => {}
+    }
+    nix::unistd::mkfifo(path, Mode::from_bits_truncate(0o600)).map_err(|e| {
+        io::Error::new(
+            io::Error::from(e).kind(),
+            format!("creating the FIFO {}: {e}", path.display()),
+        )
+    })
+}
+
 /// Parse one channel line (without its newline) into a message; the error quotes its start.
 pub fn parse_message(line: &str) -> Result<Message, String> {
     let quote = || {
@@ -170,4 +255,76 @@ pub fn parse_message(line: &str) -> Result<Message, String> {
     }
     // Parsed again from the text, so that a field given twice is refused.
     serde_json::from_str(line).map_err(|e| format!("not a channel message ({e}): {}", quote()))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+
+    use super::AckPipe;
+
+    /// A reader of the pipe as a helper opens it: read-only, non-blocking.
+    fn open_reader(pipe: &AckPipe) -> std::fs::File {
+        std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(nix::fcntl::OFlag::O_NONBLOCK.bits())
+            .open(pipe.path())
+            .expect("opening the ack pipe for reading")
+    }
+
+    fn read_all(reader: &mut std::fs::File) -> String {
+        let mut text = String::new();
+        let mut buf = [0u8; 65536];
+        loop {
+            match reader.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => text.push_str(std::str::from_utf8(&buf[..n]).expect("UTF-8")),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(e) => panic!("reading the ack pipe: {e}"),
+            }
+        }
+        text
+    }
+
+    #[test]
+    fn answers_are_whole_lines_and_a_full_pipe_drops_them_without_blocking() {
+        let dir = tempfile::tempdir().expect("a temp dir");
+        let pipe = AckPipe::create(&dir.path().join("ack")).expect("creating the ack pipe");
+        let mut reader = open_reader(&pipe);
+        pipe.acknowledge(7, 6);
+        pipe.refuse("not a channel message: \"x\"");
+        assert_eq!(
+            read_all(&mut reader),
+            "{\"checkpoint\":7,\"committed\":6}\n{\"error\":\"not a channel message: \\\"x\\\"\"}\n"
+        );
+        // Nobody reads: far more than the pipe holds; this must return, with whole lines kept.
+        for n in 0..20_000 {
+            pipe.acknowledge(n, n);
+        }
+        let kept = read_all(&mut reader);
+        let lines: Vec<&str> = kept.lines().collect();
+        assert!(lines.len() < 20_000, "{} answers kept", lines.len());
+        for (n, line) in lines.iter().enumerate() {
+            assert_eq!(*line, format!("{{\"checkpoint\":{n},\"committed\":{n}}}"));
+        }
+        // Room again: the next answer gets through.
+        pipe.acknowledge(20_000, 20_000);
+        assert_eq!(
+            read_all(&mut reader),
+            "{\"checkpoint\":20000,\"committed\":20000}\n"
+        );
+    }
+
+    #[test]
+    fn a_long_refusal_is_cut_to_fit_one_atomic_write() {
+        let dir = tempfile::tempdir().expect("a temp dir");
+        let pipe = AckPipe::create(&dir.path().join("ack")).expect("creating the ack pipe");
+        let mut reader = open_reader(&pipe);
+        pipe.refuse(&"\u{1}".repeat(10_000));
+        let line = read_all(&mut reader);
+        assert!(line.len() <= 4096, "{} bytes", line.len());
+        let answer: serde_json::Value = serde_json::from_str(&line).expect("one JSON line");
+        assert!(answer["error"].is_string());
+    }
 }

@@ -8,6 +8,13 @@
 //! `{"iteration":N,"state":...}` (one line, keys in that order, compact), so that even a shell
 //! script can read it. Exit 0 ends the phase (output: the last `output` message, else the last
 //! checkpoint's state); 75 asks to be resumed; anything else fails the attempt.
+//!
+//! A message with `"ack": true` is answered on the worker's ack pipe (`CAIRN_ACK`) once it is
+//! handled, that is after its checkpoint is durable when one was due, so that a worker that
+//! waits for the answer never runs ahead of its committed checkpoints: a crash re-runs only the
+//! iteration in flight. Every case that leaves a waiting worker without its answer (the daemon
+//! dies, the worker is stopped for a failed write or its budget) ends the worker: the answer
+//! goes out before the SIGTERM's effect matters, and SIGKILL follows.
 
 use std::process::Stdio;
 
@@ -15,7 +22,7 @@ use nix::sys::signal::Signal;
 use serde_json::Value;
 use tokio::time::Instant;
 
-use super::channel::{Channel, Message};
+use super::channel::{AckPipe, Channel, CheckpointMessage, Message};
 use super::checkpointing::PhaseCheckpointer;
 use super::child::{group_of, kill_group, open_log, spawn_in_group};
 use super::{PhaseEnd, PhaseError, PhaseRun};
@@ -30,11 +37,15 @@ pub const EXIT_RESUME_ME: i32 = 75;
 struct WorkerState<'r, 'a> {
     checkpoints: PhaseCheckpointer<'r, 'a>,
     count: u64,
+    /// The iteration count of the last durable checkpoint (where a restart would resume).
+    committed: u64,
     state: Value,
     output: Option<Value>,
     cost_since_checkpoint: bool,
     /// Why the worker must stop, once decided (a failed checkpoint write, its budget).
     stop: Option<PhaseError>,
+    /// SIGTERM has gone to the worker's group (it is sent once).
+    term_sent: bool,
 }
 
 pub(super) async fn run(run: &PhaseRun<'_>) -> Result<PhaseEnd, PhaseError> {
@@ -84,6 +95,9 @@ pub(super) async fn run(run: &PhaseRun<'_>) -> Result<PhaseEnd, PhaseError> {
         Channel::create(&run_dir.join(format!("channel-{}-{}", run.index, run.attempt)))
             .map_err(|e| transient("creating the worker channel", e))?;
     env.push(("CAIRN_CHANNEL".into(), channel.path().display().to_string()));
+    let ack = AckPipe::create(&run_dir.join(format!("ack-{}-{}", run.index, run.attempt)))
+        .map_err(|e| transient("creating the worker's ack pipe", e))?;
+    env.push(("CAIRN_ACK".into(), ack.path().display().to_string()));
 
     let log_path = run.log_path();
     let log =
@@ -97,14 +111,15 @@ pub(super) async fn run(run: &PhaseRun<'_>) -> Result<PhaseEnd, PhaseError> {
     let mut worker = WorkerState {
         checkpoints,
         count,
+        committed: count,
         state,
         output: None,
         cost_since_checkpoint: false,
         stop: None,
+        term_sent: false,
     };
     let started = Instant::now();
     let mut last_heard = Instant::now();
-    let mut term_sent = false;
     // When a worker told to stop for its budget or a storage failure is killed if still there.
     let mut kill_at: Option<Instant> = None;
     let mut killed = false;
@@ -116,17 +131,18 @@ pub(super) async fn run(run: &PhaseRun<'_>) -> Result<PhaseEnd, PhaseError> {
         tokio::select! {
             status = child.wait() => break status,
             message = channel.next() => {
+                let term_was_sent = worker.term_sent;
+                worker = handle(run, worker, message, group, &ack).await?;
+                // After the handling too: a slow disk is not the worker's silence.
                 last_heard = Instant::now();
-                worker = handle(run, worker, message, group).await?;
-                if worker.stop.is_some() && !term_sent {
-                    kill_group(group, Signal::SIGTERM);
-                    term_sent = true;
+                if worker.term_sent && !term_was_sent {
+                    // Stopped for its budget or a failed write: killed if it lingers.
                     kill_at = Some(Instant::now() + super::child::KILL_AFTER);
                 }
             }
-            _ = run.stop_requested(), if !term_sent => {
+            _ = run.stop_requested(), if !worker.term_sent => {
                 kill_group(group, Signal::SIGTERM);
-                term_sent = true;
+                worker.term_sent = true;
                 if !run.ctx.shutdown.is_stopping() {
                     // Paused or cancelled: the stop grace is the daemon's; give it KILL_AFTER.
                     kill_at = Some(Instant::now() + super::child::KILL_AFTER);
@@ -136,7 +152,7 @@ pub(super) async fn run(run: &PhaseRun<'_>) -> Result<PhaseEnd, PhaseError> {
                 kill_group(group, Signal::SIGKILL);
                 killed = true;
             }
-            _ = sleep_until(heartbeat_deadline), if !killed && !term_sent => {
+            _ = sleep_until(heartbeat_deadline), if !killed && !worker.term_sent => {
                 silent_too_long = true;
                 kill_group(group, Signal::SIGKILL);
                 killed = true;
@@ -157,9 +173,10 @@ pub(super) async fn run(run: &PhaseRun<'_>) -> Result<PhaseEnd, PhaseError> {
     let status =
         status.map_err(|e| PhaseError::Command(format!("{what}: waiting for the worker: {e}")))?;
     for message in channel.drain().await {
-        worker = handle(run, worker, message, None).await?;
+        worker = handle(run, worker, message, None, &ack).await?;
     }
     drop(channel);
+    drop(ack);
 
     let WorkerState {
         mut checkpoints,
@@ -214,38 +231,26 @@ async fn sleep_until(deadline: Option<Instant>) {
     }
 }
 
-/// Take one channel message into account.
+/// Take one channel message into account, and answer it on the ack pipe if it asked.
 async fn handle<'r, 'a>(
     run: &PhaseRun<'_>,
     mut worker: WorkerState<'r, 'a>,
     message: Result<Message, String>,
     group: Option<nix::unistd::Pid>,
+    ack: &AckPipe,
 ) -> Result<WorkerState<'r, 'a>, PhaseError> {
     let message = match message {
         Ok(message) => message,
         Err(problem) => {
             tracing::warn!(task_id = run.task.id(), phase = %run.phase.name, "worker channel: {problem}");
             note_in_log(run, &format!("cairn: ignored a channel line: {problem}"));
+            // A helper waiting for its answer must not wait for ever.
+            ack.refuse(&problem);
             return Ok(worker);
         }
     };
     if let Some(cost) = message.cost {
-        if cost.is_finite() && cost >= 0.0 {
-            run.add_cost(cost);
-            worker.cost_since_checkpoint = true;
-            // Reaching the budget stops the worker at once, checkpoint or not.
-            if let Err(stop) = run.check_budget(true, "") {
-                if worker.stop.is_none() {
-                    kill_group(group, Signal::SIGTERM);
-                }
-                worker.stop.get_or_insert(stop);
-            }
-        } else {
-            note_in_log(
-                run,
-                &format!("cairn: ignored a cost of {cost}: it must be a number of at least 0"),
-            );
-        }
+        take_cost(run, &mut worker, cost, group);
     }
     if let Some(progress) = message.progress {
         run.set_progress(progress.done, progress.total);
@@ -253,48 +258,96 @@ async fn handle<'r, 'a>(
     if let Some(output) = message.output {
         worker.output = Some(output);
     }
-    if let Some(checkpoint) = message.checkpoint {
-        if checkpoint.iteration < worker.count {
-            note_in_log(
-                run,
-                &format!(
-                    "cairn: ignored a checkpoint of iteration {}, older than {}",
-                    checkpoint.iteration, worker.count
-                ),
-            );
-            return Ok(worker);
+    let acknowledged = match message.checkpoint {
+        Some(checkpoint) => {
+            let iteration = checkpoint.iteration;
+            worker = take_checkpoint(run, worker, checkpoint, group).await;
+            iteration
         }
-        // Only new iterations must have reported their cost; a repeated checkpoint (the last
-        // one again, sent on a stop) adds no work.
-        let advanced = checkpoint.iteration > worker.count;
-        let cost_known = !advanced || std::mem::take(&mut worker.cost_since_checkpoint);
-        worker.count = checkpoint.iteration;
-        worker.state = checkpoint.state;
-        let count = worker.count;
-        // Decide on the budget before the (fsynced) write, so that a worker over its budget
-        // gets SIGTERM without waiting for the disk, and starts no further paid iteration.
-        if let Err(stop) =
-            run.check_budget(cost_known, &format!("the work up to checkpoint {count}"))
-        {
-            if worker.stop.is_none() {
-                kill_group(group, Signal::SIGTERM);
-            }
-            worker.stop.get_or_insert(stop);
-        }
-        let written = worker
-            .checkpoints
-            .checkpoint(count, worker.state.clone())
-            .await;
-        run.ctx.work.update(|w| {
-            if let Some(entry) = w.get_mut(run.task.id()) {
-                entry.iterations = count;
-            }
-        });
-        if let Err(e) = written {
-            worker.stop.get_or_insert(e);
-        }
+        None => worker.count,
+    };
+    if message.ack == Some(true) {
+        ack.acknowledge(acknowledged, worker.committed);
     }
     Ok(worker)
+}
+
+/// Add a reported cost; reaching the budget stops the worker at once, checkpoint or not.
+fn take_cost(
+    run: &PhaseRun<'_>,
+    worker: &mut WorkerState<'_, '_>,
+    cost: f64,
+    group: Option<nix::unistd::Pid>,
+) {
+    if !(cost.is_finite() && cost >= 0.0) {
+        note_in_log(
+            run,
+            &format!("cairn: ignored a cost of {cost}: it must be a number of at least 0"),
+        );
+        return;
+    }
+    run.add_cost(cost);
+    worker.cost_since_checkpoint = true;
+    if let Err(stop) = run.check_budget(true, "") {
+        stop_worker(worker, stop, group);
+    }
+}
+
+/// Record a checkpoint message: written now when due (see `checkpoint_every`).
+async fn take_checkpoint<'r, 'a>(
+    run: &PhaseRun<'_>,
+    mut worker: WorkerState<'r, 'a>,
+    checkpoint: CheckpointMessage,
+    group: Option<nix::unistd::Pid>,
+) -> WorkerState<'r, 'a> {
+    if checkpoint.iteration < worker.count {
+        note_in_log(
+            run,
+            &format!(
+                "cairn: ignored a checkpoint of iteration {}, older than {}",
+                checkpoint.iteration, worker.count
+            ),
+        );
+        return worker;
+    }
+    // Only new iterations must have reported their cost; a repeated checkpoint (the last
+    // one again, sent on a stop) adds no work.
+    let advanced = checkpoint.iteration > worker.count;
+    let cost_known = !advanced || std::mem::take(&mut worker.cost_since_checkpoint);
+    worker.count = checkpoint.iteration;
+    worker.state = checkpoint.state;
+    let count = worker.count;
+    // Decide on the budget before the (fsynced) write, so that a worker over its budget
+    // gets SIGTERM without waiting for the disk, and starts no further paid iteration.
+    if let Err(stop) = run.check_budget(cost_known, &format!("the work up to checkpoint {count}")) {
+        stop_worker(&mut worker, stop, group);
+    }
+    let written = worker
+        .checkpoints
+        .checkpoint(count, worker.state.clone())
+        .await;
+    run.ctx.work.update(|w| {
+        if let Some(entry) = w.get_mut(run.task.id()) {
+            entry.iterations = count;
+        }
+    });
+    match written {
+        Ok(true) => worker.committed = count,
+        Ok(false) => {}
+        // SIGTERM before the answer, so that a helper reading "not committed" already
+        // knows it is stopping.
+        Err(e) => stop_worker(&mut worker, e, group),
+    }
+    worker
+}
+
+/// Decide that the worker must stop (the first reason wins) and send it SIGTERM once.
+fn stop_worker(worker: &mut WorkerState<'_, '_>, why: PhaseError, group: Option<nix::unistd::Pid>) {
+    if !worker.term_sent {
+        kill_group(group, Signal::SIGTERM);
+        worker.term_sent = true;
+    }
+    worker.stop.get_or_insert(why);
 }
 
 fn note_in_log(run: &PhaseRun<'_>, line: &str) {
