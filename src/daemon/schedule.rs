@@ -390,6 +390,8 @@ impl Scheduler {
             }
             AttemptEnd::Interrupted if control.pause.is_cancelled() => {
                 entry.status = ActiveStatus::Paused;
+                // A clean stop: the daemon outlived this attempt.
+                entry.crashes_without_progress = 0;
                 tracing::info!(task_id = %id, phase = %entry.phase, iterations = entry.iterations, "task paused");
                 self.ctx.journal(
                     &id,
@@ -417,6 +419,8 @@ impl Scheduler {
             }
             AttemptEnd::Interrupted => {
                 entry.status = ActiveStatus::Interrupted;
+                // A clean stop: the daemon outlived this attempt.
+                entry.crashes_without_progress = 0;
                 tracing::info!(task_id = %id, phase = %entry.phase, iterations = entry.iterations, "task interrupted");
                 self.ctx.journal(
                     &id,

@@ -54,6 +54,8 @@ impl<'r, 'a> PhaseCheckpointer<'r, 'a> {
         run.ctx.work.update(|w| {
             if let Some(entry) = w.get_mut(run.task.id()) {
                 entry.last_checkpoint_at = Some(chrono::Utc::now());
+                // Progress: the crashes before it say nothing against this task.
+                entry.crashes_without_progress = 0;
             }
         });
         run.ctx.journal(

@@ -259,6 +259,8 @@ async fn finish_phase(
             e.phase_outputs
                 .insert(task.phases[index].name.clone(), stored);
             e.phase_index = index + 1;
+            // Progress: the crashes before it say nothing against this task.
+            e.crashes_without_progress = 0;
             if let Some(timing) = e.phases.last_mut() {
                 timing.finished_at = Some(Utc::now());
                 if task.phases[index].kind != PhaseKind::Once {
