@@ -311,6 +311,19 @@ pub(crate) fn checkpoint_error(e: StoreError) -> PhaseError {
     }
 }
 
+/// A command that could not be started: out of processes or memory (`EAGAIN`, `ENOMEM`) is
+/// transient and retried without using up an attempt (a fork bomb in one task must not fail
+/// the others for good); anything else is the command's failure.
+pub(crate) fn spawn_failure(what: &str, e: std::io::Error) -> PhaseError {
+    if child::is_resource_exhaustion(&e) {
+        PhaseError::Transient(format!(
+            "{what}: {e} (the system is out of processes or memory; retried without using up an attempt)"
+        ))
+    } else {
+        PhaseError::Command(format!("{what}: {e}"))
+    }
+}
+
 /// Blocking jobs of the runners and the scheduler that run at once. Thousands of tasks in
 /// flight would otherwise grow tokio's blocking pool to hundreds of threads: each one's stack
 /// and malloc arena add to the daemon's memory, and every fork of the daemon (one per command
@@ -381,6 +394,7 @@ impl PhaseRun<'_> {
                 // cairn's own storage (a full disk): retried without using up an attempt.
                 child::RunError::Log(e) => PhaseError::Transient(format!("{what}: {e}")),
                 child::RunError::Command(e) => PhaseError::Command(format!("{what}: {e}")),
+                child::RunError::Exhausted(e) => spawn_failure(&what, e),
             })?;
         let log_note = format!("its stderr is in {}", log.display());
         match end {

@@ -90,7 +90,7 @@ pub(super) async fn run(run: &PhaseRun<'_>) -> Result<PhaseEnd, PhaseError> {
         open_log(&log_path, &run.log_header(None)).map_err(|e| transient("opening the log", e))?;
     let what = format!("phase {:?}", run.phase.name);
     let mut child = spawn_in_group(&run.phase.run, &run.cwd(), &env, log, Stdio::null(), None)
-        .map_err(|e| PhaseError::Command(format!("{what}: {e}")))?;
+        .map_err(|e| super::spawn_failure(&what, e))?;
     let group = group_of(&child);
     tracing::info!(task_id, phase = %run.phase.name, iteration = count, "worker started");
 
