@@ -66,3 +66,53 @@ fn progress_in_an_attempt_ended_by_a_clean_stop_resets_the_crash_count() {
     let done = queue.wait_done("steady");
     assert_eq!(done["result"], loop_result(8));
 }
+
+#[test]
+fn a_task_that_kills_the_daemon_is_quarantined_and_the_innocent_task_beside_it_finishes() {
+    let queue = TestQueue::new();
+    let side = queue.aux("mail.side");
+    // The command's parent is the daemon: this task kills the daemon at every start.
+    queue.seed_task(
+        "killer.json",
+        &json!({"id": "killer", "phases": [{"name": "boom", "run": ["sh", "-c", "kill -9 $PPID; sleep 30"]}]}),
+    );
+    // Starts first, and is still running when the killer strikes.
+    let send = format!(
+        "echo sent >> '{}'; sleep 2; printf '\"sent\"'",
+        side.display()
+    );
+    queue.seed_task(
+        "mail.json",
+        &json!({"id": "mail", "priority": 1, "phases": [{"name": "send", "run": ["sh", "-c", send]}]}),
+    );
+
+    let mut runs = 0;
+    while queue.failed("killer").is_none() || queue.done("mail").is_none() {
+        runs += 1;
+        assert!(runs <= 20, "still not settled after 20 daemon runs");
+        assert!(
+            queue.failed("mail").is_none(),
+            "{:#}",
+            queue.failed("mail").unwrap()
+        );
+        let mut daemon = queue.start(&["--exit-when-idle"]);
+        let status = daemon.wait_exit(DEADLINE);
+        assert!(
+            status.code() == Some(0) || status.signal() == Some(9),
+            "{status}"
+        );
+    }
+    let failed = queue.failed("killer").unwrap();
+    assert_eq!(failed["status"], "failed", "{failed:#}");
+    let error = failed["error"].as_str().unwrap();
+    assert!(
+        error.contains("alone") && error.contains("times in a row"),
+        "the record does not say what convicted it: {error}"
+    );
+    assert_eq!(queue.done("mail").unwrap()["result"], json!("sent"));
+    let sends = std::fs::read_to_string(&side).unwrap().lines().count();
+    assert!(
+        sends <= 2,
+        "the innocent task's side effect ran {sends} times"
+    );
+}

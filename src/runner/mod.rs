@@ -259,8 +259,10 @@ async fn finish_phase(
             e.phase_outputs
                 .insert(task.phases[index].name.clone(), stored);
             e.phase_index = index + 1;
-            // Progress: the crashes before it say nothing against this task.
-            e.crashes_without_progress = 0;
+            // Progress: the crashes before it say nothing against this task,
+            // and a trial it was on is over (see `daemon::crash_blame`).
+            e.crashes_alone = 0;
+            e.suspect = false;
             if let Some(timing) = e.phases.last_mut() {
                 timing.finished_at = Some(Utc::now());
                 if task.phases[index].kind != PhaseKind::Once {

@@ -131,9 +131,20 @@ pub struct ActiveTask {
     /// The phase index when the current attempt began, to tell whether a crashed attempt made
     /// progress.
     pub attempt_started_phase: usize,
-    /// Daemon crashes in a row during this task's attempts with no progress in between.
-    #[serde(default, skip_serializing_if = "is_zero")]
-    pub crashes_without_progress: u32,
+    /// Daemon crashes in a row while this task ran alone, with no progress (checkpoint, finished
+    /// phase) or clean stop in between; see `daemon::crash_blame`. (Read from the older name
+    /// too, which counted crashes beside other tasks as well.)
+    #[serde(
+        default,
+        skip_serializing_if = "is_zero",
+        alias = "crashes_without_progress"
+    )]
+    pub crashes_alone: u32,
+    /// The daemon died while this task was in flight with others and before it made progress:
+    /// it is tried alone before anything else starts beside it. Cleared by progress or by an
+    /// attempt that ends while the daemon lives.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub suspect: bool,
     /// The task's summed cost, when its commands report costs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cost: Option<f64>,
@@ -167,7 +178,8 @@ impl ActiveTask {
             status: ActiveStatus::Running,
             iterations: 0,
             attempt_started_phase: 0,
-            crashes_without_progress: 0,
+            crashes_alone: 0,
+            suspect: false,
             cost: None,
             progress: None,
             next_attempt_at: None,
