@@ -13,6 +13,7 @@
 
 pub mod bench;
 pub mod cli;
+pub mod cost;
 pub mod daemon;
 pub mod queue;
 pub mod runner;

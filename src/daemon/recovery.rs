@@ -4,6 +4,7 @@
 use super::crash_blame::{self, Verdict};
 use super::*;
 use crate::store::records::FailedRecord;
+use crate::task::PhaseKind;
 
 impl Scheduler {
     /// Finish half-done intake, then line up every task that was in flight and every accepted
@@ -109,6 +110,7 @@ impl Scheduler {
                     Some(progressed) => progressed,
                     None => self.attempt_progressed(&entry).await,
                 };
+                self.count_lost_iterations(&task, &mut entry);
                 if let Err(error) = self.judge_crash(&task, &mut entry, in_flight, progressed) {
                     self.give_up(&task, entry, error).await;
                     return None;
@@ -135,6 +137,32 @@ impl Scheduler {
         self.ctx.work.update(|w| w.upsert(entry));
         self.tasks.insert(id, task);
         suspect
+    }
+
+    /// The daemon died during this task's attempt: the iterations of a loop or worker it had
+    /// in flight (and the completed ones not yet checkpointed: at most `checkpoint_every` in
+    /// all) were paid for but their cost was never committed. They count as spent, so that a
+    /// budget holds whatever the kills; the count is durable before anything resumes (the
+    /// attempt is persisted before its commands start).
+    fn count_lost_iterations(&self, task: &Task, entry: &mut ActiveTask) {
+        let Some(phase) = task.phases.get(entry.phase_index) else {
+            return;
+        };
+        if !matches!(phase.kind, PhaseKind::Loop | PhaseKind::Worker) {
+            return;
+        }
+        let lost = phase.checkpoint_every();
+        entry.lost_iterations = entry.lost_iterations.saturating_add(lost);
+        self.ctx.journal(
+            &entry.task_id,
+            "iterations_lost",
+            serde_json::json!({
+                "phase": entry.phase,
+                "counted": lost,
+                "lost_iterations": entry.lost_iterations,
+                "lost_cost_estimate": entry.lost_cost_estimate(),
+            }),
+        );
     }
 
     /// The daemon died during this task's attempt: a crash is not the task's failure (a power

@@ -91,7 +91,14 @@ pub(super) async fn run(run: &PhaseRun<'_>) -> Result<PhaseEnd, PhaseError> {
         };
         cost_known = reply.cost.is_some();
         if let Some(cost) = reply.cost {
-            run.add_cost(cost);
+            // The largest iteration cost prices the iterations a crash loses: it is durable
+            // before the next iteration can be lost.
+            if run.add_cost(cost) {
+                if let Err(e) = run.ctx.work.persist().await {
+                    checkpoints.flush().await?;
+                    return Err(PhaseError::Transient(e.to_string()));
+                }
+            }
         }
         count += 1;
         state = reply.state;

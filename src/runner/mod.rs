@@ -469,15 +469,25 @@ impl PhaseRun<'_> {
         });
     }
 
-    /// Add a reported cost; returns the new total.
-    pub fn add_cost(&self, amount: f64) -> f64 {
-        let total = self.cost().unwrap_or(0.0) + amount;
-        self.set_cost(Some(total));
-        total
+    /// Add a reported cost of one iteration (summed exactly). Returns true when it is the
+    /// largest so far, the price of iterations lost to crashes: the caller makes that durable.
+    pub fn add_cost(&self, amount: f64) -> bool {
+        self.ctx.work.update(|w| {
+            let Some(entry) = w.get_mut(self.task.id()) else {
+                return false;
+            };
+            entry.cost = Some(crate::cost::add(entry.cost.unwrap_or(0.0), amount));
+            let largest = entry.max_iteration_cost.is_none_or(|max| amount > max);
+            if largest {
+                entry.max_iteration_cost = Some(amount);
+            }
+            largest
+        })
     }
 
     /// With a budget: refuse to go on once it is spent, or when the cost of the work done so
-    /// far is unknown (`cost_known` false) — unknown cost is not zero.
+    /// far is unknown (`cost_known` false) — unknown cost is not zero. What is spent includes
+    /// the estimate for the iterations lost to crashes.
     pub fn check_budget(&self, cost_known: bool, what: &str) -> Result<(), PhaseError> {
         let Some(budget) = &self.task.budget else {
             return Ok(());
@@ -487,10 +497,24 @@ impl PhaseRun<'_> {
                 "budget: {what} reported no cost; with budget.max_cost set every iteration must report its cost (unknown cost is not zero)"
             )));
         }
-        let spent = self.cost().unwrap_or(0.0);
+        let (committed, lost, estimate) = self
+            .ctx
+            .work
+            .update(|w| {
+                w.get(self.task.id())
+                    .map(|e| (e.cost, e.lost_iterations, e.lost_cost_estimate()))
+            })
+            .unwrap_or_default();
+        let spent = crate::cost::add(committed.unwrap_or(0.0), estimate.unwrap_or(0.0));
         if spent >= budget.max_cost {
+            let lost = match estimate {
+                Some(estimate) => format!(
+                    ", of which {estimate} is the estimate for {lost} iteration(s) in flight when the daemon died"
+                ),
+                None => String::new(),
+            };
             return Err(PhaseError::Budget(format!(
-                "budget: budget.max_cost {} reached (spent {spent})",
+                "budget: budget.max_cost {} reached (spent {spent}{lost})",
                 budget.max_cost
             )));
         }

@@ -66,6 +66,10 @@ fn is_zero(n: &u32) -> bool {
     *n == 0
 }
 
+fn is_zero_u64(n: &u64) -> bool {
+    *n == 0
+}
+
 /// Where a task in flight stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -148,6 +152,14 @@ pub struct ActiveTask {
     /// The task's summed cost, when its commands report costs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cost: Option<f64>,
+    /// Iterations that were in flight (or done but not yet checkpointed) when the daemon died,
+    /// counted as spent: their cost is not in `cost`, which is what checkpoints committed.
+    #[serde(default, skip_serializing_if = "is_zero_u64")]
+    pub lost_iterations: u64,
+    /// The largest cost a single iteration (a loop reply, a worker's `cost` message) reported:
+    /// the price of each lost iteration.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_iteration_cost: Option<f64>,
     /// A worker's own account of its progress.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub progress: Option<Progress>,
@@ -181,12 +193,27 @@ impl ActiveTask {
             crashes_alone: 0,
             suspect: false,
             cost: None,
+            lost_iterations: 0,
+            max_iteration_cost: None,
             progress: None,
             next_attempt_at: None,
             last_error: None,
             retry_of: None,
             phases: Vec::new(),
         }
+    }
+}
+
+impl ActiveTask {
+    /// What the iterations lost to crashes are taken to have cost, at the largest cost an
+    /// iteration reported (`None` while nothing is lost, or no cost was reported yet: they are
+    /// priced once one is).
+    pub fn lost_cost_estimate(&self) -> Option<f64> {
+        if self.lost_iterations == 0 {
+            return None;
+        }
+        self.max_iteration_cost
+            .map(|each| crate::cost::times(self.lost_iterations, each))
     }
 }
 
