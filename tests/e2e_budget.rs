@@ -487,3 +487,65 @@ fn costs_are_summed_without_float_noise() {
         "{text}"
     );
 }
+
+#[test]
+fn a_workers_iterations_lost_to_sigkills_count_against_the_budget() {
+    let queue = TestQueue::new();
+    let side = queue.aux("wpaid.side");
+    // Each iteration bills 0.01 as it starts (a "start" line) and takes a second.
+    let mut task = budget_worker("wpaid", &side, 0.05, &["--cost", "0.01", "--sleep", "1.0"]);
+    task["retry"] = json!({"max_attempts": 10, "backoff": "100ms"});
+    queue.seed_task("wpaid.json", &task);
+    let started = || -> Vec<u64> {
+        worker_lines(&side)
+            .iter()
+            .filter(|(event, _)| event == "start")
+            .map(|(_, rest)| rest.split(' ').next().unwrap().parse().unwrap())
+            .collect()
+    };
+    let committed = |queue: &TestQueue| {
+        queue
+            .path("incremental/wpaid.json.gz")
+            .exists()
+            .then(|| queue.checkpoint("wpaid").iteration_count)
+            .unwrap_or(0)
+    };
+    let mut kills = 0;
+    while kills < 4 && queue.failed("wpaid").is_none() {
+        let mut daemon = queue.start(&[]);
+        let before = committed(&queue);
+        let settled = wait_for(
+            "a new checkpoint and the next iteration started",
+            DEADLINE,
+            || {
+                if queue.failed("wpaid").is_some() {
+                    return Some(false);
+                }
+                let count = committed(&queue);
+                (count > before && started().last() == Some(&count)).then_some(true)
+            },
+        );
+        if !settled {
+            break;
+        }
+        daemon.kill_hard();
+        kills += 1;
+    }
+    queue.run_until_idle(&[]);
+
+    let record = budget_record(&queue, "wpaid");
+    let billed = started().len();
+    // The budget is reached at 5 billed iterations; the worker may start one or two more
+    // before its SIGTERM arrives (see assert_stopped_after). Without the lost iterations
+    // counted, every kill adds one more.
+    assert!(
+        billed <= 7,
+        "the worker was billed {billed} iterations with a budget of 5 (after {kills} kills): {record:#}"
+    );
+    assert!(
+        record["lost_cost_estimate"]
+            .as_f64()
+            .is_some_and(|c| c > 0.0),
+        "{record:#}"
+    );
+}
