@@ -383,6 +383,15 @@ fn a_worker_that_reports_cost_without_checkpoints_is_stopped_at_its_budget() {
     assert_stopped_after(&worker_ended(&lines), 3);
 }
 
+/// The iterations the task's checkpoints committed (0 before the first).
+fn committed_iterations(queue: &TestQueue, id: &str) -> u64 {
+    if queue.path(&format!("incremental/{id}.json.gz")).exists() {
+        queue.checkpoint(id).iteration_count
+    } else {
+        0
+    }
+}
+
 /// What `budget_loop.py --charges` billed: the sum of its lines, in cents (exact).
 fn charged_cents(path: &Path) -> u64 {
     std::fs::read_to_string(path)
@@ -407,13 +416,7 @@ fn iterations_lost_to_sigkills_count_against_the_budget() {
     task["retry"] = json!({"max_attempts": 10, "backoff": "100ms"});
     queue.seed_task("paid.json", &task);
 
-    let committed = |queue: &TestQueue| {
-        queue
-            .path("incremental/paid.json.gz")
-            .exists()
-            .then(|| queue.checkpoint("paid").iteration_count)
-            .unwrap_or(0)
-    };
+    let committed = |queue: &TestQueue| committed_iterations(queue, "paid");
     let mut kills = 0;
     while kills < 4 && queue.failed("paid").is_none() {
         let mut daemon = queue.start(&[]);
@@ -503,13 +506,7 @@ fn a_workers_iterations_lost_to_sigkills_count_against_the_budget() {
             .map(|(_, rest)| rest.split(' ').next().unwrap().parse().unwrap())
             .collect()
     };
-    let committed = |queue: &TestQueue| {
-        queue
-            .path("incremental/wpaid.json.gz")
-            .exists()
-            .then(|| queue.checkpoint("wpaid").iteration_count)
-            .unwrap_or(0)
-    };
+    let committed = |queue: &TestQueue| committed_iterations(queue, "wpaid");
     let mut kills = 0;
     while kills < 4 && queue.failed("wpaid").is_none() {
         let mut daemon = queue.start(&[]);
