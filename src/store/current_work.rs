@@ -236,3 +236,40 @@ impl StartPoint {
         format!("runs/{task_id}/start.json")
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{ActiveStatus, ActiveTask};
+
+    /// An entry as an older cairn wrote it: no crash suspicion, no lost iterations, the crash
+    /// count under its old name.
+    const OLD_ENTRY: &str = r#"{
+        "task_id": "t", "phase": "p", "phase_index": 0, "phase_outputs": {},
+        "started_at": "2026-11-21T23:53:37Z", "attempt": 2, "failed_attempts": 0,
+        "status": "running", "iterations": 3, "attempt_started_phase": 0,
+        "crashes_without_progress": 2, "cost": 0.5
+    }"#;
+
+    #[test]
+    fn an_older_entry_still_reads() {
+        let entry: ActiveTask = serde_json::from_str(OLD_ENTRY).unwrap();
+        assert_eq!(entry.status, ActiveStatus::Running);
+        assert_eq!(entry.crashes_alone, 2);
+        assert!(!entry.suspect);
+        assert_eq!(entry.lost_iterations, 0);
+        assert_eq!(entry.lost_cost_estimate(), None);
+    }
+
+    #[test]
+    fn the_crash_accounting_survives_a_rewrite() {
+        let mut entry: ActiveTask = serde_json::from_str(OLD_ENTRY).unwrap();
+        entry.suspect = true;
+        entry.lost_iterations = 3;
+        entry.max_iteration_cost = Some(0.1);
+        let text = serde_json::to_string(&entry).unwrap();
+        assert!(text.contains("\"crashes_alone\":2"), "{text}");
+        let back: ActiveTask = serde_json::from_str(&text).unwrap();
+        assert_eq!(back, entry);
+        assert_eq!(back.lost_cost_estimate().unwrap().to_string(), "0.3");
+    }
+}
