@@ -68,9 +68,10 @@ impl Scheduler {
                 };
                 entry.status = ActiveStatus::Interrupted;
                 // A crash suspect paused before its trial is still to be tried alone.
-                let queue = match entry.suspect {
-                    true => &mut self.suspects,
-                    false => &mut self.resume,
+                let queue = if entry.suspect {
+                    &mut self.suspects
+                } else {
+                    &mut self.resume
                 };
                 queue.push_back(id.to_string());
                 self.ctx.work.update(|w| w.upsert(entry));

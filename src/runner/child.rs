@@ -158,9 +158,12 @@ pub async fn run_command(
         Stdio::piped(),
         Some(Stdio::piped()),
     )
-    .map_err(|e| match is_resource_exhaustion(&e) {
-        true => RunError::Exhausted(e),
-        false => RunError::Command(e),
+    .map_err(|e| {
+        if is_resource_exhaustion(&e) {
+            RunError::Exhausted(e)
+        } else {
+            RunError::Command(e)
+        }
     })?;
     let group = group_of(&child);
     let mut stdin = child.stdin.take();
