@@ -91,13 +91,9 @@ pub(super) async fn run(run: &PhaseRun<'_>) -> Result<PhaseEnd, PhaseError> {
         };
         cost_known = reply.cost.is_some();
         if let Some(cost) = reply.cost {
-            // The largest iteration cost prices the iterations a crash loses: it is durable
-            // before the next iteration can be lost.
-            if run.add_cost(cost) {
-                if let Err(e) = run.ctx.work.persist().await {
-                    checkpoints.flush().await?;
-                    return Err(PhaseError::Transient(e.to_string()));
-                }
+            if let Err(error) = run.add_iteration_cost(cost).await {
+                checkpoints.flush().await?;
+                return Err(error);
             }
         }
         count += 1;

@@ -471,7 +471,7 @@ impl PhaseRun<'_> {
 
     /// Add a reported cost of one iteration (summed exactly). Returns true when it is the
     /// largest so far, the price of iterations lost to crashes: the caller makes that durable.
-    pub fn add_cost(&self, amount: f64) -> bool {
+    fn add_cost(&self, amount: f64) -> bool {
         self.ctx.work.update(|w| {
             let Some(entry) = w.get_mut(self.task.id()) else {
                 return false;
@@ -483,6 +483,18 @@ impl PhaseRun<'_> {
             }
             largest
         })
+    }
+
+    /// Add one iteration's reported cost. When it is the largest so far it prices the
+    /// iterations a crash loses, so it is made durable before the work goes on: a restart that
+    /// did not know it could not count them against the budget.
+    pub async fn add_iteration_cost(&self, amount: f64) -> Result<(), PhaseError> {
+        if self.add_cost(amount) {
+            self.ctx.work.persist().await.map_err(|e| {
+                PhaseError::Transient(format!("recording the largest iteration cost: {e}"))
+            })?;
+        }
+        Ok(())
     }
 
     /// With a budget: refuse to go on once it is spent, or when the cost of the work done so

@@ -231,7 +231,9 @@ async fn handle<'r, 'a>(
     };
     if let Some(cost) = message.cost {
         if cost.is_finite() && cost >= 0.0 {
-            run.add_cost(cost);
+            if let Err(e) = run.add_iteration_cost(cost).await {
+                worker.stop.get_or_insert(e);
+            }
             worker.cost_since_checkpoint = true;
             // Reaching the budget stops the worker at once, checkpoint or not.
             if let Err(stop) = run.check_budget(true, "") {
