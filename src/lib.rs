@@ -14,6 +14,7 @@
 pub mod bench;
 pub mod cli;
 pub mod clients;
+pub mod cost;
 pub mod daemon;
 pub mod queue;
 pub mod runner;

@@ -66,7 +66,7 @@ fn task(document: &Value, id: &str) -> Value {
 }
 
 /// The keys of a status task object and the JSON types each may have.
-const TASK_SCHEMA: [(&str, &[&str]); 15] = [
+const TASK_SCHEMA: [(&str, &[&str]); 16] = [
     ("id", &["string"]),
     ("state", &["string"]),
     ("phase", &["string", "null"]),
@@ -77,6 +77,7 @@ const TASK_SCHEMA: [(&str, &[&str]); 15] = [
     ("rate_per_min", &["number", "null"]),
     ("eta_seconds", &["integer", "null"]),
     ("cost", &["number", "null"]),
+    ("lost_cost_estimate", &["number", "null"]),
     ("last_checkpoint_at", &["string", "null"]),
     ("last_checkpoint_age_seconds", &["integer", "null"]),
     ("attempts", &["integer", "null"]),

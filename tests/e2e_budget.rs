@@ -382,3 +382,167 @@ fn a_worker_that_reports_cost_without_checkpoints_is_stopped_at_its_budget() {
     assert_worker_was_stopped(&lines);
     assert_stopped_after(&worker_ended(&lines), 3);
 }
+
+/// The iterations the task's checkpoints committed (0 before the first).
+fn committed_iterations(queue: &TestQueue, id: &str) -> u64 {
+    if queue.path(&format!("incremental/{id}.json.gz")).exists() {
+        queue.checkpoint(id).iteration_count
+    } else {
+        0
+    }
+}
+
+/// What `budget_loop.py --charges` billed: the sum of its lines, in cents (exact).
+fn charged_cents(path: &Path) -> u64 {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(|line| {
+            let cost: f64 = line.parse().unwrap_or_else(|e| panic!("{line:?}: {e}"));
+            (cost * 100.0).round() as u64
+        })
+        .sum()
+}
+
+#[test]
+fn iterations_lost_to_sigkills_count_against_the_budget() {
+    let queue = TestQueue::new();
+    let side = queue.aux("paid.side");
+    let charges = queue.aux("paid.charges");
+    // Each iteration bills 0.01 as it starts, like a paid API, and takes a second.
+    let mut task = budget_loop("paid", &side, 0.05, Some(0.01), 1.0);
+    task["phases"][0]["max_iterations"] = json!(20);
+    add_args(&mut task, &["--charges", charges.to_str().unwrap()]);
+    task["retry"] = json!({"max_attempts": 10, "backoff": "100ms"});
+    queue.seed_task("paid.json", &task);
+
+    let committed = |queue: &TestQueue| committed_iterations(queue, "paid");
+    let mut kills = 0;
+    while kills < 4 && queue.failed("paid").is_none() {
+        let mut daemon = queue.start(&[]);
+        // After an iteration is committed, kill the daemon once the next one has billed.
+        let before = committed(&queue);
+        let settled = wait_for(
+            "a new iteration is committed and the next one started",
+            DEADLINE,
+            || {
+                if queue.failed("paid").is_some() {
+                    return Some(false);
+                }
+                let count = committed(&queue);
+                let started = side_events(&side)
+                    .iter()
+                    .any(|e| e.event == "start" && e.iteration == count);
+                (count > before && started).then_some(true)
+            },
+        );
+        if !settled {
+            break;
+        }
+        daemon.kill_hard();
+        kills += 1;
+    }
+    queue.run_until_idle(&[]);
+
+    let record = budget_record(&queue, "paid");
+    let cents = charged_cents(&charges);
+    assert!(
+        cents <= 6,
+        "the task was billed {cents} cents with a budget of 5 (after {kills} kills): {record:#}"
+    );
+    assert!(record["cost"].as_f64().unwrap() <= 0.05, "{record:#}");
+    let estimate = record["lost_cost_estimate"].as_f64();
+    assert!(
+        estimate.is_some_and(|c| c > 0.0) && record["lost_iterations"].as_u64() > Some(0),
+        "the estimate for the iterations lost is not in the record: {record:#}"
+    );
+    // status and show give the committed cost and the estimate apart.
+    let status = queue.cairn_output(&["status", "--json"], b"");
+    let status: Value = serde_json::from_slice(&status.stdout).unwrap();
+    let listed = &status["tasks"][0];
+    assert_eq!(listed["cost"], record["cost"], "{status:#}");
+    assert_eq!(
+        listed["lost_cost_estimate"].as_f64(),
+        estimate,
+        "{status:#}"
+    );
+    let show = queue.cairn_output(&["show", "paid"], b"");
+    let show = String::from_utf8_lossy(&show.stdout);
+    assert!(
+        show.contains("estimated for") && show.contains("in flight when the daemon died"),
+        "{show}"
+    );
+}
+
+#[test]
+fn costs_are_summed_without_float_noise() {
+    let queue = TestQueue::new();
+    let side = queue.aux("cents.side");
+    let mut task = budget_loop("cents", &side, 1.0, Some(0.01), 0.01);
+    task["phases"][0]["max_iterations"] = json!(6);
+    queue.seed_task("cents.json", &task);
+    queue.run_until_idle(&[]);
+    let done = queue.wait_done("cents");
+    assert_eq!(done["cost"], json!(0.06), "{done:#}");
+    let text = std::fs::read_to_string(queue.path("done/cents.json")).unwrap();
+    assert!(
+        text.contains("\"cost\": 0.06\n") || text.contains("\"cost\": 0.06,"),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_workers_iterations_lost_to_sigkills_count_against_the_budget() {
+    let queue = TestQueue::new();
+    let side = queue.aux("wpaid.side");
+    // Each iteration bills 0.01 as it starts (a "start" line) and takes a second.
+    let mut task = budget_worker("wpaid", &side, 0.05, &["--cost", "0.01", "--sleep", "1.0"]);
+    task["retry"] = json!({"max_attempts": 10, "backoff": "100ms"});
+    queue.seed_task("wpaid.json", &task);
+    let started = || -> Vec<u64> {
+        worker_lines(&side)
+            .iter()
+            .filter(|(event, _)| event == "start")
+            .map(|(_, rest)| rest.split(' ').next().unwrap().parse().unwrap())
+            .collect()
+    };
+    let committed = |queue: &TestQueue| committed_iterations(queue, "wpaid");
+    let mut kills = 0;
+    while kills < 4 && queue.failed("wpaid").is_none() {
+        let mut daemon = queue.start(&[]);
+        let before = committed(&queue);
+        let settled = wait_for(
+            "a new checkpoint and the next iteration started",
+            DEADLINE,
+            || {
+                if queue.failed("wpaid").is_some() {
+                    return Some(false);
+                }
+                let count = committed(&queue);
+                (count > before && started().last() == Some(&count)).then_some(true)
+            },
+        );
+        if !settled {
+            break;
+        }
+        daemon.kill_hard();
+        kills += 1;
+    }
+    queue.run_until_idle(&[]);
+
+    let record = budget_record(&queue, "wpaid");
+    let billed = started().len();
+    // The budget is reached at 5 billed iterations; the worker may start one or two more
+    // before its SIGTERM arrives (see assert_stopped_after). Without the lost iterations
+    // counted, every kill adds one more.
+    assert!(
+        billed <= 7,
+        "the worker was billed {billed} iterations with a budget of 5 (after {kills} kills): {record:#}"
+    );
+    assert!(
+        record["lost_cost_estimate"]
+            .as_f64()
+            .is_some_and(|c| c > 0.0),
+        "{record:#}"
+    );
+}

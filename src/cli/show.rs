@@ -352,9 +352,20 @@ fn human(
             .unwrap_or_default();
         field("rate", format!("{}{eta}", view::format_rate(rate)));
     }
+    let lost = match task.lost_cost_estimate {
+        Some(estimate) => format!(
+            " committed, +{} estimated for {} iteration(s) in flight when the daemon died",
+            view::format_cost(estimate),
+            task.lost_iterations
+        ),
+        None => String::new(),
+    };
     field(
         "cost",
-        task.cost.map(view::format_cost).unwrap_or("-".into()),
+        match (task.cost, task.lost_cost_estimate) {
+            (None, None) => "-".into(),
+            (cost, _) => format!("{}{lost}", view::format_cost(cost.unwrap_or(0.0))),
+        },
     );
     // Every start counts as a run (resumes after a stop, pause or crash too); only failed
     // attempts count against `retry.max_attempts`, so the two are shown apart.

@@ -185,7 +185,7 @@ fn row(task: &TaskView, view: &QueueView) -> Vec<String> {
         task.eta_seconds
             .map(view::short_duration)
             .unwrap_or_else(dash),
-        task.cost.map(view::format_cost).unwrap_or_else(dash),
+        view::cost_cell(task).unwrap_or_else(dash),
         task.checkpoint_age(view.now)
             .map(|age| format!("{} ago", view::short_duration(age)))
             .unwrap_or_else(dash),
@@ -375,8 +375,8 @@ mod bars {
         if let Some(eta) = task.eta_seconds {
             parts.push(format!("ETA {}", view::short_duration(eta)));
         }
-        if let Some(cost) = task.cost {
-            parts.push(format!("cost {}", view::format_cost(cost)));
+        if let Some(cost) = view::cost_cell(task) {
+            parts.push(format!("cost {cost}"));
         }
         if let Some(age) = task.checkpoint_age(view.now) {
             parts.push(format!("checkpoint {} ago", view::short_duration(age)));

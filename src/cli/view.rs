@@ -190,7 +190,12 @@ pub struct TaskView {
     pub total: Option<u64>,
     pub rate_per_min: Option<f64>,
     pub eta_seconds: Option<u64>,
+    /// The cost committed by checkpoints.
     pub cost: Option<f64>,
+    /// Iterations in flight when the daemon died, counted as spent, and their estimated cost
+    /// (not in `cost`).
+    pub lost_iterations: u64,
+    pub lost_cost_estimate: Option<f64>,
     pub last_checkpoint_at: Option<DateTime<Utc>>,
     /// Runs started (resumes after a stop, pause or crash included), and how many attempts
     /// failed; only the failures count against `retry.max_attempts`.
@@ -224,6 +229,8 @@ impl TaskView {
             rate_per_min: None,
             eta_seconds: None,
             cost: None,
+            lost_iterations: 0,
+            lost_cost_estimate: None,
             last_checkpoint_at: None,
             attempts: None,
             failed_attempts: None,
@@ -256,6 +263,7 @@ impl TaskView {
             "rate_per_min": self.rate_per_min.map(round2),
             "eta_seconds": self.eta_seconds,
             "cost": self.cost,
+            "lost_cost_estimate": self.lost_cost_estimate,
             "last_checkpoint_at": self.last_checkpoint_at.map(rfc3339),
             "last_checkpoint_age_seconds": self.checkpoint_age(now),
             "attempts": self.attempts,
@@ -570,6 +578,8 @@ fn in_flight(listing: &Listing, view: &mut TaskView, entry: ActiveTask) {
     view.failed_attempts = Some(entry.failed_attempts);
     view.error = entry.last_error.clone();
     view.cost = entry.cost;
+    view.lost_iterations = entry.lost_iterations;
+    view.lost_cost_estimate = entry.lost_cost_estimate();
     view.last_checkpoint_at = entry.last_checkpoint_at;
     let phase = view
         .task
@@ -635,6 +645,8 @@ fn finished(listing: &Listing, view: &mut TaskView, record: Record) {
     view.attempts = record.u32_field("attempts");
     view.failed_attempts = record.u32_field("failed_attempts");
     view.cost = value["cost"].as_f64();
+    view.lost_iterations = value["lost_iterations"].as_u64().unwrap_or(0);
+    view.lost_cost_estimate = value["lost_cost_estimate"].as_f64();
     view.error = value["error"].as_str().map(str::to_string);
     let phase_count = view.phase_count;
     let index = match value["phase_index"].as_u64() {
@@ -973,6 +985,20 @@ pub fn short_duration(seconds: u64) -> String {
         format!("{m}m{s:02}s")
     } else {
         format!("{s}s")
+    }
+}
+
+/// The committed cost, and apart from it the estimate for iterations lost to crashes:
+/// `0.03+~0.02`, without spaces, as table cells are (`None` when neither is known).
+pub fn cost_cell(task: &TaskView) -> Option<String> {
+    match (task.cost, task.lost_cost_estimate) {
+        (None, None) => None,
+        (cost, None) => cost.map(format_cost),
+        (cost, Some(estimate)) => Some(format!(
+            "{}+~{}",
+            format_cost(cost.unwrap_or(0.0)),
+            format_cost(estimate)
+        )),
     }
 }
 

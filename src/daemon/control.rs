@@ -102,8 +102,14 @@ impl Scheduler {
                     return self.refuse(id, action, "it is not paused");
                 };
                 entry.status = ActiveStatus::Interrupted;
+                // A crash suspect paused before its trial is still to be tried alone.
+                let queue = if entry.suspect {
+                    &mut self.suspects
+                } else {
+                    &mut self.resume
+                };
+                queue.push_back(id.to_string());
                 self.ctx.work.update(|w| w.upsert(entry));
-                self.resume.push_back(id.to_string());
                 self.ctx.journal(id, "resumed", serde_json::json!({}));
                 self.persist().await;
             }
@@ -143,6 +149,7 @@ impl Scheduler {
     /// Take a task out of every queue it waits in.
     fn unqueue(&mut self, id: &str) {
         self.resume.retain(|r| r != id);
+        self.suspects.retain(|r| r != id);
         self.pending.retain(|(_, _, p)| p != id);
         self.retries.retain(|(_, r)| r != id);
     }

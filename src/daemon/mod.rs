@@ -17,6 +17,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 
 mod control;
+mod crash_blame;
 mod notify;
 mod records;
 mod recovery;
@@ -164,6 +165,8 @@ pub async fn run_with_summary(
         config,
         tasks: HashMap::new(),
         resume: VecDeque::new(),
+        suspects: VecDeque::new(),
+        on_trial: HashSet::new(),
         pending: BinaryHeap::new(),
         next_seq: 0,
         retries: Vec::new(),
@@ -223,6 +226,10 @@ pub(crate) struct Scheduler {
     tasks: HashMap<String, Arc<Task>>,
     /// Tasks that were in flight: they go before new ones.
     resume: VecDeque<String>,
+    /// Crash suspects waiting to be tried alone, in trial order: they go before everything.
+    suspects: VecDeque<String>,
+    /// Suspects running on trial (nothing starts beside them) until they make progress.
+    on_trial: HashSet<String>,
     /// New tasks: highest priority first, then in order of acceptance.
     pending: BinaryHeap<(i32, Reverse<u64>, String)>,
     next_seq: u64,

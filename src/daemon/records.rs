@@ -45,6 +45,8 @@ async fn write_done(ctx: &RunContext, task: &Task, entry: &ActiveTask) -> Result
         finished_at,
         duration_seconds: (finished_at - entry.started_at).num_milliseconds() as f64 / 1000.0,
         cost: entry.cost,
+        lost_iterations: entry.lost_iterations,
+        lost_cost_estimate: entry.lost_cost_estimate(),
         phases: entry.phases.clone(),
     };
     put_record(
@@ -112,6 +114,8 @@ impl Scheduler {
         let record = FailedRecord {
             status: status.into(),
             cost: entry.cost,
+            lost_iterations: entry.lost_iterations,
+            lost_cost_estimate: entry.lost_cost_estimate(),
             task_id: id.clone(),
             error,
             phase: task

@@ -1,8 +1,10 @@
 //! Start-up: finish half-done intake, then line up the tasks that were in flight (resuming
 //! them first) and the accepted tasks that never started.
 
+use super::crash_blame::{self, Verdict};
 use super::*;
 use crate::store::records::FailedRecord;
+use crate::task::PhaseKind;
 
 impl Scheduler {
     /// Finish half-done intake, then line up every task that was in flight and every accepted
@@ -29,9 +31,20 @@ impl Scheduler {
             (records, prefetched)
         })
         .await;
+        // Every entry the daemon died with an attempt running, finished or not: a crash is
+        // evidence against a task only if it was in flight alone.
+        let running_at_crash = prefetched
+            .iter()
+            .filter(|p| p.entry.status == ActiveStatus::Running)
+            .count();
+        let mut suspects = Vec::new();
         for entry in prefetched {
-            self.recover_entry(entry).await;
+            if let Some(suspect) = self.recover_entry(entry, running_at_crash).await {
+                suspects.push(suspect);
+            }
         }
+        crash_blame::trial_order(&mut suspects);
+        self.suspects = suspects.into_iter().map(|(_, id)| id).collect();
         self.load_pending(&records, &in_flight).await?;
         if let Err(e) = self.ctx.work.persist().await {
             // Not fatal: every later change writes the whole file again.
@@ -46,6 +59,7 @@ impl Scheduler {
         });
         tracing::info!(
             resumed = self.resume.len(),
+            crash_suspects = self.suspects.len(),
             waiting_retry = self.retries.len(),
             pending = self.pending.len(),
             paused,
@@ -54,7 +68,14 @@ impl Scheduler {
         Ok(())
     }
 
-    async fn recover_entry(&mut self, prefetched: Prefetched) {
+    /// Line up one entry of `current_work.json`; `in_flight` is how many had an attempt
+    /// running when the daemon died. Returns the task's crash count and id if it is a suspect
+    /// to be tried alone.
+    async fn recover_entry(
+        &mut self,
+        prefetched: Prefetched,
+        in_flight: usize,
+    ) -> Option<(u32, String)> {
         let Prefetched {
             mut entry,
             has_record,
@@ -69,7 +90,7 @@ impl Scheduler {
             } else {
                 // Finished, but the daemon died before it removed the entry.
                 self.ctx.work.update(|w| w.remove(&id));
-                return;
+                return None;
             }
         }
         let task = match task {
@@ -87,48 +108,31 @@ impl Scheduler {
                     meta: None,
                 };
                 self.give_up(&Arc::new(task), entry, error).await;
-                return;
+                return None;
             }
         };
+        let mut suspect = None;
         match entry.status {
             ActiveStatus::Running => {
-                // The daemon died during this attempt. A crash is not the task's failure (a
-                // power cut, an OOM kill of something else, an operator's SIGKILL), so it uses
-                // up no attempt. Only a run of crashes in a row with no progress at all marks
-                // the task as the likely cause: it goes to failed/ so the daemon can get on
-                // with the rest of the queue.
                 let progressed = match progressed {
                     Some(progressed) => progressed,
                     None => self.attempt_progressed(&entry).await,
                 };
-                entry.crashes_without_progress = if progressed {
-                    0
-                } else {
-                    entry.crashes_without_progress + 1
-                };
-                let limit = crash_limit(&task);
-                self.ctx.journal(
-                    &id,
-                    "resumed_after_crash",
-                    serde_json::json!({
-                        "attempt": entry.attempt,
-                        "phase": entry.phase,
-                        "progressed": progressed,
-                        "crashes_without_progress": entry.crashes_without_progress,
-                        "limit": limit,
-                    }),
-                );
-                if entry.crashes_without_progress >= limit {
-                    let error = format!(
-                        "the daemon stopped unexpectedly {} times in a row while this task ran, without a checkpoint or a finished phase in between",
-                        entry.crashes_without_progress
-                    );
+                self.count_lost_iterations(&task, &mut entry);
+                if let Err(error) = self.judge_crash(&task, &mut entry, in_flight, progressed) {
                     self.give_up(&task, entry, error).await;
-                    return;
+                    return None;
                 }
-                tracing::info!(task_id = %id, phase = %entry.phase, "resuming after a crash");
                 entry.status = ActiveStatus::Interrupted;
-                self.resume.push_back(id.clone());
+                tracing::info!(task_id = %id, phase = %entry.phase, suspect = entry.suspect, "resuming after a crash");
+                if entry.suspect {
+                    suspect = Some((entry.crashes_alone, id.clone()));
+                } else {
+                    self.resume.push_back(id.clone());
+                }
+            }
+            ActiveStatus::Interrupted if entry.suspect => {
+                suspect = Some((entry.crashes_alone, id.clone()));
             }
             ActiveStatus::Interrupted => self.resume.push_back(id.clone()),
             // Paused stays paused until `cairn resume`.
@@ -140,6 +144,76 @@ impl Scheduler {
         }
         self.ctx.work.update(|w| w.upsert(entry));
         self.tasks.insert(id, task);
+        suspect
+    }
+
+    /// The daemon died during this task's attempt: the iterations of a loop or worker it had
+    /// in flight (and the completed ones not yet checkpointed: at most `checkpoint_every` in
+    /// all) were paid for but their cost was never committed. They count as spent, so that a
+    /// budget holds whatever the kills; the count is durable before anything resumes (the
+    /// attempt is persisted before its commands start).
+    fn count_lost_iterations(&self, task: &Task, entry: &mut ActiveTask) {
+        let Some(phase) = task.phases.get(entry.phase_index) else {
+            return;
+        };
+        if !matches!(phase.kind, PhaseKind::Loop | PhaseKind::Worker) {
+            return;
+        }
+        let lost = phase.checkpoint_every();
+        entry.lost_iterations = entry.lost_iterations.saturating_add(lost);
+        self.ctx.journal(
+            &entry.task_id,
+            "iterations_lost",
+            serde_json::json!({
+                "phase": entry.phase,
+                "counted": lost,
+                "lost_iterations": entry.lost_iterations,
+                "lost_cost_estimate": entry.lost_cost_estimate(),
+            }),
+        );
+    }
+
+    /// The daemon died during this task's attempt: a crash is not the task's failure (a power
+    /// cut, an OOM kill of something else, an operator's SIGKILL), so it uses up no attempt.
+    /// [`crash_blame::judge`] decides whether it counts against the task; `Err` holds the
+    /// reason when the task is taken for the cause of the crashes.
+    fn judge_crash(
+        &self,
+        task: &Task,
+        entry: &mut ActiveTask,
+        in_flight: usize,
+        progressed: bool,
+    ) -> Result<(), String> {
+        let limit = crash_blame::crash_limit(task);
+        let verdict = crash_blame::judge(in_flight, progressed, entry.crashes_alone, limit);
+        let (suspect, crashes_alone) = match verdict {
+            Verdict::Cleared => (false, 0),
+            Verdict::Suspect { crashes_alone } | Verdict::CrashedAlone { crashes_alone } => {
+                (true, crashes_alone)
+            }
+            Verdict::Quarantined { crashes_alone } => (false, crashes_alone),
+        };
+        entry.suspect = suspect;
+        entry.crashes_alone = crashes_alone;
+        self.ctx.journal(
+            &entry.task_id,
+            "resumed_after_crash",
+            serde_json::json!({
+                "attempt": entry.attempt,
+                "phase": entry.phase,
+                "progressed": progressed,
+                "tasks_in_flight": in_flight,
+                "verdict": format!("{verdict:?}"),
+                "crashes_alone": crashes_alone,
+                "limit": limit,
+            }),
+        );
+        match verdict {
+            Verdict::Quarantined { crashes_alone } => {
+                Err(crash_blame::quarantine_reason(crashes_alone))
+            }
+            _ => Ok(()),
+        }
     }
 
     /// The failed record that `entry` was retried from, if it is still in `failed/`.
@@ -309,10 +383,4 @@ impl Prefetched {
             progressed,
         }
     }
-}
-
-/// Crashes in a row without progress after which a task is taken for the cause of them:
-/// more than its attempts, so that a few unlucky kills never fail a healthy task.
-pub(super) fn crash_limit(task: &Task) -> u32 {
-    task.retry.max_attempts.saturating_add(2)
 }

@@ -4,6 +4,7 @@
 use std::time::Instant;
 
 use super::control::fresh_entry;
+use super::crash_blame;
 use super::*;
 
 /// How often the progress of running tasks is written to `current_work.json`.
@@ -155,7 +156,7 @@ impl Scheduler {
         format!(
             "running {}, pending {}, waiting retry {}, paused {}; {} iterations done in flight, {} tasks finished since start",
             self.running_ids.len(),
-            self.pending.len() + self.resume.len(),
+            self.pending.len() + self.resume.len() + self.suspects.len(),
             self.retries.len(),
             paused,
             iterations,
@@ -166,6 +167,7 @@ impl Scheduler {
     pub(super) fn is_idle(&self) -> bool {
         self.running.is_empty()
             && self.resume.is_empty()
+            && self.suspects.is_empty()
             && self.pending.is_empty()
             && self.retries.is_empty()
             && !self.inbox_deferred
@@ -263,6 +265,20 @@ impl Scheduler {
     pub(super) fn start_ready(&mut self) {
         while self.running.len() < self.config.max_tasks.max(1) && !self.ctx.shutdown.is_stopping()
         {
+            if !crash_blame::may_start(self.suspects_on_trial()) {
+                break;
+            }
+            if let Some(id) = self.suspects.pop_front() {
+                let Some(task) = self.tasks.get(&id).cloned() else {
+                    continue;
+                };
+                tracing::info!(task_id = %id, "trying a crash suspect alone");
+                self.ctx
+                    .journal(&id, "crash_trial_started", serde_json::json!({}));
+                self.on_trial.insert(id);
+                self.start_attempt(task);
+                continue;
+            }
             let next = match self.resume.pop_front() {
                 Some(id) => id,
                 None => match self.pending.pop() {
@@ -275,6 +291,17 @@ impl Scheduler {
             };
             self.start_attempt(task);
         }
+    }
+
+    /// How many suspects are on trial now; a trial ends early when the suspect makes progress
+    /// (its runner clears the flag).
+    fn suspects_on_trial(&mut self) -> usize {
+        if !self.on_trial.is_empty() {
+            let work = &self.ctx.work;
+            self.on_trial
+                .retain(|id| work.update(|w| w.get(id).is_some_and(|e| e.suspect)));
+        }
+        self.on_trial.len()
     }
 
     pub(super) fn start_attempt(&mut self, task: Arc<Task>) {
@@ -350,6 +377,8 @@ impl Scheduler {
             }
         };
         self.running_ids.remove(&id);
+        // The daemon outlived this attempt: a trial it was on is over.
+        self.on_trial.remove(&id);
         let control = self.ctx.drop_control(&id).unwrap_or_default();
         let Some(task) = self.tasks.get(&id).cloned() else {
             return;
@@ -383,6 +412,13 @@ impl Scheduler {
         let Some(mut entry) = self.ctx.work.update(|w| w.get(&id).cloned()) else {
             return;
         };
+        // The attempt ended while the daemon lived (a clean stop, a failure, a budget stop): no
+        // crash counted so far says anything against the task. A failure of cairn's own (a full
+        // disk) may not have run the task at all, so its count stays.
+        entry.suspect = false;
+        if !matches!(end, AttemptEnd::Failed { counts: false, .. }) {
+            entry.crashes_alone = 0;
+        }
         // An operator's cancel wins over how the attempt ended (unless it finished).
         let end = match end {
             AttemptEnd::Done => AttemptEnd::Done,

@@ -54,6 +54,10 @@ impl<'r, 'a> PhaseCheckpointer<'r, 'a> {
         run.ctx.work.update(|w| {
             if let Some(entry) = w.get_mut(run.task.id()) {
                 entry.last_checkpoint_at = Some(chrono::Utc::now());
+                // Progress: the crashes before it say nothing against this task,
+                // and a trial it was on is over (see `daemon::crash_blame`).
+                entry.crashes_alone = 0;
+                entry.suspect = false;
             }
         });
         run.ctx.journal(

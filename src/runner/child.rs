@@ -145,6 +145,20 @@ pub enum RunError {
     /// The command could not be started or waited for.
     #[error("{0}")]
     Command(#[from] io::Error),
+    /// The system is out of processes or memory (`EAGAIN`, `ENOMEM` at fork or exec): a
+    /// passing condition, often another task's doing, so no fault of this task.
+    #[error("{0}")]
+    Exhausted(io::Error),
+}
+
+/// Whether starting a process failed because the system ran out of processes or memory
+/// (`EAGAIN`, `ENOMEM`), which passes, rather than because of the command itself.
+pub fn is_resource_exhaustion(e: &io::Error) -> bool {
+    // EAGAIN is `WouldBlock`, ENOMEM `OutOfMemory`; the kind survives the message added above.
+    matches!(
+        e.kind(),
+        io::ErrorKind::WouldBlock | io::ErrorKind::OutOfMemory
+    )
 }
 
 /// Run the command to its end, or until the shutdown's grace runs out, `cancel` fires (an
@@ -162,7 +176,14 @@ pub async fn run_command(
         log,
         Stdio::piped(),
         Some(Stdio::piped()),
-    )?;
+    )
+    .map_err(|e| {
+        if is_resource_exhaustion(&e) {
+            RunError::Exhausted(e)
+        } else {
+            RunError::Command(e)
+        }
+    })?;
     let group = group_of(&child);
     let mut stdin = child.stdin.take();
     let mut stdout = child.stdout.take();

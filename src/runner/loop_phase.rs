@@ -91,7 +91,10 @@ pub(super) async fn run(run: &PhaseRun<'_>) -> Result<PhaseEnd, PhaseError> {
         };
         cost_known = reply.cost.is_some();
         if let Some(cost) = reply.cost {
-            run.add_cost(cost);
+            if let Err(error) = run.add_iteration_cost(cost).await {
+                checkpoints.flush().await?;
+                return Err(error);
+            }
         }
         count += 1;
         state = reply.state;

@@ -260,6 +260,10 @@ async fn finish_phase(
             e.phase_outputs
                 .insert(task.phases[index].name.clone(), stored);
             e.phase_index = index + 1;
+            // Progress: the crashes before it say nothing against this task,
+            // and a trial it was on is over (see `daemon::crash_blame`).
+            e.crashes_alone = 0;
+            e.suspect = false;
             if let Some(timing) = e.phases.last_mut() {
                 timing.finished_at = Some(Utc::now());
                 if task.phases[index].kind != PhaseKind::Once {
@@ -307,6 +311,19 @@ pub(crate) fn checkpoint_error(e: StoreError) -> PhaseError {
     match e {
         StoreError::Io { .. } => PhaseError::Transient(format!("checkpoint storage: {e}")),
         other => PhaseError::Command(format!("checkpoint: {other}")),
+    }
+}
+
+/// A command that could not be started: out of processes or memory (`EAGAIN`, `ENOMEM`) is
+/// transient and retried without using up an attempt (a fork bomb in one task must not fail
+/// the others for good); anything else is the command's failure.
+pub(crate) fn spawn_failure(what: &str, e: std::io::Error) -> PhaseError {
+    if child::is_resource_exhaustion(&e) {
+        PhaseError::Transient(format!(
+            "{what}: {e} (the system is out of processes or memory; retried without using up an attempt)"
+        ))
+    } else {
+        PhaseError::Command(format!("{what}: {e}"))
     }
 }
 
@@ -380,6 +397,7 @@ impl PhaseRun<'_> {
                 // cairn's own storage (a full disk): retried without using up an attempt.
                 child::RunError::Log(e) => PhaseError::Transient(format!("{what}: {e}")),
                 child::RunError::Command(e) => PhaseError::Command(format!("{what}: {e}")),
+                child::RunError::Exhausted(e) => spawn_failure(&what, e),
             })?;
         let log_note = format!("its stderr is in {}", log.display());
         match end {
@@ -461,15 +479,37 @@ impl PhaseRun<'_> {
         });
     }
 
-    /// Add a reported cost; returns the new total.
-    pub fn add_cost(&self, amount: f64) -> f64 {
-        let total = self.cost().unwrap_or(0.0) + amount;
-        self.set_cost(Some(total));
-        total
+    /// Add a reported cost of one iteration (summed exactly). Returns true when it is the
+    /// largest so far, the price of iterations lost to crashes: the caller makes that durable.
+    fn add_cost(&self, amount: f64) -> bool {
+        self.ctx.work.update(|w| {
+            let Some(entry) = w.get_mut(self.task.id()) else {
+                return false;
+            };
+            entry.cost = Some(crate::cost::add(entry.cost.unwrap_or(0.0), amount));
+            let largest = entry.max_iteration_cost.is_none_or(|max| amount > max);
+            if largest {
+                entry.max_iteration_cost = Some(amount);
+            }
+            largest
+        })
+    }
+
+    /// Add one iteration's reported cost. When it is the largest so far it prices the
+    /// iterations a crash loses, so it is made durable before the work goes on: a restart that
+    /// did not know it could not count them against the budget.
+    pub async fn add_iteration_cost(&self, amount: f64) -> Result<(), PhaseError> {
+        if self.add_cost(amount) {
+            self.ctx.work.persist().await.map_err(|e| {
+                PhaseError::Transient(format!("recording the largest iteration cost: {e}"))
+            })?;
+        }
+        Ok(())
     }
 
     /// With a budget: refuse to go on once it is spent, or when the cost of the work done so
-    /// far is unknown (`cost_known` false) — unknown cost is not zero.
+    /// far is unknown (`cost_known` false) — unknown cost is not zero. What is spent includes
+    /// the estimate for the iterations lost to crashes.
     pub fn check_budget(&self, cost_known: bool, what: &str) -> Result<(), PhaseError> {
         let Some(budget) = &self.task.budget else {
             return Ok(());
@@ -479,10 +519,24 @@ impl PhaseRun<'_> {
                 "budget: {what} reported no cost; with budget.max_cost set every iteration must report its cost (unknown cost is not zero)"
             )));
         }
-        let spent = self.cost().unwrap_or(0.0);
+        let (committed, lost, estimate) = self
+            .ctx
+            .work
+            .update(|w| {
+                w.get(self.task.id())
+                    .map(|e| (e.cost, e.lost_iterations, e.lost_cost_estimate()))
+            })
+            .unwrap_or_default();
+        let spent = crate::cost::add(committed.unwrap_or(0.0), estimate.unwrap_or(0.0));
         if spent >= budget.max_cost {
+            let lost = match estimate {
+                Some(estimate) => format!(
+                    ", of which {estimate} is the estimate for {lost} iteration(s) in flight when the daemon died"
+                ),
+                None => String::new(),
+            };
             return Err(PhaseError::Budget(format!(
-                "budget: budget.max_cost {} reached (spent {spent})",
+                "budget: budget.max_cost {} reached (spent {spent}{lost})",
                 budget.max_cost
             )));
         }

@@ -104,7 +104,7 @@ pub(super) async fn run(run: &PhaseRun<'_>) -> Result<PhaseEnd, PhaseError> {
         open_log(&log_path, &run.log_header(None)).map_err(|e| transient("opening the log", e))?;
     let what = format!("phase {:?}", run.phase.name);
     let mut child = spawn_in_group(&run.phase.run, &run.cwd(), &env, log, Stdio::null(), None)
-        .map_err(|e| PhaseError::Command(format!("{what}: {e}")))?;
+        .map_err(|e| super::spawn_failure(&what, e))?;
     let group = group_of(&child);
     tracing::info!(task_id, phase = %run.phase.name, iteration = count, "worker started");
 
@@ -250,7 +250,7 @@ async fn handle<'r, 'a>(
         }
     };
     if let Some(cost) = message.cost {
-        take_cost(run, &mut worker, cost, group);
+        take_cost(run, &mut worker, cost, group).await;
     }
     if let Some(progress) = message.progress {
         run.set_progress(progress.done, progress.total);
@@ -273,7 +273,7 @@ async fn handle<'r, 'a>(
 }
 
 /// Add a reported cost; reaching the budget stops the worker at once, checkpoint or not.
-fn take_cost(
+async fn take_cost(
     run: &PhaseRun<'_>,
     worker: &mut WorkerState<'_, '_>,
     cost: f64,
@@ -286,8 +286,11 @@ fn take_cost(
         );
         return;
     }
-    run.add_cost(cost);
+    if let Err(e) = run.add_iteration_cost(cost).await {
+        stop_worker(worker, e, group);
+    }
     worker.cost_since_checkpoint = true;
+    // Reaching the budget stops the worker at once, checkpoint or not.
     if let Err(stop) = run.check_budget(true, "") {
         stop_worker(worker, stop, group);
     }

@@ -66,6 +66,10 @@ fn is_zero(n: &u32) -> bool {
     *n == 0
 }
 
+fn is_zero_u64(n: &u64) -> bool {
+    *n == 0
+}
+
 /// Where a task in flight stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -136,12 +140,31 @@ pub struct ActiveTask {
     /// The phase index when the current attempt began, to tell whether a crashed attempt made
     /// progress.
     pub attempt_started_phase: usize,
-    /// Daemon crashes in a row during this task's attempts with no progress in between.
-    #[serde(default, skip_serializing_if = "is_zero")]
-    pub crashes_without_progress: u32,
+    /// Daemon crashes in a row while this task ran alone, with no progress (checkpoint, finished
+    /// phase) or clean stop in between; see `daemon::crash_blame`. (Read from the older name
+    /// too, which counted crashes beside other tasks as well.)
+    #[serde(
+        default,
+        skip_serializing_if = "is_zero",
+        alias = "crashes_without_progress"
+    )]
+    pub crashes_alone: u32,
+    /// The daemon died while this task was in flight with others and before it made progress:
+    /// it is tried alone before anything else starts beside it. Cleared by progress or by an
+    /// attempt that ends while the daemon lives.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub suspect: bool,
     /// The task's summed cost, when its commands report costs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cost: Option<f64>,
+    /// Iterations that were in flight (or done but not yet checkpointed) when the daemon died,
+    /// counted as spent: their cost is not in `cost`, which is what checkpoints committed.
+    #[serde(default, skip_serializing_if = "is_zero_u64")]
+    pub lost_iterations: u64,
+    /// The largest cost a single iteration (a loop reply, a worker's `cost` message) reported:
+    /// the price of each lost iteration.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_iteration_cost: Option<f64>,
     /// A worker's own account of its progress.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub progress: Option<Progress>,
@@ -172,14 +195,30 @@ impl ActiveTask {
             status: ActiveStatus::Running,
             iterations: 0,
             attempt_started_phase: 0,
-            crashes_without_progress: 0,
+            crashes_alone: 0,
+            suspect: false,
             cost: None,
+            lost_iterations: 0,
+            max_iteration_cost: None,
             progress: None,
             next_attempt_at: None,
             last_error: None,
             retry_of: None,
             phases: Vec::new(),
         }
+    }
+}
+
+impl ActiveTask {
+    /// What the iterations lost to crashes are taken to have cost, at the largest cost an
+    /// iteration reported (`None` while nothing is lost, or no cost was reported yet: they are
+    /// priced once one is).
+    pub fn lost_cost_estimate(&self) -> Option<f64> {
+        if self.lost_iterations == 0 {
+            return None;
+        }
+        self.max_iteration_cost
+            .map(|each| crate::cost::times(self.lost_iterations, each))
     }
 }
 
@@ -200,5 +239,42 @@ impl StartPoint {
     /// The storage key of a task's start point.
     pub fn key(task_id: &str) -> String {
         format!("runs/{task_id}/start.json")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{ActiveStatus, ActiveTask};
+
+    /// An entry as an older cairn wrote it: no crash suspicion, no lost iterations, the crash
+    /// count under its old name.
+    const OLD_ENTRY: &str = r#"{
+        "task_id": "t", "phase": "p", "phase_index": 0, "phase_outputs": {},
+        "started_at": "2026-11-21T23:53:37Z", "attempt": 2, "failed_attempts": 0,
+        "status": "running", "iterations": 3, "attempt_started_phase": 0,
+        "crashes_without_progress": 2, "cost": 0.5
+    }"#;
+
+    #[test]
+    fn an_older_entry_still_reads() {
+        let entry: ActiveTask = serde_json::from_str(OLD_ENTRY).unwrap();
+        assert_eq!(entry.status, ActiveStatus::Running);
+        assert_eq!(entry.crashes_alone, 2);
+        assert!(!entry.suspect);
+        assert_eq!(entry.lost_iterations, 0);
+        assert_eq!(entry.lost_cost_estimate(), None);
+    }
+
+    #[test]
+    fn the_crash_accounting_survives_a_rewrite() {
+        let mut entry: ActiveTask = serde_json::from_str(OLD_ENTRY).unwrap();
+        entry.suspect = true;
+        entry.lost_iterations = 3;
+        entry.max_iteration_cost = Some(0.1);
+        let text = serde_json::to_string(&entry).unwrap();
+        assert!(text.contains("\"crashes_alone\":2"), "{text}");
+        let back: ActiveTask = serde_json::from_str(&text).unwrap();
+        assert_eq!(back, entry);
+        assert_eq!(back.lost_cost_estimate().unwrap().to_string(), "0.3");
     }
 }

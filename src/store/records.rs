@@ -24,9 +24,16 @@ pub struct DoneRecord {
     pub started_at: DateTime<Utc>,
     pub finished_at: DateTime<Utc>,
     pub duration_seconds: f64,
-    /// Summed cost reported by the task's loops and workers, if any reported one.
+    /// Summed cost reported by the task's loops and workers, if any reported one: the cost its
+    /// checkpoints committed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cost: Option<f64>,
+    /// Iterations in flight when the daemon died, whose cost is not in `cost`.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub lost_iterations: u64,
+    /// Their estimated cost, at the largest cost an iteration reported.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lost_cost_estimate: Option<f64>,
     pub phases: Vec<PhaseTiming>,
 }
 
@@ -36,8 +43,13 @@ pub struct DoneRecord {
 pub struct FailedRecord {
     /// `"failed"`, or `"budget_exceeded"`.
     pub status: String,
+    /// As in [`DoneRecord`]: the committed cost, and the estimate for lost iterations apart.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cost: Option<f64>,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub lost_iterations: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lost_cost_estimate: Option<f64>,
     pub task_id: String,
     pub error: String,
     /// The phase that failed.
@@ -49,6 +61,10 @@ pub struct FailedRecord {
     pub failed_at: DateTime<Utc>,
     pub phase_outputs: BTreeMap<String, Value>,
     pub phases: Vec<PhaseTiming>,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// A record as JSON bytes, pretty-printed for people reading `done/` and `failed/`.

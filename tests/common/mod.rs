@@ -533,3 +533,16 @@ pub fn once_task(id: &str, reply: &Value) -> Value {
         "phases": [{"name": "say", "run": ["sh", "-c", format!("printf '%s' '{reply}'")]}],
     })
 }
+
+/// Whether `tool` can be run (`tool --version` or `-V` starts). Without it a test skips with a
+/// loud message, except under `CI=true`, where a missing tool fails the test.
+pub fn have_tool(tool: &str, version_flag: &str) -> bool {
+    if Command::new(tool).arg(version_flag).output().is_ok() {
+        return true;
+    }
+    if std::env::var("CI").as_deref() == Ok("true") {
+        panic!("this test needs {tool}, and CI=true: install it (.ci/run does)");
+    }
+    eprintln!("SKIPPED: this test needs {tool}, which is not installed");
+    false
+}

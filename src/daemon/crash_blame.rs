@@ -1,0 +1,148 @@
+//! Who is to blame when the daemon dies while tasks run.
+//!
+//! A crash is not a task's failure: a power cut, an OOM kill of something else or an operator's
+//! SIGKILL uses up no attempt. But a task that kills the daemon (a command doing `kill -9
+//! $PPID`, a fork bomb) would crash-loop the queue forever, so crashes are counted, and the
+//! count must fall on the right task. The evidence:
+//!
+//! - A task that made progress in the attempt the daemon died in (a committed checkpoint, a
+//!   finished phase) is cleared: whatever happened, it moves forward.
+//! - Tasks in flight together without progress are *suspects*, none more than another. They are
+//!   resumed one at a time, each on trial: nothing starts beside a suspect on trial, so if the
+//!   daemon dies again, that suspect ran alone. A trial ends when the suspect makes progress or
+//!   its attempt ends while the daemon lives (done, failed, clean stop).
+//! - Only a task in flight alone when the daemon died, without progress, has its count raised;
+//!   at [`crash_limit`] such crashes in a row it is quarantined in `failed/`, its record saying
+//!   so. An innocent task beside it is never counted against.
+//!
+//! These are pure decisions; the scheduler applies them and keeps what they need (the suspect
+//! flag and the count) in `current_work.json`, so they survive further crashes.
+
+use crate::task::Task;
+
+/// Crashes in a row, while a task ran alone without progress, after which it is taken for the
+/// cause of them: more than its attempts, so that a few unlucky kills never fail a healthy task.
+pub(crate) fn crash_limit(task: &Task) -> u32 {
+    task.retry.max_attempts.saturating_add(2)
+}
+
+/// What is decided about one task that was in flight when the daemon died.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Verdict {
+    /// It made progress in the attempt: no suspicion, its count starts again from zero.
+    Cleared,
+    /// It was in flight with others, without progress: to be tried alone. Its count is kept.
+    Suspect { crashes_alone: u32 },
+    /// It was in flight alone, without progress: its count goes up, and it stays on trial.
+    CrashedAlone { crashes_alone: u32 },
+    /// It ran alone for the last `crashes_alone` crashes in a row, without progress: it is
+    /// taken for their cause.
+    Quarantined { crashes_alone: u32 },
+}
+
+/// The verdict on a task that was in flight when the daemon died.
+///
+/// `in_flight` is how many tasks were in flight then (this one included), `progressed` whether
+/// this one made progress in that attempt, `crashes_alone` its count so far and `limit` its
+/// [`crash_limit`].
+pub(crate) fn judge(in_flight: usize, progressed: bool, crashes_alone: u32, limit: u32) -> Verdict {
+    if progressed {
+        return Verdict::Cleared;
+    }
+    if in_flight > 1 {
+        return Verdict::Suspect { crashes_alone };
+    }
+    let crashes_alone = crashes_alone.saturating_add(1);
+    if crashes_alone >= limit {
+        Verdict::Quarantined { crashes_alone }
+    } else {
+        Verdict::CrashedAlone { crashes_alone }
+    }
+}
+
+/// Why a quarantined task is in `failed/`, for its record.
+pub(crate) fn quarantine_reason(crashes_alone: u32) -> String {
+    format!(
+        "quarantined: the daemon died {crashes_alone} times in a row while this task ran alone, \
+         with no checkpoint, finished phase or clean stop in between; it is taken for the cause \
+         (`cairn retry` brings it back)"
+    )
+}
+
+/// Whether a task may start now, given how many suspects are on trial: nothing starts beside a
+/// suspect on trial, whether a suspect or not. (A suspect may start beside tasks already running
+/// that are not on trial; a crash then has several tasks in flight and counts against none.)
+pub(crate) fn may_start(suspects_on_trial: usize) -> bool {
+    suspects_on_trial == 0
+}
+
+/// The order in which suspects are tried: fewest crashes alone first (the likely innocent finish
+/// their trial and get going), then in the order given.
+pub(crate) fn trial_order(suspects: &mut [(u32, String)]) {
+    suspects.sort_by_key(|(crashes_alone, _)| *crashes_alone);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{judge, may_start, trial_order, Verdict};
+
+    #[test]
+    fn the_decision_table() {
+        // (in flight, progressed, count so far, limit) → verdict
+        let table = [
+            ((1, true, 3, 5), Verdict::Cleared),
+            ((4, true, 0, 5), Verdict::Cleared),
+            ((2, false, 0, 5), Verdict::Suspect { crashes_alone: 0 }),
+            ((2, false, 4, 5), Verdict::Suspect { crashes_alone: 4 }),
+            ((1, false, 0, 5), Verdict::CrashedAlone { crashes_alone: 1 }),
+            ((1, false, 3, 5), Verdict::CrashedAlone { crashes_alone: 4 }),
+            ((1, false, 4, 5), Verdict::Quarantined { crashes_alone: 5 }),
+            ((1, false, 9, 5), Verdict::Quarantined { crashes_alone: 10 }),
+            (
+                (1, false, u32::MAX, 5),
+                Verdict::Quarantined {
+                    crashes_alone: u32::MAX,
+                },
+            ),
+        ];
+        for ((in_flight, progressed, count, limit), expected) in table {
+            assert_eq!(
+                judge(in_flight, progressed, count, limit),
+                expected,
+                "in flight {in_flight}, progressed {progressed}, count {count}, limit {limit}"
+            );
+        }
+    }
+
+    #[test]
+    fn an_innocent_beside_a_killer_is_never_counted_against() {
+        // Every crash with both in flight: neither count moves, however many there are.
+        let mut count = 0;
+        for _ in 0..100 {
+            match judge(2, false, count, 5) {
+                Verdict::Suspect { crashes_alone } => count = crashes_alone,
+                other => panic!("{other:?}"),
+            }
+        }
+        assert_eq!(count, 0);
+    }
+
+    #[test]
+    fn nothing_starts_beside_a_suspect_on_trial() {
+        assert!(may_start(0));
+        assert!(!may_start(1));
+        assert!(!may_start(2));
+    }
+
+    #[test]
+    fn suspects_with_fewer_crashes_alone_are_tried_first_in_a_stable_order() {
+        let mut suspects = vec![
+            (2, "killer".to_string()),
+            (0, "b".to_string()),
+            (0, "a".to_string()),
+        ];
+        trial_order(&mut suspects);
+        let ids: Vec<&str> = suspects.iter().map(|(_, id)| id.as_str()).collect();
+        assert_eq!(ids, ["b", "a", "killer"]);
+    }
+}
