@@ -163,8 +163,8 @@ fn a_command_dies_with_the_daemon() {
 fn a_restarted_daemon_never_races_an_orphan_of_the_daemon_that_died() {
     // `sh -c "python3 step.py"` is a common command. dash does not exec the last command, so
     // python is the shell's child: PR_SET_PDEATHSIG ends the shell with the daemon, not python.
-    // DESIGN.md: children die with the daemon "so a restarted daemon never races an orphan
-    // doing the same work".
+    // docs/reliability.md: commands die with the daemon, "and a restarted daemon never races an
+    // orphan doing the same work".
     let queue = TestQueue::new();
     let side = queue.aux("wrapped.side");
     let mut task = loop_task("wrapped", &side, 5, 0.05);
