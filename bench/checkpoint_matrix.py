@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Run every checkpoint-benchmark configuration round-robin and print the medians.
 
-Each configuration of the shared workload (bench/workload.md in the shared directory) runs
-`--rounds` times (default 3), interleaved with the others so that a noisy moment of the machine
-spreads over all of them: cairn durable, cairn published (no fsync), and the raw atomic-replace
+Each configuration of the checkpoint workload (bench/workload.md) runs `--rounds` times
+(default 3), interleaved with the others so that a noisy moment of the machine spreads over all
+of them: cairn durable, cairn published (no fsync), and the raw atomic-replace
 reference. Every run's JSON line is printed as it comes; a Markdown table of the medians of the
 per-run values follows.
 

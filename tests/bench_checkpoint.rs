@@ -1,5 +1,6 @@
-//! The checkpoint benchmark: its generator makes the shared workload's states byte for byte,
-//! and `cairn bench checkpoint` writes real checkpoints that `cairn checkpoint` decodes.
+//! The checkpoint benchmark: its generator makes the workload's states byte for byte (checked
+//! against the reference values of `bench/workload.md`), and `cairn bench checkpoint` writes
+//! real checkpoints that `cairn checkpoint` decodes.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -15,104 +16,88 @@ fn sha256_hex(bytes: &[u8]) -> String {
         .collect()
 }
 
-/// The table of `bench/workload.md`: size, canonical bytes and SHA-256 at iteration 0, and the
-/// mean size over the sequential variant's iterations.
-const REFERENCE: [(SizeClass, usize, &str, u64); 3] = [
-    (
-        SizeClass::K1,
-        897,
-        "4db96e48a2c35ff512141a28ec523dec7caefa570310abb78e333ee8918c1218",
-        1202,
-    ),
-    (
-        SizeClass::K64,
-        65_728,
-        "4c3c0492e64872b2885e7c658cbfc5b32dc745682aef899b9e1585c835c4c79c",
-        65_542,
-    ),
-    (
-        SizeClass::M1,
-        1_054_046,
-        "a369371ef88fb0f782614ae229705da7d3e10a03fa81d7441117dfd2c48649c2",
-        1_054_983,
-    ),
-];
+fn size_class(name: &str) -> SizeClass {
+    match name {
+        "1k" => SizeClass::K1,
+        "64k" => SizeClass::K64,
+        "1m" => SizeClass::M1,
+        other => panic!("bench/workload.md: unknown size class {other:?}"),
+    }
+}
+
+/// The cells of each row of the Markdown table under `heading` in `bench/workload.md`,
+/// without the header and separator rows; numbers lose their thousands separators and hashes
+/// their backquotes.
+fn workload_table(heading: &str) -> Vec<Vec<String>> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("bench/workload.md");
+    let spec = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let section = spec
+        .split("\n## ")
+        .find(|s| s.starts_with(heading))
+        .unwrap_or_else(|| panic!("{}: no section {heading:?}", path.display()));
+    let rows: Vec<Vec<String>> = section
+        .lines()
+        .filter(|line| line.starts_with('|'))
+        .skip(2)
+        .map(|line| {
+            line.trim_matches('|')
+                .split('|')
+                .map(|cell| cell.trim().trim_matches('`').replace(',', ""))
+                .collect()
+        })
+        .collect();
+    assert!(
+        !rows.is_empty(),
+        "{}: empty table {heading:?}",
+        path.display()
+    );
+    rows
+}
+
+fn state_at(task: u64, size: SizeClass, iteration: u64) -> TaskState {
+    let mut state = TaskState::new(task, size);
+    for _ in 0..iteration {
+        state.advance();
+    }
+    state
+}
 
 #[test]
 fn the_generator_makes_the_reference_states_byte_for_byte() {
-    for (size, len, sha, mean) in REFERENCE {
-        let state = TaskState::new(0, size).canonical();
-        assert_eq!(state.len(), len, "{size:?}");
-        assert_eq!(sha256_hex(&state), sha, "{size:?}");
-        let iterations = size.iterations(1).unwrap();
-        assert_eq!(
-            mean_canonical_bytes(size, iterations).round() as u64,
-            mean,
-            "{size:?}"
-        );
+    let rows = workload_table("Reference values");
+    assert!(rows.len() >= 13, "only {} reference rows", rows.len());
+    for row in rows {
+        let [size, task, iteration, len, sha] = &row[..] else {
+            panic!("bench/workload.md: reference row {row:?} has not five cells");
+        };
+        let state = state_at(
+            task.parse().unwrap(),
+            size_class(size),
+            iteration.parse().unwrap(),
+        )
+        .canonical();
+        assert_eq!(state.len().to_string(), *len, "{row:?}");
+        assert_eq!(sha256_hex(&state), *sha, "{row:?}");
     }
-}
-
-/// The reference generator, when the shared directory is beside the repository (it is in CI).
-fn reference_generator() -> Option<PathBuf> {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/bench/workload.py");
-    if path.exists() {
-        return Some(path);
-    }
-    assert!(
-        std::env::var_os("CI").is_none(),
-        "{} is missing in CI",
-        path.display()
-    );
-    eprintln!("skipping: {} is not there", path.display());
-    None
 }
 
 #[test]
-fn later_iterations_of_other_tasks_match_the_reference_generator() {
-    let Some(script) = reference_generator() else {
-        return;
-    };
-    let cases = [(7u64, "1k", 13u64), (99, "64k", 9), (3, "1k", 1999)];
-    let case_list = cases
-        .iter()
-        .map(|(t, s, i)| format!("({t}, {s:?}, {i})"))
-        .collect::<Vec<_>>()
-        .join(", ");
-    let program = format!(
-        "import sys, hashlib\nsys.path.insert(0, {dir:?})\nimport workload\n\
-         for t, size, i in [{case_list}]:\n    \
-             ts = workload.TaskState(t, size)\n    \
-             for _ in range(i): ts.advance()\n    \
-             print(hashlib.sha256(workload.canonical(ts.state())).hexdigest())\n",
-        dir = script.parent().unwrap().display().to_string(),
-    );
-    let output = Command::new("python3")
-        .arg("-c")
-        .arg(&program)
-        .output()
-        .expect("python3 runs");
-    assert!(output.status.success(), "{output:?}");
-    let expected: Vec<String> = String::from_utf8(output.stdout)
-        .unwrap()
-        .lines()
-        .map(str::to_owned)
-        .collect();
-    let ours: Vec<String> = cases
-        .iter()
-        .map(|&(task, size, iteration)| {
-            let size = match size {
-                "1k" => SizeClass::K1,
-                _ => SizeClass::K64,
-            };
-            let mut state = TaskState::new(task, size);
-            for _ in 0..iteration {
-                state.advance();
-            }
-            sha256_hex(&state.canonical())
-        })
-        .collect();
-    assert_eq!(ours, expected);
+fn the_sizes_match_the_workload_table() {
+    let rows = workload_table("Sizes");
+    assert_eq!(rows.len(), 3, "{rows:?}");
+    for row in rows {
+        let [name, window, first_len, mean] = &row[..] else {
+            panic!("bench/workload.md: size row {row:?} has not four cells");
+        };
+        let size = size_class(name);
+        assert_eq!(size.name(), name);
+        assert_eq!(size.window().to_string(), *window, "{row:?}");
+        let first = TaskState::new(0, size).canonical();
+        assert_eq!(first.len().to_string(), *first_len, "{row:?}");
+        let iterations = size.iterations(1).unwrap();
+        let ours = mean_canonical_bytes(size, iterations).round() as u64;
+        assert_eq!(ours.to_string(), *mean, "{row:?}");
+    }
 }
 
 fn cairn(args: &[&str]) -> Output {
@@ -158,11 +143,7 @@ fn decoded(queue: &Path, task: &str) -> Value {
 
 /// The state task `task` holds after `iterations` iterations, as JSON.
 fn state_after(task: u64, size: SizeClass, iterations: u64) -> Value {
-    let mut state = TaskState::new(task, size);
-    for _ in 0..iterations {
-        state.advance();
-    }
-    serde_json::from_slice(&state.canonical()).unwrap()
+    serde_json::from_slice(&state_at(task, size, iterations).canonical()).unwrap()
 }
 
 fn assert_line(line: &Value, implementation: &str, mode: &str, size: &str, conc: u64, n: u64) {
@@ -231,11 +212,7 @@ fn the_raw_reference_replaces_the_canonical_bytes() {
     assert_line(&line, "raw", "durable", "1k", 1, 2000);
     assert_eq!(line["stored_bytes"], 1202);
     let last = std::fs::read(queue.join("incremental/task-0000.json")).unwrap();
-    let mut state = TaskState::new(0, SizeClass::K1);
-    for _ in 0..1999 {
-        state.advance();
-    }
-    assert_eq!(last, state.canonical());
+    assert_eq!(last, state_at(0, SizeClass::K1, 1999).canonical());
 }
 
 #[test]

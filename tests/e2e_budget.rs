@@ -178,7 +178,7 @@ fn budget_worker(id: &str, side: &Path, max_cost: f64, args: &[&str]) -> Value {
 /// How long a worker iteration takes in the budget scenarios: the daemon writes the checkpoint
 /// before it decides to stop the worker, so its SIGTERM comes after an fsync, which can take a
 /// while on a busy machine. The worker should still be in the next iteration by then.
-const SLOW: &str = "0.4";
+const SLOW: &str = "0.8";
 
 /// The worker side file's complete lines, as (event, rest of the line).
 fn worker_lines(path: &Path) -> Vec<(String, String)> {

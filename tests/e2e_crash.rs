@@ -7,7 +7,7 @@ mod common;
 
 use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::*;
 use serde_json::{json, Value};
@@ -143,7 +143,8 @@ fn sigkill_with_checkpoint_every_3_reruns_at_most_3_iterations_per_kill() {
 fn a_command_dies_with_the_daemon() {
     let queue = TestQueue::new();
     let side = queue.aux("sleepy.side");
-    queue.seed_task("sleepy.json", &loop_task("sleepy", &side, 3, 30.0));
+    // An hour-long iteration: it can only be gone within the deadline if it was killed.
+    queue.seed_task("sleepy.json", &loop_task("sleepy", &side, 3, 3600.0));
     let mut daemon = queue.start(&[]);
     let child = wait_for("the command has started", DEADLINE, || {
         side_events(&side).into_iter().next()
@@ -153,7 +154,7 @@ fn a_command_dies_with_the_daemon() {
     daemon.kill_hard();
     wait_until(
         &format!("the command (pid {}) is gone", child.pid),
-        Duration::from_secs(10),
+        DEADLINE,
         || !process_alive(child.pid),
     );
     assert!(ended_iterations(&side).is_empty());
@@ -163,8 +164,8 @@ fn a_command_dies_with_the_daemon() {
 fn a_restarted_daemon_never_races_an_orphan_of_the_daemon_that_died() {
     // `sh -c "python3 step.py"` is a common command. dash does not exec the last command, so
     // python is the shell's child: PR_SET_PDEATHSIG ends the shell with the daemon, not python.
-    // DESIGN.md: children die with the daemon "so a restarted daemon never races an orphan
-    // doing the same work".
+    // docs/reliability.md: commands die with the daemon, "and a restarted daemon never races an
+    // orphan doing the same work".
     let queue = TestQueue::new();
     let side = queue.aux("wrapped.side");
     let mut task = loop_task("wrapped", &side, 5, 0.05);
@@ -189,7 +190,7 @@ fn a_restarted_daemon_never_races_an_orphan_of_the_daemon_that_died() {
     assert_eq!(queue.done("wrapped").unwrap()["result"], loop_result(5));
     wait_until(
         &format!("the first daemon's command (pid {}) is gone", in_flight.pid),
-        Duration::from_secs(20),
+        DEADLINE,
         || !process_alive(in_flight.pid),
     );
     let orphan_work: Vec<SideEvent> = side_events(&side)
@@ -208,7 +209,7 @@ fn a_stop_whose_grace_runs_out_ends_the_command_group_and_exits_0() {
     let queue = TestQueue::new();
     let pid_file = queue.aux("stubborn.pid");
     let script = format!(
-        "echo $$ > {}; sleep 30; echo '{{\"ok\": true}}'",
+        "echo $$ > {}; sleep 3600; echo '{{\"ok\": true}}'",
         pid_file.display()
     );
     queue.seed_task(
@@ -227,15 +228,10 @@ fn a_stop_whose_grace_runs_out_ends_the_command_group_and_exits_0() {
     wait_until("the command's sleep has started", DEADLINE, || {
         group_members(group) >= 2
     });
-    let stopped_at = Instant::now();
     daemon.signal(SIGTERM);
+    // The command would take an hour: the daemon exits within the deadline only if it ended it.
     let status = daemon.wait_exit(DEADLINE);
-    let took = stopped_at.elapsed();
     assert_eq!(status.code(), Some(0), "{status}");
-    assert!(
-        took < Duration::from_secs(15),
-        "the stop took {took:?}, the command would have taken 30 s"
-    );
     assert!(
         !group_alive(group),
         "the command's process group {group} outlived the daemon"

@@ -205,25 +205,20 @@ fn a_retry_waiting_for_its_backoff_survives_a_stop() {
 fn a_command_that_times_out_fails_its_attempt_and_its_process_group_is_ended() {
     let queue = TestQueue::new();
     let pid_file = queue.aux("slowpoke.pid");
-    let script = format!("echo $$ >> {}; sleep 30; echo '{{}}'", pid_file.display());
+    // An hour-long command: the run ends within the deadline only if the timeout ended it.
+    let script = format!("echo $$ >> {}; sleep 3600; echo '{{}}'", pid_file.display());
     queue.seed_task(
         "slowpoke.json",
         &json!({
             "id": "slowpoke",
             "retry": {"max_attempts": 1},
-            "phases": [{"name": "wait", "run": ["sh", "-c", script], "timeout": "1s"}],
+            "phases": [{"name": "wait", "run": ["sh", "-c", script], "timeout": "3s"}],
         }),
     );
-    let started = std::time::Instant::now();
     queue.run_until_idle(&[]);
-    assert!(
-        started.elapsed() < std::time::Duration::from_secs(20),
-        "the timeout did not stop the command: {:?}",
-        started.elapsed()
-    );
     let failed = queue.failed("slowpoke").expect("failed/slowpoke.json");
     let error = failed["error"].as_str().unwrap();
-    assert!(error.contains("timed out after 1s"), "{error}");
+    assert!(error.contains("timed out after 3s"), "{error}");
     let group: i32 = fs::read_to_string(&pid_file)
         .unwrap()
         .trim()

@@ -225,7 +225,7 @@ fn bad_input_is_rejected_with_a_reason_and_the_daemon_keeps_running() {
 #[test]
 fn a_task_written_as_a_json_array_is_rejected() {
     // serde's derived structs also accept a positional array; cairn's task files are objects
-    // with named fields (DESIGN.md: unknown fields are errors, with the field's name), so an
+    // with named fields (unknown fields are errors, with the field's name), so an
     // array, whatever its elements, is not a task.
     let queue = TestQueue::new();
     let positional = br#"[null, 0, null, {}, {}, null, [["p", "once", ["true"]]]]"#;
@@ -352,7 +352,7 @@ fn a_second_daemon_on_the_same_queue_exits_4_naming_the_owner() {
 
 #[test]
 fn a_writer_pausing_longer_than_the_settle_time_is_not_rejected() {
-    // DESIGN.md: "a slow writer is never rejected for a half-written file". Here the writer
+    // A slow writer is never rejected for a half-written file. Here the writer
     // keeps the file open and pauses for 2.5 s (a slow network copy, a program producing the
     // task as it goes) before writing the second half.
     let queue = TestQueue::new();

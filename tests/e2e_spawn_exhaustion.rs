@@ -36,7 +36,13 @@ fn run_with_failing_forks(queue: &TestQueue, errno: &str, failures: u32) {
 
 #[test]
 fn a_spawn_failing_with_eagain_or_enomem_uses_up_no_attempt() {
-    if !have_tool("strace", "-V") {
+    if require_tool(
+        "a_spawn_failing_with_eagain_or_enomem_uses_up_no_attempt",
+        "strace",
+        "strace",
+    )
+    .is_none()
+    {
         return;
     }
     for errno in ["EAGAIN", "ENOMEM"] {

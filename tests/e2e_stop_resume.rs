@@ -181,9 +181,10 @@ fn a_restart_resumes_the_interrupted_task_before_new_ones() {
 fn a_second_signal_exits_at_once_with_130_keeping_the_committed_iterations() {
     let queue = TestQueue::new();
     let side = queue.aux("slow.side");
-    // Iteration 2 takes 60 s in the first attempt: the grace (default 30 s) cannot be waited out.
+    // Iteration 2 takes an hour in the first attempt: the grace (default 30 s) cannot be waited
+    // out, and the command is gone within the deadline only if it was ended.
     let mut task = loop_task("slow", &side, 5, 0.05);
-    add_args(&mut task, &["--slow", "2:60"]);
+    add_args(&mut task, &["--slow", "2:3600"]);
     queue.seed_task("slow.json", &task);
     let mut daemon = queue.start(&[]);
     let in_flight = wait_for("iteration 2 has started", DEADLINE, || {
@@ -191,6 +192,7 @@ fn a_second_signal_exits_at_once_with_130_keeping_the_committed_iterations() {
             .into_iter()
             .find(|e| e.event == "start" && e.iteration == 2)
     });
+    let _cleanup = KillGroupOnDrop(process_group_of(in_flight.pid).unwrap_or(in_flight.pid));
     daemon.signal(SIGTERM);
     wait_until("the daemon logs the stop", DEADLINE, || {
         daemon.stderr().contains("stop signal")
@@ -200,7 +202,7 @@ fn a_second_signal_exits_at_once_with_130_keeping_the_committed_iterations() {
         "the daemon left during the grace"
     );
     daemon.signal(SIGTERM);
-    let status = daemon.wait_exit(std::time::Duration::from_secs(20));
+    let status = daemon.wait_exit(DEADLINE);
     assert_eq!(status.code(), Some(130), "second signal: {status}");
     wait_until("the iteration's command is gone", DEADLINE, || {
         !process_alive(in_flight.pid)

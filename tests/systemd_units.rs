@@ -6,7 +6,10 @@
 //! that must not restart, stop timeout above the stop grace).
 //!
 //! These tests need systemd's tools (`systemd-analyze`, `systemd-sysusers`, `systemd-tmpfiles`,
-//! Debian's `systemd` package) but not a running systemd: none of them talks to PID 1.
+//! Debian's `systemd` package) but not a running systemd: none of them talks to PID 1. Without
+//! the tools they are skipped with a message, except in CI, where they fail.
+
+mod common;
 
 use std::collections::BTreeSet;
 use std::fs;
@@ -36,19 +39,10 @@ fn unit_source(name: &str) -> String {
     fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
-/// A systemd tool by name, or a failure that says how to get it.
-fn tool(name: &str) -> PathBuf {
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    std::env::split_paths(&path)
-        .chain(["/usr/bin".into(), "/usr/sbin".into(), "/bin".into()])
-        .map(|dir| dir.join(name))
-        .find(|candidate| candidate.is_file())
-        .unwrap_or_else(|| {
-            panic!(
-                "{name} is not installed: these tests check the units with systemd's own tools. \
-                 Install the systemd package (apt-get install systemd; .ci/run does this)."
-            )
-        })
+/// A systemd tool by name; `None` (after a loud skip message, or a failure in CI) if it is not
+/// installed.
+fn tool(test: &str, name: &str) -> Option<PathBuf> {
+    common::require_tool(test, name, "systemd")
 }
 
 /// Run a systemd tool with a predictable log level (an inherited SYSTEMD_LOG_LEVEL=debug would
@@ -140,9 +134,9 @@ fn unit_dir(name: &str, text: &str, drop_ins: &[(&str, &str)]) -> (TempDir, Path
     (dir, path)
 }
 
-fn assert_verifies(path: &Path, user: bool) {
+fn assert_verifies(analyze: &Path, path: &Path, user: bool) {
     let runtime = tempfile::tempdir().unwrap();
-    let mut command = Command::new(tool("systemd-analyze"));
+    let mut command = Command::new(analyze);
     if user {
         // A user manager is not needed, only a runtime directory for the one verify creates.
         fs::set_permissions(runtime.path(), fs::Permissions::from_mode(0o700)).unwrap();
@@ -160,9 +154,12 @@ fn assert_verifies(path: &Path, user: bool) {
 
 #[test]
 fn system_unit_verifies() {
+    let Some(analyze) = tool("system_unit_verifies", "systemd-analyze") else {
+        return;
+    };
     let text = with_built_binary(&unit_source("cairn.service"), SYSTEM_EXEC);
     let (_dir, path) = unit_dir("cairn.service", &text, &[]);
-    assert_verifies(&path, false);
+    assert_verifies(&analyze, &path, false);
 }
 
 /// The drop-in with every suggested setting (`#Key=value`) uncommented, its `ExecStart=` pointed
@@ -197,6 +194,12 @@ fn the_relaxing_drop_in_changes_nothing_as_shipped() {
 
 #[test]
 fn system_unit_verifies_with_the_relaxing_drop_in() {
+    let Some(analyze) = tool(
+        "system_unit_verifies_with_the_relaxing_drop_in",
+        "systemd-analyze",
+    ) else {
+        return;
+    };
     let text = with_built_binary(&unit_source("cairn.service"), SYSTEM_EXEC);
     let drop_in = every_suggestion_of(&unit_source("relax-sandbox.conf.example"));
     assert!(drop_in.contains("\nBindPaths="), "{drop_in}");
@@ -205,14 +208,17 @@ fn system_unit_verifies_with_the_relaxing_drop_in() {
         &text,
         &[("relax-sandbox.conf", drop_in.as_str())],
     );
-    assert_verifies(&path, false);
+    assert_verifies(&analyze, &path, false);
 }
 
 #[test]
 fn user_unit_verifies_in_a_user_manager() {
+    let Some(analyze) = tool("user_unit_verifies_in_a_user_manager", "systemd-analyze") else {
+        return;
+    };
     let text = with_built_binary(&unit_source("cairn-user.service"), USER_EXEC);
     let (_dir, path) = unit_dir("cairn.service", &text, &[]);
-    assert_verifies(&path, true);
+    assert_verifies(&analyze, &path, true);
 }
 
 /// `Overall exposure level for cairn.service: 1.4 OK` → 1.4
@@ -226,9 +232,12 @@ fn exposure(output: &str) -> Option<f64> {
 
 #[test]
 fn system_unit_exposure_is_at_most_2() {
+    let Some(analyze) = tool("system_unit_exposure_is_at_most_2", "systemd-analyze") else {
+        return;
+    };
     let text = with_built_binary(&unit_source("cairn.service"), SYSTEM_EXEC);
     let (_dir, path) = unit_dir("cairn.service", &text, &[]);
-    let mut command = Command::new(tool("systemd-analyze"));
+    let mut command = Command::new(analyze);
     command
         .args(["security", "--offline=true", "--no-pager"])
         .arg(&path);
@@ -366,8 +375,13 @@ fn id_in(file: &Path, name: &str) -> u32 {
 
 #[test]
 fn sysusers_and_tmpfiles_snippets_build_the_shared_inbox() {
-    let sysusers = tool("systemd-sysusers");
-    let tmpfiles = tool("systemd-tmpfiles");
+    const TEST: &str = "sysusers_and_tmpfiles_snippets_build_the_shared_inbox";
+    let (Some(sysusers), Some(tmpfiles)) = (
+        tool(TEST, "systemd-sysusers"),
+        tool(TEST, "systemd-tmpfiles"),
+    ) else {
+        return;
+    };
     let root = tempfile::tempdir().unwrap();
     let etc = root.path().join("etc");
     for (dir, source) in [
@@ -396,8 +410,10 @@ fn sysusers_and_tmpfiles_snippets_build_the_shared_inbox() {
         "cairn's home should be the queue:\n{passwd}"
     );
 
-    if !nix::unistd::Uid::effective().is_root() {
-        eprintln!("skipping the tmpfiles part: creating files owned by cairn needs root");
+    if !common::require_root(
+        &format!("{TEST} (its systemd-tmpfiles part)"),
+        "it creates files owned by the cairn user",
+    ) {
         return;
     }
     let mut command = Command::new(tmpfiles);

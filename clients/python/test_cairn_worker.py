@@ -75,7 +75,7 @@ def run_worker(code, **cairn_vars):
     """Run a worker to its end; return (exit status, stdout, stderr)."""
     proc = start_worker(code, **cairn_vars)
     try:
-        out, err = proc.communicate(timeout=10)
+        out, err = proc.communicate(timeout=120)
     finally:
         proc.kill()
     return proc.returncode, out, err
@@ -255,7 +255,7 @@ class LoopTest(TempDirTest):
                 self.assertTrue(chunk, "the worker ended early")
                 seen += chunk
             proc.send_signal(signal.SIGTERM)  # during iteration 2 (or, on a slow machine, later)
-            out, err = proc.communicate(timeout=10)
+            out, err = proc.communicate(timeout=120)
         finally:
             proc.kill()
         out = seen.decode() + out
@@ -301,7 +301,7 @@ class DaemonGoneTest(TempDirTest):
             self.assertEqual(proc.stdout.readline(), "sent\n")
             self.assertEqual(os.read(read_fd, 100), b'{"heartbeat":true}\n')
             os.close(read_fd)  # cairn goes away
-            out, err = proc.communicate("go on\n", timeout=10)
+            out, err = proc.communicate("go on\n", timeout=120)
         finally:
             proc.kill()
         self.assertEqual(proc.returncode, 75)

@@ -35,12 +35,12 @@ close_channel() {
     wait "$reader"
 }
 
-# wait_for_line FILE LINE: poll (up to 10 s) until FILE holds LINE.
+# wait_for_line FILE LINE: poll (up to 120 s, generous for a busy machine) until FILE holds LINE.
 wait_for_line() {
     n=0
     until grep -Fqx "$2" "$1" 2> /dev/null; do
         n=$((n + 1))
-        [ "$n" -le 200 ] || { echo "timed out waiting for '$2' in $1"; return 1; }
+        [ "$n" -le 2400 ] || { echo "timed out waiting for '$2' in $1"; return 1; }
         sleep 0.05
     done
 }

@@ -1,6 +1,6 @@
-//! `cairn bench checkpoint`: the shared checkpoint workload through cairn's real checkpoint
-//! path ([`LoopCheckpointer`] → [`CheckpointStore`] → [`FileStorage`]), the code the daemon's
-//! loop phases run.
+//! `cairn bench checkpoint`: the checkpoint workload of `bench/workload.md` through cairn's real
+//! checkpoint path ([`LoopCheckpointer`] → [`CheckpointStore`] → [`FileStorage`]), the code the
+//! daemon's loop phases run.
 //!
 //! Sequential runs call the checkpointer on one thread, as an embedding program does.
 //! Concurrent runs start every task at once as a tokio task on a multi-thread runtime, and

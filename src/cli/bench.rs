@@ -16,7 +16,7 @@ pub struct BenchArgs {
 
 #[derive(Debug, Subcommand)]
 enum Bench {
-    /// The shared checkpoint workload (bench/workload.md) through cairn's checkpoint path;
+    /// The checkpoint workload of bench/workload.md through cairn's checkpoint path;
     /// prints {"impl": "cairn", "mode", "size", "conc", "n", "json_bytes", "stored_bytes",
     /// "p50_ms", "p99_ms", "ops_s"}.
     Checkpoint(CheckpointArgs),

@@ -27,11 +27,63 @@ use tempfile::TempDir;
 pub use nix::sys::signal::Signal::{SIGINT, SIGKILL, SIGTERM};
 
 /// How long a test waits for a state before it fails. Generous: tests run in parallel on a
-/// small machine, and a deadline only costs time when something is wrong.
-pub const DEADLINE: Duration = Duration::from_secs(60);
+/// small, busy machine (a Python iteration can take a second there), and a deadline only costs
+/// time when something is wrong. A test that checks something does *not* happen within it
+/// makes that thing take far longer (an hour-long sleep), never a few seconds.
+pub const DEADLINE: Duration = Duration::from_secs(120);
 
 /// How often [`wait_until`] looks again.
 const POLL: Duration = Duration::from_millis(25);
+
+/// True when the tests run in CI (`CI=true`), where every prerequisite must be present.
+pub fn in_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
+}
+
+/// Whether a test may go on without `prerequisite`: outside CI it prints a loud message and
+/// returns false, so that the test returns early and passes as skipped; in CI, where
+/// everything is installed and the tests run as root, it fails the test.
+pub fn prerequisite_missing(test: &str, prerequisite: &str) -> bool {
+    assert!(
+        !in_ci(),
+        "{test}: {prerequisite}, which CI must provide (CI=true; .ci/run installs the tools and runs as root)"
+    );
+    // Straight to stderr: the test harness keeps what `eprintln!` prints from passing tests.
+    let _ = writeln!(
+        std::io::stderr(),
+        "\n*** SKIPPED {test}: {prerequisite} ***\n"
+    );
+    false
+}
+
+/// True if the tests run as root; otherwise (outside CI) a loud skip message and false.
+/// Use: `if !require_root("my_test", "it mounts a tmpfs") { return; }`.
+pub fn require_root(test: &str, why: &str) -> bool {
+    nix::unistd::geteuid().is_root()
+        || prerequisite_missing(test, &format!("needs root ({why}); run it as root"))
+}
+
+/// The path of the program `name` on `PATH` (or in the usual system directories); outside CI,
+/// if it is missing, a loud skip message and `None`.
+pub fn require_tool(test: &str, name: &str, package: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let found = std::env::split_paths(&path)
+        .chain([
+            "/usr/bin".into(),
+            "/usr/sbin".into(),
+            "/bin".into(),
+            "/sbin".into(),
+        ])
+        .map(|dir| dir.join(name))
+        .find(|candidate| candidate.is_file());
+    if found.is_none() {
+        prerequisite_missing(
+            test,
+            &format!("needs {name}, which is not installed (apt-get install {package})"),
+        );
+    }
+    found
+}
 
 /// A test fixture's path (`tests/fixtures/<name>`).
 pub fn fixture(name: &str) -> PathBuf {
@@ -532,17 +584,4 @@ pub fn once_task(id: &str, reply: &Value) -> Value {
         "id": id,
         "phases": [{"name": "say", "run": ["sh", "-c", format!("printf '%s' '{reply}'")]}],
     })
-}
-
-/// Whether `tool` can be run (`tool --version` or `-V` starts). Without it a test skips with a
-/// loud message, except under `CI=true`, where a missing tool fails the test.
-pub fn have_tool(tool: &str, version_flag: &str) -> bool {
-    if Command::new(tool).arg(version_flag).output().is_ok() {
-        return true;
-    }
-    if std::env::var("CI").as_deref() == Ok("true") {
-        panic!("this test needs {tool}, and CI=true: install it (.ci/run does)");
-    }
-    eprintln!("SKIPPED: this test needs {tool}, which is not installed");
-    false
 }
