@@ -192,6 +192,16 @@ for n in 1 2 3; do
 done
 if cairn_stopping; then echo stopping; fi
 EOF
+# wait_until_reading_ack PID: poll (up to 120 s) until process PID has $tmp/ack open.
+wait_until_reading_ack() {
+    n=0
+    until ls -l "/proc/$1/fd" 2> /dev/null | grep -q " -> $tmp/ack\$"; do
+        n=$((n + 1))
+        [ "$n" -le 2400 ] || { echo "timed out waiting for the worker to open $tmp/ack"; return 1; }
+        sleep 0.05
+    done
+}
+
 start_acker() {
     : > "$tmp/log"
     CAIRN_CHANNEL=$tmp/channel CAIRN_ACK=$tmp/ack CAIRN_SH=$here/cairn.sh \
@@ -243,10 +253,12 @@ committed 2
 committed 3
 stopping" "$status $(cat "$tmp/log")"
 
-# cairn gone while the worker waits: exit 75 with one line on stderr.
+# cairn gone while the worker waits: exit 75 with one line on stderr. The pipe is closed only
+# once the worker has it open: a reader opening a FIFO with no writer left would wait for one.
 open_ack
 start_acker
 wait_for_line "$tmp/received" "$(ack_line 1)"
+wait_until_reading_ack "$pid"
 exec 8>&-
 wait "$pid"
 status=$?
