@@ -137,7 +137,14 @@ pub fn take(
 /// is neither waiting in `control/` nor claimed and still to be applied.
 pub fn handled(queue: &QueueDir, key: &str) -> bool {
     let name = key.strip_prefix("control/").unwrap_or(key);
-    let gone = |path: std::path::PathBuf| matches!(fs::symlink_metadata(path), Err(e) if e.kind() == io::ErrorKind::NotFound);
+    // A user who may not look into `tasks/` learns only that the request left `control/`.
+    let gone = |path: std::path::PathBuf| match fs::symlink_metadata(path) {
+        Ok(_) => false,
+        Err(e) => matches!(
+            e.kind(),
+            io::ErrorKind::NotFound | io::ErrorKind::PermissionDenied
+        ),
+    };
     gone(queue.control().join(name)) && gone(queue.tasks().join(format!("{CLAIM_PREFIX}{name}")))
 }
 
