@@ -284,3 +284,110 @@ fn a_task_still_in_the_inbox_is_listed_shown_and_steered_by_its_id() {
     assert_eq!(queue.done("b").expect("done/b.json")["result"], json!(1));
     assert!(side_b.exists());
 }
+
+/// CPU time (user + system) the process has used so far.
+fn cpu_time(pid: i32) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("reading /proc stat");
+    // Fields after the command name: state is field 3; utime and stime are fields 14 and 15.
+    let (_, rest) = stat.rsplit_once(") ").expect("a /proc stat line");
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    let per_second = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+        .unwrap()
+        .expect("clock ticks per second") as u64;
+    Duration::from_millis(ticks * 1000 / per_second)
+}
+
+/// Entries in `control/` that no one, root included, can read as a request: a directory, a
+/// symbolic link to nothing and a link to a FIFO. Named to sort before any real request.
+fn plant_unreadable_requests(queue: &TestQueue) {
+    let control = queue.path("control");
+    // Made beside the queue and renamed in whole: the daemon may take it at once.
+    let dir = queue.aux("request-dir");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("inside"), b"{}").unwrap();
+    std::fs::rename(&dir, control.join("0000-dir.json")).unwrap();
+    std::os::unix::fs::symlink("/nonexistent/request", control.join("0001-dangling.json")).unwrap();
+    let fifo = queue.aux("elsewhere.fifo");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+    std::os::unix::fs::symlink(&fifo, control.join("0002-fifo-link.json")).unwrap();
+}
+
+#[test]
+fn unreadable_requests_neither_hold_up_a_cancel_nor_make_the_daemon_spin() {
+    let queue = TestQueue::new();
+    let side = queue.aux("victim.side");
+    queue.seed_task("victim.json", &loop_task("victim", &side, 2000, 0.2));
+    let daemon = queue.start(&[]);
+    wait_until("an iteration", DEADLINE, || {
+        !ended_iterations(&side).is_empty()
+    });
+    plant_unreadable_requests(&queue);
+
+    // Let the daemon meet them, then measure its CPU over a window of several seconds.
+    wait_until("the bad entries to be dealt with", DEADLINE, || {
+        queue.list("control").is_empty()
+    });
+    let window = Duration::from_secs(5);
+    let (before, started) = (cpu_time(daemon.pid()), std::time::Instant::now());
+    std::thread::sleep(window);
+    let (used, elapsed) = (cpu_time(daemon.pid()) - before, started.elapsed());
+    eprintln!("daemon CPU beside bad control requests: {used:?} in {elapsed:?}");
+    assert!(
+        used < elapsed / 5,
+        "the daemon used {used:?} of CPU in {elapsed:?} beside bad control requests"
+    );
+
+    let asked = std::time::Instant::now();
+    let out = queue.cairn_output(&["cancel", "--no-wait", "victim"], b"");
+    assert!(out.status.success(), "{out:?}");
+    let record = queue.wait_failed("victim");
+    let took = asked.elapsed();
+    assert_eq!(record["status"], "cancelled", "{record}");
+    assert!(took < Duration::from_secs(15), "the cancel took {took:?}");
+
+    let log = daemon.stderr();
+    let lines = log
+        .lines()
+        .filter(|l| l.contains("control request"))
+        .count();
+    assert!(
+        lines < 20,
+        "{lines} log lines about control requests:\n{log}"
+    );
+    for name in ["0000-dir.json", "0001-dangling.json", "0002-fifo-link.json"] {
+        assert!(log.contains(name), "no log line names {name}:\n{log}");
+    }
+}
+
+#[test]
+fn a_fifo_swapped_into_control_does_not_stop_sigterm_from_stopping_the_daemon() {
+    let queue = TestQueue::new();
+    let mut daemon = queue.start(&[]);
+    wait_until("the daemon to create control/", DEADLINE, || {
+        queue.path("control").is_dir() && queue.path(".lock").exists()
+    });
+    // A request name that is a regular file one moment and a FIFO the next, for a few
+    // seconds: a daemon that lists, then opens by name, meets the FIFO sooner or later.
+    let name = queue.path("control/0000-swapped.json");
+    let (regular, fifo) = (queue.path("control/.regular"), queue.path("control/.fifo"));
+    let mode = nix::sys::stat::Mode::from_bits_truncate(0o622);
+    let until = std::time::Instant::now() + Duration::from_secs(4);
+    while std::time::Instant::now() < until {
+        std::fs::write(&regular, b"{}").unwrap();
+        std::fs::rename(&regular, &name).unwrap();
+        std::thread::sleep(Duration::from_millis(2));
+        nix::unistd::mkfifo(&fifo, mode).unwrap();
+        std::fs::rename(&fifo, &name).unwrap();
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    std::fs::write(&regular, b"{}").unwrap();
+    std::fs::rename(&regular, &name).unwrap();
+    daemon.signal(SIGTERM);
+    assert_eq!(
+        daemon.wait_exit(DEADLINE).code(),
+        Some(0),
+        "{}",
+        daemon.stderr()
+    );
+}

@@ -91,7 +91,7 @@ pub fn run(queue: &Path, action: Action, args: ControlArgs) -> u8 {
     };
     let deadline = Instant::now() + WAIT_FOR_DAEMON;
     while Instant::now() < deadline {
-        if matches!(storage.get(&key), Ok(None)) {
+        if control::handled(&QueueDir::new(queue), &key) {
             let outcome = match action {
                 ControlAction::Pause => "it stops at its next iteration boundary, checkpointed",
                 ControlAction::Resume => "it continues",

@@ -9,6 +9,7 @@ mod fork;
 mod history;
 mod prune;
 mod python_json;
+mod queue_fs;
 mod run;
 mod show;
 mod status;

@@ -26,6 +26,7 @@ use clap::Args;
 use serde_json::Value;
 
 use super::exit;
+use super::queue_fs::{read_regular, OpenedQueue};
 use super::view::{self, Record};
 
 /// Orphans and control requests younger than this are left alone, whatever the retention.
@@ -81,6 +82,15 @@ pub fn run(queue: &Path, args: PruneArgs) -> u8 {
         eprintln!("error: queue {} does not exist", root.display());
         return exit::FAILURE;
     }
+    // Refused before anything is read: a directory replaced by a link would lead the plan (and,
+    // for root, the removals) outside the queue.
+    let opened = match OpenedQueue::open(&root) {
+        Ok(opened) => opened,
+        Err(problem) => {
+            eprintln!("error: refusing to prune: {problem}");
+            return exit::FAILURE;
+        }
+    };
     let plan = match plan(&root, &args, Utc::now()) {
         Ok(plan) => plan,
         Err(e) => {
@@ -98,16 +108,13 @@ pub fn run(queue: &Path, args: PruneArgs) -> u8 {
     let mut counts: BTreeMap<Why, usize> = BTreeMap::new();
     for (path, why) in &plan.paths {
         let size = disk_size(path);
-        let is_dir = path.is_dir() && !path.is_symlink();
         let result = if args.dry_run {
-            Ok(())
-        } else if is_dir {
-            fs::remove_dir_all(path)
+            Ok(fs::symlink_metadata(path).is_ok_and(|m| m.is_dir()))
         } else {
-            fs::remove_file(path)
+            opened.remove(path.strip_prefix(&root).unwrap_or(path))
         };
         match result {
-            Ok(()) => {
+            Ok(is_dir) => {
                 bytes += size;
                 *counts.entry(*why).or_default() += 1;
                 let slash = if is_dir { "/" } else { "" };
@@ -195,8 +202,7 @@ fn plan(root: &Path, args: &PruneArgs, now: DateTime<Utc>) -> Result<Plan, Strin
             continue;
         }
         let path = control_dir.join(&name);
-        let task_id = fs::read(&path)
-            .ok()
+        let task_id = read_regular(&path, crate::queue::control::MAX_REQUEST_BYTES)
             .and_then(|bytes| serde_json::from_slice::<Value>(&bytes).ok())
             .and_then(|v| v["task_id"].as_str().map(str::to_string));
         let age_ok = view::mtime(&path).is_some_and(|at| at <= orphan_cutoff);
@@ -355,7 +361,7 @@ fn inbox_ids(root: &Path) -> Vec<String> {
     view::list_names(&inbox)
         .into_iter()
         .filter_map(|name| {
-            let bytes = fs::read(inbox.join(name)).ok()?;
+            let bytes = read_regular(&inbox.join(name), crate::task::MAX_TASK_FILE_BYTES)?;
             let value: Value = serde_json::from_slice(&bytes).ok()?;
             value["id"].as_str().map(str::to_string)
         })

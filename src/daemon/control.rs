@@ -11,20 +11,26 @@ impl Scheduler {
     /// task the daemon has not taken from the inbox yet stays for a later round (see
     /// [`Scheduler::may_still_arrive`]), and so do the requests for that task after it.
     pub(super) async fn process_control(&mut self) {
-        let storage = Arc::clone(&self.ctx.storage);
-        let inbox = self.ctx.queue.inbox();
+        let queue = self.ctx.queue.clone();
+        let inbox = queue.inbox();
+        let mut reported = std::mem::take(&mut self.control_reported);
         let read = move || {
-            let requests = control::pending(storage.as_ref())?;
-            // Which of the requested tasks sit in the inbox under the name `cairn submit` uses.
-            let in_inbox: HashSet<String> = requests
-                .iter()
-                .filter_map(|(_, r)| r.as_ref().ok())
-                .map(|r| r.task_id.clone())
-                .filter(|id| inbox.join(format!("{id}.json")).exists())
-                .collect();
-            Ok::<_, std::io::Error>((requests, in_inbox))
+            let requests = control::take(&queue, &mut reported);
+            let requests = requests.map(|requests| {
+                // Which of the requested tasks sit in the inbox under the name `cairn submit`
+                // uses (a stat: it neither follows into nor opens what is there).
+                let in_inbox: HashSet<String> = requests
+                    .iter()
+                    .map(|(_, r)| r.task_id.clone())
+                    .filter(|id| inbox.join(format!("{id}.json")).symlink_metadata().is_ok())
+                    .collect();
+                (requests, in_inbox)
+            });
+            (requests, reported)
         };
-        let (requests, in_inbox) = match runner_blocking(read).await {
+        let (read, reported) = runner_blocking(read).await;
+        self.control_reported = reported;
+        let (requests, in_inbox) = match read {
             Ok(read) => read,
             Err(e) => {
                 tracing::error!("reading control requests: {e}");
@@ -34,23 +40,17 @@ impl Scheduler {
         self.control_deferred = false;
         let mut deferred: HashSet<String> = HashSet::new();
         for (key, request) in requests {
-            match request {
-                // A retry is for a failed record, never a task in the inbox: it waits only
-                // behind an earlier request for the same task.
-                Ok(request)
-                    if deferred.contains(&request.task_id)
-                        || (request.action != ControlAction::Retry
-                            && self.may_still_arrive(&request.task_id, &in_inbox)) =>
-                {
-                    deferred.insert(request.task_id);
-                    self.control_deferred = true;
-                    continue;
-                }
-                Ok(request) => self.apply_control(request).await,
-                Err(problem) => {
-                    tracing::warn!(request = %key, "ignored a control request: {problem}")
-                }
+            // A retry is for a failed record, never a task in the inbox: it waits only behind
+            // an earlier request for the same task.
+            if deferred.contains(&request.task_id)
+                || (request.action != ControlAction::Retry
+                    && self.may_still_arrive(&request.task_id, &in_inbox))
+            {
+                deferred.insert(request.task_id);
+                self.control_deferred = true;
+                continue;
             }
+            self.apply_control(request).await;
             let storage = Arc::clone(&self.ctx.storage);
             let remove_key = key.clone();
             if let Err(e) = runner_blocking(move || storage.remove(&remove_key)).await {

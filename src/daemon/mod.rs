@@ -179,6 +179,7 @@ pub async fn run_with_summary(
         notifier: notify::ServiceNotifier::new(),
         finished: 0,
         control_deferred: false,
+        control_reported: Default::default(),
         summary: RunSummary {
             queue: root.clone(),
             ..RunSummary::default()
@@ -252,6 +253,9 @@ pub(crate) struct Scheduler {
     /// Control requests wait in `control/` for a task still in the inbox: look again as soon
     /// as a scan has taken tasks in, before any of them starts.
     control_deferred: bool,
+    /// Control entries already logged as impossible to take or remove, so that one bad entry
+    /// costs one log line, not one a round.
+    control_reported: HashSet<String>,
     /// What this run did, for the closing summary.
     summary: RunSummary,
 }

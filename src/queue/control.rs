@@ -1,12 +1,22 @@
 //! Control requests: `control/<time>-<random>.json` files that the CLI writes (atomically) and
 //! the daemon takes, applies and removes — pause, resume, cancel and retry of one task. A
 //! request written while no daemon runs is applied when the next one starts.
+//!
+//! `control/` may be shared with a group, so the daemon first claims a request by renaming it
+//! into `tasks/` (its own), then reads it through a descriptor that follows no link and waits
+//! for no FIFO writer, checked as a regular file of bounded size. A bad entry is removed with
+//! one log line and never holds up the others.
 
-use std::io;
+use std::collections::HashSet;
+use std::fs;
+use std::io::{self, Read};
+use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+use std::path::Path;
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
+use super::QueueDir;
 use crate::store::Storage;
 
 /// What an operator asks of a task.
@@ -81,26 +91,241 @@ pub fn submit(storage: &dyn Storage, request: &ControlRequest) -> io::Result<Str
     Ok(key)
 }
 
-/// The requests waiting in `control/`, oldest first, each parsed or with why it is not valid.
-pub fn pending(storage: &dyn Storage) -> io::Result<Vec<(String, Result<ControlRequest, String>)>> {
+/// The largest control request read; a real one is about 100 bytes.
+pub const MAX_REQUEST_BYTES: u64 = 4096;
+
+/// Prefix of a request claimed into `tasks/` (which only the daemon writes): the name that
+/// follows is the request's own, so claims sort as the requests were made.
+const CLAIM_PREFIX: &str = ".control.";
+
+/// Claim every request waiting in `control/` by renaming it into `tasks/.control.<name>`, then
+/// read each claim (those left by earlier rounds too), oldest first. A claim that is not a
+/// regular file of at most [`MAX_REQUEST_BYTES`] or not a valid request is removed with one
+/// log line; an entry that cannot be claimed is logged once (`reported` remembers it) and left.
+/// Nothing here follows a link or blocks on a FIFO, so no entry can stop the others.
+/// Returns each good request with its claim's storage key, for removal once it is handled.
+pub fn take(
+    queue: &QueueDir,
+    reported: &mut HashSet<String>,
+) -> io::Result<Vec<(String, ControlRequest)>> {
+    claim_waiting(queue, reported)?;
+    let mut claims: Vec<String> = read_names(&queue.tasks())?
+        .into_iter()
+        .filter_map(|n| n.strip_prefix(CLAIM_PREFIX).map(str::to_string))
+        .collect();
+    claims.sort();
     let mut requests = Vec::new();
-    for name in storage.list("control")? {
-        if !name.ends_with(".json") {
-            continue;
-        }
-        let key = format!("control/{name}");
-        let parsed = match storage.get(&key)? {
-            Some(bytes) => ControlRequest::parse(&bytes),
-            None => continue,
+    for name in claims {
+        let claim = queue.tasks().join(format!("{CLAIM_PREFIX}{name}"));
+        let problem = match read_claim(&claim) {
+            Ok(Some(bytes)) => match ControlRequest::parse(&bytes) {
+                Ok(request) => {
+                    requests.push((format!("tasks/{CLAIM_PREFIX}{name}"), request));
+                    continue;
+                }
+                Err(problem) => problem,
+            },
+            Ok(None) => continue,
+            Err(problem) => problem,
         };
-        requests.push((key, parsed));
+        discard(&claim, &name, &problem, reported);
     }
     Ok(requests)
 }
 
+/// Whether the daemon has handled the request `cairn` wrote under `key` (`control/<name>`): it
+/// is neither waiting in `control/` nor claimed and still to be applied.
+pub fn handled(queue: &QueueDir, key: &str) -> bool {
+    let name = key.strip_prefix("control/").unwrap_or(key);
+    // A user who may not look into `tasks/` learns only that the request left `control/`.
+    let gone = |path: std::path::PathBuf| match fs::symlink_metadata(path) {
+        Ok(_) => false,
+        Err(e) => matches!(
+            e.kind(),
+            io::ErrorKind::NotFound | io::ErrorKind::PermissionDenied
+        ),
+    };
+    gone(queue.control().join(name)) && gone(queue.tasks().join(format!("{CLAIM_PREFIX}{name}")))
+}
+
+/// Rename each `control/*.json` into `tasks/`. A name that will not move (a directory the
+/// daemon may not write, say) is reported once and skipped.
+fn claim_waiting(queue: &QueueDir, reported: &mut HashSet<String>) -> io::Result<()> {
+    let names = read_names(&queue.control())?;
+    let waiting: HashSet<&String> = names.iter().collect();
+    reported.retain(|n| waiting.contains(n) || n.starts_with(CLAIM_PREFIX));
+    for name in &names {
+        if name.starts_with('.') || !name.ends_with(".json") {
+            continue;
+        }
+        let from = queue.control().join(name);
+        let to = queue.tasks().join(format!("{CLAIM_PREFIX}{name}"));
+        match fs::rename(&from, &to) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => {
+                if reported.insert(name.clone()) {
+                    tracing::warn!(
+                        request = %escape(name),
+                        "cannot take the control request out of control/ ({e}); it is skipped"
+                    );
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A claim's bytes, read through one descriptor opened without following a link or waiting
+/// for a FIFO's writer; `Ok(None)` when it is gone. The error says what is wrong with it.
+fn read_claim(path: &Path) -> Result<Option<Vec<u8>>, String> {
+    let file = match fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK | nix::libc::O_NOCTTY)
+        .open(path)
+    {
+        Ok(file) => file,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) if e.raw_os_error() == Some(nix::libc::ELOOP) => {
+            return Err("it is a symbolic link; a request must be a regular file".into())
+        }
+        Err(e) => return Err(format!("cannot open it: {e}")),
+    };
+    let meta = file
+        .metadata()
+        .map_err(|e| format!("cannot read its metadata: {e}"))?;
+    let kind = meta.file_type();
+    if !kind.is_file() {
+        let what = if kind.is_dir() {
+            "a directory"
+        } else if kind.is_fifo() {
+            "a FIFO"
+        } else if kind.is_socket() {
+            "a socket"
+        } else {
+            "not a regular file"
+        };
+        return Err(format!("it is {what}; a request must be a regular file"));
+    }
+    if meta.len() > MAX_REQUEST_BYTES {
+        return Err(format!(
+            "it is {} bytes, more than the limit of {MAX_REQUEST_BYTES}",
+            meta.len()
+        ));
+    }
+    let mut bytes = Vec::new();
+    file.take(MAX_REQUEST_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| format!("cannot read it: {e}"))?;
+    if bytes.len() as u64 > MAX_REQUEST_BYTES {
+        return Err(format!(
+            "it grew past the limit of {MAX_REQUEST_BYTES} bytes"
+        ));
+    }
+    Ok(Some(bytes))
+}
+
+/// Remove a bad claim (a directory with everything in it: std removes it without following
+/// links), logging why; a claim that cannot be removed is logged once.
+fn discard(claim: &Path, name: &str, problem: &str, reported: &mut HashSet<String>) {
+    let is_dir = fs::symlink_metadata(claim).is_ok_and(|m| m.is_dir());
+    let removed = if is_dir {
+        fs::remove_dir_all(claim)
+    } else {
+        fs::remove_file(claim)
+    };
+    match removed {
+        Ok(()) => {
+            reported.remove(&format!("{CLAIM_PREFIX}{name}"));
+            tracing::warn!(
+                request = %escape(&format!("control/{name}")),
+                "removed a bad control request: {problem}"
+            );
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => {
+            if reported.insert(format!("{CLAIM_PREFIX}{name}")) {
+                tracing::warn!(
+                    request = %escape(&format!("control/{name}")),
+                    claim = %claim.display(),
+                    "a bad control request ({problem}) cannot be removed: {e}; it is skipped"
+                );
+            }
+        }
+    }
+}
+
+/// A file name fit for one log line (no control characters).
+fn escape(name: &str) -> String {
+    name.escape_debug().to_string()
+}
+
+/// The UTF-8 names in a directory (a missing one is empty).
+fn read_names(dir: &Path) -> io::Result<Vec<String>> {
+    let entries = match fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => {
+            return Err(io::Error::new(
+                e.kind(),
+                format!("reading {}: {e}", dir.display()),
+            ))
+        }
+    };
+    let mut names = Vec::new();
+    for entry in entries {
+        if let Ok(name) = entry?.file_name().into_string() {
+            names.push(name);
+        }
+    }
+    Ok(names)
+}
+
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use super::{take, ControlAction, ControlRequest, QueueDir, MAX_REQUEST_BYTES};
+    use std::collections::HashSet;
+    use std::fs;
+
+    #[test]
+    fn bad_entries_are_removed_and_good_requests_are_taken_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let queue = QueueDir::new(dir.path());
+        queue.create_all().unwrap();
+        let control = queue.control();
+        let good = |action| serde_json::to_vec(&ControlRequest::new(action, "t-1")).unwrap();
+        fs::write(control.join("1-pause.json"), good(ControlAction::Pause)).unwrap();
+        fs::write(control.join("3-cancel.json"), good(ControlAction::Cancel)).unwrap();
+        let mut big = good(ControlAction::Resume);
+        big.resize(MAX_REQUEST_BYTES as usize + 1, b' ');
+        fs::write(control.join("0-big.json"), big).unwrap();
+        fs::write(control.join("2-garbage.json"), b"[1, 2]").unwrap();
+        nix::unistd::mkfifo(
+            &control.join("2-fifo.json"),
+            nix::sys::stat::Mode::from_bits_truncate(0o600),
+        )
+        .unwrap();
+        fs::create_dir(control.join("2-dir.json")).unwrap();
+        std::os::unix::fs::symlink("/nonexistent", control.join("2-link.json")).unwrap();
+        fs::write(control.join("notes.txt"), b"not a request").unwrap();
+
+        let mut reported = HashSet::new();
+        let taken = take(&queue, &mut reported).unwrap();
+        let actions: Vec<_> = taken.iter().map(|(_, r)| r.action).collect();
+        assert_eq!(actions, [ControlAction::Pause, ControlAction::Cancel]);
+        assert_eq!(taken[0].0, "tasks/.control.1-pause.json");
+        let mut left: Vec<_> = fs::read_dir(&control)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        left.sort();
+        assert_eq!(left, ["notes.txt"]);
+        let claims = fs::read_dir(queue.tasks()).unwrap().count();
+        assert_eq!(claims, 2, "only the good requests stay claimed");
+        // Claims not yet handled are read again, still in order.
+        let again = take(&queue, &mut reported).unwrap();
+        assert_eq!(again.len(), 2);
+    }
 
     #[test]
     fn requests_round_trip_and_bad_ones_are_refused() {

@@ -52,9 +52,27 @@ impl QueueWatcher {
                         return;
                     }
                 };
+                // Opening, reading and closing unwritten are what readers do, the daemon's own
+                // scans first of all: they change nothing, and reacting to them would wake the
+                // daemon with every read it makes.
+                if matches!(
+                    event.kind,
+                    EventKind::Access(
+                        AccessKind::Open(_)
+                            | AccessKind::Read
+                            | AccessKind::Close(AccessMode::Read)
+                    )
+                ) {
+                    return;
+                }
                 let path = event.paths.last();
-                if path.and_then(|p| p.parent()) == Some(control_dir.as_path()) {
-                    let _ = tx.send(QueueHint::Control);
+                let in_control = path.and_then(|p| p.parent()) == Some(control_dir.as_path());
+                if in_control || path == Some(&control_dir) {
+                    // Only what a writer does wakes the daemon: its own reads of `control/` and
+                    // its renames out of it (claims) would otherwise wake it again at once.
+                    if in_control && is_arrival(&event.kind) {
+                        let _ = tx.send(QueueHint::Control);
+                    }
                     return;
                 }
                 let complete = matches!(
@@ -84,4 +102,18 @@ impl QueueWatcher {
         watcher.watch(control, RecursiveMode::NonRecursive)?;
         Ok((QueueWatcher { _watcher: watcher }, rx))
     }
+}
+
+/// An event that a request arriving in `control/` causes: a file closed after writing, a name
+/// renamed or linked in, an entry created. Opens, reads and names renamed away are the daemon's
+/// own doing and are not.
+fn is_arrival(kind: &EventKind) -> bool {
+    matches!(
+        kind,
+        EventKind::Access(AccessKind::Close(AccessMode::Write))
+            | EventKind::Modify(ModifyKind::Name(
+                RenameMode::To | RenameMode::Both | RenameMode::Any
+            ))
+            | EventKind::Create(_)
+    )
 }
