@@ -427,9 +427,18 @@ fn entries_the_daemon_cannot_take_do_not_stop_intake() {
     });
 
     fs::create_dir(queue.path("inbox/x.json")).unwrap();
-    fs::set_permissions(queue.path("inbox/x.json"), fs::Permissions::from_mode(0o555)).unwrap();
+    fs::set_permissions(
+        queue.path("inbox/x.json"),
+        fs::Permissions::from_mode(0o555),
+    )
+    .unwrap();
     let task = |id: &str| serde_json::to_vec(&once_task(id, &json!(id))).unwrap();
-    drop_with_mode(&queue, "unreadable.json".as_ref(), &task("unreadable"), 0o000);
+    drop_with_mode(
+        &queue,
+        "unreadable.json".as_ref(),
+        &task("unreadable"),
+        0o000,
+    );
     let long = format!("{}.json", "l".repeat(245));
     assert_eq!(long.len(), 250);
     drop_with_mode(&queue, long.as_ref(), &task("long"), 0o644);
