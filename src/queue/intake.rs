@@ -617,7 +617,7 @@ fn return_to_inbox(claim: &Path, inbox_path: &Path) {
     };
     if let Err(e) = returned {
         tracing::error!(
-            claim = %claim.display(),
+            claim = ?claim,
             "cannot return the file to the inbox ({e}); it is processed again at the next start"
         );
     }
@@ -626,7 +626,7 @@ fn return_to_inbox(claim: &Path, inbox_path: &Path) {
 fn remove_claim(claim: &Path) {
     if let Err(e) = fs::remove_file(claim) {
         if e.kind() != io::ErrorKind::NotFound {
-            tracing::warn!(claim = %claim.display(), "could not remove claimed file: {e}");
+            tracing::warn!(claim = ?claim, "could not remove claimed file: {e}");
         }
     }
 }
@@ -674,5 +674,72 @@ fn looks_truncated(path: &Path) -> bool {
             .err()
             .is_some_and(|e| e.is_eof()),
         Err(_) => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::fs;
+    use std::sync::Arc;
+
+    use super::{Intake, QueueDir};
+    use crate::store::FileStorage;
+
+    const TASK: &[u8] = br#"{"phases": [{"name": "a", "run": ["true"]}]}"#;
+
+    fn queue() -> (tempfile::TempDir, QueueDir, Intake) {
+        let tmp = tempfile::tempdir().unwrap();
+        let queue = QueueDir::new(tmp.path());
+        queue.create_all().unwrap();
+        let intake = Intake::new(queue.clone(), Arc::new(FileStorage::new(tmp.path())));
+        (tmp, queue, intake)
+    }
+
+    #[test]
+    fn claims_left_by_a_crash_are_finished_under_their_own_names_twice_alike() {
+        let (_tmp, queue, mut intake) = queue();
+        // This version's claim directory, and an earlier version's claim file.
+        let claim_dir = queue.tasks().join(".claim.00abcd");
+        fs::create_dir(&claim_dir).unwrap();
+        fs::write(claim_dir.join("report.json"), TASK).unwrap();
+        fs::write(queue.tasks().join(".claim.00beef.old.json"), TASK).unwrap();
+
+        let report = intake.recover_claims();
+        assert!(report.error.is_none(), "{:?}", report.error);
+        let mut ids: Vec<&str> = report.accepted.iter().map(|t| t.id()).collect();
+        ids.sort();
+        assert_eq!(ids, ["old-00beef", "report-00abcd"]);
+        assert!(!claim_dir.exists());
+        assert!(queue.tasks().join("report-00abcd.json").exists());
+
+        // A crash after the task was written but before the claim was removed: the same task,
+        // not a duplicate and not a rejection.
+        fs::create_dir(&claim_dir).unwrap();
+        fs::write(claim_dir.join("report.json"), TASK).unwrap();
+        let again = intake.recover_claims();
+        assert!(
+            again.accepted.is_empty() && again.rejected.is_empty(),
+            "{again:?}"
+        );
+        assert!(!claim_dir.exists());
+    }
+
+    #[test]
+    fn a_name_near_the_limit_is_taken_and_a_bad_entry_does_not_stop_the_scan() {
+        let (_tmp, queue, mut intake) = queue();
+        let long = format!("{}.json", "n".repeat(250));
+        let old = std::time::SystemTime::now() - std::time::Duration::from_secs(600);
+        for name in [long.as_str(), "a-bad.json", "z-good.json"] {
+            let path = queue.inbox().join(name);
+            let bytes: &[u8] = if name == "a-bad.json" { b"{" } else { TASK };
+            fs::write(&path, bytes).unwrap();
+            let file = fs::File::options().write(true).open(&path).unwrap();
+            file.set_modified(old).unwrap();
+        }
+        let report = intake.scan();
+        assert!(report.error.is_none(), "{:?}", report.error);
+        assert_eq!(report.accepted.len(), 2, "{report:?}");
+        assert_eq!(report.rejected.len(), 1, "{report:?}");
+        assert!(fs::read_dir(queue.inbox()).unwrap().next().is_none());
     }
 }
