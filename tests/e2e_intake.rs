@@ -426,12 +426,10 @@ fn entries_the_daemon_cannot_take_do_not_stop_intake() {
         daemon.stderr().contains("cairn daemon started")
     });
 
-    fs::create_dir(queue.path("inbox/x.json")).unwrap();
-    fs::set_permissions(
-        queue.path("inbox/x.json"),
-        fs::Permissions::from_mode(0o555),
-    )
-    .unwrap();
+    // Made under a dot-name the scans skip, so that it is unwritable before the daemon sees it.
+    fs::create_dir(queue.path("inbox/.x")).unwrap();
+    fs::set_permissions(queue.path("inbox/.x"), fs::Permissions::from_mode(0o555)).unwrap();
+    fs::rename(queue.path("inbox/.x"), queue.path("inbox/x.json")).unwrap();
     let task = |id: &str| serde_json::to_vec(&once_task(id, &json!(id))).unwrap();
     drop_with_mode(
         &queue,
@@ -451,10 +449,14 @@ fn entries_the_daemon_cannot_take_do_not_stop_intake() {
     });
     let rejections = queue.rejections();
     let directory = &rejections["inbox/x.json"];
+    let problem = directory["problem"].as_str().unwrap();
+    assert!(problem.contains("directory"), "{directory:#}");
     assert!(
-        directory["problem"].as_str().unwrap().contains("directory"),
+        problem.contains("renamed to inbox/.rejected."),
         "{directory:#}"
     );
+    let aside = directory["input"].as_str().unwrap();
+    assert!(queue.path(aside).is_dir(), "{directory:#}");
     let unreadable = &rejections["inbox/unreadable.json"];
     assert!(
         unreadable["problem"]
