@@ -561,3 +561,57 @@ fn file_names_cannot_forge_log_lines_and_non_utf8_names_are_rejected() {
     daemon.signal(SIGTERM);
     assert_eq!(daemon.wait_exit(DEADLINE).code(), Some(0));
 }
+
+#[test]
+fn a_daemon_not_running_as_root_rejects_root_owned_task_files() {
+    // Only root may hand a root daemon its files; a daemon of its own user (here `nobody`)
+    // takes its own user's files and refuses root's, which no submitter could have made.
+    if !running_as_root("running the daemon as another user") || !have_tool("setpriv", "--version")
+    {
+        return;
+    }
+    use std::os::unix::fs::PermissionsExt;
+    const NOBODY: u32 = 65534;
+    let queue = TestQueue::new();
+    let created = queue.cairn_output(&["run", "--exit-when-idle"], b"");
+    assert!(created.status.success(), "{created:?}");
+    let parent = queue.root().parent().unwrap();
+    fs::set_permissions(parent, fs::Permissions::from_mode(0o755)).unwrap();
+    for dir in std::iter::once(queue.root().to_path_buf()).chain(
+        fs::read_dir(queue.root())
+            .unwrap()
+            .map(|e| e.unwrap().path()),
+    ) {
+        std::os::unix::fs::lchown(&dir, Some(NOBODY), Some(NOBODY)).unwrap();
+    }
+    let wrapper = [
+        "setpriv",
+        "--reuid=65534",
+        "--regid=65534",
+        "--clear-groups",
+        "--",
+    ];
+    let mut daemon = queue.start_wrapped(&wrapper, &[]);
+    wait_until("the daemon has started", DEADLINE, || {
+        daemon.stderr().contains("cairn daemon started")
+    });
+
+    let task = |id: &str| serde_json::to_vec(&once_task(id, &json!(id))).unwrap();
+    drop_with_mode(&queue, "roots.json".as_ref(), &task("roots"), 0o644);
+    // Its own user's file, owned by it before it arrives.
+    let temp = queue.path("inbox/.mine");
+    fs::write(&temp, task("mine")).unwrap();
+    std::os::unix::fs::chown(&temp, Some(NOBODY), Some(NOBODY)).unwrap();
+    fs::rename(&temp, queue.path("inbox/mine.json")).unwrap();
+
+    assert_eq!(queue.wait_done("mine")["result"], json!("mine"));
+    wait_until("root's file is rejected", DEADLINE, || {
+        !queue.rejections().is_empty()
+    });
+    let rejections = queue.rejections();
+    let reason = rejections["inbox/roots.json"]["reason"].as_str().unwrap();
+    assert!(reason.contains("owned by root"), "{reason:?}");
+    assert!(queue.done("roots").is_none());
+    daemon.signal(SIGTERM);
+    assert_eq!(daemon.wait_exit(DEADLINE).code(), Some(0));
+}

@@ -79,7 +79,8 @@ pub struct IntakeReport {
 pub struct Rejection {
     /// Where the record was written (`failed/<key>.json`).
     pub record_key: String,
-    /// The file as it was named in the inbox (`inbox/<name>`).
+    /// The file as it was named in the inbox (`inbox/<name>`; a name that is not UTF-8 with
+    /// its other bytes written `\xNN`). May hold any character: escape it when logging.
     pub file: String,
     pub error: TaskError,
 }
@@ -421,7 +422,7 @@ impl Intake {
         }
         let bytes = match self.read_checked(claim, &meta) {
             Ok(bytes) => bytes,
-            Err(problem) => return reject(TaskError::whole_file(problem)),
+            Err(error) => return reject(error),
         };
         let mut task = match Task::parse(&bytes) {
             Ok(task) => task,
@@ -460,26 +461,28 @@ impl Intake {
 
     /// Open the claimed file without following a link or blocking on a FIFO swapped in, check
     /// what `fstat` says of that same descriptor (the file read is the file checked), and read
-    /// it. The error is the problem to put in the rejection record.
-    fn read_checked(&self, claim: &Path, listed: &Metadata) -> Result<Vec<u8>, String> {
+    /// it. The error is what to put in the rejection record.
+    fn read_checked(&self, claim: &Path, listed: &Metadata) -> Result<Vec<u8>, TaskError> {
         let cannot_read = |e: io::Error| {
-            format!(
+            TaskError::whole_file(format!(
                 "cannot be read by the daemon's user ({e}); make it readable by the daemon (chmod 0640, with the inbox's group) and drop it again"
-            )
+            ))
         };
         let file = open_no_follow(claim).map_err(cannot_read)?;
         let meta = file.metadata().map_err(cannot_read)?;
         if (meta.dev(), meta.ino()) != (listed.dev(), listed.ino()) || !meta.is_file() {
-            return Err("was replaced while being taken; drop it again".into());
+            return Err(TaskError::whole_file(
+                "was replaced while being taken; drop it again",
+            ));
         }
         if let Ok(inbox) = fs::metadata(self.queue.inbox()) {
-            super::check_task_file(&meta, &inbox)?;
+            super::check_task_file(&meta, &inbox).map_err(TaskError::whole_file)?;
         }
         if meta.len() > MAX_TASK_FILE_BYTES {
-            return Err(format!(
+            return Err(TaskError::whole_file(format!(
                 "file is {} bytes, larger than the limit of {MAX_TASK_FILE_BYTES} bytes",
                 meta.len()
-            ));
+            )));
         }
         let mut bytes = Vec::new();
         file.take(MAX_TASK_FILE_BYTES + 1)
