@@ -10,18 +10,6 @@ use std::time::{Duration, SystemTime};
 
 use common::*;
 
-/// Root is what makes the attack matter; without it the test skips loudly, and fails in CI.
-fn running_as_root() -> bool {
-    if nix::unistd::geteuid().is_root() {
-        return true;
-    }
-    if std::env::var("CI").as_deref() == Ok("true") {
-        panic!("this test must run as root (CI runs the tests as root)");
-    }
-    eprintln!("SKIPPED: this test must run as root to show what root's cairn does");
-    false
-}
-
 /// Every path under `dir` with its modification time, depth first.
 fn snapshot(dir: &Path) -> Vec<(String, SystemTime)> {
     let mut found = Vec::new();
@@ -42,7 +30,10 @@ fn set_old(path: &Path, old: SystemTime) {
 
 #[test]
 fn prune_as_root_refuses_control_and_runs_replaced_by_links_and_touches_nothing_outside() {
-    if !running_as_root() {
+    if !require_root(
+        "prune_as_root_refuses_control_and_runs_replaced_by_links_and_touches_nothing_outside",
+        "it shows what root's cairn does",
+    ) {
         return;
     }
     let queue = TestQueue::new();

@@ -378,3 +378,231 @@ fn a_writer_pausing_longer_than_the_settle_time_is_not_rejected() {
     daemon.signal(SIGTERM);
     assert_eq!(daemon.wait_exit(DEADLINE).code(), Some(0));
 }
+
+/// Put `bytes` into `inbox/<name>` (any bytes as a name) with `mode`, dated back so the daemon
+/// takes it at once: written under a temp name, then renamed in.
+fn drop_with_mode(queue: &TestQueue, name: &std::ffi::OsStr, bytes: &[u8], mode: u32) {
+    use std::os::unix::fs::PermissionsExt;
+    let temp = queue.path(&format!("inbox/.{:016x}.writing", fastrand::u64(..)));
+    fs::write(&temp, bytes).unwrap();
+    let file = fs::File::options().write(true).open(&temp).unwrap();
+    file.set_modified(std::time::SystemTime::now() - Duration::from_secs(600))
+        .unwrap();
+    fs::set_permissions(&temp, fs::Permissions::from_mode(mode)).unwrap();
+    fs::rename(&temp, queue.path("inbox").join(name)).unwrap();
+}
+
+#[test]
+fn entries_the_daemon_cannot_take_do_not_stop_intake() {
+    // A daemon without root's power over file permissions (as a daemon running as its own
+    // user is): a directory it cannot move, a file it cannot read, and a name so long that
+    // a claim name built from it would not fit, all dropped before a good task.
+    let test = "entries_the_daemon_cannot_take_do_not_stop_intake";
+    if !require_root(test, "it drops the daemon's file-permission capabilities")
+        || require_tool(test, "setpriv", "util-linux").is_none()
+    {
+        return;
+    }
+    use std::os::unix::fs::PermissionsExt;
+    let queue = TestQueue::new();
+    let wrapper = [
+        "setpriv",
+        "--bounding-set=-dac_override,-dac_read_search",
+        "--",
+    ];
+    let mut daemon = queue.start_wrapped(&wrapper, &[]);
+    wait_until("the daemon has started", DEADLINE, || {
+        daemon.stderr().contains("cairn daemon started")
+    });
+
+    // Made under a dot-name the scans skip, so that it is unwritable before the daemon sees it.
+    fs::create_dir(queue.path("inbox/.x")).unwrap();
+    fs::set_permissions(queue.path("inbox/.x"), fs::Permissions::from_mode(0o555)).unwrap();
+    fs::rename(queue.path("inbox/.x"), queue.path("inbox/x.json")).unwrap();
+    let task = |id: &str| serde_json::to_vec(&once_task(id, &json!(id))).unwrap();
+    drop_with_mode(
+        &queue,
+        "unreadable.json".as_ref(),
+        &task("unreadable"),
+        0o000,
+    );
+    let long = format!("{}.json", "l".repeat(245));
+    assert_eq!(long.len(), 250);
+    drop_with_mode(&queue, long.as_ref(), &task("long"), 0o644);
+
+    queue.drop_task("after.json", &once_task("after", &json!("after")));
+    assert_eq!(queue.wait_done("after")["result"], json!("after"));
+    assert_eq!(queue.wait_done("long")["result"], json!("long"));
+    wait_until("both entries have rejection records", DEADLINE, || {
+        queue.rejections().len() >= 2
+    });
+    let rejections = queue.rejections();
+    let directory = &rejections["inbox/x.json"];
+    let problem = directory["problem"].as_str().unwrap();
+    assert!(problem.contains("directory"), "{directory:#}");
+    assert!(
+        problem.contains("renamed to inbox/.rejected."),
+        "{directory:#}"
+    );
+    let aside = directory["input"].as_str().unwrap();
+    assert!(queue.path(aside).is_dir(), "{directory:#}");
+    let unreadable = &rejections["inbox/unreadable.json"];
+    assert!(
+        unreadable["problem"]
+            .as_str()
+            .unwrap()
+            .contains("cannot be read"),
+        "{unreadable:#}"
+    );
+    assert!(queue.done("unreadable").is_none());
+    // Nothing is left half-claimed, and the inbox holds only what was moved aside there.
+    assert!(
+        queue.list("tasks").iter().all(|n| !n.starts_with(".claim")),
+        "{:?}",
+        queue.list("tasks")
+    );
+    assert!(
+        queue.list("inbox").iter().all(|n| n.starts_with('.')),
+        "{:?}",
+        queue.list("inbox")
+    );
+    let errors = daemon
+        .stderr()
+        .lines()
+        .filter(|l| l.contains("ERROR"))
+        .count();
+    assert!(errors <= 3, "{errors} error lines:\n{}", daemon.stderr());
+    assert!(daemon.try_status().is_none(), "the daemon exited");
+    daemon.signal(SIGTERM);
+    assert_eq!(daemon.wait_exit(DEADLINE).code(), Some(0));
+}
+
+#[test]
+fn group_writable_and_hard_linked_task_files_are_rejected_and_never_run() {
+    let queue = TestQueue::new();
+    let mut daemon = queue.start(&[]);
+    let task = |id: &str| serde_json::to_vec(&once_task(id, &json!(id))).unwrap();
+    drop_with_mode(&queue, "group.json".as_ref(), &task("group"), 0o664);
+    drop_with_mode(&queue, "world.json".as_ref(), &task("world"), 0o646);
+    let elsewhere = queue.aux("linked.json");
+    fs::write(&elsewhere, task("linked")).unwrap();
+    let file = fs::File::options().write(true).open(&elsewhere).unwrap();
+    file.set_modified(std::time::SystemTime::now() - Duration::from_secs(600))
+        .unwrap();
+    fs::hard_link(&elsewhere, queue.path("inbox/linked.json")).unwrap();
+    queue.drop_task("after.json", &once_task("after", &json!("after")));
+
+    assert_eq!(queue.wait_done("after")["result"], json!("after"));
+    wait_until("three rejection records", DEADLINE, || {
+        queue.rejections().len() >= 3
+    });
+    let rejections = queue.rejections();
+    for (name, word) in [
+        ("group.json", "writable by its group"),
+        ("world.json", "writable by every user"),
+        ("linked.json", "hard link"),
+    ] {
+        let record = &rejections[&format!("inbox/{name}")];
+        let reason = record["reason"].as_str().unwrap();
+        assert!(reason.contains(word), "{name}: {reason:?}");
+    }
+    for id in ["group", "world", "linked"] {
+        assert!(queue.done(id).is_none(), "{id} ran");
+    }
+    assert_eq!(queue.list("tasks"), vec!["after.json"]);
+    daemon.signal(SIGTERM);
+    assert_eq!(daemon.wait_exit(DEADLINE).code(), Some(0));
+}
+
+#[test]
+fn file_names_cannot_forge_log_lines_and_non_utf8_names_are_rejected() {
+    use std::os::unix::ffi::OsStrExt;
+    let queue = TestQueue::new();
+    let mut daemon = queue.start(&[]);
+    let forged = "x\nERROR forged line.json";
+    drop_with_mode(&queue, forged.as_ref(), b"{oops", 0o644);
+    let task = serde_json::to_vec(&once_task("latin1", &json!(1))).unwrap();
+    let latin1 = std::ffi::OsStr::from_bytes(b"caf\xe9.json");
+    drop_with_mode(&queue, latin1, &task, 0o644);
+    queue.drop_task("after.json", &once_task("after", &json!("after")));
+
+    assert_eq!(queue.wait_done("after")["result"], json!("after"));
+    wait_until("two rejection records", DEADLINE, || {
+        queue.rejections().len() >= 2
+    });
+    let rejections = queue.rejections();
+    assert!(
+        rejections.contains_key(&format!("inbox/{forged}")),
+        "{rejections:#?}"
+    );
+    let escaped = &rejections["inbox/caf\\xe9.json"];
+    assert!(
+        escaped["problem"].as_str().unwrap().contains("UTF-8"),
+        "{escaped:#}"
+    );
+    assert!(queue.done("latin1").is_none());
+    assert!(queue.list("inbox").is_empty(), "{:?}", queue.list("inbox"));
+    let stderr = daemon.stderr();
+    assert!(
+        !stderr.lines().any(|l| l.starts_with("ERROR forged")),
+        "a file name forged a log line:\n{stderr}"
+    );
+    daemon.signal(SIGTERM);
+    assert_eq!(daemon.wait_exit(DEADLINE).code(), Some(0));
+}
+
+#[test]
+fn a_daemon_not_running_as_root_rejects_root_owned_task_files() {
+    // Only root may hand a root daemon its files; a daemon of its own user (here `nobody`)
+    // takes its own user's files and refuses root's, which no submitter could have made.
+    let test = "a_daemon_not_running_as_root_rejects_root_owned_task_files";
+    if !require_root(test, "it runs the daemon as another user")
+        || require_tool(test, "setpriv", "util-linux").is_none()
+    {
+        return;
+    }
+    use std::os::unix::fs::PermissionsExt;
+    const NOBODY: u32 = 65534;
+    let queue = TestQueue::new();
+    let created = queue.cairn_output(&["run", "--exit-when-idle"], b"");
+    assert!(created.status.success(), "{created:?}");
+    let parent = queue.root().parent().unwrap();
+    fs::set_permissions(parent, fs::Permissions::from_mode(0o755)).unwrap();
+    for dir in std::iter::once(queue.root().to_path_buf()).chain(
+        fs::read_dir(queue.root())
+            .unwrap()
+            .map(|e| e.unwrap().path()),
+    ) {
+        std::os::unix::fs::lchown(&dir, Some(NOBODY), Some(NOBODY)).unwrap();
+    }
+    let wrapper = [
+        "setpriv",
+        "--reuid=65534",
+        "--regid=65534",
+        "--clear-groups",
+        "--",
+    ];
+    let mut daemon = queue.start_wrapped(&wrapper, &[]);
+    wait_until("the daemon has started", DEADLINE, || {
+        daemon.stderr().contains("cairn daemon started")
+    });
+
+    let task = |id: &str| serde_json::to_vec(&once_task(id, &json!(id))).unwrap();
+    drop_with_mode(&queue, "roots.json".as_ref(), &task("roots"), 0o644);
+    // Its own user's file, owned by it before it arrives.
+    let temp = queue.path("inbox/.mine");
+    fs::write(&temp, task("mine")).unwrap();
+    std::os::unix::fs::chown(&temp, Some(NOBODY), Some(NOBODY)).unwrap();
+    fs::rename(&temp, queue.path("inbox/mine.json")).unwrap();
+
+    assert_eq!(queue.wait_done("mine")["result"], json!("mine"));
+    wait_until("root's file is rejected", DEADLINE, || {
+        !queue.rejections().is_empty()
+    });
+    let rejections = queue.rejections();
+    let reason = rejections["inbox/roots.json"]["reason"].as_str().unwrap();
+    assert!(reason.contains("owned by root"), "{reason:?}");
+    assert!(queue.done("roots").is_none());
+    daemon.signal(SIGTERM);
+    assert_eq!(daemon.wait_exit(DEADLINE).code(), Some(0));
+}

@@ -18,6 +18,7 @@ use tokio::task::JoinSet;
 
 mod control;
 mod crash_blame;
+mod intake_retry;
 mod notify;
 mod records;
 mod recovery;
@@ -175,6 +176,7 @@ pub async fn run_with_summary(
         inbox_deferred: false,
         scan: None,
         scan_again: false,
+        intake_retry: intake_retry::IntakeRetry::default(),
         intake_hints: Vec::new(),
         notifier: notify::ServiceNotifier::new(),
         finished: 0,
@@ -242,9 +244,11 @@ pub(crate) struct Scheduler {
     /// The last scan left files in the inbox that may still be being written.
     inbox_deferred: bool,
     /// The inbox scan running on the blocking pool.
-    scan: Option<tokio::task::JoinHandle<std::io::Result<crate::queue::IntakeReport>>>,
+    scan: Option<tokio::task::JoinHandle<crate::queue::IntakeReport>>,
     /// Start another scan when the running one ends (hints arrived meanwhile).
     scan_again: bool,
+    /// Pauses and rate-limits scans that keep failing.
+    intake_retry: intake_retry::IntakeRetry,
     /// Inbox hints for the next scan.
     intake_hints: Vec<QueueHint>,
     notifier: notify::ServiceNotifier,

@@ -12,7 +12,8 @@ impl Scheduler {
     pub(super) async fn recover(&mut self) -> Result<(), DaemonError> {
         let intake = Arc::clone(&self.intake);
         let recovered = runner_blocking(move || lock(&intake).recover_claims()).await;
-        if let Err(e) = recovered {
+        // Accepted tasks are loaded from tasks/ below; only a failure needs saying here.
+        if let Some(e) = recovered.error {
             tracing::error!("finishing interrupted intake: {e}");
         }
 

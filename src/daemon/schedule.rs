@@ -16,8 +16,8 @@ const INTAKE_BATCH: usize = 256;
 
 /// The inbox scan under way, if any (pending forever otherwise, for `select!`).
 async fn wait_for_scan(
-    scan: &mut Option<tokio::task::JoinHandle<std::io::Result<crate::queue::IntakeReport>>>,
-) -> Result<std::io::Result<crate::queue::IntakeReport>, tokio::task::JoinError> {
+    scan: &mut Option<tokio::task::JoinHandle<crate::queue::IntakeReport>>,
+) -> Result<crate::queue::IntakeReport, tokio::task::JoinError> {
     match scan {
         Some(handle) => handle.await,
         None => std::future::pending().await,
@@ -124,7 +124,12 @@ impl Scheduler {
     /// second (in case a notification is lost), the inbox every `rescan_interval`.
     pub(super) fn next_tick(&self) -> Duration {
         let mut tick = if self.inbox_deferred {
-            Duration::from_millis(250)
+            // After failed scans, no sooner than the pause allows (still every second at
+            // least, for control requests).
+            self.intake_retry
+                .wait()
+                .max(Duration::from_millis(250))
+                .min(Duration::from_secs(1))
         } else {
             self.config.rescan_interval.min(Duration::from_secs(1))
         };
@@ -176,10 +181,15 @@ impl Scheduler {
     }
 
     /// Start a scan of the inbox on the blocking pool, handing it the hints gathered since the
-    /// last one; if one is running, another follows it.
+    /// last one; if one is running, another follows it. After failed scans, none starts before
+    /// the pause is over (the timer then starts it).
     pub(super) fn start_scan(&mut self) {
         if self.scan.is_some() {
             self.scan_again = true;
+            return;
+        }
+        if self.intake_retry.wait() > Duration::ZERO {
+            self.inbox_deferred = true;
             return;
         }
         self.scan_again = false;
@@ -198,41 +208,44 @@ impl Scheduler {
         }));
     }
 
-    /// Take in what a scan accepted; scan again if it left files or hints arrived meanwhile.
+    /// Take in what a scan accepted, even if it then stopped on an error (the tasks are on disk
+    /// and must run now, not after a restart); scan again if it left files or hints arrived
+    /// meanwhile, or after a pause if it failed.
     pub(super) fn scan_finished(
         &mut self,
-        scanned: Result<std::io::Result<crate::queue::IntakeReport>, tokio::task::JoinError>,
+        scanned: Result<crate::queue::IntakeReport, tokio::task::JoinError>,
     ) {
-        let scanned = match scanned {
-            Ok(scanned) => scanned,
+        let report = match scanned {
+            Ok(report) => report,
             Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
-            Err(e) => Err(std::io::Error::other(e)),
+            Err(e) => crate::queue::IntakeReport {
+                error: Some(std::io::Error::other(e)),
+                ..Default::default()
+            },
         };
-        match scanned {
-            Ok(report) => {
-                // A batch that stopped early has not looked at every file; the next one will.
-                if !report.more {
-                    self.inbox_deferred = report.deferred > 0;
-                }
-                for task in report.accepted {
-                    self.ctx.journal(
-                        task.id(),
-                        "accepted",
-                        serde_json::json!({"priority": task.priority}),
-                    );
-                    self.add_pending(task);
-                }
-                for rejection in report.rejected {
-                    self.summary.rejected.add(rejection.record_name());
-                }
-                if report.more || self.scan_again {
-                    self.start_scan();
-                }
-            }
-            Err(e) => {
-                tracing::error!("scanning the inbox: {e}; trying again shortly");
-                self.inbox_deferred = true;
-            }
+        for task in report.accepted {
+            self.ctx.journal(
+                task.id(),
+                "accepted",
+                serde_json::json!({"priority": task.priority}),
+            );
+            self.add_pending(task);
+        }
+        for rejection in report.rejected {
+            self.summary.rejected.add(rejection.record_name());
+        }
+        if let Some(error) = report.error {
+            self.intake_retry.failed(&error);
+            self.inbox_deferred = true;
+            return;
+        }
+        self.intake_retry.succeeded();
+        // A batch that stopped early has not looked at every file; the next one will.
+        if !report.more {
+            self.inbox_deferred = report.deferred > 0;
+        }
+        if report.more || self.scan_again {
+            self.start_scan();
         }
     }
 
@@ -241,6 +254,10 @@ impl Scheduler {
         loop {
             if self.scan.is_none() {
                 self.start_scan();
+            }
+            if self.scan.is_none() {
+                // Pausing after failed scans: the timer starts the next one.
+                return;
             }
             let scanned = wait_for_scan(&mut self.scan).await;
             self.scan = None;

@@ -1,17 +1,27 @@
 //! Intake: taking task files out of `inbox/`, validating them, and accepting or rejecting them.
 //!
-//! A file is claimed by renaming it out of the inbox into `tasks/.claim.<suffix>.<name>`, so a
-//! file is processed once even if the daemon crashes mid-way: leftover claims are processed again
-//! at the next start, and processing a claim is idempotent (the generated id and the rejection
-//! record's name both derive from the claim's suffix). Accepted tasks are written durably to
-//! `tasks/<id>.json` before the claim is removed; rejected files get a record in `failed/` that
-//! says why, and their bytes are kept beside it.
+//! A file is claimed by renaming it out of the inbox into a directory of its own,
+//! `tasks/.claim.<suffix>/<name>`: the claim's name has a fixed length whatever the file's name
+//! (a name near `NAME_MAX` cannot make it too long), and the file keeps its name inside it. A
+//! file is so processed once even if the daemon crashes mid-way: leftover claims are processed
+//! again at the next start, and processing a claim is idempotent (the generated id and the
+//! rejection record's name both derive from the claim's suffix). Accepted tasks are written
+//! durably to `tasks/<id>.json` before the claim is removed; rejected files get a record in
+//! `failed/` that says why, and their bytes are kept beside it.
+//!
+//! Each entry is dealt with on its own: one the daemon cannot read gets a rejection record, one
+//! it cannot even move out of the inbox (a directory it may not write) is renamed aside inside
+//! the inbox with a record, and the scan goes on. Only a problem of the queue itself (a full
+//! disk) stops a scan, and what it accepted before is still reported.
 
-use std::collections::HashSet;
-use std::fs;
+use std::collections::{HashMap, HashSet};
+use std::ffi::{OsStr, OsString};
+use std::fmt::Write as _;
+use std::fs::{self, Metadata};
 use std::io::{self, Read};
-use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
-use std::path::Path;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -43,6 +53,10 @@ pub struct Intake {
     /// Inbox names seen being created or written and not closed since: still being written,
     /// however long the writer pauses.
     writing: HashSet<String>,
+    /// Entries that could neither be claimed nor moved aside, by name, with the (device,
+    /// inode) they had: skipped quietly while they stay the same, so that one such entry does
+    /// not fill the log at every scan.
+    stuck: HashMap<OsString, (u64, u64)>,
 }
 
 /// What one scan did.
@@ -55,6 +69,9 @@ pub struct IntakeReport {
     pub deferred: usize,
     /// The scan stopped at its batch limit with files left to take: scan again.
     pub more: bool,
+    /// A problem of the queue itself (the inbox unreadable, a full disk) stopped the scan; the
+    /// file it was taking went back to the inbox. What was accepted before it is in `accepted`.
+    pub error: Option<io::Error>,
 }
 
 /// A file refused at intake.
@@ -62,7 +79,8 @@ pub struct IntakeReport {
 pub struct Rejection {
     /// Where the record was written (`failed/<key>.json`).
     pub record_key: String,
-    /// The file as it was named in the inbox (`inbox/<name>`).
+    /// The file as it was named in the inbox (`inbox/<name>`; a name that is not UTF-8 with
+    /// its other bytes written `\xNN`). May hold any character: escape it when logging.
     pub file: String,
     pub error: TaskError,
 }
@@ -93,6 +111,7 @@ impl Intake {
             storage,
             complete_hints: HashSet::new(),
             writing: HashSet::new(),
+            stuck: HashMap::new(),
         }
     }
 
@@ -108,54 +127,83 @@ impl Intake {
         self.writing.insert(name);
     }
 
-    /// Finish the claims a previous daemon left half-processed (run once at start).
-    pub fn recover_claims(&mut self) -> io::Result<IntakeReport> {
+    /// Finish the claims a previous daemon left half-processed (run once at start). A claim
+    /// that cannot be finished now goes back to the inbox; the report's `error` says why.
+    pub fn recover_claims(&mut self) -> IntakeReport {
         let mut report = IntakeReport::default();
-        let mut claims: Vec<String> = read_names(&self.queue.tasks())?
-            .into_iter()
-            .filter(|n| n.starts_with(CLAIM_PREFIX))
-            .collect();
+        let tasks = self.queue.tasks();
+        let mut claims: Vec<OsString> = match read_names(&tasks) {
+            Ok(names) => names,
+            Err(e) => {
+                report.error = Some(e);
+                return report;
+            }
+        };
+        claims.retain(|n| n.as_bytes().starts_with(CLAIM_PREFIX.as_bytes()));
         claims.sort();
         for claim in claims {
-            let Some((suffix, original)) = claim[CLAIM_PREFIX.len()..].split_once('.') else {
+            let Some(claim) = claim.to_str() else {
                 continue;
             };
-            let (suffix, original) = (suffix.to_string(), original.to_string());
-            let path = self.queue.tasks().join(&claim);
-            match self.process_claim(&path, &original, &suffix, true) {
-                Ok(outcome) => self.record(outcome, &mut report),
-                Err(e) => {
-                    return_to_inbox(&path, &self.queue.inbox().join(&original));
-                    return Err(e);
+            let suffix = &claim[CLAIM_PREFIX.len()..];
+            let claim_path = tasks.join(claim);
+            if is_claim_dir_name(claim) && claim_path.is_dir() {
+                // This daemon's claims: a directory holding the file under its own name.
+                for name in read_names(&claim_path).unwrap_or_default() {
+                    self.recover_one(&claim_path.join(&name), &name, suffix, &mut report);
                 }
+                remove_claim_dir(&claim_path);
+            } else if let Some((suffix, original)) = suffix.split_once('.') {
+                // Left by an earlier version: `.claim.<suffix>.<name>`.
+                let name = OsString::from(original);
+                self.recover_one(&claim_path, &name, suffix, &mut report);
             }
         }
-        Ok(report)
+        report
+    }
+
+    fn recover_one(&self, claim: &Path, name: &OsStr, suffix: &str, report: &mut IntakeReport) {
+        match self.process_claim(claim, name, suffix, true) {
+            Ok(outcome) => self.record(outcome, report),
+            Err(e) => {
+                return_to_inbox(claim, &self.queue.inbox().join(name));
+                report.error = Some(e);
+            }
+        }
     }
 
     /// Take every complete file in the inbox.
-    pub fn scan(&mut self) -> io::Result<IntakeReport> {
+    pub fn scan(&mut self) -> IntakeReport {
         self.scan_batch(usize::MAX)
     }
 
     /// Take complete files in the inbox, at most `limit` of them (accepted or rejected); the
     /// report's `more` says whether files were left for another call. The daemon scans in
     /// batches so that the first tasks of a large drop start while the rest are taken.
-    pub fn scan_batch(&mut self, limit: usize) -> io::Result<IntakeReport> {
+    pub fn scan_batch(&mut self, limit: usize) -> IntakeReport {
         let mut report = IntakeReport::default();
         let inbox = self.queue.inbox();
-        let mut names = read_names(&inbox)?;
+        let mut names = match read_names(&inbox) {
+            Ok(names) => names,
+            Err(e) => {
+                report.error = Some(e);
+                return report;
+            }
+        };
         names.sort();
-        // Forget hints about files that are gone.
+        // Forget what is known about files that are gone.
         {
-            let present: HashSet<&str> = names.iter().map(String::as_str).collect();
-            self.writing.retain(|n| present.contains(n.as_str()));
-            self.complete_hints.retain(|n| present.contains(n.as_str()));
+            let present: HashSet<&OsStr> = names.iter().map(OsString::as_os_str).collect();
+            let utf8 = |n: &String| present.contains(OsStr::new(n));
+            self.writing.retain(utf8);
+            self.complete_hints.retain(utf8);
+            self.stuck.retain(|n, _| present.contains(n.as_os_str()));
         }
         let now = SystemTime::now();
         let mut taken = 0;
         for name in names {
-            if name.starts_with('.') || name.ends_with(".tmp") {
+            let bytes = name.as_bytes();
+            if bytes.starts_with(b".") || bytes.ends_with(b".tmp") {
                 continue;
             }
             if taken >= limit {
@@ -166,62 +214,158 @@ impl Intake {
             let meta = match fs::symlink_metadata(&path) {
                 Ok(meta) => meta,
                 Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
-                Err(e) => return Err(e),
-            };
-            if meta.file_type().is_file() && meta.len() <= MAX_TASK_FILE_BYTES {
-                let age = meta
-                    .modified()
-                    .ok()
-                    .and_then(|m| now.duration_since(m).ok());
-                // Open for writing, by inotify's account; a lost close event must not hold a
-                // file forever, so the hint lapses once the file stops changing for a while.
-                if self.writing.contains(&name) && age.is_none_or(|age| age < WRITING_PATIENCE) {
-                    report.deferred += 1;
-                    continue;
-                }
-                let recent = age.is_none_or(|age| age < SETTLE_TIME);
-                if recent && !self.complete_hints.contains(&name) {
-                    report.deferred += 1;
-                    continue;
-                }
-                // A writer that closed the file between two writes, or that wrote it before
-                // this daemon watched, looks complete; if what is there ends mid-JSON and
-                // changed lately, give it longer before calling it broken.
-                let lately = age.is_none_or(|age| age < TRUNCATED_PATIENCE);
-                if lately && looks_truncated(&path) {
-                    report.deferred += 1;
-                    continue;
-                }
-            }
-            self.complete_hints.remove(&name);
-            let suffix = random_suffix();
-            let claim = self
-                .queue
-                .tasks()
-                .join(format!("{CLAIM_PREFIX}{suffix}.{name}"));
-            match fs::rename(&path, &claim) {
-                Ok(()) => {}
-                Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
                 Err(e) => {
-                    return Err(io::Error::new(
+                    report.error = Some(io::Error::new(
                         e.kind(),
-                        format!("claiming {}: {e}", path.display()),
-                    ))
+                        format!("reading inbox/{:?}: {e}", shown_name(&name)),
+                    ));
+                    break;
                 }
+            };
+            if self.stuck.get(&name) == Some(&(meta.dev(), meta.ino())) {
+                continue;
+            }
+            if self.still_being_written(name.to_str(), &meta, &path, now) {
+                report.deferred += 1;
+                continue;
+            }
+            if let Some(name) = name.to_str() {
+                self.complete_hints.remove(name);
             }
             taken += 1;
-            match self.process_claim(&claim, &name, &suffix, false) {
-                Ok(outcome) => self.record(outcome, &mut report),
+            match self.take(&name, &path, &meta) {
+                Ok(Some(outcome)) => self.record(outcome, &mut report),
+                Ok(None) => {}
                 Err(e) => {
-                    return_to_inbox(&claim, &path);
-                    return Err(io::Error::new(
-                        e.kind(),
-                        format!("taking {}: {e}", path.display()),
-                    ));
+                    report.error = Some(e);
+                    break;
                 }
             }
         }
-        Ok(report)
+        report
+    }
+
+    /// Whether a regular file may still be being written, and is to be left for a later scan.
+    /// `hint_name` is its name when it is UTF-8 (the watcher's hints are kept by such names).
+    fn still_being_written(
+        &self,
+        hint_name: Option<&str>,
+        meta: &Metadata,
+        path: &Path,
+        now: SystemTime,
+    ) -> bool {
+        if !meta.file_type().is_file() || meta.len() > MAX_TASK_FILE_BYTES {
+            return false;
+        }
+        let age = meta
+            .modified()
+            .ok()
+            .and_then(|m| now.duration_since(m).ok());
+        // Open for writing, by inotify's account; a lost close event must not hold a file
+        // forever, so the hint lapses once the file stops changing for a while.
+        let writing = hint_name.is_some_and(|n| self.writing.contains(n));
+        if writing && age.is_none_or(|age| age < WRITING_PATIENCE) {
+            return true;
+        }
+        let closed = hint_name.is_some_and(|n| self.complete_hints.contains(n));
+        if age.is_none_or(|age| age < SETTLE_TIME) && !closed {
+            return true;
+        }
+        // A writer that closed the file between two writes, or that wrote it before this
+        // daemon watched, looks complete; if what is there ends mid-JSON and changed lately,
+        // give it longer before calling it broken.
+        let lately = age.is_none_or(|age| age < TRUNCATED_PATIENCE);
+        lately && looks_truncated(path)
+    }
+
+    /// Claim one inbox entry and accept or reject it (`None`: it vanished, or is skipped). An
+    /// error is a problem of the queue itself; the entry is then back in the inbox.
+    fn take(&mut self, name: &OsStr, path: &Path, meta: &Metadata) -> io::Result<Option<Outcome>> {
+        let (claim_dir, suffix) = self.make_claim_dir()?;
+        let claim = claim_dir.join(name);
+        if let Err(e) = fs::rename(path, &claim) {
+            remove_claim_dir(&claim_dir);
+            if e.kind() == io::ErrorKind::NotFound {
+                return Ok(None);
+            }
+            return self.refuse_in_place(name, path, meta, &suffix, e);
+        }
+        let outcome = self.process_claim(&claim, name, &suffix, false);
+        if outcome.is_err() {
+            return_to_inbox(&claim, path);
+        }
+        remove_claim_dir(&claim_dir);
+        outcome.map(Some).map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!("taking inbox/{:?}: {e}", shown_name(name)),
+            )
+        })
+    }
+
+    /// A fresh claim directory `tasks/.claim.<suffix>`, only the daemon's user may enter.
+    fn make_claim_dir(&self) -> io::Result<(PathBuf, String)> {
+        let mut last = None;
+        for _ in 0..16 {
+            let suffix = random_suffix();
+            let dir = self.queue.tasks().join(format!("{CLAIM_PREFIX}{suffix}"));
+            match fs::DirBuilder::new().mode(0o700).create(&dir) {
+                Ok(()) => return Ok((dir, suffix)),
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => last = Some(e),
+                Err(e) => {
+                    return Err(io::Error::new(
+                        e.kind(),
+                        format!("creating {}: {e}", dir.display()),
+                    ))
+                }
+            }
+        }
+        Err(last.unwrap_or_else(|| io::Error::other("no free claim name")))
+    }
+
+    /// An entry that cannot be moved out of the inbox (a directory the daemon may not write:
+    /// moving it would rewrite its `..`) is renamed aside inside the inbox, where scans ignore
+    /// it and its owner can remove it, and gets a rejection record. If even that fails, it is
+    /// skipped until it changes, with one log line.
+    fn refuse_in_place(
+        &mut self,
+        name: &OsStr,
+        path: &Path,
+        meta: &Metadata,
+        suffix: &str,
+        error: io::Error,
+    ) -> io::Result<Option<Outcome>> {
+        let shown = shown_name(name);
+        let aside = format!(".rejected.{:016x}", fastrand::u64(..));
+        let aside_path = self.queue.inbox().join(&aside);
+        let moved = if fs::symlink_metadata(&aside_path).is_ok() {
+            Err(io::Error::from(io::ErrorKind::AlreadyExists))
+        } else {
+            fs::rename(path, &aside_path)
+        };
+        if let Err(e) = moved {
+            self.stuck.insert(name.to_owned(), (meta.dev(), meta.ino()));
+            tracing::warn!(
+                file = ?format!("inbox/{shown}"),
+                "cannot take this entry ({error}) nor rename it aside ({e}); skipping it until it changes"
+            );
+            return Ok(None);
+        }
+        let kind = match kind_problem(meta.file_type()) {
+            Some(kind) => format!("{kind}; "),
+            None => String::new(),
+        };
+        let problem = format!(
+            "{kind}it cannot be moved out of inbox/ ({error}), so it was renamed to inbox/{aside}: remove it"
+        );
+        let rejection = self.write_record(
+            &format!("inbox/{shown}"),
+            suffix,
+            TaskError::whole_file(problem),
+            Some(format!("inbox/{aside}")),
+            None,
+        )?;
+        Ok(Some(Outcome::Rejected(rejection)))
     }
 
     fn record(&self, outcome: Outcome, report: &mut IntakeReport) {
@@ -232,11 +376,13 @@ impl Intake {
             }
             Outcome::AlreadyAccepted => {}
             Outcome::Rejected(rejection) => {
+                // Debug formatting escapes what a file name or its contents may hold (a newline
+                // would otherwise start a forged log line).
                 tracing::warn!(
-                    file = %rejection.file,
+                    file = ?rejection.file,
                     record = %rejection.record_key,
-                    "rejected task file: {}",
-                    rejection.error
+                    problem = ?rejection.error.to_string(),
+                    "rejected task file"
                 );
                 report.rejected.push(rejection);
             }
@@ -244,64 +390,45 @@ impl Intake {
     }
 
     /// Validate a claimed file and accept or reject it. `recovering` is true for claims left by
-    /// an earlier daemon, whose task may already have been written to `tasks/`.
+    /// an earlier daemon, whose task may already have been written to `tasks/`. A file that
+    /// cannot be read, or fails a check, is rejected; an error is a problem of the queue.
     fn process_claim(
         &self,
         claim: &Path,
-        original: &str,
+        name: &OsStr,
         suffix: &str,
         recovering: bool,
     ) -> io::Result<Outcome> {
-        let file = format!("inbox/{original}");
-        let stem = original.strip_suffix(".json").unwrap_or(original);
-        let reject = |error: TaskError| self.reject(claim, &file, stem, suffix, error);
+        let file = format!("inbox/{}", shown_name(name));
+        let reject = |error: TaskError| self.reject(claim, &file, suffix, error);
 
         let meta = match fs::symlink_metadata(claim) {
             Ok(meta) => meta,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Outcome::AlreadyAccepted),
             Err(e) => return Err(e),
         };
-        let kind = meta.file_type();
-        if kind.is_symlink() {
+        if let Some(kind) = kind_problem(meta.file_type()) {
+            return reject(TaskError::whole_file(kind));
+        }
+        let Some(utf8_name) = name.to_str() else {
             return reject(TaskError::whole_file(
-                "is a symbolic link; drop the task file itself, not a link to it",
+                "has a name that is not valid UTF-8; rename it (<name>.json, in UTF-8) and drop it again",
             ));
-        }
-        if !kind.is_file() {
-            let what = if kind.is_dir() {
-                "a directory"
-            } else if kind.is_fifo() {
-                "a FIFO"
-            } else if kind.is_socket() {
-                "a socket"
-            } else {
-                "not a regular file"
-            };
-            return reject(TaskError::whole_file(format!(
-                "is {what}; a task must be a regular JSON file"
-            )));
-        }
-        if let Ok(inbox) = fs::metadata(self.queue.inbox()) {
-            if let Err(problem) = super::check_submitter(&meta, &inbox) {
-                return reject(TaskError::whole_file(problem));
-            }
-        }
-        if !original.ends_with(".json") {
+        };
+        if !utf8_name.ends_with(".json") {
             return reject(TaskError::whole_file(
                 "task files must be named <name>.json",
             ));
         }
-        if meta.len() > MAX_TASK_FILE_BYTES {
-            return reject(TaskError::whole_file(format!(
-                "file is {} bytes, larger than the limit of {MAX_TASK_FILE_BYTES} bytes",
-                meta.len()
-            )));
-        }
-        let bytes = read_regular_file(claim)?;
+        let bytes = match self.read_checked(claim, &meta) {
+            Ok(bytes) => bytes,
+            Err(error) => return reject(error),
+        };
         let mut task = match Task::parse(&bytes) {
             Ok(task) => task,
             Err(error) => return reject(error),
         };
+        let stem = utf8_name.strip_suffix(".json").unwrap_or(utf8_name);
         let id = task
             .id
             .get_or_insert_with(|| generate_id(stem, suffix))
@@ -332,28 +459,78 @@ impl Intake {
         Ok(Outcome::Accepted(task))
     }
 
+    /// Open the claimed file without following a link or blocking on a FIFO swapped in, check
+    /// what `fstat` says of that same descriptor (the file read is the file checked), and read
+    /// it. The error is what to put in the rejection record.
+    fn read_checked(&self, claim: &Path, listed: &Metadata) -> Result<Vec<u8>, TaskError> {
+        let cannot_read = |e: io::Error| {
+            TaskError::whole_file(format!(
+                "cannot be read by the daemon's user ({e}); make it readable by the daemon (chmod 0640, with the inbox's group) and drop it again"
+            ))
+        };
+        let file = open_no_follow(claim).map_err(cannot_read)?;
+        let meta = file.metadata().map_err(cannot_read)?;
+        if (meta.dev(), meta.ino()) != (listed.dev(), listed.ino()) || !meta.is_file() {
+            return Err(TaskError::whole_file(
+                "was replaced while being taken; drop it again",
+            ));
+        }
+        if let Ok(inbox) = fs::metadata(self.queue.inbox()) {
+            super::check_task_file(&meta, &inbox).map_err(TaskError::whole_file)?;
+        }
+        if meta.len() > MAX_TASK_FILE_BYTES {
+            return Err(TaskError::whole_file(format!(
+                "file is {} bytes, larger than the limit of {MAX_TASK_FILE_BYTES} bytes",
+                meta.len()
+            )));
+        }
+        let mut bytes = Vec::new();
+        file.take(MAX_TASK_FILE_BYTES + 1)
+            .read_to_end(&mut bytes)
+            .map_err(cannot_read)?;
+        Ok(bytes)
+    }
+
     /// Write the rejection record, then keep the file's bytes beside it (symlinks are removed:
     /// the record names their target instead).
     fn reject(
         &self,
         claim: &Path,
         file: &str,
-        stem: &str,
         suffix: &str,
         error: TaskError,
     ) -> io::Result<Outcome> {
-        let key = format!("rejected-{}", generate_id(stem, suffix));
-        let record_key = QueueDir::failed_key(&key);
-        let input_key = format!("failed/{key}.input");
         let link_target = fs::read_link(claim).ok();
+        let input = link_target
+            .is_none()
+            .then(|| format!("failed/{}.input", record_name(file, suffix)));
+        let rejection = self.write_record(file, suffix, error, input.clone(), link_target)?;
+        match input {
+            Some(input) => fs::rename(claim, self.queue.root().join(input))?,
+            None => remove_claim(claim),
+        }
+        Ok(Outcome::Rejected(rejection))
+    }
+
+    /// Write `failed/rejected-<stem>-<suffix>.json` for `file`; `input` is where its bytes are
+    /// kept (relative to the queue), `symlink_target` what a link pointed to.
+    fn write_record(
+        &self,
+        file: &str,
+        suffix: &str,
+        error: TaskError,
+        input: Option<String>,
+        symlink_target: Option<PathBuf>,
+    ) -> io::Result<Rejection> {
+        let record_key = QueueDir::failed_key(&record_name(file, suffix));
         let record = json!({
             "status": "rejected",
             "file": file,
             "field": error.field,
             "problem": error.problem,
             "reason": format!("{file}: {error}"),
-            "input": if link_target.is_some() { None } else { Some(&input_key) },
-            "symlink_target": link_target,
+            "input": input,
+            "symlink_target": symlink_target,
             "rejected_at": chrono::Utc::now(),
         });
         let mut bytes = serde_json::to_vec_pretty(&record).map_err(io::Error::other)?;
@@ -362,16 +539,67 @@ impl Intake {
             let _ = self.storage.remove(&record_key);
             return Err(e);
         }
-        if link_target.is_some() {
-            remove_claim(claim);
-        } else {
-            fs::rename(claim, self.queue.root().join(&input_key))?;
-        }
-        Ok(Outcome::Rejected(Rejection {
+        Ok(Rejection {
             record_key,
             file: file.to_string(),
             error,
-        }))
+        })
+    }
+}
+
+/// The rejection record's name for `inbox/<name>`: `rejected-<stem>-<suffix>`.
+fn record_name(file: &str, suffix: &str) -> String {
+    let name = file.strip_prefix("inbox/").unwrap_or(file);
+    let stem = name.strip_suffix(".json").unwrap_or(name);
+    format!("rejected-{}", generate_id(stem, suffix))
+}
+
+/// What is wrong with an entry that is not a regular file, if it is not.
+fn kind_problem(kind: fs::FileType) -> Option<&'static str> {
+    if kind.is_file() {
+        None
+    } else if kind.is_symlink() {
+        Some("is a symbolic link; drop the task file itself, not a link to it")
+    } else if kind.is_dir() {
+        Some("is a directory; a task must be a regular JSON file")
+    } else if kind.is_fifo() {
+        Some("is a FIFO; a task must be a regular JSON file")
+    } else if kind.is_socket() {
+        Some("is a socket; a task must be a regular JSON file")
+    } else {
+        Some("is not a regular file; a task must be a regular JSON file")
+    }
+}
+
+/// A file name as it may be shown in records and logs: itself when it is UTF-8, otherwise
+/// its valid parts with each other byte written `\xNN`.
+pub fn shown_name(name: &OsStr) -> String {
+    if let Some(name) = name.to_str() {
+        return name.to_string();
+    }
+    let mut shown = String::new();
+    for chunk in name.as_bytes().utf8_chunks() {
+        shown.push_str(chunk.valid());
+        for byte in chunk.invalid() {
+            let _ = write!(shown, "\\x{byte:02x}");
+        }
+    }
+    shown
+}
+
+/// `.claim.` and a suffix: a claim directory of this version.
+fn is_claim_dir_name(name: &str) -> bool {
+    let suffix = &name[CLAIM_PREFIX.len().min(name.len())..];
+    name.starts_with(CLAIM_PREFIX)
+        && suffix.len() == random_suffix().len()
+        && suffix.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+fn remove_claim_dir(dir: &Path) {
+    if let Err(e) = fs::remove_dir(dir) {
+        if e.kind() != io::ErrorKind::NotFound {
+            tracing::warn!(claim = %dir.display(), "could not remove the claim directory: {e}");
+        }
     }
 }
 
@@ -392,7 +620,7 @@ fn return_to_inbox(claim: &Path, inbox_path: &Path) {
     };
     if let Err(e) = returned {
         tracing::error!(
-            claim = %claim.display(),
+            claim = ?claim,
             "cannot return the file to the inbox ({e}); it is processed again at the next start"
         );
     }
@@ -401,12 +629,12 @@ fn return_to_inbox(claim: &Path, inbox_path: &Path) {
 fn remove_claim(claim: &Path) {
     if let Err(e) = fs::remove_file(claim) {
         if e.kind() != io::ErrorKind::NotFound {
-            tracing::warn!(claim = %claim.display(), "could not remove claimed file: {e}");
+            tracing::warn!(claim = ?claim, "could not remove claimed file: {e}");
         }
     }
 }
 
-fn read_names(dir: &Path) -> io::Result<Vec<String>> {
+fn read_names(dir: &Path) -> io::Result<Vec<OsString>> {
     let entries = match fs::read_dir(dir) {
         Ok(entries) => entries,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
@@ -419,19 +647,22 @@ fn read_names(dir: &Path) -> io::Result<Vec<String>> {
     };
     let mut names = Vec::new();
     for entry in entries {
-        if let Some(name) = entry?.file_name().to_str() {
-            names.push(name.to_string());
-        }
+        names.push(entry?.file_name());
     }
     Ok(names)
 }
 
-/// Read a file that must be regular, without following a link or blocking on a FIFO swapped in.
-fn read_regular_file(path: &Path) -> io::Result<Vec<u8>> {
-    let mut file = fs::OpenOptions::new()
+/// Open for reading without following a link or blocking on a FIFO swapped in.
+fn open_no_follow(path: &Path) -> io::Result<fs::File> {
+    fs::OpenOptions::new()
         .read(true)
         .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK)
-        .open(path)?;
+        .open(path)
+}
+
+/// Read a file that must be regular, without following a link or blocking on a FIFO swapped in.
+fn read_regular_file(path: &Path) -> io::Result<Vec<u8>> {
+    let mut file = open_no_follow(path)?;
     let mut bytes = Vec::new();
     file.by_ref()
         .take(MAX_TASK_FILE_BYTES + 1)
@@ -446,5 +677,72 @@ fn looks_truncated(path: &Path) -> bool {
             .err()
             .is_some_and(|e| e.is_eof()),
         Err(_) => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::fs;
+    use std::sync::Arc;
+
+    use super::{Intake, QueueDir};
+    use crate::store::FileStorage;
+
+    const TASK: &[u8] = br#"{"phases": [{"name": "a", "run": ["true"]}]}"#;
+
+    fn queue() -> (tempfile::TempDir, QueueDir, Intake) {
+        let tmp = tempfile::tempdir().unwrap();
+        let queue = QueueDir::new(tmp.path());
+        queue.create_all().unwrap();
+        let intake = Intake::new(queue.clone(), Arc::new(FileStorage::new(tmp.path())));
+        (tmp, queue, intake)
+    }
+
+    #[test]
+    fn claims_left_by_a_crash_are_finished_under_their_own_names_twice_alike() {
+        let (_tmp, queue, mut intake) = queue();
+        // This version's claim directory, and an earlier version's claim file.
+        let claim_dir = queue.tasks().join(".claim.00abcd");
+        fs::create_dir(&claim_dir).unwrap();
+        fs::write(claim_dir.join("report.json"), TASK).unwrap();
+        fs::write(queue.tasks().join(".claim.00beef.old.json"), TASK).unwrap();
+
+        let report = intake.recover_claims();
+        assert!(report.error.is_none(), "{:?}", report.error);
+        let mut ids: Vec<&str> = report.accepted.iter().map(|t| t.id()).collect();
+        ids.sort();
+        assert_eq!(ids, ["old-00beef", "report-00abcd"]);
+        assert!(!claim_dir.exists());
+        assert!(queue.tasks().join("report-00abcd.json").exists());
+
+        // A crash after the task was written but before the claim was removed: the same task,
+        // not a duplicate and not a rejection.
+        fs::create_dir(&claim_dir).unwrap();
+        fs::write(claim_dir.join("report.json"), TASK).unwrap();
+        let again = intake.recover_claims();
+        assert!(
+            again.accepted.is_empty() && again.rejected.is_empty(),
+            "{again:?}"
+        );
+        assert!(!claim_dir.exists());
+    }
+
+    #[test]
+    fn a_name_near_the_limit_is_taken_and_a_bad_entry_does_not_stop_the_scan() {
+        let (_tmp, queue, mut intake) = queue();
+        let long = format!("{}.json", "n".repeat(250));
+        let old = std::time::SystemTime::now() - std::time::Duration::from_secs(600);
+        for name in [long.as_str(), "a-bad.json", "z-good.json"] {
+            let path = queue.inbox().join(name);
+            let bytes: &[u8] = if name == "a-bad.json" { b"{" } else { TASK };
+            fs::write(&path, bytes).unwrap();
+            let file = fs::File::options().write(true).open(&path).unwrap();
+            file.set_modified(old).unwrap();
+        }
+        let report = intake.scan();
+        assert!(report.error.is_none(), "{:?}", report.error);
+        assert_eq!(report.accepted.len(), 2, "{report:?}");
+        assert_eq!(report.rejected.len(), 1, "{report:?}");
+        assert!(fs::read_dir(queue.inbox()).unwrap().next().is_none());
     }
 }

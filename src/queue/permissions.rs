@@ -4,7 +4,8 @@
 //! write the daemon's own directories, and nobody but them and one group — the group that owns
 //! `inbox/` (and `control/`, to steer tasks) — may drop files in. At start the daemon refuses a
 //! queue whose directories are writable by anyone else; at intake it rejects a file owned by a
-//! user who is neither the daemon's user, root, nor a member of the inbox's group.
+//! user who is neither the daemon's user nor a member of the inbox's group, and a file others
+//! may write or that has more than one name.
 
 use std::fs::Metadata;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
@@ -74,12 +75,48 @@ pub fn check_queue_permissions(queue: &QueueDir) -> Result<(), String> {
     Ok(())
 }
 
-/// May the owner of a file dropped into the inbox submit tasks? The daemon's user and root may;
-/// anyone else must belong to the group that owns `inbox/`.
+/// May a task file, as `fstat` describes the descriptor intake reads, be taken? The checks
+/// cron makes of a crontab and sshd's `StrictModes` of `authorized_keys`: nobody but its owner
+/// may write it (a group- or world-writable file could have been changed by someone else), it
+/// has one name only (a hard link lets whoever can write the other name change it, or plants
+/// someone else's file), and its owner may submit ([`check_submitter`]).
+pub fn check_task_file(file: &Metadata, inbox: &Metadata) -> Result<(), String> {
+    let mode = file.mode() & 0o7777;
+    if mode & 0o002 != 0 {
+        return Err(format!(
+            "is writable by every user (mode {mode:04o}), so anyone could have changed it; fix it with: chmod go-w, then drop it again"
+        ));
+    }
+    if mode & 0o020 != 0 {
+        return Err(format!(
+            "is writable by its group {} (mode {mode:04o}), so others could have changed it; fix it with: chmod g-w, then drop it again",
+            group_name(Gid::from_raw(file.gid()))
+        ));
+    }
+    if file.nlink() > 1 {
+        return Err(format!(
+            "has {} hard links; a task file must have one name only (copy it into the inbox, do not link it)",
+            file.nlink()
+        ));
+    }
+    check_submitter(file, inbox)
+}
+
+/// May the owner of a file dropped into the inbox submit tasks? The daemon's own user may
+/// (root only when the daemon runs as root: a root-owned file in a service's inbox did not
+/// come from a submitter); anyone else must belong to the group that owns `inbox/`.
 pub fn check_submitter(file: &Metadata, inbox: &Metadata) -> Result<(), String> {
     let owner = Uid::from_raw(file.uid());
-    if owner == Uid::effective() || owner.is_root() {
+    if owner == Uid::effective() {
         return Ok(());
+    }
+    if owner.is_root() {
+        return Err(format!(
+            "is owned by root, and this daemon runs as {}: it takes root-owned files only when it runs as root; submit as {} or a member of the group {}",
+            user_name(Uid::effective()),
+            bare_user_name(Uid::effective()),
+            group_name(Gid::from_raw(inbox.gid()))
+        ));
     }
     let group = Gid::from_raw(inbox.gid());
     let member = match User::from_uid(owner) {
@@ -96,7 +133,7 @@ pub fn check_submitter(file: &Metadata, inbox: &Metadata) -> Result<(), String> 
         Ok(())
     } else {
         Err(format!(
-            "is owned by {}, who is not allowed to submit tasks here: only {}, root and members of the group {} (the group of inbox/) may",
+            "is owned by {}, who is not allowed to submit tasks here: only {} and members of the group {} (the group of inbox/) may",
             user_name(owner),
             user_name(Uid::effective()),
             group_name(group)

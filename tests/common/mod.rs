@@ -11,6 +11,7 @@
 use std::collections::BTreeMap;
 use std::fs;
 use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -178,11 +179,30 @@ impl TestQueue {
 
     /// Start `cairn run <args>` on this queue; its stderr goes to a file beside the queue.
     pub fn start(&self, args: &[&str]) -> Daemon {
+        self.start_wrapped(&[], args)
+    }
+
+    /// Start `<wrapper...> cairn --queue <queue> run <args>`: the daemon under a program that
+    /// changes how it runs (`setpriv` dropping capabilities, say). No wrapper: plain `cairn`.
+    pub fn start_wrapped(&self, wrapper: &[&str], args: &[&str]) -> Daemon {
         let n = self.daemons_started.fetch_add(1, Ordering::SeqCst) + 1;
         let stderr_path = self.aux(&format!("daemon-{n}.stderr"));
         let stderr = fs::File::create(&stderr_path).expect("creating the daemon's stderr file");
-        let child = self
-            .cairn()
+        let mut command = match wrapper.split_first() {
+            None => self.cairn(),
+            Some((program, wrapper_args)) => {
+                let mut command = Command::new(program);
+                command
+                    .args(wrapper_args)
+                    .arg(env!("CARGO_BIN_EXE_cairn"))
+                    .arg("--queue")
+                    .arg(&self.root)
+                    .env_remove("CAIRN_QUEUE")
+                    .env_remove("RUST_LOG");
+                command
+            }
+        };
+        let child = command
             .arg("run")
             .args(args)
             .stdin(Stdio::null())
@@ -227,8 +247,14 @@ impl TestQueue {
     /// Put `bytes` into `inbox/<name>` atomically (temp dot-file, then rename); `backdate`
     /// dates the file ten minutes back, as if it had been there for a while.
     pub fn drop_bytes(&self, name: &str, bytes: &[u8], backdate: bool) {
-        let temp = self.path(&format!("inbox/.{name}.writing"));
-        let mut file = fs::File::create(&temp).expect("creating a temp file in the inbox");
+        let temp = self.path(&format!("inbox/.{:016x}.writing", fastrand::u64(..)));
+        // 0644 whatever the umask: intake refuses files others may write.
+        let mut file = fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o644)
+            .open(&temp)
+            .expect("creating a temp file in the inbox");
         file.write_all(bytes).expect("writing a task file");
         if backdate {
             file.set_modified(SystemTime::now() - Duration::from_secs(600))
