@@ -25,6 +25,12 @@ impl Scheduler {
         let ctx = Arc::clone(&self.ctx);
         let (records, prefetched) = runner_blocking(move || {
             let records = Records::list(ctx.storage.as_ref());
+            // One listing of incremental/ for every task in flight, instead of one per task at
+            // its first save (quadratic with thousands of tasks resuming at once).
+            let in_flight = entries.iter().map(|entry| entry.task_id.as_str());
+            if let Err(e) = ctx.checkpoints.learn_generations_on_disk(in_flight) {
+                tracing::warn!("{e}; each task's first checkpoint save lists the directory itself");
+            }
             let prefetched: Vec<Prefetched> = entries
                 .into_iter()
                 .map(|entry| Prefetched::read(&ctx, &records, entry))

@@ -130,9 +130,23 @@ pub struct GenerationInfo {
     pub error: Option<String>,
 }
 
-/// The generation of a task's latest checkpoint file, as far as this process knows.
-/// `None` means unknown: it is worked out from the files on disk at the next save.
-type GenerationSlot = Arc<Mutex<Option<u64>>>;
+/// What the store knows of a task's generation numbers, so that a save need not list
+/// `incremental/` (whose size grows with the number of tasks).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+enum KnownGeneration {
+    /// Nothing: the next save lists `incremental/` to find the task's older files.
+    #[default]
+    Unknown,
+    /// The newest of the task's older files (0: none), from one listing of the whole
+    /// directory by [`CheckpointStore::learn_generations_on_disk`]. The next save still reads
+    /// the latest file.
+    NewestOlder(u64),
+    /// The generation of the task's latest file, which this store wrote.
+    Latest(u64),
+}
+
+/// One task's [`KnownGeneration`]; its mutex is held for a whole save.
+type GenerationSlot = Arc<Mutex<KnownGeneration>>;
 
 /// Reads and writes iteration checkpoints, keeping a few older generations of each task.
 ///
@@ -144,7 +158,7 @@ pub struct CheckpointStore {
     storage: Arc<dyn Storage>,
     /// How many older generations to keep besides the latest.
     keep_generations: usize,
-    /// Per task: the generation of its latest file, so a save needs no directory listing.
+    /// Per task: what is known of its generations, so a save needs no directory listing.
     /// The per-task mutex is held for a whole save, so one task's generations never race.
     latest_generations: Arc<Mutex<HashMap<String, GenerationSlot>>>,
 }
@@ -204,11 +218,14 @@ impl CheckpointStore {
         validate_task_id(&cp.task_id)?;
         let slot = self.generation_slot(&cp.task_id);
         let mut cached = slot.lock().unwrap_or_else(PoisonError::into_inner);
-        // Taken out, and put back only on success: after any failure the next save works the
-        // number out from disk again, whatever state the failed write left behind.
-        let previous = match cached.take() {
-            Some(generation) => generation,
-            None => self.last_generation_on_disk(&cp.task_id)?,
+        // Taken out, and put back only on success: after any failure the next save lists the
+        // directory again, whatever state the failed write left behind.
+        let previous = match std::mem::take(&mut *cached) {
+            KnownGeneration::Latest(generation) => generation,
+            KnownGeneration::NewestOlder(newest) => {
+                self.last_generation_on_disk(&cp.task_id, Some(newest))?
+            }
+            KnownGeneration::Unknown => self.last_generation_on_disk(&cp.task_id, None)?,
         };
         // Only a hand-made file can hold u64::MAX; refuse rather than wrap around.
         let generation = previous.checked_add(1).ok_or_else(|| StoreError::Io {
@@ -247,7 +264,7 @@ impl CheckpointStore {
             key: key.clone(),
             source,
         })?;
-        *cached = Some(generation);
+        *cached = KnownGeneration::Latest(generation);
         drop(cached);
 
         if let (Some(expired_key), 0) = (&expired, self.keep_generations) {
@@ -370,7 +387,7 @@ impl CheckpointStore {
         validate_task_id(task_id)?;
         let slot = self.generation_slot(task_id);
         let mut cached = slot.lock().unwrap_or_else(PoisonError::into_inner);
-        *cached = None;
+        *cached = KnownGeneration::Unknown;
         let mut keys = vec![latest_key(task_id)];
         keys.extend(
             self.older_generations(task_id)?
@@ -387,6 +404,39 @@ impl CheckpointStore {
         Ok(())
     }
 
+    /// Learn the older generations of `task_ids` from one listing of `incremental/`, so that
+    /// their first saves need not list it each: with thousands of tasks resuming at once,
+    /// those listings made the first saves quadratic in the number of tasks. A first save
+    /// still reads the task's latest file and numbers exactly as after a listing of its own.
+    ///
+    /// Older-generation files of these tasks that something other than this store adds
+    /// afterwards are not seen by their first saves (as by any later save of a task): call it
+    /// when nothing else writes these tasks' checkpoints, as the daemon does at start. Tasks
+    /// this store has saved already, and invalid ids, are left as they are.
+    pub fn learn_generations_on_disk<'a>(
+        &self,
+        task_ids: impl IntoIterator<Item = &'a str>,
+    ) -> Result<(), StoreError> {
+        let names = self.list_checkpoint_files()?;
+        let mut newest_older: HashMap<&str, u64> = HashMap::new();
+        for (task_id, generation) in names.iter().filter_map(|name| split_generation(name)) {
+            let newest = newest_older.entry(task_id).or_default();
+            *newest = (*newest).max(generation);
+        }
+        for task_id in task_ids {
+            if validate_task_id(task_id).is_err() {
+                continue;
+            }
+            let slot = self.generation_slot(task_id);
+            let mut known = slot.lock().unwrap_or_else(PoisonError::into_inner);
+            if *known == KnownGeneration::Unknown {
+                let newest = newest_older.get(task_id).copied().unwrap_or(0);
+                *known = KnownGeneration::NewestOlder(newest);
+            }
+        }
+        Ok(())
+    }
+
     /// The task's cache slot, created empty on first use.
     fn generation_slot(&self, task_id: &str) -> GenerationSlot {
         let mut slots = self
@@ -398,13 +448,21 @@ impl CheckpointStore {
 
     /// The generation of the task's latest file, worked out from disk, such that
     /// `generation_key(result)` is free to keep the latest under and `result + 1` is used by no
-    /// file on disk. 0 when the task has no files.
-    fn last_generation_on_disk(&self, task_id: &str) -> Result<u64, StoreError> {
-        let newest_older = self
-            .older_generations(task_id)?
-            .first()
-            .copied()
-            .unwrap_or(0);
+    /// file on disk. 0 when the task has no files. `newest_older` is the newest of the task's
+    /// older files when a listing made beforehand told it; without it the directory is listed.
+    fn last_generation_on_disk(
+        &self,
+        task_id: &str,
+        newest_older: Option<u64>,
+    ) -> Result<u64, StoreError> {
+        let newest_older = match newest_older {
+            Some(newest) => newest,
+            None => self
+                .older_generations(task_id)?
+                .first()
+                .copied()
+                .unwrap_or(0),
+        };
         let Some(bytes) = self.read(&latest_key(task_id))? else {
             return Ok(newest_older);
         };
@@ -420,20 +478,24 @@ impl CheckpointStore {
 
     /// The generation numbers of the task's older files, newest first.
     fn older_generations(&self, task_id: &str) -> Result<Vec<u64>, StoreError> {
-        let names = self
-            .storage
-            .list(INCREMENTAL_DIR)
-            .map_err(|source| StoreError::Io {
-                action: "listing",
-                key: INCREMENTAL_DIR.to_owned(),
-                source,
-            })?;
+        let names = self.list_checkpoint_files()?;
         let mut generations: Vec<u64> = names
             .iter()
             .filter_map(|name| parse_generation(task_id, name))
             .collect();
         generations.sort_unstable_by(|a, b| b.cmp(a));
         Ok(generations)
+    }
+
+    /// The names of every checkpoint file, of all tasks.
+    fn list_checkpoint_files(&self) -> Result<Vec<String>, StoreError> {
+        self.storage
+            .list(INCREMENTAL_DIR)
+            .map_err(|source| StoreError::Io {
+                action: "listing",
+                key: INCREMENTAL_DIR.to_owned(),
+                source,
+            })
     }
 
     /// The bytes at `key`, `None` when there is no such file.
@@ -522,15 +584,20 @@ fn generation_key(task_id: &str, generation: u64) -> String {
 /// The generation in `name` if it is one of the task's older files (`<id>.<gen>.json.gz`,
 /// `gen` written as `generation_key` writes it, so every number has exactly one name).
 fn parse_generation(task_id: &str, name: &str) -> Option<u64> {
-    let digits = name
-        .strip_prefix(task_id)?
-        .strip_prefix('.')?
-        .strip_suffix(CHECKPOINT_SUFFIX)?;
-    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+    split_generation(name)
+        .filter(|(id, _)| *id == task_id)
+        .map(|(_, generation)| generation)
+}
+
+/// The task id and generation of an older generation's file name, `None` for any other name.
+/// Unambiguous because task ids never end in `.<digits>`.
+fn split_generation(name: &str) -> Option<(&str, u64)> {
+    let (task_id, digits) = name.strip_suffix(CHECKPOINT_SUFFIX)?.rsplit_once('.')?;
+    if task_id.is_empty() || digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
         return None;
     }
     let generation: u64 = digits.parse().ok()?;
-    (generation.to_string() == digits).then_some(generation)
+    (generation.to_string() == digits).then_some((task_id, generation))
 }
 
 /// Task ids name files: `[A-Za-z0-9._-]{1,128}`, not starting with `.` (hidden and temp
@@ -575,6 +642,10 @@ mod tests {
         assert_eq!(parse_generation("t1", "t1.a.7.json.gz"), None);
         assert_eq!(parse_generation("t1.a", "t1.a.7.json.gz"), Some(7));
         assert_eq!(parse_generation("t", "t1.7.json.gz"), None);
+        assert_eq!(split_generation("t1.a.7.json.gz"), Some(("t1.a", 7)));
+        assert_eq!(split_generation("t1.a.json.gz"), None);
+        assert_eq!(split_generation(".7.json.gz"), None);
+        assert_eq!(split_generation("t1.7.json"), None);
     }
 
     #[test]

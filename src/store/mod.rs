@@ -16,6 +16,8 @@ pub mod current_work;
 mod faulty;
 mod file;
 mod file_ops;
+#[cfg(test)]
+mod generation_tests;
 mod group_commit;
 mod gzip;
 pub mod journal;
