@@ -69,11 +69,40 @@ pub(crate) fn quarantine_reason(crashes_alone: u32) -> String {
     )
 }
 
-/// Whether a task may start now, given how many suspects are on trial: nothing starts beside a
-/// suspect on trial, whether a suspect or not. (A suspect may start beside tasks already running
-/// that are not on trial; a crash then has several tasks in flight and counts against none.)
-pub(crate) fn may_start(suspects_on_trial: usize) -> bool {
-    suspects_on_trial == 0
+/// What the scheduler may start next while crash suspects remain.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum NextStart {
+    /// The next suspect, on trial.
+    Suspect,
+    /// Whatever is next in line: no trial is under way.
+    AnyTask,
+    /// Nothing: the trial is as wide as it may be, or suspects on trial must show progress
+    /// before anything else starts beside them.
+    Nothing,
+}
+
+/// How many suspects may be on trial at once: half of those the crash left, at least one. Two
+/// suspects are tried one at a time, so an innocent task never runs beside the killer again. A
+/// crash during a trial makes suspects of only the tasks in flight then, so every repeated
+/// crash halves the field: a task that kills the daemon runs alone after about log2(n) crashes,
+/// and a restart after a power cut that caught thousands of tasks does not resume them one by
+/// one. (An innocent task in the killer's half may see its interrupted work run again once per
+/// halving.)
+pub(crate) fn trial_width(suspects: usize) -> usize {
+    (suspects / 2).max(1)
+}
+
+/// What may start now: `waiting` suspects not started yet, `on_trial` suspects running without
+/// progress so far, `width` the [`trial_width`]. Suspects go before everything; nothing else
+/// starts while a trial is under way. (A suspect may start beside tasks already running that are
+/// not on trial; a crash then has several tasks in flight, and counts against none of them.)
+pub(crate) fn next_start(waiting: usize, on_trial: usize, width: usize) -> NextStart {
+    match (waiting > 0, on_trial) {
+        (true, running) if running < width.max(1) => NextStart::Suspect,
+        (true, _) => NextStart::Nothing,
+        (false, 0) => NextStart::AnyTask,
+        (false, _) => NextStart::Nothing,
+    }
 }
 
 /// The order in which suspects are tried: fewest crashes alone first (the likely innocent finish
@@ -84,7 +113,7 @@ pub(crate) fn trial_order(suspects: &mut [(u32, String)]) {
 
 #[cfg(test)]
 mod tests {
-    use super::{judge, may_start, trial_order, Verdict};
+    use super::{judge, next_start, trial_order, trial_width, NextStart, Verdict};
 
     #[test]
     fn the_decision_table() {
@@ -128,10 +157,36 @@ mod tests {
     }
 
     #[test]
-    fn nothing_starts_beside_a_suspect_on_trial() {
-        assert!(may_start(0));
-        assert!(!may_start(1));
-        assert!(!may_start(2));
+    fn what_starts_while_suspects_remain() {
+        use NextStart::{AnyTask, Nothing, Suspect};
+        // (waiting suspects, suspects on trial, width) → what may start
+        let table = [
+            ((0, 0, 1), AnyTask),
+            ((0, 1, 1), Nothing),
+            ((0, 3, 5), Nothing),
+            ((1, 0, 1), Suspect),
+            ((1, 1, 1), Nothing),
+            ((4, 2, 5), Suspect),
+            ((4, 5, 5), Nothing),
+            ((1, 0, 0), Suspect),
+        ];
+        for ((waiting, on_trial, width), expected) in table {
+            assert_eq!(
+                next_start(waiting, on_trial, width),
+                expected,
+                "waiting {waiting}, on trial {on_trial}, width {width}"
+            );
+        }
+    }
+
+    #[test]
+    fn trials_take_half_the_suspects_and_two_one_at_a_time() {
+        assert_eq!(trial_width(0), 1);
+        assert_eq!(trial_width(1), 1);
+        assert_eq!(trial_width(2), 1);
+        assert_eq!(trial_width(3), 1);
+        assert_eq!(trial_width(4), 2);
+        assert_eq!(trial_width(10_000), 5_000);
     }
 
     #[test]

@@ -159,6 +159,7 @@ pub async fn run_with_summary(
         shutdown: shutdown.clone(),
         controls: Default::default(),
         journal: crate::store::journal::JournalWriter::start(&root),
+        trial_progress: tokio::sync::Notify::new(),
     });
     let mut scheduler = Scheduler {
         intake: Arc::new(Mutex::new(Intake::new(queue.clone(), Arc::clone(&storage)))),
@@ -168,6 +169,7 @@ pub async fn run_with_summary(
         resume: VecDeque::new(),
         suspects: VecDeque::new(),
         on_trial: HashSet::new(),
+        trial_width: 1,
         pending: BinaryHeap::new(),
         next_seq: 0,
         retries: Vec::new(),
@@ -233,6 +235,8 @@ pub(crate) struct Scheduler {
     suspects: VecDeque<String>,
     /// Suspects running on trial (nothing starts beside them) until they make progress.
     on_trial: HashSet<String>,
+    /// How many suspects may be on trial at once (`crash_blame::trial_width`).
+    trial_width: usize,
     /// New tasks: highest priority first, then in order of acceptance.
     pending: BinaryHeap<(i32, Reverse<u64>, String)>,
     next_seq: u64,

@@ -52,6 +52,7 @@ impl Scheduler {
         }
         crash_blame::trial_order(&mut suspects);
         self.suspects = suspects.into_iter().map(|(_, id)| id).collect();
+        self.trial_width = crash_blame::trial_width(self.suspects.len());
         self.load_pending(&records, &in_flight).await?;
         if let Err(e) = self.ctx.work.persist().await {
             // Not fatal: every later change writes the whole file again.

@@ -4,7 +4,7 @@
 use std::time::Instant;
 
 use super::control::fresh_entry;
-use super::crash_blame;
+use super::crash_blame::{self, NextStart};
 use super::*;
 
 /// How often the progress of running tasks is written to `current_work.json`.
@@ -105,6 +105,8 @@ impl Scheduler {
                 Some(joined) = self.running.join_next(), if !self.running.is_empty() => {
                     self.attempt_finished(joined).await;
                 }
+                // A suspect showed progress: its trial is over, the next may start at once.
+                _ = self.ctx.trial_progress.notified(), if !self.on_trial.is_empty() => {}
             }
             // Progress (iterations, cost, a worker's own account) reaches current_work.json at
             // most every PROGRESS_WRITE_INTERVAL, for `cairn status`.
@@ -282,19 +284,27 @@ impl Scheduler {
     pub(super) fn start_ready(&mut self) {
         while self.running.len() < self.config.max_tasks.max(1) && !self.ctx.shutdown.is_stopping()
         {
-            if !crash_blame::may_start(self.suspects_on_trial()) {
-                break;
-            }
-            if let Some(id) = self.suspects.pop_front() {
-                let Some(task) = self.tasks.get(&id).cloned() else {
+            let on_trial = self.suspects_on_trial();
+            match crash_blame::next_start(self.suspects.len(), on_trial, self.trial_width) {
+                NextStart::Nothing => break,
+                NextStart::Suspect => {
+                    let Some(id) = self.suspects.pop_front() else {
+                        break;
+                    };
+                    let Some(task) = self.tasks.get(&id).cloned() else {
+                        continue;
+                    };
+                    tracing::info!(task_id = %id, width = self.trial_width, "trying a crash suspect");
+                    self.ctx.journal(
+                        &id,
+                        "crash_trial_started",
+                        serde_json::json!({"width": self.trial_width}),
+                    );
+                    self.on_trial.insert(id);
+                    self.start_attempt(task);
                     continue;
-                };
-                tracing::info!(task_id = %id, "trying a crash suspect alone");
-                self.ctx
-                    .journal(&id, "crash_trial_started", serde_json::json!({}));
-                self.on_trial.insert(id);
-                self.start_attempt(task);
-                continue;
+                }
+                NextStart::AnyTask => {}
             }
             let next = match self.resume.pop_front() {
                 Some(id) => id,

@@ -57,7 +57,9 @@ impl<'r, 'a> PhaseCheckpointer<'r, 'a> {
                 // Progress: the crashes before it say nothing against this task,
                 // and a trial it was on is over (see `daemon::crash_blame`).
                 entry.crashes_alone = 0;
-                entry.suspect = false;
+                if std::mem::take(&mut entry.suspect) {
+                    run.ctx.trial_progress.notify_one();
+                }
             }
         });
         run.ctx.journal(

@@ -55,6 +55,9 @@ pub struct RunContext {
     pub controls: std::sync::Mutex<std::collections::HashMap<String, TaskControl>>,
     /// Appends to the tasks' event journals off the async thread.
     pub journal: crate::store::journal::JournalWriter,
+    /// Signalled when a crash suspect shows progress, so the scheduler can end its trial and
+    /// start the next one at once instead of at its next tick.
+    pub trial_progress: tokio::sync::Notify,
 }
 
 impl RunContext {
@@ -263,7 +266,9 @@ async fn finish_phase(
             // Progress: the crashes before it say nothing against this task,
             // and a trial it was on is over (see `daemon::crash_blame`).
             e.crashes_alone = 0;
-            e.suspect = false;
+            if std::mem::take(&mut e.suspect) {
+                ctx.trial_progress.notify_one();
+            }
             if let Some(timing) = e.phases.last_mut() {
                 timing.finished_at = Some(Utc::now());
                 if task.phases[index].kind != PhaseKind::Once {
