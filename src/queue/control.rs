@@ -262,23 +262,10 @@ fn escape(name: &str) -> String {
 
 /// The UTF-8 names in a directory (a missing one is empty).
 fn read_names(dir: &Path) -> io::Result<Vec<String>> {
-    let entries = match fs::read_dir(dir) {
-        Ok(entries) => entries,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => {
-            return Err(io::Error::new(
-                e.kind(),
-                format!("reading {}: {e}", dir.display()),
-            ))
-        }
-    };
-    let mut names = Vec::new();
-    for entry in entries {
-        if let Ok(name) = entry?.file_name().into_string() {
-            names.push(name);
-        }
-    }
-    Ok(names)
+    Ok(super::intake::read_names(dir)?
+        .into_iter()
+        .filter_map(|name| name.into_string().ok())
+        .collect())
 }
 
 #[cfg(test)]

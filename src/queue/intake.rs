@@ -634,7 +634,8 @@ fn remove_claim(claim: &Path) {
     }
 }
 
-fn read_names(dir: &Path) -> io::Result<Vec<OsString>> {
+/// Every name in a directory, as the OS gives it (a missing directory is empty).
+pub(super) fn read_names(dir: &Path) -> io::Result<Vec<OsString>> {
     let entries = match fs::read_dir(dir) {
         Ok(entries) => entries,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
