@@ -18,16 +18,7 @@ use nix::fcntl::{openat, AtFlags, OFlag};
 use nix::sys::stat::{fstatat, Mode, SFlag};
 use nix::unistd::{unlinkat, UnlinkatFlags};
 
-/// The queue's directories that commands read or remove from.
-pub const QUEUE_DIRS: [&str; 7] = [
-    "inbox",
-    "tasks",
-    "incremental",
-    "runs",
-    "done",
-    "failed",
-    "control",
-];
+use crate::queue::SUBDIRS;
 
 /// An opened queue root whose directories were checked to be real directories.
 #[derive(Debug)]
@@ -43,7 +34,7 @@ impl OpenedQueue {
         let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC;
         let fd = nix::fcntl::open(root, flags, Mode::empty())
             .map_err(|e| format!("cannot open the queue {}: {e}", root.display()))?;
-        for dir in QUEUE_DIRS {
+        for dir in SUBDIRS {
             let stat = match fstatat(&fd, dir, AtFlags::AT_SYMLINK_NOFOLLOW) {
                 Ok(stat) => stat,
                 Err(Errno::ENOENT) => continue,

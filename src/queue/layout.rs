@@ -10,7 +10,7 @@ pub struct QueueDir {
 }
 
 /// Subdirectories cairn creates when it opens a queue.
-const SUBDIRS: [&str; 7] = [
+pub const SUBDIRS: [&str; 7] = [
     "inbox",
     "tasks",
     "incremental",
