@@ -282,9 +282,12 @@ impl Scheduler {
     }
 
     pub(super) fn start_ready(&mut self) {
+        // Looked up once per call, not per start: thousands of suspects may be on trial. A trial
+        // that ends meanwhile is seen at the next call (its progress wakes the main loop).
+        self.prune_trials();
         while self.running.len() < self.config.max_tasks.max(1) && !self.ctx.shutdown.is_stopping()
         {
-            let on_trial = self.suspects_on_trial();
+            let on_trial = self.on_trial.len();
             match crash_blame::next_start(self.suspects.len(), on_trial, self.trial_width) {
                 NextStart::Nothing => break,
                 NextStart::Suspect => {
@@ -320,15 +323,15 @@ impl Scheduler {
         }
     }
 
-    /// How many suspects are on trial now; a trial ends early when the suspect makes progress
+    /// Forget the trials that are over: a trial ends early when the suspect makes progress
     /// (its runner clears the flag).
-    fn suspects_on_trial(&mut self) -> usize {
+    fn prune_trials(&mut self) {
         if !self.on_trial.is_empty() {
-            let work = &self.ctx.work;
-            self.on_trial
-                .retain(|id| work.update(|w| w.get(id).is_some_and(|e| e.suspect)));
+            let on_trial = &mut self.on_trial;
+            self.ctx
+                .work
+                .update(|w| on_trial.retain(|id| w.get(id).is_some_and(|e| e.suspect)));
         }
-        self.on_trial.len()
     }
 
     pub(super) fn start_attempt(&mut self, task: Arc<Task>) {
