@@ -1077,7 +1077,13 @@ pub fn check_id(id: &str) -> anyhow::Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use chrono::DateTime;
+    use serde_json::{json, Value};
+
+    use super::{
+        format_bytes, format_cost, format_rate, rate_from_events, render_table, short_duration,
+    };
+    use crate::store::journal::JournalEvent;
 
     fn event(at_ms: i64, event: &str, details: Value) -> JournalEvent {
         let Value::Object(details) = details else {

@@ -1,10 +1,20 @@
 //! Start-up: finish half-done intake, then line up the tasks that were in flight (resuming
 //! them first) and the accepted tasks that never started.
 
+use std::cmp::Reverse;
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use chrono::Utc;
+
 use super::crash_blame::{self, Verdict};
-use super::*;
+use super::{lock, runner_blocking, DaemonError, Scheduler};
+use crate::queue::QueueDir;
+use crate::runner::RunContext;
+use crate::store::current_work::{ActiveStatus, ActiveTask};
 use crate::store::records::FailedRecord;
-use crate::task::PhaseKind;
+use crate::store::Storage;
+use crate::task::{PhaseKind, Task};
 
 impl Scheduler {
     /// Finish half-done intake, then line up every task that was in flight and every accepted

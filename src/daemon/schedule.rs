@@ -1,11 +1,20 @@
 //! The main loop: start what can start, react to task ends, inbox hints, control requests and
 //! timers; and the drain after a stop.
 
-use std::time::Instant;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use chrono::Utc;
+use futures::FutureExt;
+use tokio::sync::mpsc;
 
 use super::control::fresh_entry;
 use super::crash_blame::{self, NextStart};
-use super::*;
+use super::{lock, records, runner_blocking, AttemptOutcome, DaemonExit, Scheduler};
+use crate::queue::{QueueHint, QueueWatcher};
+use crate::runner::{self, AttemptEnd};
+use crate::store::current_work::ActiveStatus;
+use crate::task::Task;
 
 /// How often the progress of running tasks is written to `current_work.json`.
 const PROGRESS_WRITE_INTERVAL: Duration = Duration::from_secs(2);
