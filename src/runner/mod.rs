@@ -14,7 +14,9 @@ mod work_state;
 mod worker;
 
 pub use child::{CommandRun, RunEnd, KILL_AFTER, MAX_REPLY_BYTES, NOTIFY_ENV};
-/// The scope of loop phases' checkpoints (the queue benchmark builds such checkpoints).
+/// The scope of loop phases' checkpoints (the queue benchmark, part of the `cli` feature,
+/// builds such checkpoints).
+#[cfg(feature = "cli")]
 pub(crate) use loop_phase::LOOP_SCOPE;
 pub use orphans::kill_orphans;
 pub use work_state::{LoadError, WorkState};
