@@ -11,14 +11,14 @@
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 use clap::Args;
 
 use super::exit;
+use super::format;
 use super::python_json::PythonJson;
-use super::view;
-use crate::store::{CheckpointStore, FileStorage, IterationCheckpoint};
+use crate::queue::QueueReader;
+use crate::store::IterationCheckpoint;
 
 /// The fields every checkpoint of the pattern has.
 pub const PATTERN_FIELDS: [&str; 6] = [
@@ -51,11 +51,11 @@ pub struct CheckpointArgs {
 }
 
 pub fn run(queue: &Path, args: CheckpointArgs) -> u8 {
-    let root = std::path::absolute(queue).unwrap_or_else(|_| queue.to_path_buf());
+    let reader = QueueReader::open(queue);
     let as_path = PathBuf::from(&args.target);
     let is_path = args.target.contains('/')
-        || view::check_id(&args.target).is_err()
-        || (!view::task_exists(&root, &args.target) && as_path.is_file());
+        || format::check_id(&args.target).is_err()
+        || (!reader.task_exists(&args.target) && as_path.is_file());
     let printed = if is_path {
         if args.generation.is_some() {
             eprintln!(
@@ -69,12 +69,12 @@ pub fn run(queue: &Path, args: CheckpointArgs) -> u8 {
             parsed.to_string_pretty(&parsed.value)
         })
     } else {
-        read_task(&root, &args.target, args.generation)
+        read_task(&reader, &args.target, args.generation)
     };
     match printed {
         Ok(mut text) => {
             text.push('\n');
-            view::print_or_fail(&text)
+            format::print_or_fail(&text)
         }
         Err(message) => {
             eprintln!("error: {message}");
@@ -85,19 +85,21 @@ pub fn run(queue: &Path, args: CheckpointArgs) -> u8 {
 
 /// A task's latest usable checkpoint, or one generation.
 /// Printed in the struct's field order.
-fn read_task(root: &Path, id: &str, generation: Option<u64>) -> Result<String, String> {
-    let store = CheckpointStore::with_storage(Arc::new(FileStorage::new(root)));
+fn read_task(reader: &QueueReader, id: &str, generation: Option<u64>) -> Result<String, String> {
+    let root = reader.root();
     let context =
         |e: crate::store::StoreError| format!("task {id:?} in queue {}: {e}", root.display());
     let checkpoint: IterationCheckpoint = match generation {
-        Some(generation) => view::quietly(|| store.generation(id, generation)).map_err(context)?,
+        Some(generation) => reader
+            .checkpoint_generation(id, generation)
+            .map_err(context)?,
         None => {
-            let loaded = view::quietly(|| store.latest(id)).map_err(context)?;
+            let loaded = reader.latest_checkpoint(id).map_err(context)?;
             let Some(loaded) = loaded else {
-                return Err(if view::task_exists(root, id) {
+                return Err(if reader.task_exists(id) {
                     format!(
                         "task {id:?} has no checkpoint in {} (only loop, items and worker phases write them)",
-                        root.join("incremental").display()
+                        reader.dir().checkpoint_dir().display()
                     )
                 } else {
                     format!(
@@ -109,8 +111,8 @@ fn read_task(root: &Path, id: &str, generation: Option<u64>) -> Result<String, S
             for (key, why) in &loaded.skipped {
                 eprintln!(
                     "warning: {} does not decode ({why}); printing {} instead",
-                    root.join(key).display(),
-                    root.join(&loaded.key).display()
+                    reader.path_of_key(key).display(),
+                    reader.path_of_key(&loaded.key).display()
                 );
             }
             loaded.checkpoint

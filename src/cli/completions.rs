@@ -4,7 +4,7 @@
 use clap::{Args, CommandFactory};
 use clap_complete::Shell;
 
-use super::{view, Cli};
+use super::Cli;
 
 #[derive(Debug, Args)]
 #[command(after_help = "\
@@ -22,5 +22,5 @@ pub fn run(args: CompletionsArgs) -> u8 {
     let mut command = Cli::command();
     let mut script = Vec::new();
     clap_complete::generate(args.shell, &mut command, "cairn", &mut script);
-    view::print_or_fail(&String::from_utf8_lossy(&script))
+    super::format::print_or_fail(&String::from_utf8_lossy(&script))
 }

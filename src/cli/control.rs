@@ -11,7 +11,7 @@ use clap::Args;
 
 use super::exit;
 use crate::queue::control::{self, ControlAction, ControlRequest};
-use crate::queue::QueueDir;
+use crate::queue::{QueueDir, QueueReader};
 use crate::store::{FileStorage, Storage};
 use crate::task::validate_id;
 
@@ -49,12 +49,13 @@ pub fn run(queue: &Path, action: Action, args: ControlArgs) -> u8 {
         return exit::USAGE;
     }
     let storage = FileStorage::new(queue);
+    let reader = QueueReader::open(queue);
     // A task still in the inbox is steered too: the daemon holds the request until it has
     // taken the task.
     let mut submitted = false;
     match storage.get(&QueueDir::task_key(&args.id)) {
         Ok(Some(_)) => {}
-        Ok(None) if in_inbox(queue, &args.id) => submitted = true,
+        Ok(None) if reader.in_inbox(&args.id) => submitted = true,
         Ok(None) => {
             eprintln!("error: queue {} has no task {:?}", queue.display(), args.id);
             return exit::FAILURE;
@@ -69,8 +70,8 @@ pub fn run(queue: &Path, action: Action, args: ControlArgs) -> u8 {
         Ok(key) => key,
         Err(e) => {
             eprintln!(
-                "error: writing the request into {}/control: {e}",
-                queue.display()
+                "error: writing the request into {}: {e}",
+                QueueDir::new(queue).control().display()
             );
             return exit::FAILURE;
         }
@@ -80,11 +81,14 @@ pub fn run(queue: &Path, action: Action, args: ControlArgs) -> u8 {
         println!("{verb} requested for {}", args.id);
         return exit::OK;
     }
-    let Some(pid) = daemon_pid(queue) else {
+    let Some(pid) = reader.daemon().pid else {
         let when = if submitted {
-            "it is still in inbox/ and no daemon is running; it takes effect when one takes the task"
+            format!(
+                "it is still in {}/ and no daemon is running; it takes effect when one takes the task",
+                QueueDir::INBOX_NAME
+            )
         } else {
-            "no daemon is running, it takes effect when one starts"
+            "no daemon is running, it takes effect when one starts".to_string()
         };
         println!("{verb} requested for {}; {when}", args.id);
         return exit::OK;
@@ -111,21 +115,4 @@ pub fn run(queue: &Path, action: Action, args: ControlArgs) -> u8 {
         args.id
     );
     exit::OK
-}
-
-/// Is a task with this id waiting in `inbox/` (as `cairn submit` names it, or inside a file
-/// named otherwise)?
-fn in_inbox(queue: &Path, id: &str) -> bool {
-    super::view::inbox_tasks(queue)
-        .iter()
-        .any(|(_, task)| task.id() == id)
-}
-
-/// The pid of the daemon that owns the queue, if one is alive. Only reads `.lock`: taking the
-/// lock here could make a daemon that is starting fail.
-pub fn daemon_pid(queue: &Path) -> Option<i32> {
-    let text = std::fs::read_to_string(queue.join(".lock")).ok()?;
-    let pid: i32 = text.trim().parse().ok()?;
-    let alive = pid > 0 && nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok();
-    alive.then_some(pid)
 }

@@ -13,8 +13,8 @@ use clap::Args;
 use serde_json::Value;
 
 use super::exit;
-use crate::queue::QueueDir;
-use crate::store::current_work::{CurrentWork, StartPoint, StoredOutput};
+use crate::queue::{QueueDir, QueueReader};
+use crate::store::current_work::StartPoint;
 use crate::store::{CheckpointStore, FileStorage, Storage};
 use crate::task::{generate_id, random_suffix, validate_id, Task};
 
@@ -85,12 +85,7 @@ fn fork(queue: &Path, args: &ForkArgs) -> Result<String, Failure> {
         }
         None => generate_id(&args.id, &random_suffix()),
     };
-    for key in [
-        QueueDir::task_key(&new_id),
-        QueueDir::done_key(&new_id),
-        QueueDir::failed_key(&new_id),
-        format!("inbox/{new_id}.json"),
-    ] {
+    for key in QueueDir::keys_of_id(&new_id) {
         if read(key.clone())?.is_some() {
             return Err(usage(format!(
                 "a task with id {new_id:?} already exists ({key})"
@@ -117,7 +112,7 @@ fn fork(queue: &Path, args: &ForkArgs) -> Result<String, Failure> {
             args.id, checkpoint.phase
         )));
     }
-    let earlier_outputs = earlier_outputs(queue, &storage, &args.id, &task, phase_index)?;
+    let earlier_outputs = earlier_outputs(&QueueReader::open(queue), &args.id, &task, phase_index)?;
 
     if let Some(patch) = &patch {
         json_patch::merge(&mut checkpoint.partial_results, patch);
@@ -143,7 +138,7 @@ fn fork(queue: &Path, args: &ForkArgs) -> Result<String, Failure> {
         .map_err(|e| failure(format!("writing {}: {e}", StartPoint::key(&new_id))))?;
 
     task.id = Some(new_id.clone());
-    let inbox_key = format!("inbox/{new_id}.json");
+    let inbox_key = QueueDir::inbox_key(&new_id);
     storage
         .put(&inbox_key, &task.to_json_bytes(), None)
         .map_err(|e| failure(format!("writing {}: {e}", queue.join(&inbox_key).display())))?;
@@ -159,8 +154,7 @@ fn fork(queue: &Path, args: &ForkArgs) -> Result<String, Failure> {
 /// The outputs of the phases before `phase_index`: from the task's record if it has finished,
 /// else from `current_work.json`.
 fn earlier_outputs(
-    queue: &Path,
-    storage: &FileStorage,
+    reader: &QueueReader,
     id: &str,
     task: &Task,
     phase_index: usize,
@@ -172,34 +166,7 @@ fn earlier_outputs(
     if needed.is_empty() {
         return Ok(BTreeMap::new());
     }
-    let mut found: BTreeMap<String, Value> = BTreeMap::new();
-    for key in [QueueDir::done_key(id), QueueDir::failed_key(id)] {
-        if let Ok(Some(bytes)) = storage.get(&key) {
-            let record: Value = serde_json::from_slice(&bytes).unwrap_or_default();
-            if let Some(Value::Object(outputs)) = record.get("phase_outputs") {
-                found.extend(outputs.iter().map(|(k, v)| (k.clone(), v.clone())));
-            }
-        }
-    }
-    if let Ok(Some(bytes)) = storage.get(QueueDir::CURRENT_WORK_KEY) {
-        if let Ok(work) = serde_json::from_slice::<CurrentWork>(&bytes) {
-            if let Some(entry) = work.get(id) {
-                for (name, stored) in &entry.phase_outputs {
-                    let value = match stored {
-                        StoredOutput::Inline(value) => Some(value.clone()),
-                        StoredOutput::File(key) => storage
-                            .get(key)
-                            .ok()
-                            .flatten()
-                            .and_then(|b| serde_json::from_slice(&b).ok()),
-                    };
-                    if let Some(value) = value {
-                        found.entry(name.clone()).or_insert(value);
-                    }
-                }
-            }
-        }
-    }
+    let mut found = reader.phase_outputs(id);
     let mut outputs = BTreeMap::new();
     for name in needed {
         let value = found.remove(name).ok_or_else(|| {
@@ -207,7 +174,7 @@ fn earlier_outputs(
                 exit::FAILURE,
                 format!(
                     "the output of phase {name:?} of {id:?} is not available in {} (the new task needs it as input)",
-                    queue.display()
+                    reader.root().display()
                 ),
             )
         })?;

@@ -6,16 +6,15 @@ mod clients_path;
 mod completions;
 mod control;
 mod fork;
+mod format;
 mod history;
 mod prune;
 mod python_json;
-mod queue_fs;
 mod run;
 mod show;
 mod status;
 mod submit;
 mod validate;
-mod view;
 
 use std::path::PathBuf;
 use std::process::ExitCode;

@@ -5,11 +5,19 @@ pub mod control;
 mod intake;
 mod layout;
 mod lock;
+#[cfg(test)]
+mod path_literals;
 mod permissions;
+mod prune;
+pub mod read;
+mod safe_remove;
 mod watch;
 
 pub use intake::{Intake, IntakeReport, Rejection};
 pub use layout::{QueueDir, SUBDIRS};
 pub use lock::{LockError, QueueLock};
 pub use permissions::{check_queue_permissions, check_submitter, check_task_file};
+pub use prune::{PruneItem, PrunePlan, PruneReason, PruneRules, QueuePruner, PRUNE_GRACE};
+pub use read::{DaemonInfo, LoadOptions, QueueReader, QueueView, TaskView};
+pub use safe_remove::UnsafeQueueError;
 pub use watch::{QueueHint, QueueWatcher};

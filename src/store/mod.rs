@@ -29,7 +29,8 @@ pub use checkpoint::{
     decode_checkpoint, encode_checkpoint, CheckpointError, IterationCheckpoint, FORMAT_VERSION,
 };
 pub use checkpoint_store::{
-    CheckpointStore, GenerationInfo, LoadedCheckpoint, SavedCheckpoint, StoreError,
+    CheckpointFileName, CheckpointStore, GenerationInfo, LoadedCheckpoint, SavedCheckpoint,
+    StoreError,
 };
 pub use faulty::{FaultMode, FaultyFileOps};
 pub use file::FileStorage;
