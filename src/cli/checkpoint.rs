@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 
 use clap::Args;
 
-use super::exit;
+use super::error::{print, CliError, CliResult};
 use super::format;
 use super::python_json::PythonJson;
 use crate::queue::QueueReader;
@@ -50,7 +50,7 @@ pub struct CheckpointArgs {
     generation: Option<u64>,
 }
 
-pub fn run(queue: &Path, args: CheckpointArgs) -> u8 {
+pub fn run(queue: &Path, args: CheckpointArgs) -> CliResult {
     let reader = QueueReader::open(queue);
     let as_path = PathBuf::from(&args.target);
     let is_path = args.target.contains('/')
@@ -58,11 +58,10 @@ pub fn run(queue: &Path, args: CheckpointArgs) -> u8 {
         || (!reader.task_exists(&args.target) && as_path.is_file());
     let printed = if is_path {
         if args.generation.is_some() {
-            eprintln!(
-                "error: --gen applies to a task id, not to a file ({})",
+            return Err(CliError::usage(format_args!(
+                "--gen applies to a task id, not to a file ({})",
                 args.target
-            );
-            return exit::USAGE;
+            )));
         }
         read_file(&as_path).map(|parsed| {
             note_non_standard(&as_path, &parsed);
@@ -71,16 +70,9 @@ pub fn run(queue: &Path, args: CheckpointArgs) -> u8 {
     } else {
         read_task(&reader, &args.target, args.generation)
     };
-    match printed {
-        Ok(mut text) => {
-            text.push('\n');
-            format::print_or_fail(&text)
-        }
-        Err(message) => {
-            eprintln!("error: {message}");
-            exit::FAILURE
-        }
-    }
+    let mut text = printed.map_err(CliError::failure)?;
+    text.push('\n');
+    print(&text)
 }
 
 /// A task's latest usable checkpoint, or one generation.

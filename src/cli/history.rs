@@ -12,7 +12,7 @@ use clap::Args;
 use serde_json::{json, Value};
 
 use super::checkpoint::decode_lenient;
-use super::exit;
+use super::error::{print, CliError, CliResult};
 use super::format;
 use crate::queue::QueueReader;
 use crate::store::{decode_checkpoint, GenerationInfo};
@@ -88,31 +88,24 @@ impl Row {
     }
 }
 
-pub fn run(queue: &Path, args: HistoryArgs) -> u8 {
-    if let Err(e) = format::check_id(&args.id) {
-        eprintln!("error: {e}");
-        return exit::USAGE;
-    }
+pub fn run(queue: &Path, args: HistoryArgs) -> CliResult {
+    format::check_id(&args.id).map_err(CliError::usage)?;
     let reader = QueueReader::open(queue);
-    let history = match reader.history(&args.id) {
-        Ok(history) => history,
-        Err(e) => {
-            eprintln!(
-                "error: task {:?} in queue {}: {e}",
-                args.id,
-                reader.root().display()
-            );
-            return exit::FAILURE;
-        }
-    };
+    let root = reader.root();
+    let history = reader.history(&args.id).map_err(|e| {
+        CliError::failure(format_args!(
+            "task {:?} in queue {}: {e}",
+            args.id,
+            root.display()
+        ))
+    })?;
     if history.is_empty() && !reader.task_exists(&args.id) {
-        eprintln!(
-            "error: queue {} has no task {:?} and no checkpoint of it in {}",
-            reader.root().display(),
+        return Err(CliError::failure(format_args!(
+            "queue {} has no task {:?} and no checkpoint of it in {}",
+            root.display(),
             args.id,
             reader.dir().checkpoint_dir().display()
-        );
-        return exit::FAILURE;
+        )));
     }
     let rows: Vec<Row> = history
         .into_iter()
@@ -127,7 +120,7 @@ pub fn run(queue: &Path, args: HistoryArgs) -> u8 {
     let text = if args.json {
         let document = json!({
             "version": format::JSON_VERSION,
-            "queue": reader.root().display().to_string(),
+            "queue": root.display().to_string(),
             "task_id": args.id,
             "generations": rows.iter().enumerate().map(|(i, row)| row_json(&reader, i == 0, row)).collect::<Vec<_>>(),
         });
@@ -137,7 +130,7 @@ pub fn run(queue: &Path, args: HistoryArgs) -> u8 {
     } else {
         table(&rows)
     };
-    format::print_or_fail(&text)
+    print(&text)
 }
 
 fn row_json(reader: &QueueReader, latest: bool, row: &Row) -> Value {

@@ -1,7 +1,7 @@
 //! `cairn prune [--older-than DURATION] [--keep-generations N] [--dry-run]`: remove what
 //! finished tasks leave behind once their retention has passed, and files no task owns. What
-//! may go, and the removal itself, are the queue's (`queue::prune`); this prints each path and
-//! a summary.
+//! may go, and the removal itself, are the queue's (`queue::prune`, which says what is never
+//! touched); this prints each path and a summary.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -10,7 +10,7 @@ use std::time::Duration;
 use chrono::Utc;
 use clap::Args;
 
-use super::exit;
+use super::error::{print, CliError, CliResult};
 use super::format;
 use crate::queue::{PrunePlan, PruneReason, PruneRules, QueuePruner, QueueReader};
 
@@ -40,38 +40,31 @@ pub struct PruneArgs {
     dry_run: bool,
 }
 
-pub fn run(queue: &Path, args: PruneArgs) -> u8 {
+pub fn run(queue: &Path, args: PruneArgs) -> CliResult {
     let reader = QueueReader::open(queue);
     if !reader.exists() {
-        eprintln!("error: queue {} does not exist", reader.root().display());
-        return exit::FAILURE;
+        return Err(CliError::failure(format_args!(
+            "queue {} does not exist",
+            reader.root().display()
+        )));
     }
     // Refused before anything is read: a directory replaced by a link would lead the plan (and,
     // for root, the removals) outside the queue.
-    let pruner = match QueuePruner::open(&reader) {
-        Ok(pruner) => pruner,
-        Err(problem) => {
-            eprintln!("error: refusing to prune: {problem}");
-            return exit::FAILURE;
-        }
-    };
+    let pruner = QueuePruner::open(&reader)
+        .map_err(|problem| CliError::failure(format_args!("refusing to prune: {problem}")))?;
     let rules = PruneRules {
         older_than: args.older_than,
         keep_generations: args.keep_generations,
     };
-    let plan = match reader.prune_plan(&rules, Utc::now()) {
-        Ok(plan) => plan,
-        Err(e) => {
-            eprintln!("error: {e}; nothing was removed");
-            return exit::FAILURE;
-        }
-    };
+    let plan = reader
+        .prune_plan(&rules, Utc::now())
+        .map_err(|e| CliError::failure(format_args!("{e}; nothing was removed")))?;
     let verb = if args.dry_run {
         "would remove"
     } else {
         "removed"
     };
-    let mut failed = false;
+    let mut not_removed: Vec<String> = Vec::new();
     let mut bytes = 0u64;
     let mut counts: BTreeMap<PruneReason, usize> = BTreeMap::new();
     for item in &plan.items {
@@ -86,28 +79,22 @@ pub fn run(queue: &Path, args: PruneArgs) -> u8 {
                 bytes += size;
                 *counts.entry(item.reason).or_default() += 1;
                 let slash = if is_dir { "/" } else { "" };
-                let line = format!("{verb} {}{slash}\n", item.path.display());
-                match format::write_stdout(&line) {
-                    Ok(true) => {}
-                    Ok(false) => return exit::OK,
-                    Err(e) => {
-                        eprintln!("error: writing to stdout: {e}");
-                        return exit::FAILURE;
-                    }
-                }
+                print(&format!("{verb} {}{slash}\n", item.path.display()))?;
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => {
-                eprintln!("error: removing {}: {e}", item.path.display());
-                failed = true;
-            }
+            // The others are still removed; the failures are the command's error at the end.
+            Err(e) => not_removed.push(format!("{}: {e}", item.path.display())),
         }
     }
-    let code = format::print_or_fail(&summary(&plan, &counts, bytes, args.dry_run));
-    if failed {
-        exit::FAILURE
+    print(&summary(&plan, &counts, bytes, args.dry_run))?;
+    if not_removed.is_empty() {
+        Ok(())
     } else {
-        code
+        Err(CliError::failure(format_args!(
+            "{} path(s) could not be removed: {}",
+            not_removed.len(),
+            not_removed.join("; ")
+        )))
     }
 }
 

@@ -7,11 +7,11 @@ use chrono::{DateTime, Utc};
 use clap::Args;
 use serde_json::{json, Map, Value};
 
-use super::exit;
+use super::error::{print, CliError, CliResult};
 use super::format;
 use super::status::{iter_cell, phase_cell};
 use crate::queue::read::State;
-use crate::queue::{DaemonInfo, QueueReader, TaskView};
+use crate::queue::{DaemonInfo, QueueDir, QueueReader, TaskView};
 use crate::store::current_work::PhaseTiming;
 use crate::store::journal::JournalEvent;
 use crate::task::PhaseKind;
@@ -41,20 +41,16 @@ struct PhaseRow {
     finished_at: Option<DateTime<Utc>>,
 }
 
-pub fn run(queue: &Path, args: ShowArgs) -> u8 {
-    if let Err(e) = format::check_id(&args.id) {
-        eprintln!("error: {e}");
-        return exit::USAGE;
-    }
+pub fn run(queue: &Path, args: ShowArgs) -> CliResult {
+    format::check_id(&args.id).map_err(CliError::usage)?;
     let reader = QueueReader::open(queue);
     let Some(task) = find(&reader, &args.id) else {
-        eprintln!(
-            "error: queue {} has no task {:?} ({}); `cairn status --all` lists the tasks",
+        return Err(CliError::failure(format_args!(
+            "queue {} has no task {:?} ({}); `cairn status --all` lists the tasks",
             reader.root().display(),
             args.id,
             reader.places_of(&args.id),
-        );
-        return exit::FAILURE;
+        )));
     };
     for warning in &task.warnings {
         eprintln!("warning: {warning}");
@@ -76,23 +72,30 @@ pub fn run(queue: &Path, args: ShowArgs) -> u8 {
         logs: &reader.log_files(&task.id),
         timeline: &timeline,
     };
+    let now = Utc::now();
     let text = if args.json {
-        document(&reader, &task, daemon, &details)
+        document(&reader, &task, daemon, &details, now)
     } else {
-        human(&reader, &task, daemon, &details, Utc::now())
+        human(&reader, &task, daemon, &details, now)
     };
-    format::print_or_fail(&text)
+    print(&text)
 }
 
 /// The `--json` document (see docs/cli.md).
-fn document(reader: &QueueReader, task: &TaskView, daemon: DaemonInfo, lists: &Details) -> String {
+fn document(
+    reader: &QueueReader,
+    task: &TaskView,
+    daemon: DaemonInfo,
+    lists: &Details,
+    now: DateTime<Utc>,
+) -> String {
     let document = json!({
         "version": format::JSON_VERSION,
         "queue": reader.root().display().to_string(),
         "daemon": format::daemon_json(daemon),
         "id": task.id,
         "state": task.state.as_str(),
-        "status": format::task_json(task, Utc::now()),
+        "status": format::task_json(task, now),
         "definition": task.task.as_ref().map(|t| serde_json::to_value(t).unwrap_or(Value::Null)),
         "phases": lists.phases.iter().map(phase_json).collect::<Vec<_>>(),
         "attempts": task.attempts,
@@ -119,7 +122,7 @@ fn find(reader: &QueueReader, id: &str) -> Option<TaskView> {
     if !older.is_empty() {
         eprintln!(
             "note: {} was rejected {} times; this is the latest, the others are {}",
-            crate::queue::QueueDir::inbox_name_key(id),
+            QueueDir::inbox_name_key(id),
             rejections.len(),
             older.join(", ")
         );
@@ -425,14 +428,9 @@ fn human(
     }
 
     out.push_str(&logs_section(reader, &task.id, logs));
-    out.push_str(&format!(
-        "\ntimeline  {}\n",
-        reader
-            .journal_file(&task.id)
-            .strip_prefix(reader.root())
-            .unwrap_or(&reader.journal_file(&task.id))
-            .display()
-    ));
+    let journal = reader.journal_file(&task.id);
+    let journal = journal.strip_prefix(reader.root()).unwrap_or(&journal);
+    out.push_str(&format!("\ntimeline  {}\n", journal.display()));
     if timeline.is_empty() {
         out.push_str("  (no events)\n");
     }

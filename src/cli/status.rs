@@ -4,6 +4,7 @@
 //! `--watch` redraws every second: progress bars on a terminal, plain status blocks when stdout
 //! is a pipe or a file. It ends on Ctrl-C or when the reader goes away (exit 0 either way).
 
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -11,7 +12,7 @@ use std::time::{Duration, Instant};
 use clap::Args;
 use serde_json::{json, Value};
 
-use super::exit;
+use super::error::{print, CliError, CliResult};
 use super::format;
 use crate::queue::read::State;
 use crate::queue::{LoadOptions, QueueReader, QueueView, TaskView};
@@ -57,14 +58,13 @@ pub struct StatusArgs {
 /// Rejected intake files listed without `--all`: enough to notice them, not a flood.
 const RECENT_REJECTED: usize = 3;
 
-pub fn run(queue: &std::path::Path, args: StatusArgs) -> u8 {
+pub fn run(queue: &Path, args: StatusArgs) -> CliResult {
     let reader = QueueReader::open(queue);
     if !reader.exists() {
-        eprintln!(
-            "error: queue {} does not exist (use --queue DIR or CAIRN_QUEUE)",
+        return Err(CliError::failure(format_args!(
+            "queue {} does not exist (use --queue DIR or CAIRN_QUEUE)",
             queue.display()
-        );
-        return exit::FAILURE;
+        )));
     }
     let options = LoadOptions {
         rejected: if args.all {
@@ -84,17 +84,19 @@ pub fn run(queue: &std::path::Path, args: StatusArgs) -> u8 {
     } else {
         table(&view)
     };
-    let code = format::print_or_fail(&text);
+    print(&text)?;
+    let unreadable = view.current_work_problem.as_ref();
     for warning in &view.warnings {
-        eprintln!("warning: {warning}");
+        if Some(warning) != unreadable {
+            eprintln!("warning: {warning}");
+        }
     }
     if !args.json {
         notes(&reader, &view);
     }
-    if code == exit::OK && view.current_work_unreadable {
-        exit::FAILURE
-    } else {
-        code
+    match unreadable {
+        Some(problem) => Err(CliError::failure(problem)),
+        None => Ok(()),
     }
 }
 
@@ -206,13 +208,11 @@ pub fn iter_cell(task: &TaskView) -> String {
 }
 
 /// Redraw every second until Ctrl-C/SIGTERM or a closed pipe.
-fn watch(reader: &QueueReader, options: LoadOptions, as_json: bool) -> u8 {
+fn watch(reader: &QueueReader, options: LoadOptions, as_json: bool) -> CliResult {
     let stop = Arc::new(AtomicBool::new(false));
     for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-        if let Err(e) = signal_hook::flag::register(signal, Arc::clone(&stop)) {
-            eprintln!("error: cannot watch for Ctrl-C: {e}");
-            return exit::FAILURE;
-        }
+        signal_hook::flag::register(signal, Arc::clone(&stop))
+            .map_err(|e| CliError::failure(format_args!("cannot watch for Ctrl-C: {e}")))?;
     }
     let terminal = std::io::IsTerminal::is_terminal(&std::io::stdout());
     if terminal && !as_json {
@@ -235,7 +235,14 @@ fn tick(started: Instant, stop: &AtomicBool) -> bool {
 }
 
 /// Not a terminal: a block (time, daemon, table) or a JSON line every second.
-fn plain_watch(reader: &QueueReader, options: LoadOptions, as_json: bool, stop: &AtomicBool) -> u8 {
+/// A reader that goes away (`| head`) ends it through the broken-pipe error, which
+/// `cli::main` takes as the normal end of a pipe.
+fn plain_watch(
+    reader: &QueueReader,
+    options: LoadOptions,
+    as_json: bool,
+    stop: &AtomicBool,
+) -> CliResult {
     loop {
         let started = Instant::now();
         let view = reader.status(options);
@@ -251,17 +258,9 @@ fn plain_watch(reader: &QueueReader, options: LoadOptions, as_json: bool, stop: 
                 table(&view)
             )
         };
-        match format::write_stdout(&text) {
-            Ok(true) => {}
-            // The reader went away (`| head`): that is how a pipe ends, not an error.
-            Ok(false) => return exit::OK,
-            Err(e) => {
-                eprintln!("error: writing to stdout: {e}");
-                return exit::FAILURE;
-            }
-        }
+        print(&text)?;
         if !tick(started, stop) {
-            return exit::OK;
+            return Ok(());
         }
     }
 }
@@ -275,12 +274,12 @@ mod bars {
     use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 
     use super::{iter_cell, phase_cell, tick};
-    use crate::cli::exit;
+    use crate::cli::error::CliResult;
     use crate::cli::format;
     use crate::queue::read::State;
     use crate::queue::{LoadOptions, QueueReader, QueueView, TaskView};
 
-    pub fn watch(reader: &QueueReader, options: LoadOptions, stop: &AtomicBool) -> u8 {
+    pub fn watch(reader: &QueueReader, options: LoadOptions, stop: &AtomicBool) -> CliResult {
         let multi = MultiProgress::with_draw_target(ProgressDrawTarget::stdout());
         let header = multi.add(ProgressBar::new_spinner());
         header.set_style(ProgressStyle::with_template("{msg}").expect("a valid template"));
@@ -324,7 +323,7 @@ mod bars {
             bar.abandon();
         }
         header.abandon();
-        exit::OK
+        Ok(())
     }
 
     fn style(with_bar: bool) -> ProgressStyle {

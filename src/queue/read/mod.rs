@@ -78,8 +78,9 @@ pub struct QueueView {
     pub rejected: usize,
     /// Files that could not be read (each names the file and why).
     pub warnings: Vec<String>,
-    /// `current_work.json` could not be read: what is in flight is unknown.
-    pub current_work_unreadable: bool,
+    /// Why `current_work.json` could not be read (also among `warnings`): what is in flight
+    /// is unknown.
+    pub current_work_problem: Option<String>,
 }
 
 /// What to read besides the basics.
@@ -211,7 +212,7 @@ impl QueueReader {
             inbox: self.inbox_count(),
             rejected: rejected_count,
             warnings,
-            current_work_unreadable: listing.work_unreadable,
+            current_work_problem: listing.work_problem.clone(),
         }
     }
 

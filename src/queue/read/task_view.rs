@@ -114,18 +114,18 @@ pub(super) struct Listing<'a> {
     /// The `retry_of` of the entries `cairn retry` wrote, by task id.
     pub retry_of: HashMap<String, DateTime<Utc>>,
     pub warnings: Vec<String>,
-    /// `current_work.json` could not be read: what is in flight is unknown.
-    pub work_unreadable: bool,
+    /// Why `current_work.json` could not be read: what is in flight is unknown.
+    pub work_problem: Option<String>,
 }
 
 impl Listing<'_> {
     pub fn read(reader: &QueueReader) -> Listing<'_> {
         let mut warnings = Vec::new();
-        let (work, work_unreadable) = match reader.current_work() {
-            Ok(work) => (work, false),
+        let (work, work_problem) = match reader.current_work() {
+            Ok(work) => (work, None),
             Err(e) => {
                 warnings.push(e.to_string());
-                (CurrentWork::default(), true)
+                (CurrentWork::default(), Some(e.to_string()))
             }
         };
         Listing {
@@ -134,7 +134,7 @@ impl Listing<'_> {
             daemon: reader.daemon(),
             retry_of: reader.retry_of(),
             warnings,
-            work_unreadable,
+            work_problem,
         }
     }
 }
