@@ -362,3 +362,117 @@ impl QueuePruner {
         self.opened.remove(relative)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::fs;
+    use std::path::Path;
+    use std::time::Duration;
+
+    use chrono::Utc;
+
+    use super::{PruneItem, PruneReason, PruneRules};
+    use crate::queue::{QueueDir, QueueReader};
+
+    fn write(root: &Path, key: &str, text: &str) {
+        let path = root.join(key);
+        fs::create_dir_all(path.parent().unwrap()).unwrap();
+        fs::write(path, text).unwrap();
+    }
+
+    const TASK: &str = r#"{"id": "x", "phases": [{"name": "a", "run": ["true"]}]}"#;
+
+    /// A queue with a finished task and its files, a pending task with a checkpoint, and
+    /// checkpoint files of no task (one whose name only looks like a generation).
+    fn queue() -> tempfile::TempDir {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path();
+        QueueDir::new(root).create_all().unwrap();
+        write(root, "tasks/t1.json", TASK);
+        write(
+            root,
+            "done/t1.json",
+            r#"{"status": "done", "finished_at": "2020-01-01T00:00:00Z"}"#,
+        );
+        for name in ["t1.json.gz", "t1.1.json.gz", "t1.2.json.gz", "t1.3.json.gz"] {
+            write(root, &format!("incremental/{name}"), "x");
+        }
+        write(root, "runs/t1/0-a.log", "log");
+        write(root, "tasks/p.json", TASK);
+        write(root, "incremental/p.json.gz", "x");
+        write(root, "incremental/a.05.json.gz", "x");
+        tmp
+    }
+
+    fn items(root: &Path, rules: PruneRules, later: Duration) -> Vec<(String, PruneReason)> {
+        let reader = QueueReader::open(root);
+        let now = Utc::now() + chrono::Duration::from_std(later).unwrap();
+        let plan = reader.prune_plan(&rules, now).unwrap();
+        plan.items
+            .into_iter()
+            .map(|PruneItem { path, reason }| {
+                let relative = path.strip_prefix(reader.root()).unwrap();
+                (relative.display().to_string(), reason)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_finished_task_goes_whole_record_last_and_orphans_once_past_the_grace() {
+        let tmp = queue();
+        let rules = PruneRules {
+            older_than: Duration::ZERO,
+            keep_generations: None,
+        };
+        let finished = PruneReason::Finished;
+        let expected = vec![
+            ("runs/t1".to_string(), finished),
+            ("incremental/t1.3.json.gz".into(), finished),
+            ("incremental/t1.2.json.gz".into(), finished),
+            ("incremental/t1.1.json.gz".into(), finished),
+            ("incremental/t1.json.gz".into(), finished),
+            ("tasks/t1.json".into(), finished),
+            ("done/t1.json".into(), finished),
+            // `a.05` is a task id (a generation is never written with a leading zero).
+            ("incremental/a.05.json.gz".into(), PruneReason::Orphan),
+        ];
+        assert_eq!(
+            items(tmp.path(), rules, Duration::from_secs(3600)),
+            expected
+        );
+        // Within the grace, the orphan stays.
+        assert_eq!(items(tmp.path(), rules, Duration::ZERO), expected[..7]);
+    }
+
+    #[test]
+    fn generations_beyond_the_kept_ones_go_for_a_task_that_stays() {
+        let tmp = queue();
+        let rules = PruneRules {
+            older_than: Duration::from_secs(100 * 365 * 86_400),
+            keep_generations: Some(1),
+        };
+        assert_eq!(
+            items(tmp.path(), rules, Duration::ZERO),
+            vec![
+                (
+                    "incremental/t1.2.json.gz".to_string(),
+                    PruneReason::Generation
+                ),
+                ("incremental/t1.1.json.gz".into(), PruneReason::Generation),
+            ]
+        );
+    }
+
+    #[test]
+    fn an_unreadable_current_work_plans_nothing() {
+        let tmp = queue();
+        write(tmp.path(), "current_work.json", "{not json");
+        let reader = QueueReader::open(tmp.path());
+        let rules = PruneRules {
+            older_than: Duration::ZERO,
+            keep_generations: None,
+        };
+        let err = reader.prune_plan(&rules, Utc::now()).unwrap_err();
+        assert!(err.to_string().contains("current_work.json"), "{err}");
+    }
+}

@@ -13,6 +13,8 @@ mod paths;
 mod rate;
 mod record;
 mod task_view;
+#[cfg(test)]
+mod tests;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fs;
