@@ -280,12 +280,6 @@ fn human(
     lists: &Details,
     now: DateTime<Utc>,
 ) -> String {
-    let Details {
-        phases,
-        earlier,
-        logs,
-        timeline,
-    } = *lists;
     let mut out = String::new();
     let mut field = |name: &str, value: String| {
         out.push_str(&format!("{name:<12}{value}\n"));
@@ -302,20 +296,36 @@ fn human(
     };
     field("state", state);
     if task.state == State::Rejected {
-        let record = task.record.as_ref().map(|r| &r.value);
-        let get = |key: &str| {
-            record
-                .and_then(|r| r.get(key))
-                .and_then(Value::as_str)
-                .unwrap_or("-")
-                .to_string()
-        };
-        field("file", get("file"));
-        field("reason", get("reason"));
-        field("input", get("input"));
-        field("rejected", get("rejected_at"));
+        rejection_fields(task, &mut field);
         return out;
     }
+    progress_fields(task, now, &mut field);
+    out.push_str(&definition_section(task));
+    out.push_str(&phases_section(lists.phases));
+    out.push_str(&earlier_section(lists.earlier));
+    out.push_str(&logs_section(reader, &task.id, lists.logs));
+    out.push_str(&timeline_section(reader, &task.id, lists.timeline));
+    out
+}
+
+/// What a rejection record says about the file it refused.
+fn rejection_fields(task: &TaskView, field: &mut impl FnMut(&str, String)) {
+    let record = task.record.as_ref().map(|r| &r.value);
+    let get = |key: &str| {
+        record
+            .and_then(|r| r.get(key))
+            .and_then(Value::as_str)
+            .unwrap_or("-")
+            .to_string()
+    };
+    field("file", get("file"));
+    field("reason", get("reason"));
+    field("input", get("input"));
+    field("rejected", get("rejected_at"));
+}
+
+/// Phase, iteration, rate, cost, runs, checkpoint, record and error of a task.
+fn progress_fields(task: &TaskView, now: DateTime<Utc>, field: &mut impl FnMut(&str, String)) {
     let kind = task
         .kind
         .map(|k| format!(", {}", k.as_str()))
@@ -329,21 +339,7 @@ fn human(
             .unwrap_or_default();
         field("rate", format!("{}{eta}", format::format_rate(rate)));
     }
-    let lost = match task.lost_cost_estimate {
-        Some(estimate) => format!(
-            " committed, +{} estimated for {} iteration(s) in flight when the daemon died",
-            format::format_cost(estimate),
-            task.lost_iterations
-        ),
-        None => String::new(),
-    };
-    field(
-        "cost",
-        match (task.cost, task.lost_cost_estimate) {
-            (None, None) => "-".into(),
-            (cost, _) => format!("{}{lost}", format::format_cost(cost.unwrap_or(0.0))),
-        },
-    );
+    field("cost", cost_field(task));
     // Every start counts as a run (resumes after a stop, pause or crash too); only failed
     // attempts count against `retry.max_attempts`, so the two are shown apart.
     let allowed = task
@@ -378,8 +374,27 @@ fn human(
         field("finished", format!("{at} ({})", record.path.display()));
     }
     field("error", task.error.clone().unwrap_or("-".into()));
+}
 
-    out.push_str(&format!("\ndefinition  {}\n", task.definition_key));
+/// The committed cost, and the estimate for iterations lost to crashes apart.
+fn cost_field(task: &TaskView) -> String {
+    let lost = match task.lost_cost_estimate {
+        Some(estimate) => format!(
+            " committed, +{} estimated for {} iteration(s) in flight when the daemon died",
+            format::format_cost(estimate),
+            task.lost_iterations
+        ),
+        None => String::new(),
+    };
+    match (task.cost, task.lost_cost_estimate) {
+        (None, None) => "-".into(),
+        (cost, _) => format!("{}{lost}", format::format_cost(cost.unwrap_or(0.0))),
+    }
+}
+
+/// The task's definition, pretty-printed.
+fn definition_section(task: &TaskView) -> String {
+    let mut out = format!("\ndefinition  {}\n", task.definition_key);
     match &task.task {
         Some(def) => {
             let pretty = serde_json::to_string_pretty(def).unwrap_or_default();
@@ -389,8 +404,12 @@ fn human(
         }
         None => out.push_str("  (missing)\n"),
     }
+    out
+}
 
-    out.push_str("\nphases\n");
+/// One row per phase.
+fn phases_section(phases: &[PhaseRow]) -> String {
+    let mut out = "\nphases\n".to_string();
     let rows: Vec<Vec<String>> = phases
         .iter()
         .map(|p| {
@@ -414,23 +433,31 @@ fn human(
     for line in table.lines() {
         out.push_str(&format!("  {line}\n"));
     }
+    out
+}
 
-    if !earlier.is_empty() {
-        out.push_str("\nearlier failures (retried)\n");
-        for record in earlier {
-            out.push_str(&format!(
-                "  {}  {}  {}\n",
-                record["failed_at"].as_str().unwrap_or("-"),
-                record["status"].as_str().unwrap_or("-"),
-                record["error"].as_str().unwrap_or("-"),
-            ));
-        }
+/// Earlier failures that `cairn retry` archived (nothing when there are none).
+fn earlier_section(earlier: &[Value]) -> String {
+    if earlier.is_empty() {
+        return String::new();
     }
+    let mut out = "\nearlier failures (retried)\n".to_string();
+    for record in earlier {
+        out.push_str(&format!(
+            "  {}  {}  {}\n",
+            record["failed_at"].as_str().unwrap_or("-"),
+            record["status"].as_str().unwrap_or("-"),
+            record["error"].as_str().unwrap_or("-"),
+        ));
+    }
+    out
+}
 
-    out.push_str(&logs_section(reader, &task.id, logs));
-    let journal = reader.journal_file(&task.id);
+/// The task's journal, one event a line.
+fn timeline_section(reader: &QueueReader, id: &str, timeline: &[JournalEvent]) -> String {
+    let journal = reader.journal_file(id);
     let journal = journal.strip_prefix(reader.root()).unwrap_or(&journal);
-    out.push_str(&format!("\ntimeline  {}\n", journal.display()));
+    let mut out = format!("\ntimeline  {}\n", journal.display());
     if timeline.is_empty() {
         out.push_str("  (no events)\n");
     }
