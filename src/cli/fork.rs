@@ -15,7 +15,7 @@ use serde_json::Value;
 use super::error::{print_line, CliError, CliResult};
 use crate::queue::{QueueDir, QueueReader};
 use crate::store::current_work::StartPoint;
-use crate::store::{CheckpointStore, FileStorage, Storage};
+use crate::store::{CheckpointStore, FileStorage, IterationCheckpoint, Storage};
 use crate::task::{generate_id, random_suffix, validate_id, Task};
 
 #[derive(Debug, Args)]
@@ -42,67 +42,23 @@ pub fn run(queue: &Path, args: ForkArgs) -> CliResult {
 }
 
 fn fork(queue: &Path, args: &ForkArgs) -> CliResult<String> {
-    let usage = CliError::usage;
     let failure = CliError::failure;
-    validate_id(&args.id).map_err(|p| usage(format!("task id {p}")))?;
+    validate_id(&args.id).map_err(|p| CliError::usage(format!("task id {p}")))?;
     let patch: Option<Value> = args
         .patch
         .as_deref()
         .map(serde_json::from_str)
         .transpose()
-        .map_err(|e| usage(format!("--patch is not JSON: {e}")))?;
+        .map_err(|e| CliError::usage(format!("--patch is not JSON: {e}")))?;
+    let reader = QueueReader::open(queue);
     let storage = FileStorage::new(queue);
-    let read = |key: String| {
-        storage
-            .get(&key)
-            .map_err(|e| failure(format!("reading {}: {e}", queue.join(&key).display())))
-    };
-
-    let task_bytes = read(QueueDir::task_key(&args.id))?.ok_or_else(|| {
-        failure(format!(
-            "queue {} has no task {:?}",
-            queue.display(),
-            args.id
-        ))
-    })?;
-    let mut task = Task::parse_stored(&task_bytes)
-        .map_err(|e| failure(format!("{}: {e}", QueueDir::task_key(&args.id))))?;
-
-    let new_id = match &args.new_id {
-        Some(id) => {
-            validate_id(id).map_err(|p| usage(format!("--as: {p}")))?;
-            id.clone()
-        }
-        None => generate_id(&args.id, &random_suffix()),
-    };
-    for key in QueueDir::keys_of_id(&new_id) {
-        if read(key.clone())?.is_some() {
-            return Err(usage(format!(
-                "a task with id {new_id:?} already exists ({key})"
-            )));
-        }
-    }
-
+    let mut task = source_task(&reader, queue, &args.id)?;
+    let new_id = new_task_id(&storage, queue, args)?;
     let checkpoints = CheckpointStore::with_storage(std::sync::Arc::new(storage.clone()));
-    let mut checkpoint = match args.generation {
-        Some(generation) => checkpoints
-            .generation(&args.id, generation)
-            .map_err(|e| failure(e.to_string()))?,
-        None => checkpoints
-            .latest(&args.id)
-            .map_err(|e| failure(e.to_string()))?
-            .map(|loaded| loaded.checkpoint)
-            .ok_or_else(|| failure(format!("task {:?} has no checkpoint to fork from", args.id)))?,
-    };
+    let mut checkpoint = source_checkpoint(&reader, args, &task)?;
     let from_generation = checkpoint.generation;
     let phase_index = checkpoint.phase_index;
-    if task.phases.get(phase_index).map(|p| p.name.as_str()) != Some(checkpoint.phase.as_str()) {
-        return Err(failure(format!(
-            "checkpoint generation {from_generation} of {:?} is for phase {:?} (index {phase_index}), which the task does not have",
-            args.id, checkpoint.phase
-        )));
-    }
-    let earlier_outputs = earlier_outputs(&QueueReader::open(queue), &args.id, &task, phase_index)?;
+    let earlier_outputs = earlier_outputs(&reader, &args.id, &task, phase_index)?;
 
     if let Some(patch) = &patch {
         json_patch::merge(&mut checkpoint.partial_results, patch);
@@ -139,6 +95,74 @@ fn fork(queue: &Path, args: &ForkArgs) -> CliResult<String> {
         serde_json::json!({"as": new_id, "generation": from_generation, "patched": patch.is_some()}),
     );
     Ok(new_id)
+}
+
+/// The definition of the task to fork.
+fn source_task(reader: &QueueReader, queue: &Path, id: &str) -> CliResult<Task> {
+    let task_bytes = reader
+        .definition_bytes(id)
+        .map_err(|e| {
+            CliError::failure(format!(
+                "reading {}: {e}",
+                reader.dir().task_file(id).display()
+            ))
+        })?
+        .ok_or_else(|| {
+            CliError::failure(format!("queue {} has no task {id:?}", queue.display()))
+        })?;
+    Task::parse_stored(&task_bytes)
+        .map_err(|e| CliError::failure(format!("{}: {e}", QueueDir::task_key(id))))
+}
+
+/// `--as`, or a new id made from the old one; refused when the queue has it already.
+fn new_task_id(storage: &FileStorage, queue: &Path, args: &ForkArgs) -> CliResult<String> {
+    let new_id = match &args.new_id {
+        Some(id) => {
+            validate_id(id).map_err(|p| CliError::usage(format!("--as: {p}")))?;
+            id.clone()
+        }
+        None => generate_id(&args.id, &random_suffix()),
+    };
+    for key in QueueDir::keys_of_id(&new_id) {
+        let found = storage.get(&key).map_err(|e| {
+            CliError::failure(format!("reading {}: {e}", queue.join(&key).display()))
+        })?;
+        if found.is_some() {
+            return Err(CliError::usage(format!(
+                "a task with id {new_id:?} already exists ({key})"
+            )));
+        }
+    }
+    Ok(new_id)
+}
+
+/// The checkpoint to start from (`--gen`, or the latest), checked to be of a phase the task
+/// has.
+fn source_checkpoint(
+    reader: &QueueReader,
+    args: &ForkArgs,
+    task: &Task,
+) -> CliResult<IterationCheckpoint> {
+    let failure = CliError::failure;
+    let checkpoints = reader.checkpoints();
+    let checkpoint = match args.generation {
+        Some(generation) => checkpoints
+            .generation(&args.id, generation)
+            .map_err(|e| failure(e.to_string()))?,
+        None => checkpoints
+            .latest(&args.id)
+            .map_err(|e| failure(e.to_string()))?
+            .map(|loaded| loaded.checkpoint)
+            .ok_or_else(|| failure(format!("task {:?} has no checkpoint to fork from", args.id)))?,
+    };
+    let phase_index = checkpoint.phase_index;
+    if task.phases.get(phase_index).map(|p| p.name.as_str()) != Some(checkpoint.phase.as_str()) {
+        return Err(failure(format!(
+            "checkpoint generation {} of {:?} is for phase {:?} (index {phase_index}), which the task does not have",
+            checkpoint.generation, args.id, checkpoint.phase
+        )));
+    }
+    Ok(checkpoint)
 }
 
 /// The outputs of the phases before `phase_index`: from the task's record if it has finished,
