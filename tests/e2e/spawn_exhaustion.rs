@@ -3,11 +3,9 @@
 //! one task must not fail the others for good. The failures are injected into the real daemon's
 //! forks with strace (`.ci/run` installs it).
 
-mod common;
-
 use std::process::{Command, Stdio};
 
-use common::*;
+use crate::common::*;
 use serde_json::json;
 
 /// Run the daemon until idle under strace, its first `failures` forks failing with `errno`.

@@ -2,13 +2,11 @@
 //! `failed/` with a reason while the daemon keeps running, half-written files wait until they
 //! are complete, and only one daemon owns a queue.
 
-mod common;
-
 use std::fs;
 use std::io::Write;
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use serde_json::{json, Value};
 
 /// A file dropped into the inbox and what its rejection record must say.

@@ -4,8 +4,6 @@
 //! every finished item even between two scheduled checkpoints; `items_from` takes an earlier
 //! phase's array output and fails clearly on anything else.
 
-mod common;
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;
 use std::os::unix::process::ExitStatusExt;
@@ -13,8 +11,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, ExitStatus, Stdio};
 use std::time::Duration;
 
+use crate::common::*;
 use cairn::store::IterationCheckpoint;
-use common::*;
 use nix::fcntl::{Flock, FlockArg};
 use serde_json::{json, Value};
 

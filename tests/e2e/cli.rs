@@ -2,13 +2,11 @@
 //! inbox, exit codes that mean something (0 ok, 3 invalid task), errors that name the file and
 //! the field, and `-` for stdin.
 
-mod common;
-
 use std::fs;
 use std::path::Path;
 use std::sync::mpsc;
 
-use common::*;
+use crate::common::*;
 use notify::event::{ModifyKind, RenameMode};
 use notify::{EventKind, RecursiveMode, Watcher};
 use serde_json::{json, Value};

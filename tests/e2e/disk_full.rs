@@ -15,8 +15,6 @@
 //! Mounting needs root (CAP_SYS_ADMIN) and `mount`: without them the test is skipped with a
 //! message, except in CI (which runs the tests as root), where it fails.
 
-mod common;
-
 use std::fs::{self, OpenOptions};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
@@ -26,8 +24,8 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use crate::common::*;
 use cairn::store::decode_checkpoint;
-use common::*;
 use serde_json::{json, Value};
 use tempfile::TempDir;
 

@@ -6,12 +6,10 @@
 //! ignored, a failing worker uses up its attempts, and a silent one is killed by its
 //! `heartbeat_timeout`.
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use common::*;
+use crate::common::*;
 use serde_json::{json, Value};
 
 const ITERATIONS: u64 = 20;
@@ -428,7 +426,7 @@ fn heartbeats_keep_a_quiet_worker_alive() {
     assert_eq!(iterations(&lines(&side), "end"), vec![0, 1, 2]);
 }
 
-/// Wait until nothing holds the queue's `.lock` any more (see `e2e_items.rs`: a SIGKILLed
+/// Wait until nothing holds the queue's `.lock` any more (see `items.rs`: a SIGKILLed
 /// daemon's lock can outlive it for a moment).
 fn wait_lock_released(queue: &TestQueue) {
     use nix::fcntl::{Flock, FlockArg};

@@ -19,7 +19,7 @@
 //! replaces it:
 //!
 //! ```text
-//! PROPTEST_CASES=5000 cargo test --release --test store_crash_sequences
+//! PROPTEST_CASES=5000 cargo test --release --test store crash_sequences
 //! ```
 
 use std::collections::HashMap;

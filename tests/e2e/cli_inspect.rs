@@ -3,14 +3,12 @@
 //! damaged latest file; checkpoints written by the Python pattern cairn's format follows; and a
 //! prune that empties finished tasks while a running one carries on untouched.
 
-mod common;
-
 use std::fs;
 use std::path::Path;
 use std::process::{Command, Output};
 use std::time::{Duration, SystemTime};
 
-use common::*;
+use crate::common::*;
 use serde_json::{json, Value};
 
 fn stdout_of(output: &Output) -> String {

@@ -5,8 +5,6 @@
 //! Needs `strace` (`.ci/run` installs it): without it the test is skipped with a message,
 //! except in CI, where it fails.
 
-mod common;
-
 use std::collections::HashMap;
 use std::fs;
 use std::path::Path;
@@ -51,7 +49,7 @@ fn first_fd(args: &str) -> Option<i64> {
 
 #[test]
 fn every_checkpoint_is_temp_fsync_rename_dirfsync() {
-    let Some(strace) = common::require_tool(
+    let Some(strace) = crate::common::require_tool(
         "every_checkpoint_is_temp_fsync_rename_dirfsync",
         "strace",
         "strace",

@@ -3,10 +3,8 @@
 //! without running any iteration twice, in-flight tasks resume before new ones, and a second
 //! signal cuts the grace short.
 
-mod common;
-
+use crate::common::*;
 use chrono::{DateTime, FixedOffset};
-use common::*;
 use serde_json::{json, Value};
 
 const ITERATIONS: u64 = 20;

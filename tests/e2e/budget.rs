@@ -4,11 +4,9 @@
 //! after its first iteration); the spent cost survives a stop; a worker over budget is
 //! SIGTERMed; and a task within its budget finishes with its cost summed in the record.
 
-mod common;
-
 use std::path::Path;
 
-use common::*;
+use crate::common::*;
 use serde_json::{json, Value};
 
 /// A loop task over `tests/fixtures/budget_loop.py` with a budget, each iteration reporting

@@ -14,8 +14,6 @@
 //! Needs `strace` (`.ci/run` installs it): without it the tests say so and pass, except under
 //! `CI=true`, where they fail.
 
-mod common;
-
 use std::collections::BTreeSet;
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -24,10 +22,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::common::*;
 use cairn::daemon::{self, DaemonConfig, DaemonExit};
 use cairn::shutdown::Shutdown;
 use cairn::store::{decode_checkpoint, FaultMode, FaultyFileOps, FileStorage, Storage};
-use common::*;
 use nix::sys::signal::kill;
 use nix::unistd::Pid;
 use serde_json::{json, Value};
@@ -46,7 +44,7 @@ fn strace_works() -> bool {
         .status()
         .is_ok_and(|status| status.success())
         || prerequisite_missing(
-            "e2e_worker_ack",
+            "worker_ack",
             "needs a working strace to slow down the daemon's fsyncs (apt-get install strace; ptrace must be allowed)",
         )
 }

@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-/// The example's binary, built first (`cargo test --test torture_quick` alone does not build
+/// The example's binary, built first (`cargo test --test e2e` alone does not build
 /// the examples) into `target/<profile>/examples/`, beside the `deps/` directory this test
 /// runs from.
 fn torture_binary() -> PathBuf {

@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-/// An example's binary, built first (`cargo test --test examples` alone does not build the
+/// An example's binary, built first (`cargo test --test e2e` alone does not build the
 /// examples) into `target/<profile>/examples/`, beside the `deps/` directory this test runs
 /// from.
 fn example_binary(name: &str) -> PathBuf {
