@@ -11,14 +11,6 @@ use notify::event::{ModifyKind, RenameMode};
 use notify::{EventKind, RecursiveMode, Watcher};
 use serde_json::{json, Value};
 
-fn stdout_of(output: &std::process::Output) -> String {
-    String::from_utf8_lossy(&output.stdout).into_owned()
-}
-
-fn stderr_of(output: &std::process::Output) -> String {
-    String::from_utf8_lossy(&output.stderr).into_owned()
-}
-
 fn write_task_file(queue: &TestQueue, name: &str, task: &Value) -> String {
     let path = queue.aux(name);
     fs::write(&path, serde_json::to_vec_pretty(task).unwrap()).unwrap();

@@ -11,14 +11,6 @@ use std::time::{Duration, SystemTime};
 use crate::common::*;
 use serde_json::{json, Value};
 
-fn stdout_of(output: &Output) -> String {
-    String::from_utf8_lossy(&output.stdout).into_owned()
-}
-
-fn stderr_of(output: &Output) -> String {
-    String::from_utf8_lossy(&output.stderr).into_owned()
-}
-
 /// Run `cairn <args>` on the queue and expect exit `code`.
 fn cairn(queue: &TestQueue, args: &[&str], code: i32) -> Output {
     let output = queue.cairn_output(args, b"");

@@ -11,14 +11,6 @@ use crate::common::*;
 use cairn::store::{CheckpointStore, IterationCheckpoint, FORMAT_VERSION};
 use serde_json::{json, Value};
 
-fn stdout_of(output: &std::process::Output) -> String {
-    String::from_utf8_lossy(&output.stdout).into_owned()
-}
-
-fn stderr_of(output: &std::process::Output) -> String {
-    String::from_utf8_lossy(&output.stderr).into_owned()
-}
-
 /// `cairn status <args>`, which must exit 0; its stdout.
 fn status(queue: &TestQueue, args: &[&str]) -> String {
     let mut all = vec!["status"];

@@ -4,6 +4,9 @@
 //!
 //! Run one area with `cargo test --test store power_loss::`.
 
+#[path = "../common/temp_files.rs"]
+mod temp_files;
+
 mod api;
 mod crash_sequences;
 mod faults;
