@@ -24,6 +24,7 @@ mod notify;
 mod records;
 mod recovery;
 mod schedule;
+mod start_order;
 mod summary;
 
 pub use notify::NOTIFY_ENV;
