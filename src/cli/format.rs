@@ -155,8 +155,9 @@ pub fn render_table(header: &[&str], rows: &[Vec<String>]) -> String {
 }
 
 /// A task id as given on the command line, checked before it names any file.
-pub fn check_id(id: &str) -> Result<(), String> {
-    crate::task::validate_id(id).map_err(|e| format!("{id:?} is not a task id: {e}"))
+pub fn check_id(id: &str) -> anyhow::Result<()> {
+    use anyhow::Context;
+    crate::task::validate_id(id).with_context(|| format!("{id:?} is not a task id"))
 }
 
 #[cfg(test)]

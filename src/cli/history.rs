@@ -12,7 +12,8 @@ use clap::Args;
 use serde_json::{json, Value};
 
 use super::checkpoint::decode_lenient;
-use super::error::{print, CliError, CliResult};
+use super::error::{print, CliError, CliResult, ExitCodeExt};
+use super::exit;
 use super::format;
 use crate::queue::QueueReader;
 use crate::store::{decode_checkpoint, GenerationInfo};
@@ -89,7 +90,7 @@ impl Row {
 }
 
 pub fn run(queue: &Path, args: HistoryArgs) -> CliResult {
-    format::check_id(&args.id).map_err(CliError::usage)?;
+    format::check_id(&args.id).exit_code(exit::USAGE)?;
     let reader = QueueReader::open(queue);
     let root = reader.root();
     let history = reader.history(&args.id).map_err(|e| {

@@ -7,7 +7,8 @@ use chrono::{DateTime, Utc};
 use clap::Args;
 use serde_json::{json, Map, Value};
 
-use super::error::{print, CliError, CliResult};
+use super::error::{print, CliError, CliResult, ExitCodeExt};
+use super::exit;
 use super::format;
 use super::status::{iter_cell, phase_cell};
 use crate::queue::read::State;
@@ -42,7 +43,7 @@ struct PhaseRow {
 }
 
 pub fn run(queue: &Path, args: ShowArgs) -> CliResult {
-    format::check_id(&args.id).map_err(CliError::usage)?;
+    format::check_id(&args.id).exit_code(exit::USAGE)?;
     let reader = QueueReader::open(queue);
     let Some(task) = find(&reader, &args.id) else {
         return Err(CliError::failure(format_args!(

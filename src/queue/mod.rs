@@ -16,7 +16,9 @@ mod watch;
 pub use intake::{Intake, IntakeReport, Rejection};
 pub use layout::{QueueDir, SUBDIRS};
 pub use lock::{LockError, QueueLock};
-pub use permissions::{check_queue_permissions, check_submitter, check_task_file};
+pub use permissions::{
+    check_queue_permissions, check_submitter, check_task_file, RefusedFile, UnsafeQueue,
+};
 pub use prune::{PruneItem, PrunePlan, PruneReason, PruneRules, QueuePruner, PRUNE_GRACE};
 pub use read::{DaemonInfo, LoadOptions, QueueReader, QueueView, TaskView};
 pub use safe_remove::UnsafeQueueError;
