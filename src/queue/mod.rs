@@ -1,5 +1,7 @@
 //! The queue directory: its layout, the one-owner lock, intake of task files from `inbox/`,
-//! and control requests in `control/`.
+//! control requests in `control/`, the read model the operator commands and benches read
+//! through ([`QueueReader`], which also tells whether a daemon holds the queue), and what
+//! `prune` may remove with the removal itself ([`QueuePruner`]).
 
 pub mod control;
 mod intake;
