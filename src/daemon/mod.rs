@@ -21,6 +21,7 @@ mod notify;
 mod records;
 mod recovery;
 mod schedule;
+mod start_order;
 mod summary;
 
 pub use summary::RunSummary;

@@ -12,6 +12,7 @@ mod once;
 mod orphans;
 mod work_state;
 mod worker;
+mod worker_supervision;
 
 pub use child::{CommandRun, RunEnd, KILL_AFTER, MAX_REPLY_BYTES, NOTIFY_ENV};
 /// The scope of loop phases' checkpoints (the queue benchmark, part of the `cli` feature,
