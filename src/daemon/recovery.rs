@@ -115,7 +115,8 @@ impl Scheduler {
                     phases: Vec::new(),
                     meta: None,
                 };
-                self.give_up(&Arc::new(task), entry, error).await;
+                self.give_up(&Arc::new(task), entry, error.to_string())
+                    .await;
                 return None;
             }
         };
@@ -291,7 +292,7 @@ impl Scheduler {
         self.tasks.insert(id, Arc::new(task));
     }
 
-    pub(super) async fn read_task(&self, id: &str) -> Result<Task, String> {
+    pub(super) async fn read_task(&self, id: &str) -> Result<Task, DefinitionError> {
         let ctx = Arc::clone(&self.ctx);
         let id = id.to_string();
         runner_blocking(move || read_task(&ctx, &id)).await
@@ -333,15 +334,38 @@ pub(super) fn line_up(
     }
 }
 
+/// Why a task's definition cannot be read back from `tasks/<id>.json`.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum DefinitionError {
+    #[error("reading {key}: {source}")]
+    Unreadable {
+        key: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("its definition {key} is missing")]
+    Missing { key: String },
+    #[error("{key}: {source}")]
+    Invalid {
+        key: String,
+        #[source]
+        source: crate::task::TaskError,
+    },
+}
+
 /// A task's definition from `tasks/<id>.json`. Blocking.
-fn read_task(ctx: &RunContext, id: &str) -> Result<Task, String> {
+fn read_task(ctx: &RunContext, id: &str) -> Result<Task, DefinitionError> {
     let key = QueueDir::task_key(id);
     let bytes = ctx
         .storage
         .get(&key)
-        .map_err(|e| format!("reading {key}: {e}"))?
-        .ok_or_else(|| format!("its definition {key} is missing"))?;
-    let mut task = Task::parse_stored(&bytes).map_err(|e| format!("{key}: {e}"))?;
+        .map_err(|source| DefinitionError::Unreadable {
+            key: key.clone(),
+            source,
+        })?
+        .ok_or_else(|| DefinitionError::Missing { key: key.clone() })?;
+    let mut task =
+        Task::parse_stored(&bytes).map_err(|source| DefinitionError::Invalid { key, source })?;
     task.id = Some(id.to_string());
     Ok(task)
 }
@@ -404,7 +428,7 @@ impl Records {
 struct Prefetched {
     entry: ActiveTask,
     has_record: bool,
-    task: Result<Task, String>,
+    task: Result<Task, DefinitionError>,
     /// For an entry whose attempt the daemon died in: whether that attempt made progress.
     progressed: Option<bool>,
 }

@@ -464,7 +464,7 @@ impl Scheduler {
             let outcome = match end {
                 AttemptEnd::Done => match records::record_done(&ctx, &task).await {
                     Ok(entry) => AttemptOutcome::Recorded(Box::new(entry)),
-                    Err(error) => AttemptOutcome::RecordFailed(error),
+                    Err(error) => AttemptOutcome::RecordFailed(error.to_string()),
                 },
                 other => AttemptOutcome::Ended(other),
             };

@@ -24,7 +24,7 @@ use serde_json::Value;
 use tokio::process::Child;
 use tokio::time::Instant;
 
-use super::channel::{AckPipe, Channel, CheckpointMessage, Message};
+use super::channel::{AckPipe, Channel, ChannelError, CheckpointMessage, Message};
 use super::checkpointing::PhaseCheckpointer;
 use super::child::{group_of, kill_group, open_log, spawn_in_group, KILL_AFTER};
 use super::worker_supervision::{Event, KillReason, Supervision};
@@ -269,7 +269,7 @@ async fn sleep_until(deadline: Option<Instant>) {
 async fn handle<'r, 'a>(
     run: &PhaseRun<'_>,
     mut worker: WorkerState<'r, 'a>,
-    message: Result<Message, String>,
+    message: Result<Message, ChannelError>,
     group: Option<Pid>,
     ack: &AckPipe,
 ) -> Result<WorkerState<'r, 'a>, PhaseError> {
@@ -279,7 +279,7 @@ async fn handle<'r, 'a>(
             tracing::warn!(task_id = run.task.id(), phase = %run.phase.name, "worker channel: {problem}");
             note_in_log(run, &format!("cairn: ignored a channel line: {problem}"));
             // A helper waiting for its answer must not wait for ever.
-            ack.refuse(&problem);
+            ack.refuse(&problem.to_string());
             return Ok(worker);
         }
     };
