@@ -1,10 +1,17 @@
 //! Operator requests (`cairn pause|resume|cancel|retry`), taken from `control/` and applied to
 //! the scheduler's state; and where a new task's first attempt starts (a fork's start point).
 
-use super::*;
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use super::{runner_blocking, Scheduler};
 use crate::queue::control::{self, ControlAction, ControlRequest};
+use crate::queue::QueueDir;
+use crate::runner::RunContext;
+use crate::store::current_work::{ActiveStatus, ActiveTask};
 use crate::store::current_work::{StartPoint, StoredOutput};
 use crate::store::records::FailedRecord;
+use crate::task::Task;
 
 impl Scheduler {
     /// Apply and remove every request waiting in `control/`, oldest first. A request for a

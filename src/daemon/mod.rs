@@ -11,9 +11,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use futures::FutureExt;
-use serde_json::Value;
-use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 
 mod after_attempt;
@@ -30,11 +27,10 @@ mod summary;
 pub use notify::NOTIFY_ENV;
 pub use summary::RunSummary;
 
-use crate::queue::{Intake, LockError, QueueDir, QueueHint, QueueLock, QueueWatcher};
-use crate::runner::{self, AttemptEnd, RunContext, WorkState};
+use crate::queue::{Intake, LockError, QueueDir, QueueHint, QueueLock};
+use crate::runner::{AttemptEnd, RunContext, WorkState};
 use crate::shutdown::Shutdown;
 use crate::store::current_work::{ActiveStatus, ActiveTask};
-use crate::store::records::{to_record_bytes, DoneRecord, FailedRecord};
 use crate::store::{CheckpointStore, FileStorage, Storage};
 use crate::task::Task;
 

@@ -1,6 +1,16 @@
 //! Final records: `done/<id>.json` and `failed/<id>.json` (failed, budget-stopped, cancelled).
 
-use super::*;
+use std::sync::Arc;
+
+use chrono::Utc;
+use serde_json::Value;
+
+use super::{runner_blocking, Scheduler};
+use crate::queue::QueueDir;
+use crate::runner::{self, RunContext};
+use crate::store::current_work::ActiveTask;
+use crate::store::records::{to_record_bytes, DoneRecord, FailedRecord};
+use crate::task::Task;
 
 /// Finish a task whose every phase is done, inside its attempt's future (so the main loop never
 /// waits for these writes): write `done/<id>.json` durably, then drop the task from

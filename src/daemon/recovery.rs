@@ -2,9 +2,20 @@
 //! them first) and the accepted tasks that never started.
 
 use super::crash_blame::{self, Verdict};
-use super::*;
+use std::cmp::Reverse;
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use chrono::{DateTime, Utc};
+
+use super::{lock, runner_blocking, DaemonError, Scheduler};
+use crate::queue::QueueDir;
+use crate::runner::RunContext;
+use crate::store::current_work::{ActiveStatus, ActiveTask};
 use crate::store::records::FailedRecord;
+use crate::store::Storage;
 use crate::task::PhaseKind;
+use crate::task::Task;
 
 impl Scheduler {
     /// Finish half-done intake, then line up every task that was in flight and every accepted
