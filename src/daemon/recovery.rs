@@ -116,18 +116,8 @@ impl Scheduler {
             Ok(task) => Arc::new(task),
             Err(error) => {
                 tracing::error!(task_id = %id, "cannot resume: {error}");
-                let task = Task {
-                    id: Some(id.clone()),
-                    priority: 0,
-                    cwd: None,
-                    env: Default::default(),
-                    retry: Default::default(),
-                    budget: None,
-                    phases: Vec::new(),
-                    meta: None,
-                };
-                self.give_up(&Arc::new(task), entry, error.to_string())
-                    .await;
+                let task = Arc::new(unreadable_task(&id));
+                self.give_up(&task, entry, error.to_string()).await;
                 return None;
             }
         };
@@ -307,6 +297,21 @@ impl Scheduler {
         let ctx = Arc::clone(&self.ctx);
         let id = id.to_string();
         runner_blocking(move || read_task(&ctx, &id)).await
+    }
+}
+
+/// A stand-in for a task whose definition cannot be read, to record it failed: no phases, the
+/// default policy.
+fn unreadable_task(id: &str) -> Task {
+    Task {
+        id: Some(id.to_string()),
+        priority: 0,
+        cwd: None,
+        env: Default::default(),
+        retry: Default::default(),
+        budget: None,
+        phases: Vec::new(),
+        meta: None,
     }
 }
 
