@@ -1,15 +1,17 @@
 //! The main loop: start what can start, react to task ends, inbox hints, control requests and
 //! timers; and the drain after a stop.
 
+use std::time::Instant;
+
+use super::control::fresh_entry;
+use super::start_order::{next_to_start, Line, StartFacts};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use chrono::Utc;
 use futures::FutureExt;
 use tokio::sync::mpsc;
 
-use super::control::fresh_entry;
-use super::start_order::{next_to_start, Line, StartFacts};
 use super::{lock, records, runner_blocking, AttemptOutcome, DaemonExit, Scheduler};
 use crate::queue::{QueueHint, QueueWatcher};
 use crate::runner::{self, AttemptEnd};
