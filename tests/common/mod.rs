@@ -8,6 +8,8 @@
 // Every test binary uses a different subset of these helpers.
 #![allow(dead_code)]
 
+pub mod postgres;
+
 use std::collections::BTreeMap;
 use std::fs;
 use std::io::Write;
