@@ -5,6 +5,8 @@ mod checkpoint;
 mod clients_path;
 mod completions;
 mod control;
+#[cfg(feature = "postgres")]
+mod db;
 mod fork;
 mod history;
 mod prune;
@@ -116,6 +118,9 @@ enum Command {
     ClientsPath(clients_path::ClientsPathArgs),
     /// Measure cairn's hot paths and print the figures (one JSON line per run).
     Bench(bench::BenchArgs),
+    /// The PostgreSQL database of a queue shared by several hosts (`db migrate`).
+    #[cfg(feature = "postgres")]
+    Db(db::DbArgs),
 }
 
 /// Parse the command line, run the subcommand, and map the outcome to an exit code.
@@ -157,6 +162,8 @@ pub fn main() -> ExitCode {
         Command::Completions(args) => completions::run(args),
         Command::ClientsPath(args) => clients_path::run(&cli.queue, args),
         Command::Bench(args) => bench::run(args),
+        #[cfg(feature = "postgres")]
+        Command::Db(args) => db::run(args),
     };
     ExitCode::from(code)
 }

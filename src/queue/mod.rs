@@ -6,6 +6,8 @@ mod intake;
 mod layout;
 mod lock;
 mod permissions;
+#[cfg(feature = "postgres")]
+pub mod postgres;
 mod watch;
 
 pub use intake::{Intake, IntakeReport, Rejection};
