@@ -18,8 +18,14 @@
 
 mod connect;
 mod error;
+mod lease;
+mod listen;
 pub mod schema;
+mod submit;
 
 pub use connect::{PgQueue, DEFAULT_POOL_SIZE};
 pub use error::PgError;
+pub use lease::{ClaimedTask, Lease, RenewedLease};
+pub use listen::WORK_CHANNEL;
 pub use schema::{Migrated, SCHEMA_VERSION};
+pub use submit::{NewTask, Submitted};
