@@ -18,6 +18,7 @@
 
 mod connect;
 mod error;
+mod fenced;
 mod lease;
 mod listen;
 pub mod schema;
@@ -25,6 +26,7 @@ mod submit;
 
 pub use connect::{PgQueue, DEFAULT_POOL_SIZE};
 pub use error::PgError;
+pub use fenced::{Outcome, StoredCheckpoint};
 pub use lease::{ClaimedTask, Lease, RenewedLease};
 pub use listen::WORK_CHANNEL;
 pub use schema::{Migrated, SCHEMA_VERSION};
