@@ -12,7 +12,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cairn::queue::postgres::{
-    ClaimedTask, Lease, NewTask, Outcome, PgError, PgQueue, Submitted, SCHEMA_VERSION,
+    ClaimedTask, Lease, NewTask, Outcome, PgError, PgQueue, SubmitListener, Submitted, Wakeup,
+    SCHEMA_VERSION,
 };
 use cairn::store::{decode_checkpoint, encode_checkpoint, IterationCheckpoint};
 use common::postgres::PgCluster;
@@ -633,6 +634,35 @@ async fn checkpoint_bytes_round_trip_and_decode_with_the_stores_decoder() {
         .unwrap()
         .get(0);
     assert_eq!(output, "[1, 2.50]", "outputs are kept verbatim");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_notify_reaches_a_listener_and_polling_goes_on_without_one() {
+    let Some((cluster, queue)) =
+        migrated_queue("a_notify_reaches_a_listener_and_polling_goes_on_without_one").await
+    else {
+        return;
+    };
+    let mut listener = SubmitListener::connect(&queue).await.unwrap();
+    assert_eq!(
+        listener.wait(Duration::from_millis(100)).await,
+        Wakeup::PollDue,
+        "nothing was submitted yet"
+    );
+    let submitter = PgQueue::connect(&cluster.url()).unwrap();
+    submit(&submitter, "t1").await;
+    match listener.wait(DEADLINE).await {
+        Wakeup::Notified(ids) => assert_eq!(ids, vec!["t1".to_owned()]),
+        other => panic!("expected a notification, got {other:?}"),
+    }
+    // A duplicate submission notifies nobody; a release does.
+    submit(&submitter, "t1").await;
+    claim_one(&queue, "a", LONG).await;
+    queue.release_all("a").await.unwrap();
+    match listener.wait(DEADLINE).await {
+        Wakeup::Notified(ids) => assert_eq!(ids, vec![String::new()], "{ids:?}"),
+        other => panic!("expected a notification, got {other:?}"),
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

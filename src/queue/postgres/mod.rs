@@ -28,6 +28,6 @@ pub use connect::{PgQueue, DEFAULT_POOL_SIZE};
 pub use error::PgError;
 pub use fenced::{Outcome, StoredCheckpoint};
 pub use lease::{ClaimedTask, Lease, RenewedLease};
-pub use listen::WORK_CHANNEL;
+pub use listen::{SubmitListener, Wakeup, WORK_CHANNEL};
 pub use schema::{Migrated, SCHEMA_VERSION};
 pub use submit::{NewTask, Submitted};
