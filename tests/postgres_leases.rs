@@ -4,6 +4,7 @@
 //!
 //! Lease expiry is judged by the database's clock, so the tests that wait for it ask the
 //! database whether the lease has expired rather than sleeping a fixed time.
+#![cfg(feature = "postgres")]
 
 mod common;
 
