@@ -3,7 +3,7 @@
 
 use clap::{Args, Subcommand};
 
-use super::exit;
+use super::error::{print_line, CliError, CliResult};
 use crate::queue::postgres::PgQueue;
 
 #[derive(Debug, Args)]
@@ -30,37 +30,25 @@ struct MigrateArgs {
     db: String,
 }
 
-pub fn run(args: DbArgs) -> u8 {
+pub fn run(args: DbArgs) -> CliResult {
     let DbCommand::Migrate(args) = args.command;
-    let runtime = match tokio::runtime::Builder::new_current_thread()
+    let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-    {
-        Ok(runtime) => runtime,
-        Err(e) => {
-            eprintln!("error: cannot start the runtime: {e}");
-            return exit::FAILURE;
-        }
-    };
+        .map_err(|e| CliError::failure(format_args!("cannot start the runtime: {e}")))?;
     let migrated = runtime.block_on(async {
         let queue = PgQueue::connect_with_pool_size(&args.db, 1)?;
         queue.migrate().await
-    });
-    match migrated {
-        Ok(migrated) if migrated.applied_any() => {
-            println!(
-                "cairn schema migrated from version {} to {}",
-                migrated.from, migrated.to
-            );
-            exit::OK
-        }
-        Ok(migrated) => {
-            println!("cairn schema already at version {}", migrated.to);
-            exit::OK
-        }
-        Err(e) => {
-            eprintln!("error: {e}");
-            exit::FAILURE
-        }
+    })?;
+    if migrated.applied_any() {
+        print_line(format_args!(
+            "cairn schema migrated from version {} to {}",
+            migrated.from, migrated.to
+        ))
+    } else {
+        print_line(format_args!(
+            "cairn schema already at version {}",
+            migrated.to
+        ))
     }
 }

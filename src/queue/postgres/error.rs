@@ -47,7 +47,11 @@ pub enum PgError {
     NodeNameInUse { node: String },
     /// The task id cannot be stored.
     #[error("invalid task id {task_id:?}: {reason}")]
-    InvalidTaskId { task_id: String, reason: String },
+    InvalidTaskId {
+        task_id: String,
+        #[source]
+        reason: crate::task::InvalidName,
+    },
     /// The checkpoint could not be encoded; nothing was written.
     #[error("encoding the checkpoint of task {task_id:?}: {source}")]
     Encode {

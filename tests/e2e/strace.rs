@@ -1,0 +1,198 @@
+//! The system calls of a real daemon run, seen through strace: every iteration checkpoint is
+//! written as temp file → write → fsync → rename → directory fsync, and no checkpoint file is
+//! ever opened for writing in place.
+//!
+//! Needs `strace` (`.ci/run` installs it): without it the test is skipped with a message,
+//! except in CI, where it fails.
+
+use std::collections::HashMap;
+use std::fs;
+use std::path::Path;
+
+use crate::common::*;
+
+/// One system call of one thread, as strace printed it.
+#[derive(Debug)]
+struct Call {
+    name: String,
+    args: String,
+    result: String,
+}
+
+fn parse_line(line: &str) -> Option<Call> {
+    let open = line.find('(')?;
+    let name = line[..open].trim().to_string();
+    let equals = line.rfind(" = ")?;
+    let close = line[..equals].rfind(')')?;
+    Some(Call {
+        name,
+        args: line[open + 1..close].to_string(),
+        result: line[equals + 3..]
+            .split_whitespace()
+            .next()
+            .unwrap_or("")
+            .to_string(),
+    })
+}
+
+/// The quoted strings among a call's arguments.
+fn quoted(args: &str) -> Vec<String> {
+    args.split('"')
+        .enumerate()
+        .filter(|(i, _)| i % 2 == 1)
+        .map(|(_, s)| s.to_string())
+        .collect()
+}
+
+fn first_fd(args: &str) -> Option<i64> {
+    args.split(',').next()?.trim().parse().ok()
+}
+
+#[test]
+fn every_checkpoint_is_temp_fsync_rename_dirfsync() {
+    if !require_strace("every_checkpoint_is_temp_fsync_rename_dirfsync") {
+        return;
+    }
+    let queue = TestQueue::new();
+    let trace_dir = queue.aux("trace");
+    fs::create_dir_all(&trace_dir).unwrap();
+    let iterations = 5;
+    let task = serde_json::json!({
+        "id": "traced",
+        "phases": [{
+            "name": "count",
+            "kind": "loop",
+            "run": ["sh", "-c", "read -r request; i=${CAIRN_ITERATION}; printf '{\"state\": %s}' \"$((i + 1))\""],
+            "max_iterations": iterations,
+        }]
+    });
+    queue.seed_task("traced.json", &task);
+
+    let trace_prefix = trace_dir.join("t");
+    let mut daemon = queue.start_under_strace(
+        &[
+            "-f",
+            "-ff",
+            "-qq",
+            "-o",
+            trace_prefix.to_str().unwrap(),
+            "-e",
+            "trace=open,openat,creat,write,pwrite64,fsync,fdatasync,rename,renameat,renameat2,link,linkat,close",
+        ],
+        &["--exit-when-idle"],
+    );
+    let status = daemon.wait_exit(DEADLINE);
+    assert!(status.success(), "cairn under strace failed: {status}");
+    let done = queue.wait_done("traced");
+    assert_eq!(done["status"], "done", "{done}");
+
+    let incremental = fs::canonicalize(queue.path("incremental")).unwrap();
+    let incremental = incremental.to_str().unwrap().to_string();
+    let mut committed = 0;
+    for trace in fs::read_dir(&trace_dir).unwrap() {
+        let text = fs::read_to_string(trace.unwrap().path()).unwrap();
+        committed += check_thread(&text, &incremental);
+    }
+    // Iterations 1..=4 are checkpointed as they complete, the 5th by the final (done) checkpoint.
+    assert_eq!(
+        committed, iterations,
+        "expected one committed checkpoint per iteration"
+    );
+}
+
+/// Check one thread's calls; returns how many checkpoint files it committed.
+fn check_thread(text: &str, incremental: &str) -> usize {
+    let is_checkpoint = |path: &str| {
+        Path::new(path).parent().and_then(|p| p.to_str()) == Some(incremental)
+            && path.ends_with(".json.gz")
+            && !Path::new(path)
+                .file_name()
+                .unwrap()
+                .to_str()
+                .unwrap()
+                .starts_with('.')
+    };
+    // fd → path, for the files and directories this thread has open.
+    let mut open: HashMap<i64, String> = HashMap::new();
+    // temp path → (written since last fsync, fsynced)
+    let mut temps: HashMap<String, (bool, bool)> = HashMap::new();
+    // A rename into incremental/ waiting for its directory fsync.
+    let mut awaiting_dir_sync: Option<String> = None;
+    let mut committed = 0;
+    for line in text.lines() {
+        let Some(call) = parse_line(line) else {
+            continue;
+        };
+        match call.name.as_str() {
+            "open" | "openat" | "creat" => {
+                let Some(path) = quoted(&call.args).into_iter().next() else {
+                    continue;
+                };
+                let writing = call.args.contains("O_WRONLY")
+                    || call.args.contains("O_RDWR")
+                    || call.name == "creat";
+                assert!(
+                    !(writing && is_checkpoint(&path)),
+                    "a checkpoint file was opened for writing in place: {line}"
+                );
+                if let Ok(fd) = call.result.parse::<i64>() {
+                    if writing && path.ends_with(".cairn.tmp") {
+                        temps.insert(path.clone(), (false, false));
+                    }
+                    open.insert(fd, path);
+                }
+            }
+            "write" | "pwrite64" => {
+                if let Some(path) = first_fd(&call.args).and_then(|fd| open.get(&fd)) {
+                    if let Some(state) = temps.get_mut(path) {
+                        *state = (true, false);
+                    }
+                }
+            }
+            "fsync" | "fdatasync" => {
+                let Some(path) = first_fd(&call.args).and_then(|fd| open.get(&fd)).cloned() else {
+                    continue;
+                };
+                assert_eq!(call.result, "0", "fsync failed: {line}");
+                if let Some(state) = temps.get_mut(&path) {
+                    *state = (false, true);
+                }
+                if path == incremental && awaiting_dir_sync.take().is_some() {
+                    committed += 1;
+                }
+            }
+            "close" => {
+                if let Some(fd) = first_fd(&call.args) {
+                    open.remove(&fd);
+                }
+            }
+            "rename" | "renameat" | "renameat2" => {
+                let paths = quoted(&call.args);
+                let (Some(from), Some(to)) = (paths.first(), paths.get(1)) else {
+                    continue;
+                };
+                if !is_checkpoint(to) {
+                    continue;
+                }
+                assert!(
+                    awaiting_dir_sync.is_none(),
+                    "a second checkpoint rename came before the directory fsync of the first: {line}"
+                );
+                let state = temps.get(from).copied();
+                assert_eq!(
+                    state,
+                    Some((false, true)),
+                    "renamed over {to} from {from}, which was not a fully written and fsynced temp file: {line}"
+                );
+                assert_eq!(call.result, "0", "rename failed: {line}");
+                awaiting_dir_sync = Some(to.clone());
+            }
+            _ => {}
+        }
+    }
+    assert!(
+        awaiting_dir_sync.is_none(),
+        "a checkpoint was renamed into place but its directory was never fsynced: {awaiting_dir_sync:?}"
+    );
+    committed
+}
