@@ -71,8 +71,7 @@ impl PgQueue {
             .wait_timeout(Some(POOL_WAIT))
             .runtime(deadpool_postgres::Runtime::Tokio1)
             .build()
-            // Only a missing runtime or a timeout without one fails here; both are set above.
-            .expect("building a pool with a runtime and its timeouts");
+            .map_err(PgError::Pool)?;
         Ok(PgQueue {
             pool,
             config,

@@ -23,6 +23,9 @@ pub enum PgError {
     /// TLS could not be set up for the connection.
     #[error("setting up TLS for the database connection: {0}")]
     Tls(#[source] rustls::Error),
+    /// The connection pool could not be set up.
+    #[error("setting up the database connection pool: {0}")]
+    Pool(#[source] deadpool_postgres::BuildError),
     /// No connection could be had from the pool (the database is down or refuses us).
     #[error("connecting to the database: {0}")]
     Connect(#[source] deadpool_postgres::PoolError),
