@@ -183,6 +183,8 @@ async fn every_write_is_refused(queue: &PgQueue, lease: &Lease) {
             .await,
         lease,
     );
+    assert_lease_lost(queue.requeue(lease, Duration::ZERO, true).await, lease);
+    assert_lease_lost(queue.pause(lease).await, lease);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -682,4 +684,48 @@ async fn a_node_name_is_refused_while_another_daemon_uses_it() {
     // Once the first was not seen for longer than the lease, the name is free again.
     other.register_node("host-1", Duration::ZERO).await.unwrap();
     other.register_node("host-2", LONG).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requeue_and_pause_end_the_lease_and_hold_the_task_as_asked() {
+    let Some((cluster, queue)) =
+        migrated_queue("requeue_and_pause_end_the_lease_and_hold_the_task_as_asked").await
+    else {
+        return;
+    };
+    let client = sql(&cluster.url()).await;
+    let other = PgQueue::connect(&cluster.url()).unwrap();
+
+    // A retry waiting out a long backoff is not claimed; the old lease writes nothing.
+    submit(&queue, "backoff").await;
+    let first = claim_one(&queue, "a", LONG).await;
+    queue.requeue(&first.lease, LONG, false).await.unwrap();
+    assert!(other.claim("b", 5, LONG).await.unwrap().is_empty());
+    let before = everything_about(&client, "backoff").await;
+    every_write_is_refused(&queue, &first.lease).await;
+    assert_eq!(everything_about(&client, "backoff").await, before);
+
+    // With no backoff it is claimed at once, with a new epoch, and no crash is counted.
+    submit(&queue, "again").await;
+    let first = claim_one(&queue, "a", LONG).await;
+    queue
+        .requeue(&first.lease, Duration::ZERO, true)
+        .await
+        .unwrap();
+    let second = claim_one(&other, "b", LONG).await;
+    assert_eq!(second.lease.task_id, "again");
+    assert_eq!(second.lease.epoch, first.lease.epoch + 1);
+    assert!(!second.taken_over && second.crash_count == 0, "{second:?}");
+
+    // A paused task waits for its resume.
+    other.pause(&second.lease).await.unwrap();
+    assert!(queue.claim("a", 5, LONG).await.unwrap().is_empty());
+    every_write_is_refused(&other, &second.lease).await;
+    assert!(queue.resume_paused("again").await.unwrap());
+    assert!(
+        !queue.resume_paused("again").await.unwrap(),
+        "not paused any more"
+    );
+    let third = claim_one(&queue, "a", LONG).await;
+    assert_eq!(third.lease.epoch, second.lease.epoch + 1);
 }

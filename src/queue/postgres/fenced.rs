@@ -7,6 +7,8 @@
 //! row's lock, so a claim of the same task waits for the write to commit (or the write waits
 //! for the claim, and then finds the epoch raised).
 
+use std::time::Duration;
+
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 
@@ -85,6 +87,21 @@ const FINISH: &str = fenced!(
         RETURNING task_id
     )
     SELECT task_id FROM saved"
+);
+
+/// Hand the task back for a later attempt, not claimed for `$4` seconds (a retry's backoff);
+/// `$5` clears the crash count (the attempt ended while its daemon lived).
+const REQUEUE: &str = fenced!(
+    ", state = 'queued', lease_node = NULL, lease_expires_at = NULL,
+       not_before = now() + $4::float8 * interval '1 second',
+       crash_count = CASE WHEN $5 THEN 0 ELSE crash_count END",
+    "SELECT id FROM fence"
+);
+
+/// Hold the task (an operator's pause): not claimed until resumed.
+const PAUSE: &str = fenced!(
+    ", state = 'paused', lease_node = NULL, lease_expires_at = NULL, crash_count = 0",
+    "SELECT id FROM fence"
 );
 
 /// How a task ended, for its final state and record.
@@ -210,6 +227,30 @@ impl PgQueue {
             "finishing the task",
         )
         .await
+    }
+
+    /// End the lease and queue the task again, claimable once `after` has passed (by the
+    /// database's clock): a failed attempt waiting for its backoff, or an attempt given back.
+    /// `clear_crash_count` when the attempt's end shows the task did not kill its daemon.
+    pub async fn requeue(
+        &self,
+        lease: &Lease,
+        after: Duration,
+        clear_crash_count: bool,
+    ) -> Result<(), PgError> {
+        self.fenced_write(
+            lease,
+            REQUEUE,
+            &[&after.as_secs_f64(), &clear_crash_count],
+            "queueing the task again",
+        )
+        .await
+    }
+
+    /// End the lease and hold the task until it is resumed.
+    pub async fn pause(&self, lease: &Lease) -> Result<(), PgError> {
+        self.fenced_write(lease, PAUSE, &[], "pausing the task")
+            .await
     }
 
     /// Run a `fenced!` statement with the lease as `$1..$3` and `params` after them.

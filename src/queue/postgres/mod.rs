@@ -7,7 +7,8 @@
 //!   [`PgQueue::submit`] (once per task id), [`PgQueue::claim`] (`FOR UPDATE SKIP LOCKED`, a new
 //!   epoch per claim, expired leases taken over and counted as crashes),
 //!   [`PgQueue::renew_all`] (one statement per node), [`PgQueue::release_all`] (a clean stop),
-//!   and the fenced writes (checkpoint, phase state, output, event, final record), each of
+//!   and the fenced writes (checkpoint, phase state, output, event, requeue after a failed
+//!   attempt, pause, final record), each of
 //!   which checks the lease in the same statement and returns [`PgError::LeaseLost`] when it
 //!   no longer holds.
 //! - [`SubmitListener`]: LISTEN/NOTIFY wake-ups for new and released work; the caller still

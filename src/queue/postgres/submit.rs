@@ -59,4 +59,25 @@ impl PgQueue {
         tx.commit().await.during("committing the submission")?;
         Ok(Submitted::Queued)
     }
+
+    /// Queue a paused task again (an operator's resume); wakes the listeners. False when the
+    /// task is not paused.
+    pub async fn resume_paused(&self, task_id: &str) -> Result<bool, PgError> {
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.during("starting the resume")?;
+        let resumed = tx
+            .execute(
+                "UPDATE cairn_tasks SET state = 'queued', updated_at = now()
+                 WHERE id = $1 AND state = 'paused'",
+                &[&task_id],
+            )
+            .await
+            .during("resuming a task")?;
+        if resumed == 0 {
+            return Ok(false);
+        }
+        super::listen::notify_work(&tx, task_id).await?;
+        tx.commit().await.during("committing the resume")?;
+        Ok(true)
+    }
 }
