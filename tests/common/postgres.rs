@@ -143,7 +143,8 @@ impl PgCluster {
         check("initdb", &output);
     }
 
-    /// Socket only, in the temp dir; no fsync (the tests kill daemons, never the database).
+    /// Socket only, in the temp dir; no fsync (the tests kill daemons, never the database);
+    /// small buffers, since many tests run a cluster each at once.
     fn configure(&self) {
         let conf = self.data_dir().join("postgresql.conf");
         let mut file = fs::OpenOptions::new()
@@ -153,7 +154,7 @@ impl PgCluster {
         write!(
             file,
             "\nlisten_addresses = ''\nunix_socket_directories = '{}'\nfsync = off\n\
-             full_page_writes = off\nmax_connections = 100\n",
+             full_page_writes = off\nmax_connections = 100\nshared_buffers = 16MB\n",
             self.dir.path().display()
         )
         .expect("writing postgresql.conf");

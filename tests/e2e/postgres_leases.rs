@@ -25,6 +25,10 @@ const LONG: Duration = Duration::from_secs(600);
 /// A lease short enough to wait out; the tests poll the database's clock for its end.
 const SHORT: Duration = Duration::from_secs(2);
 
+/// A lease a test writes under before waiting it out: long enough for a few statements even
+/// on a loaded machine, short enough to wait for.
+const WRITE_THEN_EXPIRE: Duration = Duration::from_secs(8);
+
 #[test]
 fn a_throwaway_cluster_serves_on_its_socket_and_is_gone_after_drop() {
     let test = "a_throwaway_cluster_serves_on_its_socket_and_is_gone_after_drop";
@@ -436,7 +440,7 @@ async fn after_expiry_another_node_takes_over_and_the_old_nodes_writes_are_refus
         return;
     };
     submit(&queue, "t1").await;
-    let a = claim_one(&queue, "a", SHORT).await;
+    let a = claim_one(&queue, "a", WRITE_THEN_EXPIRE).await;
     let mut a_lease = a.lease.clone();
     queue
         .save_checkpoint(&mut a_lease, &mut a_checkpoint("t1", 1), 3)
@@ -528,7 +532,7 @@ async fn renewing_keeps_a_lease_alive_past_its_original_expiry() {
     };
     submit(&queue, "t1").await;
     submit(&queue, "t2").await;
-    let claimed = queue.claim("a", 2, SHORT).await.unwrap();
+    let claimed = queue.claim("a", 2, WRITE_THEN_EXPIRE).await.unwrap();
     assert_eq!(claimed.len(), 2);
     let renewed = queue.renew_all("a", LONG).await.unwrap();
     assert_eq!(
