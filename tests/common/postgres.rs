@@ -65,7 +65,7 @@ impl PgCluster {
         };
         let dir = tempfile::Builder::new()
             .prefix("cairn-pg-")
-            .tempdir()
+            .tempdir_in(cluster_parent(run_as.is_some()))
             .expect("creating the cluster's temp dir");
         if let Some(user) = &run_as {
             nix::unistd::chown(dir.path(), Some(user.uid), Some(user.gid))
@@ -223,6 +223,26 @@ impl Drop for PgCluster {
         {
             std::thread::sleep(Duration::from_millis(20));
         }
+    }
+}
+
+/// Where the cluster's temp dir goes: the usual temp dir, unless the socket's path would be
+/// too long there (Unix socket paths are limited to about 100 bytes) or, when the cluster runs
+/// as another user, that user could not reach it (a `TMPDIR` under root's home); then `/tmp`.
+fn cluster_parent(other_user: bool) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let usual = std::env::temp_dir();
+    let reachable = |dir: &Path| {
+        dir.ancestors().all(|ancestor| {
+            fs::metadata(ancestor).is_ok_and(|meta| meta.permissions().mode() & 0o001 != 0)
+        })
+    };
+    // The temp dir's name and the socket's add about 30 bytes.
+    let short_enough = usual.as_os_str().len() <= 60;
+    if short_enough && (!other_user || reachable(&usual)) {
+        usual
+    } else {
+        PathBuf::from("/tmp")
     }
 }
 
