@@ -150,7 +150,9 @@ pub struct StoredCheckpoint {
 impl PgQueue {
     /// Durably store `cp` as the task's next checkpoint generation, keeping
     /// `keep_generations` older ones. Sets `cp.generation`, `cp.format_version` and
-    /// `cp.last_checkpoint_at` as the file store does. Returns the generation.
+    /// `cp.last_checkpoint_at` as the file store does. Returns the generation. The lease
+    /// counts the generations, so a task's saves go through one `Lease` value (a stale clone
+    /// would reuse a number, and its save fail on the generation's key).
     pub async fn save_checkpoint<S: Serialize>(
         &self,
         lease: &mut Lease,
