@@ -7,7 +7,7 @@
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, HashSet, VecDeque};
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -28,12 +28,12 @@ mod summary;
 pub use notify::NOTIFY_ENV;
 pub use summary::RunSummary;
 
-use crate::queue::{Intake, LockError, QueueDir, QueueHint, QueueLock, QueueWatcher};
+use crate::queue::{LockError, OpenError, Queue, QueueHint};
 use crate::runner::{self, AttemptEnd, RunContext, WorkState};
 use crate::shutdown::Shutdown;
 use crate::store::current_work::{ActiveStatus, ActiveTask};
-use crate::store::records::{to_record_bytes, DoneRecord, FailedRecord};
-use crate::store::{CheckpointStore, FileStorage, Storage};
+use crate::store::records::{DoneRecord, FailedRecord};
+use crate::store::Storage;
 use crate::task::Task;
 
 /// How the daemon runs.
@@ -89,6 +89,16 @@ pub enum DaemonError {
     UnsafeQueue(String),
 }
 
+impl From<OpenError> for DaemonError {
+    fn from(error: OpenError) -> Self {
+        match error {
+            OpenError::Lock(e) => DaemonError::Lock(e),
+            OpenError::Setup(e) => DaemonError::Setup(e),
+            OpenError::Unsafe(e) => DaemonError::UnsafeQueue(e),
+        }
+    }
+}
+
 /// Run the daemon on a queue until it is stopped (or idle, with `exit_when_idle`).
 pub async fn run(config: DaemonConfig, shutdown: Shutdown) -> Result<DaemonExit, DaemonError> {
     run_with_summary(config, shutdown)
@@ -102,16 +112,11 @@ pub async fn run_with_summary(
     config: DaemonConfig,
     shutdown: Shutdown,
 ) -> Result<(DaemonExit, RunSummary), DaemonError> {
-    let root = std::path::absolute(&config.queue_dir)
-        .map_err(|e| DaemonError::Setup(format!("queue {}: {e}", config.queue_dir.display())))?;
-    let queue = QueueDir::new(&root);
-    queue
-        .create_all()
-        .map_err(|e| DaemonError::Setup(e.to_string()))?;
-    let _lock = QueueLock::acquire(&queue)?;
-    crate::queue::check_queue_permissions(&queue).map_err(DaemonError::UnsafeQueue)?;
-    let orphan_root = root.clone();
-    let orphans = runner_blocking(move || crate::runner::kill_orphans(&orphan_root)).await;
+    // Owned (its lock held) for as long as the queue lives.
+    let queue = Queue::open_files(&config.queue_dir, config.storage.clone())?;
+    let root = queue.root().to_path_buf();
+    let runs_dir = queue.runs_dir();
+    let orphans = runner_blocking(move || crate::runner::kill_orphans(&runs_dir)).await;
     if orphans > 0 {
         tracing::warn!(
             count = orphans,
@@ -126,11 +131,7 @@ pub async fn run_with_summary(
         tracing::error!("writing the worker helpers: {e}");
     }
 
-    let storage: Arc<dyn Storage> = match &config.storage {
-        Some(storage) => Arc::clone(storage),
-        None => Arc::new(FileStorage::new(&root)),
-    };
-    match storage.remove_temp_files() {
+    match queue.clean_after_crash() {
         Ok(removed) if !removed.is_empty() => {
             tracing::info!(
                 count = removed.len(),
@@ -142,27 +143,23 @@ pub async fn run_with_summary(
         // again before they are written to.
         Err(e) => tracing::error!("cleaning temp files and syncing the queue's directories: {e}"),
     }
-    let work = match WorkState::load(Arc::clone(&storage)) {
+    let work = match WorkState::load(queue.clone()) {
         Ok(work) => work,
         Err(e) => {
             return Err(DaemonError::Setup(format!(
                 "{e}; move {} aside to start without it (tasks then restart their phases, their loop checkpoints are kept)",
-                queue.display_key(QueueDir::CURRENT_WORK_KEY)
+                queue.work_state_name()
             )))
         }
     };
     let ctx = Arc::new(RunContext {
-        queue: queue.clone(),
-        checkpoints: CheckpointStore::with_storage(Arc::clone(&storage)),
-        storage: Arc::clone(&storage),
+        queue,
         work: Arc::new(work),
         shutdown: shutdown.clone(),
         controls: Default::default(),
-        journal: crate::store::journal::JournalWriter::start(&root),
         trial_progress: tokio::sync::Notify::new(),
     });
     let mut scheduler = Scheduler {
-        intake: Arc::new(Mutex::new(Intake::new(queue.clone(), Arc::clone(&storage)))),
         ctx,
         config,
         tasks: HashMap::new(),
@@ -183,7 +180,6 @@ pub async fn run_with_summary(
         notifier: notify::ServiceNotifier::new(),
         finished: 0,
         control_deferred: false,
-        control_reported: Default::default(),
         summary: RunSummary {
             queue: root.clone(),
             ..RunSummary::default()
@@ -196,7 +192,7 @@ pub async fn run_with_summary(
     let exit = scheduler.work_until_stopped().await;
     scheduler.drain().await;
     let ctx = Arc::clone(&scheduler.ctx);
-    runner_blocking(move || ctx.journal.flush()).await;
+    runner_blocking(move || ctx.queue.flush_events()).await;
     let mut summary = std::mem::take(&mut scheduler.summary);
     scheduler.ctx.work.update(|work| {
         for entry in &work.active_tasks {
@@ -226,7 +222,6 @@ pub async fn run_with_summary(
 pub(crate) struct Scheduler {
     ctx: Arc<RunContext>,
     config: DaemonConfig,
-    intake: Arc<Mutex<Intake>>,
     /// Definitions of the tasks this daemon knows to be unfinished.
     tasks: HashMap<String, Arc<Task>>,
     /// Tasks that were in flight: they go before new ones.
@@ -261,9 +256,6 @@ pub(crate) struct Scheduler {
     /// Control requests wait in `control/` for a task still in the inbox: look again as soon
     /// as a scan has taken tasks in, before any of them starts.
     control_deferred: bool,
-    /// Control entries already logged as impossible to take or remove, so that one bad entry
-    /// costs one log line, not one a round.
-    control_reported: HashSet<String>,
     /// What this run did, for the closing summary.
     summary: RunSummary,
 }
@@ -277,12 +269,6 @@ pub(crate) enum AttemptOutcome {
     RecordFailed(String),
     /// Any other end, which the main loop handles.
     Ended(AttemptEnd),
-}
-
-fn lock(intake: &Mutex<Intake>) -> std::sync::MutexGuard<'_, Intake> {
-    intake
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// Run blocking file work off the async thread; a panic there is re-raised here.

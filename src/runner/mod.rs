@@ -17,7 +17,7 @@ pub use child::{CommandRun, RunEnd, KILL_AFTER, MAX_REPLY_BYTES};
 /// The scope of loop phases' checkpoints (the queue benchmark builds such checkpoints).
 pub(crate) use loop_phase::LOOP_SCOPE;
 pub use orphans::kill_orphans;
-pub use work_state::{LoadError, WorkState};
+pub use work_state::WorkState;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -25,12 +25,12 @@ use std::sync::Arc;
 use chrono::Utc;
 use serde_json::{Map, Value};
 
-use crate::queue::QueueDir;
+use crate::queue::{Lease, Queue, QueueError};
 use tokio_util::sync::CancellationToken;
 
 use crate::shutdown::Shutdown;
 use crate::store::current_work::{PhaseTiming, Progress, StoredOutput, INLINE_OUTPUT_LIMIT};
-use crate::store::{CheckpointStore, Storage, StoreError};
+use crate::store::StoreError;
 use crate::task::{Phase, PhaseKind, Task};
 
 /// An operator's requests for one running task (`cairn pause` / `cairn cancel`).
@@ -45,16 +45,13 @@ pub struct TaskControl {
 /// What every running task shares.
 #[derive(Debug)]
 pub struct RunContext {
-    /// The queue, with an absolute root (commands run in it by default).
-    pub queue: QueueDir,
-    pub storage: Arc<dyn Storage>,
-    pub checkpoints: CheckpointStore,
+    /// The queue's owner: every read and write of the queue goes through it. Its root is
+    /// absolute (commands run in it by default).
+    pub queue: Queue,
     pub work: Arc<WorkState>,
     pub shutdown: Shutdown,
     /// Operator requests for the tasks running now, by task id.
     pub controls: std::sync::Mutex<std::collections::HashMap<String, TaskControl>>,
-    /// Appends to the tasks' event journals off the async thread.
-    pub journal: crate::store::journal::JournalWriter,
     /// Signalled when a crash suspect shows progress, so the scheduler can end its trial and
     /// start the next one at once instead of at its next tick.
     pub trial_progress: tokio::sync::Notify,
@@ -78,9 +75,10 @@ impl RunContext {
             .remove(task_id)
     }
 
-    /// Append to the task's event journal (see [`crate::store::journal`]).
+    /// Append to the task's event journal (see [`crate::store::journal`]); never waits for
+    /// the disk.
     pub fn journal(&self, task_id: &str, event: &str, details: Value) {
-        self.journal.append(task_id, event, details);
+        self.queue.append_event(task_id, event, details);
     }
 }
 
@@ -120,20 +118,20 @@ pub enum PhaseEnd {
     Interrupted,
 }
 
-/// Run the task from where its `current_work` entry stands to its end (or to a stop/failure).
-/// The entry must exist and carry the attempt number.
-pub async fn run_attempt(ctx: &Arc<RunContext>, task: &Arc<Task>) -> AttemptEnd {
+/// Run the task from where its `current_work` entry stands to its end (or to a stop/failure),
+/// writing under `lease`. The entry must exist and carry the attempt number.
+pub async fn run_attempt(ctx: &Arc<RunContext>, task: &Arc<Task>, lease: &Lease) -> AttemptEnd {
     let id = task.id();
     // Off the async thread: creating a directory allocates an inode, which can take a while.
-    let run_dir = ctx.queue.run_dir(id);
-    let create_dir = run_dir.clone();
-    let created = blocking(move || std::fs::create_dir_all(create_dir))
+    let queue = ctx.queue.clone();
+    let create_id = id.to_string();
+    let created = blocking(move || queue.create_run_dir(&create_id))
         .await
         .map_err(|e| e.to_string())
         .and_then(|created| created.map_err(|e| e.to_string()));
-    if let Err(e) = created {
+    if let Err(error) = created {
         return AttemptEnd::Failed {
-            error: format!("creating {}: {e}", run_dir.display()),
+            error,
             counts: false,
         };
     }
@@ -196,6 +194,7 @@ pub async fn run_attempt(ctx: &Arc<RunContext>, task: &Arc<Task>) -> AttemptEnd 
             attempt: entry.attempt,
             inputs,
             control,
+            lease,
         };
         let result = match phase.kind {
             PhaseKind::Once => once::run(&run).await,
@@ -205,7 +204,7 @@ pub async fn run_attempt(ctx: &Arc<RunContext>, task: &Arc<Task>) -> AttemptEnd 
         };
         match result {
             Ok(PhaseEnd::Completed(output)) => {
-                if let Err(error) = finish_phase(ctx, task, index, output).await {
+                if let Err(error) = finish_phase(ctx, task, lease, index, output).await {
                     return AttemptEnd::Failed {
                         error,
                         counts: false,
@@ -240,6 +239,7 @@ pub async fn run_attempt(ctx: &Arc<RunContext>, task: &Arc<Task>) -> AttemptEnd 
 async fn finish_phase(
     ctx: &Arc<RunContext>,
     task: &Task,
+    lease: &Lease,
     index: usize,
     output: Value,
 ) -> Result<(), String> {
@@ -248,14 +248,12 @@ async fn finish_phase(
     let stored = if bytes.len() <= INLINE_OUTPUT_LIMIT {
         StoredOutput::Inline(output)
     } else {
-        let key = QueueDir::phase_output_key(&id, index);
-        let storage = Arc::clone(&ctx.storage);
-        let put_key = key.clone();
-        blocking(move || storage.put(&put_key, &bytes, None))
+        let (queue, lease) = (ctx.queue.clone(), lease.clone());
+        let reference = blocking(move || queue.put_output(&lease, index, &bytes))
             .await
             .map_err(|e| e.to_string())?
-            .map_err(|e| format!("writing {key}: {e}"))?;
-        StoredOutput::File(key)
+            .map_err(|e| e.to_string())?;
+        StoredOutput::File(reference)
     };
     let next = task.phases.get(index + 1).map(|p| p.name.clone());
     ctx.work.update(|w| {
@@ -294,14 +292,13 @@ pub async fn load_inputs(
         let value = match stored {
             StoredOutput::Inline(value) => value.clone(),
             StoredOutput::File(key) => {
-                let storage = Arc::clone(&ctx.storage);
-                let get_key = key.clone();
-                let bytes = blocking(move || storage.get(&get_key))
+                let queue = ctx.queue.clone();
+                let reference = key.clone();
+                blocking(move || queue.read_output(&reference))
                     .await
                     .map_err(|e| e.to_string())?
-                    .map_err(|e| format!("reading {key}: {e}"))?
-                    .ok_or_else(|| format!("the output of phase {name:?} ({key}) is missing"))?;
-                serde_json::from_slice(&bytes).map_err(|e| format!("reading {key}: {e}"))?
+                    .map_err(|e: QueueError| e.to_string())?
+                    .ok_or_else(|| format!("the output of phase {name:?} ({key}) is missing"))?
             }
         };
         inputs.insert(name.clone(), value);
@@ -315,6 +312,8 @@ pub async fn load_inputs(
 pub(crate) fn checkpoint_error(e: StoreError) -> PhaseError {
     match e {
         StoreError::Io { .. } => PhaseError::Transient(format!("checkpoint storage: {e}")),
+        // The lease was lost: stop without using up an attempt; nothing was written.
+        StoreError::Fenced { .. } => PhaseError::Transient(format!("checkpoint: {e}")),
         other => PhaseError::Command(format!("checkpoint: {other}")),
     }
 }
@@ -371,6 +370,8 @@ pub(crate) struct PhaseRun<'a> {
     pub attempt: u32,
     pub inputs: Value,
     pub control: TaskControl,
+    /// The task's lease: every write of this phase is fenced by it.
+    pub lease: &'a Lease,
 }
 
 impl PhaseRun<'_> {
