@@ -115,6 +115,7 @@ pub async fn run_with_summary(
     // Owned (its lock held) for as long as the queue lives.
     let queue = Queue::open_files(&config.queue_dir, config.storage.clone())?;
     let root = queue.root().to_path_buf();
+    let record_locations = queue.record_locations();
     let runs_dir = queue.runs_dir();
     let orphans = runner_blocking(move || crate::runner::kill_orphans(&runs_dir)).await;
     if orphans > 0 {
@@ -181,7 +182,7 @@ pub async fn run_with_summary(
         finished: 0,
         control_deferred: false,
         summary: RunSummary {
-            queue: root.clone(),
+            records: record_locations,
             ..RunSummary::default()
         },
     };

@@ -18,6 +18,6 @@ pub use intake::{Intake, IntakeReport, Rejection};
 pub use layout::{QueueDir, SUBDIRS};
 pub use lease::{Lease, LeaseLost, OwnerLease};
 pub use lock::{LockError, QueueLock};
-pub use owner::{OpenError, Queue};
+pub use owner::{OpenError, Queue, RecordLocations};
 pub use permissions::{check_queue_permissions, check_submitter, check_task_file};
 pub use watch::{QueueHint, QueueWatcher};

@@ -33,6 +33,25 @@ pub enum OpenError {
     Unsafe(String),
 }
 
+/// Where a person finds the final records, for messages.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RecordLocations {
+    /// A done task's record, with `<id>` for its id.
+    pub done: String,
+    /// The directory of failed tasks' and rejected files' records.
+    pub failed: String,
+}
+
+impl RecordLocations {
+    /// The records of the queue directory at `root`.
+    pub fn of_queue_dir(root: &Path) -> RecordLocations {
+        RecordLocations {
+            done: format!("{}/<id>.json", root.join(QueueDir::DONE_DIR).display()),
+            failed: format!("{}/", root.join(QueueDir::FAILED_DIR).display()),
+        }
+    }
+}
+
 /// The owner of one queue: a backend, and the local directory that holds the commands'
 /// logs, scratch files and helpers. Cheap to clone (clones share the backend).
 #[derive(Debug, Clone)]
@@ -100,6 +119,11 @@ impl Queue {
     /// Watch for submissions and control requests.
     pub fn watch(&self) -> notify::Result<(QueueWatcher, UnboundedReceiver<QueueHint>)> {
         QueueWatcher::start(&self.local.inbox(), &self.local.control())
+    }
+
+    /// Where a person finds the final records.
+    pub fn record_locations(&self) -> RecordLocations {
+        RecordLocations::of_queue_dir(self.root())
     }
 
     /// The name of the work state, for messages (the file to move aside).

@@ -142,3 +142,10 @@ fn a_backend_is_usable_as_a_trait_object() {
     assert_eq!(lease.task_id(), "t1");
     assert_eq!(lease.epoch(), backend.owner().epoch());
 }
+
+#[test]
+fn record_locations_name_the_records_of_the_queue_directory() {
+    let locations = super::RecordLocations::of_queue_dir(std::path::Path::new("/q"));
+    assert_eq!(locations.done, "/q/done/<id>.json");
+    assert_eq!(locations.failed, "/q/failed/");
+}
