@@ -310,7 +310,7 @@ impl Task {
     /// Check everything the types alone do not.
     pub fn validate(&self) -> Result<(), TaskError> {
         if let Some(id) = &self.id {
-            validate_id(id).map_err(|p| TaskError::new("id", p))?;
+            validate_id(id).map_err(|p| TaskError::new("id", p.to_string()))?;
         }
         if let Some(budget) = &self.budget {
             if !(budget.max_cost.is_finite() && budget.max_cost >= 0.0) {
@@ -352,7 +352,7 @@ impl Phase {
     fn validate(&self, index: usize, earlier: &HashSet<&str>) -> Result<(), TaskError> {
         let at = |field: &str| format!("phases[{index}].{field}");
         if let Err(problem) = validate_name(&self.name, 64) {
-            return Err(TaskError::new(at("name"), problem));
+            return Err(TaskError::new(at("name"), problem.to_string()));
         }
         if earlier.contains(self.name.as_str()) {
             return Err(TaskError::new(
@@ -496,38 +496,58 @@ fn check_shape(bytes: &[u8]) -> Result<(), TaskError> {
 /// Task ids name files, so they are restricted to `[A-Za-z0-9._-]{1,128}`; they may not start with
 /// `.` (hidden and temp files) nor end in `.<digits>` (checkpoint generations are named
 /// `<id>.<generation>.json.gz`, which would make such ids ambiguous).
-pub fn validate_id(id: &str) -> Result<(), String> {
+pub fn validate_id(id: &str) -> Result<(), InvalidName> {
     validate_name(id, MAX_ID_LEN)?;
     if let Some((_, tail)) = id.rsplit_once('.') {
         if !tail.is_empty() && tail.bytes().all(|b| b.is_ascii_digit()) {
-            return Err(format!(
-                "{id:?} ends in '.{tail}', which cairn reserves for checkpoint generations"
-            ));
+            return Err(InvalidName::GenerationSuffix {
+                id: id.to_string(),
+                tail: tail.to_string(),
+            });
         }
     }
     Ok(())
 }
 
-fn validate_name(name: &str, max_len: usize) -> Result<(), String> {
+/// Why a task id or a phase name is refused; the text reads after the field it is about
+/// (`task id "a/b" contains '/'; ...`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum InvalidName {
+    #[error("must not be empty")]
+    Empty,
+    #[error("is {len} characters, longer than {max}")]
+    TooLong { len: usize, max: usize },
+    #[error("{name:?} contains {bad:?}; only letters, digits, '.', '_' and '-' are allowed")]
+    Character { name: String, bad: char },
+    #[error("{name:?} must not start with '.'")]
+    LeadingDot { name: String },
+    #[error("{id:?} ends in '.{tail}', which cairn reserves for checkpoint generations")]
+    GenerationSuffix { id: String, tail: String },
+}
+
+fn validate_name(name: &str, max_len: usize) -> Result<(), InvalidName> {
     if name.is_empty() {
-        return Err("must not be empty".into());
+        return Err(InvalidName::Empty);
     }
     if name.len() > max_len {
-        return Err(format!(
-            "is {} characters, longer than {max_len}",
-            name.len()
-        ));
+        return Err(InvalidName::TooLong {
+            len: name.len(),
+            max: max_len,
+        });
     }
     if let Some(bad) = name
         .chars()
         .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')))
     {
-        return Err(format!(
-            "{name:?} contains {bad:?}; only letters, digits, '.', '_' and '-' are allowed"
-        ));
+        return Err(InvalidName::Character {
+            name: name.to_string(),
+            bad,
+        });
     }
     if name.starts_with('.') {
-        return Err(format!("{name:?} must not start with '.'"));
+        return Err(InvalidName::LeadingDot {
+            name: name.to_string(),
+        });
     }
     Ok(())
 }

@@ -22,6 +22,7 @@ use std::io::{self, Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use anyhow::{anyhow, Context};
 use chrono::{DateTime, Utc};
 use serde_json::{json, Value};
 
@@ -148,13 +149,13 @@ pub struct Record {
 }
 
 impl Record {
-    pub fn read(path: &Path) -> Result<Record, String> {
-        let bytes = fs::read(path).map_err(|e| format!("reading {}: {e}", path.display()))?;
+    pub fn read(path: &Path) -> anyhow::Result<Record> {
+        let bytes = fs::read(path).with_context(|| format!("reading {}", path.display()))?;
         let value: Value = serde_json::from_slice(&bytes)
-            .map_err(|e| format!("{} is not valid JSON: {e}", path.display()))?;
+            .with_context(|| format!("{} is not valid JSON", path.display()))?;
         let status = value["status"]
             .as_str()
-            .ok_or_else(|| format!("{} has no \"status\"", path.display()))?
+            .ok_or_else(|| anyhow!("{} has no \"status\"", path.display()))?
             .to_string();
         let at = ["finished_at", "failed_at", "cancelled_at", "rejected_at"]
             .iter()
@@ -314,7 +315,7 @@ impl Listing {
         let work = match read_current_work(root) {
             Ok(work) => work,
             Err(e) => {
-                warnings.push(e);
+                warnings.push(format!("{e:#}"));
                 CurrentWork::default()
             }
         };
@@ -538,7 +539,7 @@ fn task_view(listing: &Listing, id: &str) -> TaskView {
                     record = Some(r);
                     break;
                 }
-                Err(e) => view.warnings.push(e),
+                Err(e) => view.warnings.push(format!("{e:#}")),
             }
         }
     }
@@ -832,13 +833,13 @@ pub fn read_journal_tail(root: &Path, id: &str, max_bytes: u64) -> io::Result<Ve
 }
 
 /// Read `current_work.json` (missing: nothing in flight).
-pub fn read_current_work(root: &Path) -> Result<CurrentWork, String> {
+pub fn read_current_work(root: &Path) -> anyhow::Result<CurrentWork> {
     let path = root.join("current_work.json");
     match fs::read(&path) {
         Ok(bytes) => serde_json::from_slice(&bytes)
-            .map_err(|e| format!("{} cannot be read: {e}", path.display())),
+            .with_context(|| format!("{} cannot be read", path.display())),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(CurrentWork::default()),
-        Err(e) => Err(format!("reading {}: {e}", path.display())),
+        Err(e) => Err(anyhow::Error::new(e).context(format!("reading {}", path.display()))),
     }
 }
 
@@ -1069,32 +1070,9 @@ pub fn render_table(header: &[&str], rows: &[Vec<String>]) -> String {
     out
 }
 
-/// Write to stdout; a closed pipe (`cairn status | head -1`) is not an error. Returns false
-/// when the reader has gone away.
-pub fn write_stdout(text: &str) -> io::Result<bool> {
-    use std::io::Write;
-    let mut out = io::stdout().lock();
-    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
-        Ok(()) => Ok(true),
-        Err(e) if e.kind() == io::ErrorKind::BrokenPipe => Ok(false),
-        Err(e) => Err(e),
-    }
-}
-
-/// Print `text` and turn the outcome into an exit code.
-pub fn print_or_fail(text: &str) -> u8 {
-    match write_stdout(text) {
-        Ok(_) => super::exit::OK,
-        Err(e) => {
-            eprintln!("error: writing to stdout: {e}");
-            super::exit::FAILURE
-        }
-    }
-}
-
 /// A task id as given on the command line, checked before it names any file.
-pub fn check_id(id: &str) -> Result<(), String> {
-    crate::task::validate_id(id).map_err(|e| format!("{id:?} is not a task id: {e}"))
+pub fn check_id(id: &str) -> anyhow::Result<()> {
+    crate::task::validate_id(id).with_context(|| format!("{id:?} is not a task id"))
 }
 
 #[cfg(test)]

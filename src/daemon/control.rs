@@ -146,7 +146,8 @@ impl Scheduler {
         self.retries.retain(|(_, r)| r != id);
     }
 
-    async fn persist(&self) {
+    /// Write `current_work.json`; a failure is logged (every later change writes it again).
+    pub(super) async fn persist(&self) {
         if let Err(e) = self.ctx.work.persist().await {
             tracing::error!("{e}");
         }
@@ -174,7 +175,7 @@ impl Scheduler {
         }
         let task = match self.read_task(id).await {
             Ok(task) => Arc::new(task),
-            Err(e) => return self.refuse(id, "retry", &e),
+            Err(e) => return self.refuse(id, "retry", &e.to_string()),
         };
         let mut entry = ActiveTask::new(id, &record.phase);
         entry.phase_index = record.phase_index.min(task.phases.len());

@@ -16,6 +16,7 @@ use serde_json::Value;
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 
+mod after_attempt;
 mod control;
 mod crash_blame;
 mod intake_retry;
@@ -23,6 +24,7 @@ mod notify;
 mod records;
 mod recovery;
 mod schedule;
+mod start_order;
 mod summary;
 
 pub use notify::NOTIFY_ENV;
@@ -86,7 +88,7 @@ pub enum DaemonError {
     Setup(String),
     /// Someone other than the daemon's user could write the queue (see `queue::permissions`).
     #[error("refusing to run this queue: {0}")]
-    UnsafeQueue(String),
+    UnsafeQueue(#[source] crate::queue::UnsafeQueue),
 }
 
 impl From<OpenError> for DaemonError {
@@ -262,6 +264,7 @@ pub(crate) struct Scheduler {
 }
 
 /// How an attempt's future ended, as the main loop sees it.
+#[derive(Debug)]
 pub(crate) enum AttemptOutcome {
     /// Every phase finished, `done/<id>.json` is written and the task has left
     /// `current_work`; this is its entry as it ended.

@@ -12,12 +12,12 @@ pub(super) async fn record_done(
     ctx: &Arc<RunContext>,
     task: &Task,
     lease: &Lease,
-) -> Result<ActiveTask, String> {
+) -> Result<ActiveTask, RecordError> {
     let id = task.id();
     let entry = ctx
         .work
         .update(|w| w.get(id).cloned())
-        .ok_or_else(|| format!("internal error: task {id} is not in current_work"))?;
+        .ok_or_else(|| RecordError::NotInFlight(id.to_string()))?;
     write_done(ctx, task, &entry, lease).await?;
     ctx.work.update(|w| w.remove(id));
     // Dropping the entry from the file is no durability step (a restart drops an entry whose
@@ -32,12 +32,24 @@ pub(super) async fn record_done(
     Ok(entry)
 }
 
+/// A final record that could not be written; the task keeps its `current_work` entry, so the
+/// next start tries again.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum RecordError {
+    #[error("internal error: task {0} is not in current_work")]
+    NotInFlight(String),
+    #[error("{0}")]
+    Outputs(#[from] runner::StateError),
+    #[error(transparent)]
+    Write(#[from] crate::queue::QueueError),
+}
+
 async fn write_done(
     ctx: &RunContext,
     task: &Task,
     entry: &ActiveTask,
     lease: &Lease,
-) -> Result<(), String> {
+) -> Result<(), RecordError> {
     let outputs = outputs_by_name(ctx, entry).await?;
     let result = task
         .phases
@@ -63,7 +75,7 @@ async fn write_done(
     let (queue, lease) = (ctx.queue.clone(), lease.clone());
     runner_blocking(move || queue.finish(&lease, &TaskRecord::Done(record)))
         .await
-        .map_err(|e| e.to_string())
+        .map_err(RecordError::Write)
 }
 
 impl Scheduler {
@@ -162,7 +174,7 @@ impl Scheduler {
 async fn outputs_by_name(
     ctx: &RunContext,
     entry: &ActiveTask,
-) -> Result<std::collections::BTreeMap<String, Value>, String> {
+) -> Result<std::collections::BTreeMap<String, Value>, runner::StateError> {
     match runner::load_inputs(ctx, &entry.phase_outputs).await? {
         Value::Object(map) => Ok(map.into_iter().collect()),
         _ => Ok(Default::default()),

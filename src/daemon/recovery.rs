@@ -115,7 +115,8 @@ impl Scheduler {
                     phases: Vec::new(),
                     meta: None,
                 };
-                self.give_up(&Arc::new(task), entry, error).await;
+                self.give_up(&Arc::new(task), entry, error.to_string())
+                    .await;
                 return None;
             }
         };
@@ -127,8 +128,8 @@ impl Scheduler {
                     None => self.attempt_progressed(&entry).await,
                 };
                 self.count_lost_iterations(&task, &mut entry);
-                if let Err(error) = self.judge_crash(&task, &mut entry, in_flight, progressed) {
-                    self.give_up(&task, entry, error).await;
+                if let Some(reason) = self.judge_crash(&task, &mut entry, in_flight, progressed) {
+                    self.give_up(&task, entry, reason).await;
                     return None;
                 }
                 entry.status = ActiveStatus::Interrupted;
@@ -183,15 +184,15 @@ impl Scheduler {
 
     /// The daemon died during this task's attempt: a crash is not the task's failure (a power
     /// cut, an OOM kill of something else, an operator's SIGKILL), so it uses up no attempt.
-    /// [`crash_blame::judge`] decides whether it counts against the task; `Err` holds the
-    /// reason when the task is taken for the cause of the crashes.
+    /// [`crash_blame::judge`] decides whether it counts against the task. Returns the reason
+    /// to fail it for when the task is taken for the cause of the crashes.
     fn judge_crash(
         &self,
         task: &Task,
         entry: &mut ActiveTask,
         in_flight: usize,
         progressed: bool,
-    ) -> Result<(), String> {
+    ) -> Option<String> {
         let limit = crash_blame::crash_limit(task);
         let verdict = crash_blame::judge(in_flight, progressed, entry.crashes_alone, limit);
         let (suspect, crashes_alone) = match verdict {
@@ -218,9 +219,9 @@ impl Scheduler {
         );
         match verdict {
             Verdict::Quarantined { crashes_alone } => {
-                Err(crash_blame::quarantine_reason(crashes_alone))
+                Some(crash_blame::quarantine_reason(crashes_alone))
             }
-            _ => Ok(()),
+            _ => None,
         }
     }
 
@@ -286,16 +287,19 @@ impl Scheduler {
         self.tasks.insert(id, Arc::new(task));
     }
 
-    pub(super) async fn read_task(&self, id: &str) -> Result<Task, String> {
+    pub(super) async fn read_task(&self, id: &str) -> Result<Task, DefinitionError> {
         let ctx = Arc::clone(&self.ctx);
         let id = id.to_string();
         runner_blocking(move || read_task(&ctx, &id)).await
     }
 }
 
+/// Why a task's definition cannot be read back (the owner's error names what and why).
+pub(super) type DefinitionError = crate::queue::QueueError;
+
 /// An accepted task's definition. Blocking.
-fn read_task(ctx: &RunContext, id: &str) -> Result<Task, String> {
-    ctx.queue.task(id).map_err(|e| e.to_string())
+fn read_task(ctx: &RunContext, id: &str) -> Result<Task, DefinitionError> {
+    ctx.queue.task(id)
 }
 
 /// Did the attempt recorded in `entry` finish a phase or write a checkpoint? Blocking.
@@ -346,7 +350,7 @@ impl Records {
 struct Prefetched {
     entry: ActiveTask,
     has_record: bool,
-    task: Result<Task, String>,
+    task: Result<Task, DefinitionError>,
     /// For an entry whose attempt the daemon died in: whether that attempt made progress.
     progressed: Option<bool>,
 }

@@ -19,5 +19,7 @@ pub use layout::{QueueDir, SUBDIRS};
 pub use lease::{Lease, LeaseLost, OwnerLease};
 pub use lock::{LockError, QueueLock};
 pub use owner::{OpenError, Queue, RecordLocations};
-pub use permissions::{check_queue_permissions, check_submitter, check_task_file};
+pub use permissions::{
+    check_queue_permissions, check_submitter, check_task_file, RefusedFile, UnsafeQueue,
+};
 pub use watch::{QueueHint, QueueWatcher};

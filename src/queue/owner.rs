@@ -30,7 +30,7 @@ pub enum OpenError {
     Setup(String),
     /// Someone other than the owner's user could write it (see `queue::permissions`).
     #[error("refusing to run this queue: {0}")]
-    Unsafe(String),
+    Unsafe(#[from] super::UnsafeQueue),
 }
 
 /// Where a person finds the final records, for messages.

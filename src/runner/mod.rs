@@ -12,6 +12,7 @@ mod once;
 mod orphans;
 mod work_state;
 mod worker;
+mod worker_supervision;
 
 pub use child::{CommandRun, RunEnd, KILL_AFTER, MAX_REPLY_BYTES};
 /// The scope of loop phases' checkpoints (the queue benchmark builds such checkpoints).
@@ -111,6 +112,23 @@ pub enum PhaseError {
     Budget(String),
 }
 
+/// cairn could not read or write a task's own state: a phase output, `current_work.json`.
+/// Not the task's fault, so the attempt it ends does not count.
+#[derive(Debug, thiserror::Error)]
+pub enum StateError {
+    #[error("{0}")]
+    Blocking(#[from] PhaseError),
+    #[error("{0}")]
+    Encode(#[source] serde_json::Error),
+    /// The queue's owner could not write or read it (the message names what).
+    #[error(transparent)]
+    Queue(#[from] QueueError),
+    #[error("the output of phase {phase:?} ({key}) is missing")]
+    MissingOutput { phase: String, key: String },
+    #[error("{0}")]
+    Persist(#[source] std::io::Error),
+}
+
 /// How a phase run ended without error.
 #[derive(Debug)]
 pub enum PhaseEnd {
@@ -157,7 +175,7 @@ pub async fn run_attempt(ctx: &Arc<RunContext>, task: &Arc<Task>, lease: &Lease)
             Ok(inputs) => inputs,
             Err(error) => {
                 return AttemptEnd::Failed {
-                    error,
+                    error: error.to_string(),
                     counts: false,
                 }
             }
@@ -206,7 +224,7 @@ pub async fn run_attempt(ctx: &Arc<RunContext>, task: &Arc<Task>, lease: &Lease)
             Ok(PhaseEnd::Completed(output)) => {
                 if let Err(error) = finish_phase(ctx, task, lease, index, output).await {
                     return AttemptEnd::Failed {
-                        error,
+                        error: error.to_string(),
                         counts: false,
                     };
                 }
@@ -242,17 +260,14 @@ async fn finish_phase(
     lease: &Lease,
     index: usize,
     output: Value,
-) -> Result<(), String> {
+) -> Result<(), StateError> {
     let id = task.id().to_string();
-    let bytes = serde_json::to_vec(&output).map_err(|e| e.to_string())?;
+    let bytes = serde_json::to_vec(&output).map_err(StateError::Encode)?;
     let stored = if bytes.len() <= INLINE_OUTPUT_LIMIT {
         StoredOutput::Inline(output)
     } else {
         let (queue, lease) = (ctx.queue.clone(), lease.clone());
-        let reference = blocking(move || queue.put_output(&lease, index, &bytes))
-            .await
-            .map_err(|e| e.to_string())?
-            .map_err(|e| e.to_string())?;
+        let reference = blocking(move || queue.put_output(&lease, index, &bytes)).await??;
         StoredOutput::File(reference)
     };
     let next = task.phases.get(index + 1).map(|p| p.name.clone());
@@ -279,14 +294,14 @@ async fn finish_phase(
             }
         }
     });
-    ctx.work.persist().await.map_err(|e| e.to_string())
+    ctx.work.persist().await.map_err(StateError::Persist)
 }
 
 /// The outputs of the finished phases, by name, as given to commands in `inputs`.
 pub async fn load_inputs(
     ctx: &RunContext,
     outputs: &std::collections::BTreeMap<String, StoredOutput>,
-) -> Result<Value, String> {
+) -> Result<Value, StateError> {
     let mut inputs = Map::new();
     for (name, stored) in outputs {
         let value = match stored {
@@ -295,10 +310,11 @@ pub async fn load_inputs(
                 let queue = ctx.queue.clone();
                 let reference = key.clone();
                 blocking(move || queue.read_output(&reference))
-                    .await
-                    .map_err(|e| e.to_string())?
-                    .map_err(|e: QueueError| e.to_string())?
-                    .ok_or_else(|| format!("the output of phase {name:?} ({key}) is missing"))?
+                    .await??
+                    .ok_or_else(|| StateError::MissingOutput {
+                        phase: name.clone(),
+                        key: key.clone(),
+                    })?
             }
         };
         inputs.insert(name.clone(), value);
