@@ -95,6 +95,10 @@ impl CheckpointBench {
             Durability::None => Arc::new(UnsyncedFileOps),
         };
         let storage = FileStorage::with_ops(&root, ops);
+        // Made durable before the clock starts, so the first save does not sync it.
+        storage
+            .create_dir("incremental")
+            .with_context(|| format!("creating {}", root.join("incremental").display()))?;
         // Owned as the daemon owns a queue, so that every checkpoint passes the same lease
         // check as a loop phase's.
         let queue = Queue::open_files(&root, Some(Arc::new(storage) as Arc<dyn Storage>))
