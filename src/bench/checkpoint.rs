@@ -16,8 +16,10 @@ use serde::Serialize;
 
 use super::workload::{mean_canonical_bytes, SizeClass, TaskState};
 use super::{millis, percentile, round_to};
-use crate::queue::Queue;
-use crate::store::{FileOps, FileStorage, LoopCheckpointer, RealFileOps, Storage, UnsyncedFileOps};
+use crate::queue::{Queue, QueueDir};
+use crate::store::{
+    CheckpointStore, FileOps, FileStorage, LoopCheckpointer, RealFileOps, Storage, UnsyncedFileOps,
+};
 
 /// What a checkpoint call promises when it returns.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -96,9 +98,10 @@ impl CheckpointBench {
         };
         let storage = FileStorage::with_ops(&root, ops);
         // Made durable before the clock starts, so the first save does not sync it.
+        let checkpoint_dir = QueueDir::new(&root).checkpoint_dir();
         storage
-            .create_dir("incremental")
-            .with_context(|| format!("creating {}", root.join("incremental").display()))?;
+            .create_dir(CheckpointStore::DIR)
+            .with_context(|| format!("creating {}", checkpoint_dir.display()))?;
         // Owned as the daemon owns a queue, so that every checkpoint passes the same lease
         // check as a loop phase's.
         let queue = Queue::open_files(&root, Some(Arc::new(storage) as Arc<dyn Storage>))
@@ -107,7 +110,7 @@ impl CheckpointBench {
         let started = Instant::now();
         let samples = if self.raw {
             run_raw(
-                &root.join("incremental"),
+                &checkpoint_dir,
                 self.size,
                 self.conc,
                 iterations,

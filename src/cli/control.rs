@@ -11,7 +11,7 @@ use clap::Args;
 
 use super::error::{print_line, CliError, CliResult};
 use crate::queue::control::{self, ControlAction, ControlRequest};
-use crate::queue::QueueDir;
+use crate::queue::{QueueDir, QueueReader};
 use crate::store::{FileStorage, Storage};
 use crate::task::validate_id;
 
@@ -46,12 +46,13 @@ pub fn run(queue: &Path, action: Action, args: ControlArgs) -> CliResult {
     };
     validate_id(&args.id).map_err(|problem| CliError::usage(format_args!("task id {problem}")))?;
     let storage = FileStorage::new(queue);
+    let reader = QueueReader::open(queue);
     // A task still in the inbox is steered too: the daemon holds the request until it has
     // taken the task.
     let mut submitted = false;
     match storage.get(&QueueDir::task_key(&args.id)) {
         Ok(Some(_)) => {}
-        Ok(None) if in_inbox(queue, &args.id) => submitted = true,
+        Ok(None) if reader.in_inbox(&args.id) => submitted = true,
         Ok(None) => {
             return Err(CliError::failure(format_args!(
                 "queue {} has no task {:?}",
@@ -69,25 +70,28 @@ pub fn run(queue: &Path, action: Action, args: ControlArgs) -> CliResult {
     let request = ControlRequest::new(action, &args.id);
     let key = control::submit(&storage, &request).map_err(|e| {
         CliError::failure(format_args!(
-            "writing the request into {}/control: {e}",
-            queue.display()
+            "writing the request into {}: {e}",
+            QueueDir::new(queue).control().display()
         ))
     })?;
     let verb = action.as_str();
     if args.no_wait {
         return print_line(format_args!("{verb} requested for {}", args.id));
     }
-    let Some(pid) = daemon_pid(queue) else {
+    let Some(pid) = reader.daemon().pid else {
         let when = if submitted {
-            "it is still in inbox/ and no daemon is running; it takes effect when one takes the task"
+            format!(
+                "it is still in {}/ and no daemon is running; it takes effect when one takes the task",
+                QueueDir::INBOX_NAME
+            )
         } else {
-            "no daemon is running, it takes effect when one starts"
+            "no daemon is running, it takes effect when one starts".to_string()
         };
         return print_line(format_args!("{verb} requested for {}; {when}", args.id));
     };
     let deadline = Instant::now() + WAIT_FOR_DAEMON;
     while Instant::now() < deadline {
-        if control::handled(&QueueDir::new(queue), &key) {
+        if control::handled(reader.dir(), &key) {
             let outcome = match action {
                 ControlAction::Pause => "it stops at its next iteration boundary, checkpointed",
                 ControlAction::Resume => "it continues",
@@ -105,21 +109,4 @@ pub fn run(queue: &Path, action: Action, args: ControlArgs) -> CliResult {
         "{verb} requested for {}; the daemon (pid {pid}) has not taken it yet",
         args.id
     ))
-}
-
-/// Is a task with this id waiting in `inbox/` (as `cairn submit` names it, or inside a file
-/// named otherwise)?
-fn in_inbox(queue: &Path, id: &str) -> bool {
-    super::view::inbox_tasks(queue)
-        .iter()
-        .any(|(_, task)| task.id() == id)
-}
-
-/// The pid of the daemon that owns the queue, if one is alive. Only reads `.lock`: taking the
-/// lock here could make a daemon that is starting fail.
-pub fn daemon_pid(queue: &Path) -> Option<i32> {
-    let text = std::fs::read_to_string(queue.join(".lock")).ok()?;
-    let pid: i32 = text.trim().parse().ok()?;
-    let alive = pid > 0 && nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok();
-    alive.then_some(pid)
 }

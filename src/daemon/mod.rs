@@ -11,9 +11,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use futures::FutureExt;
-use serde_json::Value;
-use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 
 mod after_attempt;
@@ -31,10 +28,9 @@ pub use notify::NOTIFY_ENV;
 pub use summary::RunSummary;
 
 use crate::queue::{LockError, OpenError, Queue, QueueHint};
-use crate::runner::{self, AttemptEnd, RunContext, WorkState};
+use crate::runner::{AttemptEnd, RunContext, WorkState};
 use crate::shutdown::Shutdown;
 use crate::store::current_work::{ActiveStatus, ActiveTask};
-use crate::store::records::{DoneRecord, FailedRecord};
 use crate::store::Storage;
 use crate::task::Task;
 
@@ -116,8 +112,36 @@ pub async fn run_with_summary(
 ) -> Result<(DaemonExit, RunSummary), DaemonError> {
     // Owned (its lock held) for as long as the queue lives.
     let queue = Queue::open_files(&config.queue_dir, config.storage.clone())?;
+    prepare_queue(&queue).await;
+    clean_after_crash(&queue);
+    let work = load_work(&queue)?;
+    let ctx = Arc::new(RunContext {
+        queue,
+        work: Arc::new(work),
+        shutdown: shutdown.clone(),
+        controls: Default::default(),
+        trial_progress: tokio::sync::Notify::new(),
+    });
+    let mut scheduler = Scheduler::new(ctx, config);
+    scheduler.recover().await?;
+    // The queue is locked and what was in flight is lined up again.
+    let status = scheduler.status_line();
+    scheduler.notifier.ready(status);
+    let exit = scheduler.work_until_stopped().await;
+    scheduler.drain().await;
+    let summary = scheduler.close().await;
+    let exit = if shutdown.is_immediate() {
+        DaemonExit::StoppedImmediately
+    } else {
+        exit
+    };
+    Ok((exit, summary))
+}
+
+/// Kill what a daemon that died left running (so nothing races the tasks about to resume),
+/// and write the worker helpers.
+async fn prepare_queue(queue: &Queue) {
     let root = queue.root().to_path_buf();
-    let record_locations = queue.record_locations();
     let runs_dir = queue.runs_dir();
     let orphans = runner_blocking(move || crate::runner::kill_orphans(&runs_dir)).await;
     if orphans > 0 {
@@ -127,13 +151,16 @@ pub async fn run_with_summary(
         );
     }
     tracing::info!(queue = %root.display(), pid = std::process::id(), "cairn daemon started");
-    let clients_root = root.clone();
+    let clients_root = root.to_path_buf();
     // Not fatal: only tasks whose workers use the helpers need them, and their error names
     // the missing file.
     if let Err(e) = runner_blocking(move || crate::clients::install(&clients_root)).await {
         tracing::error!("writing the worker helpers: {e}");
     }
+}
 
+/// Remove what writes a crash cut short left behind, before anything is read.
+fn clean_after_crash(queue: &Queue) {
     match queue.clean_after_crash() {
         Ok(removed) if !removed.is_empty() => {
             tracing::info!(
@@ -146,80 +173,17 @@ pub async fn run_with_summary(
         // again before they are written to.
         Err(e) => tracing::error!("cleaning temp files and syncing the queue's directories: {e}"),
     }
-    let work = match WorkState::load(queue.clone()) {
-        Ok(work) => work,
-        Err(e) => {
-            return Err(DaemonError::Setup(format!(
-                "{e}; move {} aside to start without it (tasks then restart their phases, their loop checkpoints are kept)",
-                queue.work_state_name()
-            )))
-        }
-    };
-    let ctx = Arc::new(RunContext {
-        queue,
-        work: Arc::new(work),
-        shutdown: shutdown.clone(),
-        controls: Default::default(),
-        trial_progress: tokio::sync::Notify::new(),
-    });
-    let mut scheduler = Scheduler {
-        ctx,
-        config,
-        tasks: HashMap::new(),
-        resume: VecDeque::new(),
-        suspects: VecDeque::new(),
-        on_trial: HashSet::new(),
-        trial_width: 1,
-        pending: BinaryHeap::new(),
-        next_seq: 0,
-        retries: Vec::new(),
-        running: JoinSet::new(),
-        running_ids: HashSet::new(),
-        inbox_deferred: false,
-        scan: None,
-        scan_again: false,
-        intake_retry: intake_retry::IntakeRetry::default(),
-        intake_hints: Vec::new(),
-        notifier: notify::ServiceNotifier::new(),
-        finished: 0,
-        control_deferred: false,
-        summary: RunSummary {
-            records: record_locations,
-            ..RunSummary::default()
-        },
-    };
-    scheduler.recover().await?;
-    // The queue is locked and what was in flight is lined up again.
-    let status = scheduler.status_line();
-    scheduler.notifier.ready(status);
-    let exit = scheduler.work_until_stopped().await;
-    scheduler.drain().await;
-    let ctx = Arc::clone(&scheduler.ctx);
-    runner_blocking(move || ctx.queue.flush_events()).await;
-    let mut summary = std::mem::take(&mut scheduler.summary);
-    scheduler.ctx.work.update(|work| {
-        for entry in &work.active_tasks {
-            if entry.status == ActiveStatus::Paused {
-                summary.paused.add(entry.task_id.as_str());
-            } else {
-                summary.unfinished += 1;
-            }
-        }
-    });
-    tracing::info!(
-        done = summary.done.count,
-        failed = summary.failed.count,
-        rejected = summary.rejected.count,
-        paused = summary.paused.count,
-        unfinished = summary.unfinished,
-        "cairn daemon stopped"
-    );
-    let exit = if shutdown.is_immediate() {
-        DaemonExit::StoppedImmediately
-    } else {
-        exit
-    };
-    Ok((exit, summary))
+}
+
+/// What was in flight when the last daemon stopped; a damaged work state stops the start,
+/// saying how to start without it.
+fn load_work(queue: &Queue) -> Result<WorkState, DaemonError> {
+    WorkState::load(queue.clone()).map_err(|e| {
+        DaemonError::Setup(format!(
+            "{e}; move {} aside to start without it (tasks then restart their phases, their loop checkpoints are kept)",
+            queue.work_state_name()
+        ))
+    })
 }
 
 pub(crate) struct Scheduler {
@@ -273,6 +237,64 @@ pub(crate) enum AttemptOutcome {
     RecordFailed(String),
     /// Any other end, which the main loop handles.
     Ended(AttemptEnd),
+}
+
+impl Scheduler {
+    /// A scheduler with nothing lined up yet ([`Scheduler::recover`] lines up the queue).
+    fn new(ctx: Arc<RunContext>, config: DaemonConfig) -> Scheduler {
+        let records = ctx.queue.record_locations();
+        Scheduler {
+            ctx,
+            config,
+            tasks: HashMap::new(),
+            resume: VecDeque::new(),
+            suspects: VecDeque::new(),
+            on_trial: HashSet::new(),
+            trial_width: 1,
+            pending: BinaryHeap::new(),
+            next_seq: 0,
+            retries: Vec::new(),
+            running: JoinSet::new(),
+            running_ids: HashSet::new(),
+            inbox_deferred: false,
+            scan: None,
+            scan_again: false,
+            intake_retry: intake_retry::IntakeRetry::default(),
+            intake_hints: Vec::new(),
+            notifier: notify::ServiceNotifier::new(),
+            finished: 0,
+            control_deferred: false,
+            summary: RunSummary {
+                records,
+                ..RunSummary::default()
+            },
+        }
+    }
+
+    /// After the drain: flush the journals and tell what this run did and what it leaves.
+    async fn close(&mut self) -> RunSummary {
+        let ctx = Arc::clone(&self.ctx);
+        runner_blocking(move || ctx.queue.flush_events()).await;
+        let mut summary = std::mem::take(&mut self.summary);
+        self.ctx.work.update(|work| {
+            for entry in &work.active_tasks {
+                if entry.status == ActiveStatus::Paused {
+                    summary.paused.add(entry.task_id.as_str());
+                } else {
+                    summary.unfinished += 1;
+                }
+            }
+        });
+        tracing::info!(
+            done = summary.done.count,
+            failed = summary.failed.count,
+            rejected = summary.rejected.count,
+            paused = summary.paused.count,
+            unfinished = summary.unfinished,
+            "cairn daemon stopped"
+        );
+        summary
+    }
 }
 
 /// Run blocking file work off the async thread; a panic there is re-raised here.

@@ -1,5 +1,7 @@
 //! The queue directory: its layout, the one-owner lock, intake of task files from `inbox/`,
-//! and control requests in `control/`.
+//! control requests in `control/`, the read model the operator commands and benches read
+//! through ([`QueueReader`], which also tells whether a daemon holds the queue), and what
+//! `prune` may remove with the removal itself ([`QueuePruner`]).
 
 pub mod backend;
 pub mod control;
@@ -9,7 +11,12 @@ mod layout;
 pub mod lease;
 mod lock;
 mod owner;
+#[cfg(test)]
+mod path_literals;
 mod permissions;
+mod prune;
+pub mod read;
+mod safe_remove;
 mod watch;
 
 pub use backend::{ControlClaim, LoadError, QueueBackend, QueueError, TaskRecord};
@@ -22,4 +29,7 @@ pub use owner::{OpenError, Queue, RecordLocations};
 pub use permissions::{
     check_queue_permissions, check_submitter, check_task_file, RefusedFile, UnsafeQueue,
 };
+pub use prune::{PruneItem, PrunePlan, PruneReason, PruneRules, QueuePruner, PRUNE_GRACE};
+pub use read::{DaemonInfo, LoadOptions, QueueReader, QueueView, TaskView};
+pub use safe_remove::UnsafeQueueError;
 pub use watch::{QueueHint, QueueWatcher};
