@@ -10,6 +10,8 @@ mod lock;
 #[cfg(test)]
 mod path_literals;
 mod permissions;
+#[cfg(feature = "postgres")]
+pub mod postgres;
 mod prune;
 pub mod read;
 mod safe_remove;

@@ -132,7 +132,7 @@ impl LoopCheckpointer {
         iteration_count: u64,
         state: &S,
     ) -> Result<bool, StoreError> {
-        if iteration_count % self.every == 0 {
+        if iteration_count.is_multiple_of(self.every) {
             self.save_now(self.envelope(iteration_count, state, false, None))?;
             Ok(true)
         } else {
