@@ -36,7 +36,9 @@ use super::lease::{Lease, LeaseLost, OwnerLease};
 use super::{IntakeReport, QueueHint};
 use crate::store::current_work::{CurrentWork, StartPoint, CURRENT_WORK_VERSION};
 use crate::store::records::{DoneRecord, FailedRecord};
-use crate::store::{CheckpointStore, LoadedCheckpoint, StoreError, WriteFence};
+use crate::store::{
+    CheckpointStore, IterationCheckpoint, LoadedCheckpoint, StoreError, WriteFence,
+};
 use crate::task::Task;
 
 /// Why a queue operation failed.
@@ -65,6 +67,19 @@ pub enum QueueError {
     /// A checkpoint operation failed.
     #[error(transparent)]
     Checkpoint(#[from] StoreError),
+    /// The backend's store (a database) failed; `what` says what was being done.
+    #[error("{what}: {source}")]
+    Backend {
+        what: String,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// This backend does not do this operation yet.
+    #[error("{operation} is not supported by the {backend} backend yet")]
+    Unsupported {
+        operation: &'static str,
+        backend: &'static str,
+    },
 }
 
 /// Why the work state could not be read at start.
@@ -170,13 +185,20 @@ pub trait QueueBackend: Send + Sync + fmt::Debug {
     /// A large phase output by the reference [`put_output`](QueueBackend::put_output) gave.
     fn read_output(&self, reference: &str) -> Result<Option<Value>, QueueError>;
 
-    /// The checkpoints (reads, and the file format the fenced writes use).
-    fn checkpoints(&self) -> &CheckpointStore;
+    /// The checkpoint files, when this backend keeps checkpoints as files (the owner's
+    /// checkpointers then write them directly, fenced by
+    /// [`checkpoint_fence`](QueueBackend::checkpoint_fence)); `None` for a backend that keeps
+    /// them elsewhere (a database), whose checkpoints go through
+    /// [`save_checkpoint`](QueueBackend::save_checkpoint) and
+    /// [`latest_checkpoint`](QueueBackend::latest_checkpoint) only.
+    ///
+    /// (Changed from a `&CheckpointStore` every backend had to expose: a database has no
+    /// store of files to hand out.)
+    fn checkpoint_files(&self) -> Option<&CheckpointStore>;
 
-    /// The newest checkpoint of `task_id` that decodes.
-    fn latest_checkpoint(&self, task_id: &str) -> Result<Option<LoadedCheckpoint>, QueueError> {
-        Ok(self.checkpoints().latest(task_id)?)
-    }
+    /// The newest checkpoint of `task_id` that decodes (older generations are tried when the
+    /// newest does not). Required of each backend, since not every backend has files.
+    fn latest_checkpoint(&self, task_id: &str) -> Result<Option<LoadedCheckpoint>, QueueError>;
 
     // ---- Writes ----
 
@@ -210,6 +232,16 @@ pub trait QueueBackend: Send + Sync + fmt::Debug {
     /// it in the task's history. Fenced by `lease`. The retry's entry is written before (its
     /// `retry_of` tells recovery which of the two is current).
     fn archive_failed(&self, lease: &Lease, record: &FailedRecord) -> Result<(), QueueError>;
+
+    /// Durably store `checkpoint` as the task's next generation, atomically, fenced by `lease`
+    /// in the same step (a database: in the same statement). Sets its generation, format
+    /// version and time as the file store does; returns the generation. The backend-neutral
+    /// way to save a checkpoint (files: the same write as the owner's checkpointers).
+    fn save_checkpoint(
+        &self,
+        lease: &Lease,
+        checkpoint: &mut IterationCheckpoint,
+    ) -> Result<u64, QueueError>;
 
     /// A fence for the checkpoint writes of one phase under `lease`, checked before each save
     /// (see [`WriteFence`]). Checking must not allocate or block.

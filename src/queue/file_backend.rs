@@ -16,7 +16,9 @@ use super::{Intake, IntakeReport, QueueDir, QueueHint, QueueLock};
 use crate::store::current_work::{CurrentWork, StartPoint, CURRENT_WORK_VERSION};
 use crate::store::journal::JournalWriter;
 use crate::store::records::{to_record_bytes, FailedRecord};
-use crate::store::{CheckpointStore, Storage, StoreError, WriteFence};
+use crate::store::{
+    CheckpointStore, IterationCheckpoint, LoadedCheckpoint, Storage, StoreError, WriteFence,
+};
 use crate::task::Task;
 
 /// The file backend's one epoch: the `flock` is held for the owner's whole life, so no other
@@ -246,8 +248,12 @@ impl QueueBackend for FileBackend {
             })
     }
 
-    fn checkpoints(&self) -> &CheckpointStore {
-        &self.checkpoints
+    fn checkpoint_files(&self) -> Option<&CheckpointStore> {
+        Some(&self.checkpoints)
+    }
+
+    fn latest_checkpoint(&self, task_id: &str) -> Result<Option<LoadedCheckpoint>, QueueError> {
+        Ok(self.checkpoints.latest(task_id)?)
     }
 
     fn encode_work(&self, work: &CurrentWork, buffer: &mut Vec<u8>) -> serde_json::Result<()> {
@@ -303,6 +309,15 @@ impl QueueBackend for FileBackend {
             what: from.display().to_string(),
             source,
         })
+    }
+
+    fn save_checkpoint(
+        &self,
+        lease: &Lease,
+        checkpoint: &mut IterationCheckpoint,
+    ) -> Result<u64, QueueError> {
+        self.fence(lease)?;
+        Ok(self.checkpoints.save(checkpoint)?)
     }
 
     fn checkpoint_fence(&self, lease: &Lease) -> Result<Arc<dyn WriteFence>, QueueError> {

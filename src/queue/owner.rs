@@ -145,10 +145,14 @@ impl Queue {
     /// refused (and writes nothing) once the lease no longer holds.
     pub fn checkpointer(&self, lease: &Lease, scope: &str) -> Result<LoopCheckpointer, QueueError> {
         let fence = self.backend.checkpoint_fence(lease)?;
-        Ok(
-            LoopCheckpointer::new(self.backend.checkpoints().clone(), lease.task_id(), scope)
-                .fenced(fence),
-        )
+        let store = self
+            .backend
+            .checkpoint_files()
+            .ok_or(QueueError::Unsupported {
+                operation: "a loop phase's checkpointer",
+                backend: "database",
+            })?;
+        Ok(LoopCheckpointer::new(store.clone(), lease.task_id(), scope).fenced(fence))
     }
 
     /// Learn the checkpoint generations of the tasks in flight in one read (at start), so that
@@ -157,10 +161,11 @@ impl Queue {
         &self,
         task_ids: impl IntoIterator<Item = &'a str>,
     ) -> Result<(), QueueError> {
-        Ok(self
-            .backend
-            .checkpoints()
-            .learn_generations_on_disk(task_ids)?)
+        // A backend without checkpoint files learns a task's generation when it claims it.
+        match self.backend.checkpoint_files() {
+            Some(store) => Ok(store.learn_generations_on_disk(task_ids)?),
+            None => Ok(()),
+        }
     }
 }
 

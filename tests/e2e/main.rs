@@ -28,6 +28,7 @@ mod items;
 mod numbers;
 mod operator;
 #[cfg(feature = "postgres")]
+mod postgres_backend;
 mod postgres_leases;
 mod service;
 mod spawn_exhaustion;

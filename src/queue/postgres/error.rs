@@ -17,6 +17,9 @@ pub enum PgError {
         node: String,
         epoch: i64,
     },
+    /// The runtime that drives the database client could not be started.
+    #[error("starting the database client's runtime: {0}")]
+    Runtime(#[source] std::io::Error),
     /// The connection string does not parse.
     #[error("invalid database URL: {0}")]
     InvalidUrl(#[source] tokio_postgres::Error),

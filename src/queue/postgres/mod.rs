@@ -11,12 +11,14 @@
 //!   attempt, pause, final record), each of
 //!   which checks the lease in the same statement and returns [`PgError::LeaseLost`] when it
 //!   no longer holds.
+//! - [`PgBackend`]: the owner's [`QueueBackend`](super::QueueBackend) on these statements.
 //! - [`SubmitListener`]: LISTEN/NOTIFY wake-ups for new and released work; the caller still
 //!   polls, so a lost notification only delays pickup.
 //!
 //! Lease expiry is decided by the database's clock (`now()`) alone, so the hosts' clocks never
 //! matter. `docs/cluster.md` describes the model.
 
+mod backend;
 mod connect;
 mod error;
 mod fenced;
@@ -25,6 +27,7 @@ mod listen;
 pub mod schema;
 mod submit;
 
+pub use backend::PgBackend;
 pub use connect::{PgQueue, DEFAULT_POOL_SIZE};
 pub use error::PgError;
 pub use fenced::{Outcome, StoredCheckpoint};

@@ -1,0 +1,729 @@
+//! [`PgBackend`]: the queue owner's [`QueueBackend`] on PostgreSQL, built on the lease
+//! statements of [`PgQueue`]. Every write for a task goes through the task's PostgreSQL lease
+//! and is checked in the same statement; a write refused there is [`QueueError::LeaseLost`].
+//!
+//! The trait is blocking and called from the blocking pool. The backend owns a small runtime
+//! of its own (one worker thread) and runs each statement with `Runtime::block_on` on it, so
+//! the database's connections are driven whatever runtime the daemon runs on (a
+//! current-thread one cannot drive them from a blocking thread). Calling a method from inside
+//! an async task would block that task's thread: tokio refuses it with a panic, so such a
+//! call is found at once, never a silent stall.
+//!
+//! Not yet done by this backend (each says so where it is called): the local inbox (tasks are
+//! submitted with [`PgQueue::submit`]), control requests, `cairn fork`'s start points,
+//! archiving a failed record for a retry, and the owner's loop checkpointers (checkpoints are
+//! saved through [`QueueBackend::save_checkpoint`]).
+
+use std::collections::{HashMap, HashSet};
+use std::future::Future;
+use std::io;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime};
+
+use chrono::{DateTime, Utc};
+use serde_json::Value;
+use tokio::runtime::Runtime;
+use tokio::task::JoinHandle;
+
+use super::connect::PgQueue;
+use super::error::{During, PgError};
+use super::fenced::Outcome;
+use super::lease::Lease as PgLease;
+use crate::queue::backend::{ControlClaim, LoadError, QueueBackend, QueueError, TaskRecord};
+use crate::queue::control::ControlRequest;
+use crate::queue::lease::{Lease, LeaseLost, OwnerLease};
+use crate::queue::{IntakeReport, QueueHint};
+use crate::store::current_work::{ActiveTask, CurrentWork, StartPoint};
+use crate::store::records::{to_record_bytes, FailedRecord};
+use crate::store::{
+    decode_checkpoint, CheckpointStore, IterationCheckpoint, LoadedCheckpoint, StoreError,
+    WriteFence,
+};
+use crate::task::Task;
+
+/// Checkpoint generations kept besides the newest, as the file store keeps them.
+const KEEP_GENERATIONS: u32 = 2;
+
+/// The backend's name in [`QueueError::Unsupported`].
+const BACKEND: &str = "PostgreSQL";
+
+/// The owner epoch of a database owner: its tasks' leases carry their own epochs.
+const OWNER_EPOCH: u64 = 0;
+
+/// Claim one named task for node `$2` for `$3` seconds: a queued one, one this node holds, or
+/// one whose lease expired (by the database's clock; counted as a crash). The epoch is raised.
+const CLAIM_ONE: &str = "
+WITH prior AS (
+    SELECT id, state = 'running' AND lease_expires_at <= now() AS expired
+    FROM cairn_tasks WHERE id = $1 FOR UPDATE
+)
+UPDATE cairn_tasks t
+SET state = 'running',
+    lease_node = $2,
+    lease_epoch = t.lease_epoch + 1,
+    lease_expires_at = now() + $3::float8 * interval '1 second',
+    crash_count = t.crash_count + CASE WHEN p.expired THEN 1 ELSE 0 END,
+    not_before = NULL,
+    updated_at = now()
+FROM prior p
+WHERE t.id = p.id
+  AND (t.state = 'queued'
+       OR (t.state = 'running' AND (t.lease_node = $2 OR t.lease_expires_at <= now())))
+RETURNING t.lease_epoch, t.lease_expires_at";
+
+/// The phase-level states of the unfinished tasks: the work state, one row per task.
+const LOAD_WORK: &str = "
+SELECT id, phase_state::text FROM cairn_tasks
+WHERE phase_state IS NOT NULL AND state IN ('queued', 'running', 'paused')
+ORDER BY submitted_at, id";
+
+/// The queue's owner on one PostgreSQL database, as node `node`.
+pub struct PgBackend {
+    db: PgQueue,
+    node: String,
+    /// How long a claim or renewal holds.
+    lease_for: Duration,
+    owner: OwnerLease,
+    /// The PostgreSQL lease of each task this owner holds.
+    leases: Mutex<HashMap<String, PgLease>>,
+    /// Event appends under way (see [`QueueBackend::append_event`]).
+    events: Mutex<Vec<JoinHandle<()>>>,
+    /// Drives the database client; `None` only while dropping.
+    runtime: Option<Runtime>,
+}
+
+impl std::fmt::Debug for PgBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgBackend")
+            .field("db", &self.db)
+            .field("node", &self.node)
+            .field("lease_for", &self.lease_for)
+            .finish_non_exhaustive()
+    }
+}
+
+fn locked<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl PgBackend {
+    /// Own the queue in the database at `url` as node `node`, each lease held for
+    /// `lease_for`: migrates the schema and registers the node (refused while another live
+    /// daemon uses the name). Blocking; never call it from an async task.
+    pub fn open(url: &str, node: &str, lease_for: Duration) -> Result<PgBackend, PgError> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("cairn-postgres")
+            .enable_all()
+            .build()
+            .map_err(PgError::Runtime)?;
+        let db = PgQueue::connect(url)?;
+        runtime.block_on(async {
+            db.migrate().await?;
+            db.register_node(node, lease_for).await
+        })?;
+        Ok(PgBackend {
+            db,
+            node: node.to_owned(),
+            lease_for,
+            owner: OwnerLease::new(OWNER_EPOCH),
+            leases: Mutex::default(),
+            events: Mutex::default(),
+            runtime: Some(runtime),
+        })
+    }
+
+    /// The statements' pool, for what the trait does not cover (submitting tasks).
+    pub fn database(&self) -> &PgQueue {
+        &self.db
+    }
+
+    /// Run `future` to its end on the backend's runtime (blocking this thread).
+    fn run<F: Future>(&self, future: F) -> F::Output {
+        self.runtime
+            .as_ref()
+            .expect("the runtime lives until the backend is dropped")
+            .block_on(future)
+    }
+
+    /// The PostgreSQL lease behind `lease`, if this owner still holds it with that epoch.
+    fn held(&self, lease: &Lease) -> Result<PgLease, QueueError> {
+        if !self.owner.holds(&self.owner) {
+            return Err(lost(lease, "the queue was released by this owner"));
+        }
+        match locked(&self.leases).get(lease.task_id()) {
+            Some(held) if u64::try_from(held.epoch).ok() == Some(lease.epoch()) => Ok(held.clone()),
+            _ => Err(lost(lease, "a newer claim of the task superseded it")),
+        }
+    }
+
+    /// The trait's error for a statement's: a lost lease also forgets it here.
+    fn refused(&self, lease: &Lease, error: PgError) -> QueueError {
+        match error {
+            PgError::LeaseLost { .. } => {
+                let mut leases = locked(&self.leases);
+                if leases
+                    .get(lease.task_id())
+                    .is_some_and(|held| u64::try_from(held.epoch).ok() == Some(lease.epoch()))
+                {
+                    leases.remove(lease.task_id());
+                }
+                lost(
+                    lease,
+                    "it expired or another daemon took the task over (checked by the database)",
+                )
+            }
+            other => backend_error(format!("task {}", lease.task_id()), other),
+        }
+    }
+
+    /// Read one text column of the row `statement` returns for `task_id`, if any.
+    fn text_of(&self, statement: &str, task_id: &str) -> Result<Option<String>, QueueError> {
+        self.run(async {
+            let client = self.db.client().await?;
+            let row = client
+                .query_opt(statement, &[&task_id])
+                .await
+                .during("reading a task")?;
+            Ok::<_, PgError>(row.map(|row| row.get::<_, String>(0)))
+        })
+        .map_err(|e| backend_error(format!("reading task {task_id}"), e))
+    }
+
+    /// Ids from a one-column query.
+    fn ids(&self, statement: &str, action: &'static str) -> Result<Vec<String>, QueueError> {
+        self.run(async {
+            let client = self.db.client().await?;
+            let rows = client.query(statement, &[]).await.during(action)?;
+            Ok::<_, PgError>(rows.iter().map(|row| row.get::<_, String>(0)).collect())
+        })
+        .map_err(|e| backend_error(action.to_string(), e))
+    }
+
+    /// Write the phase state of each entry whose task this owner holds; an entry whose lease
+    /// is gone is skipped (logged): the task's new holder writes it.
+    fn write_entries(&self, work: &CurrentWork) -> Result<(), QueueError> {
+        for entry in &work.active_tasks {
+            let held = locked(&self.leases).get(&entry.task_id).cloned();
+            let Some(held) = held else {
+                tracing::warn!(task_id = %entry.task_id, "not writing the work state of a task this daemon does not hold");
+                continue;
+            };
+            let json = serde_json::to_string(entry)
+                .map_err(|e| backend_error(format!("encoding task {}", entry.task_id), e))?;
+            match self.run(self.db.save_phase_state(&held, &json)) {
+                Ok(()) => {}
+                Err(PgError::LeaseLost { .. }) => {
+                    let lease = self.owner.lease(&entry.task_id, epoch_of(&held));
+                    let error = self.refused(
+                        &lease,
+                        PgError::LeaseLost {
+                            task_id: held.task_id.clone(),
+                            node: held.node.clone(),
+                            epoch: held.epoch,
+                        },
+                    );
+                    tracing::warn!(task_id = %entry.task_id, %error, "the work state of a task was not written");
+                }
+                Err(e) => {
+                    return Err(backend_error(
+                        format!("writing the work state of task {}", entry.task_id),
+                        e,
+                    ))
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Drop for PgBackend {
+    fn drop(&mut self) {
+        // Dropping a runtime blocks, which tokio refuses on an async thread; the last owner of
+        // the backend may well be one.
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_background();
+        }
+    }
+}
+
+fn lost(lease: &Lease, reason: &'static str) -> QueueError {
+    QueueError::LeaseLost(LeaseLost {
+        task_id: lease.task_id().to_string(),
+        epoch: lease.epoch(),
+        reason,
+    })
+}
+
+fn backend_error(
+    what: String,
+    source: impl std::error::Error + Send + Sync + 'static,
+) -> QueueError {
+    QueueError::Backend {
+        what,
+        source: Box::new(source),
+    }
+}
+
+fn epoch_of(lease: &PgLease) -> u64 {
+    u64::try_from(lease.epoch).unwrap_or(0)
+}
+
+/// What a failed record's status makes of the task in `cairn_tasks`.
+fn outcome_of(record: &FailedRecord) -> Outcome {
+    match record.status.as_str() {
+        "budget_exceeded" => Outcome::BudgetExceeded,
+        "cancelled" => Outcome::Cancelled,
+        _ => Outcome::Failed,
+    }
+}
+
+/// The reference [`QueueBackend::put_output`] gives: `cairn_outputs/<task>/<index>`.
+fn output_reference(task_id: &str, phase_index: usize) -> String {
+    format!("cairn_outputs/{task_id}/{phase_index}")
+}
+
+fn parse_output_reference(reference: &str) -> Option<(&str, i32)> {
+    let rest = reference.strip_prefix("cairn_outputs/")?;
+    let (task_id, index) = rest.rsplit_once('/')?;
+    Some((task_id, index.parse().ok()?))
+}
+
+impl QueueBackend for PgBackend {
+    fn owner(&self) -> &OwnerLease {
+        &self.owner
+    }
+
+    fn claim(&self, task_id: &str) -> Result<Lease, QueueError> {
+        if !self.owner.holds(&self.owner) {
+            return Err(QueueError::NotOwner {
+                what: format!("the claim of task {task_id}"),
+            });
+        }
+        let claimed = self
+            .run(self.claim_one(task_id))
+            .map_err(|e| backend_error(format!("claiming task {task_id}"), e))?;
+        let Some(held) = claimed else {
+            return Err(QueueError::LeaseLost(LeaseLost {
+                task_id: task_id.to_string(),
+                epoch: 0,
+                reason: "another daemon holds the task's lease, or the task is not claimable",
+            }));
+        };
+        let lease = self.owner.lease(task_id, epoch_of(&held));
+        locked(&self.leases).insert(task_id.to_string(), held);
+        Ok(lease)
+    }
+
+    fn renew(&self, lease: &Lease) -> Result<(), QueueError> {
+        let held = self.held(lease)?;
+        let renewed = self
+            .run(self.db.renew_all(&self.node, self.lease_for))
+            .map_err(|e| backend_error("renewing leases".to_string(), e))?;
+        let mut leases = locked(&self.leases);
+        for renewal in &renewed {
+            if let Some(mine) = leases.get_mut(&renewal.task_id) {
+                if mine.epoch == renewal.epoch {
+                    mine.expires_at = renewal.expires_at;
+                }
+            }
+        }
+        drop(leases);
+        if renewed
+            .iter()
+            .any(|r| r.task_id == held.task_id && r.epoch == held.epoch)
+        {
+            Ok(())
+        } else {
+            Err(self.refused(
+                lease,
+                PgError::LeaseLost {
+                    task_id: held.task_id,
+                    node: held.node,
+                    epoch: held.epoch,
+                },
+            ))
+        }
+    }
+
+    fn release(&self) {
+        self.flush_events();
+        self.owner.release();
+        locked(&self.leases).clear();
+        if let Err(error) = self.run(self.db.release_all(&self.node)) {
+            tracing::warn!(%error, "could not hand the leases back; they expire instead");
+        }
+    }
+
+    fn clean_after_crash(&self) -> io::Result<Vec<String>> {
+        // A statement cut short by a crash is rolled back by the database: nothing is left.
+        Ok(Vec::new())
+    }
+
+    fn load_work(&self) -> Result<CurrentWork, LoadError> {
+        let key = "cairn_tasks.phase_state".to_string();
+        let rows = self
+            .run(async {
+                let client = self.db.client().await?;
+                client
+                    .query(LOAD_WORK, &[])
+                    .await
+                    .during("reading the work state")
+            })
+            .map_err(|e| LoadError::Io {
+                key: key.clone(),
+                source: io::Error::other(e),
+            })?;
+        let mut work = CurrentWork::default();
+        for row in &rows {
+            let task_id: String = row.get(0);
+            let text: String = row.get(1);
+            let entry: ActiveTask =
+                serde_json::from_str(&text).map_err(|source| LoadError::Corrupt {
+                    key: format!("{key} of task {task_id}"),
+                    source,
+                })?;
+            work.active_tasks.push(entry);
+        }
+        Ok(work)
+    }
+
+    fn recover_intake(&self) -> IntakeReport {
+        // Submission is one statement (`PgQueue::submit`): there is no half-done intake.
+        IntakeReport::default()
+    }
+
+    fn scan_intake(&self, _hints: Vec<QueueHint>, _limit: usize) -> IntakeReport {
+        // Not yet: this host's inbox/ is not taken into the database (submit with
+        // `PgQueue::submit`).
+        IntakeReport::default()
+    }
+
+    fn waiting_in_intake(&self, _task_id: &str) -> bool {
+        false
+    }
+
+    fn task(&self, task_id: &str) -> Result<Task, QueueError> {
+        let what = format!("the definition of task {task_id} in cairn_tasks");
+        let text = self
+            .text_of(
+                "SELECT definition::text FROM cairn_tasks WHERE id = $1",
+                task_id,
+            )?
+            .ok_or_else(|| QueueError::MissingDefinition { what: what.clone() })?;
+        let mut task = Task::parse_stored(text.as_bytes()).map_err(|e| QueueError::Unreadable {
+            what,
+            problem: e.to_string(),
+        })?;
+        task.id = Some(task_id.to_string());
+        Ok(task)
+    }
+
+    fn accepted_ids(&self) -> Result<Vec<String>, QueueError> {
+        self.ids(
+            "SELECT id FROM cairn_tasks ORDER BY id",
+            "listing the tasks",
+        )
+    }
+
+    fn accepted_at(&self, task_id: &str) -> Option<SystemTime> {
+        let at: Option<DateTime<Utc>> = self
+            .run(async {
+                let client = self.db.client().await?;
+                let row = client
+                    .query_opt(
+                        "SELECT submitted_at FROM cairn_tasks WHERE id = $1",
+                        &[&task_id],
+                    )
+                    .await
+                    .during("reading when a task was submitted")?;
+                Ok::<_, PgError>(row.map(|row| row.get(0)))
+            })
+            .ok()
+            .flatten();
+        at.map(SystemTime::from)
+    }
+
+    fn finished_ids(&self) -> Result<HashSet<String>, QueueError> {
+        Ok(self
+            .ids("SELECT task_id FROM cairn_records", "listing the records")?
+            .into_iter()
+            .collect())
+    }
+
+    fn has_record(&self, task_id: &str) -> Result<bool, QueueError> {
+        Ok(self
+            .text_of(
+                "SELECT task_id FROM cairn_records WHERE task_id = $1",
+                task_id,
+            )?
+            .is_some())
+    }
+
+    fn failed_record(&self, task_id: &str) -> Result<Option<FailedRecord>, QueueError> {
+        let Some(text) = self.text_of(
+            "SELECT record::text FROM cairn_records WHERE task_id = $1 AND status <> 'done'",
+            task_id,
+        )?
+        else {
+            return Ok(None);
+        };
+        serde_json::from_str(&text)
+            .map(Some)
+            .map_err(|e| QueueError::Unreadable {
+                what: format!("the record of task {task_id} in cairn_records"),
+                problem: format!("not a task record: {e}"),
+            })
+    }
+
+    fn start_point(&self, _task_id: &str) -> Result<Option<StartPoint>, QueueError> {
+        // Not yet: `cairn fork` does not write to the database, so no task has one.
+        Ok(None)
+    }
+
+    fn read_output(&self, reference: &str) -> Result<Option<Value>, QueueError> {
+        let Some((task_id, index)) = parse_output_reference(reference) else {
+            return Err(QueueError::Unreadable {
+                what: reference.to_string(),
+                problem: "not a reference to a stored output".to_string(),
+            });
+        };
+        let text: Option<String> = self
+            .run(async {
+                let client = self.db.client().await?;
+                let row = client
+                    .query_opt(
+                        "SELECT output::text FROM cairn_outputs
+                         WHERE task_id = $1 AND phase_index = $2",
+                        &[&task_id, &index],
+                    )
+                    .await
+                    .during("reading a phase output")?;
+                Ok::<_, PgError>(row.map(|row| row.get(0)))
+            })
+            .map_err(|e| backend_error(format!("reading {reference}"), e))?;
+        text.map(|text| serde_json::from_str(&text))
+            .transpose()
+            .map_err(|e| QueueError::Unreadable {
+                what: format!("reading {reference}"),
+                problem: e.to_string(),
+            })
+    }
+
+    fn checkpoint_files(&self) -> Option<&CheckpointStore> {
+        None
+    }
+
+    fn latest_checkpoint(&self, task_id: &str) -> Result<Option<LoadedCheckpoint>, QueueError> {
+        let stored = self
+            .run(self.db.checkpoints(task_id))
+            .map_err(|e| backend_error(format!("reading the checkpoints of task {task_id}"), e))?;
+        let mut skipped = Vec::new();
+        let mut first_error = None;
+        for generation in stored {
+            let key = format!("cairn_checkpoints/{task_id}/{}", generation.generation);
+            match decode_checkpoint(&generation.bytes) {
+                Ok(checkpoint) => {
+                    return Ok(Some(LoadedCheckpoint {
+                        checkpoint,
+                        key,
+                        skipped,
+                    }))
+                }
+                Err(error) => {
+                    tracing::warn!(task_id, key = %key, %error, "skipping an unusable checkpoint");
+                    skipped.push((key.clone(), error.to_string()));
+                    first_error.get_or_insert((key, error));
+                }
+            }
+        }
+        match first_error {
+            Some((key, source)) => Err(StoreError::Corrupt { key, source }.into()),
+            None => Ok(None),
+        }
+    }
+
+    fn encode_work(&self, work: &CurrentWork, buffer: &mut Vec<u8>) -> serde_json::Result<()> {
+        buffer.clear();
+        serde_json::to_writer(&mut *buffer, work)
+    }
+
+    fn write_work(&self, owner: &OwnerLease, encoded: &[u8]) -> Result<(), QueueError> {
+        if !self.owner.holds(owner) {
+            return Err(QueueError::NotOwner {
+                what: "the work state".to_string(),
+            });
+        }
+        let work: CurrentWork = serde_json::from_slice(encoded)
+            .map_err(|e| backend_error("decoding the work state to write".to_string(), e))?;
+        self.write_entries(&work)
+    }
+
+    fn put_output(
+        &self,
+        lease: &Lease,
+        phase_index: usize,
+        bytes: &[u8],
+    ) -> Result<String, QueueError> {
+        let held = self.held(lease)?;
+        let json = std::str::from_utf8(bytes)
+            .map_err(|e| backend_error(format!("the output of task {}", lease.task_id()), e))?;
+        let index = u32::try_from(phase_index).unwrap_or(u32::MAX);
+        // The phase's name is in the work state beside the reference.
+        self.run(self.db.save_output(&held, index, "", json))
+            .map_err(|e| self.refused(lease, e))?;
+        Ok(output_reference(lease.task_id(), phase_index))
+    }
+
+    fn finish(&self, lease: &Lease, record: &TaskRecord) -> Result<(), QueueError> {
+        let held = self.held(lease)?;
+        let (outcome, bytes) = match record {
+            TaskRecord::Done(done) => (Outcome::Done, to_record_bytes(done)),
+            TaskRecord::Failed(failed) => (outcome_of(failed), to_record_bytes(failed)),
+        };
+        let json = String::from_utf8_lossy(&bytes);
+        self.run(self.db.finish(&held, outcome, &json))
+            .map_err(|e| self.refused(lease, e))?;
+        locked(&self.leases).remove(lease.task_id());
+        Ok(())
+    }
+
+    fn archive_failed(&self, lease: &Lease, _record: &FailedRecord) -> Result<(), QueueError> {
+        self.held(lease)?;
+        Err(QueueError::Unsupported {
+            operation: "retrying a failed task",
+            backend: BACKEND,
+        })
+    }
+
+    fn save_checkpoint(
+        &self,
+        lease: &Lease,
+        checkpoint: &mut IterationCheckpoint,
+    ) -> Result<u64, QueueError> {
+        let mut held = self.held(lease)?;
+        let generation = self
+            .run(
+                self.db
+                    .save_checkpoint(&mut held, checkpoint, KEEP_GENERATIONS),
+            )
+            .map_err(|e| self.refused(lease, e))?;
+        if let Some(mine) = locked(&self.leases).get_mut(lease.task_id()) {
+            if mine.epoch == held.epoch {
+                mine.last_generation = held.last_generation;
+            }
+        }
+        Ok(generation)
+    }
+
+    fn checkpoint_fence(&self, lease: &Lease) -> Result<Arc<dyn WriteFence>, QueueError> {
+        self.held(lease)?;
+        Ok(Arc::new(OwnerFence {
+            owner: self.owner.clone(),
+            task_id: lease.task_id().to_string(),
+        }))
+    }
+
+    fn take_control(&self) -> Result<Vec<(ControlClaim, ControlRequest)>, QueueError> {
+        // Not yet: control requests are not read from cairn_control.
+        Ok(Vec::new())
+    }
+
+    fn remove_control(&self, owner: &OwnerLease, claim: &ControlClaim) -> Result<(), QueueError> {
+        if !self.owner.holds(owner) {
+            return Err(QueueError::NotOwner {
+                what: claim.to_string(),
+            });
+        }
+        Ok(())
+    }
+
+    fn append_event(&self, task_id: &str, event: &str, details: Value) {
+        let Some(held) = locked(&self.leases).get(task_id).cloned() else {
+            tracing::debug!(
+                task_id,
+                event,
+                "an event of a task this daemon does not hold is not journaled"
+            );
+            return;
+        };
+        let json = serde_json::json!({ "event": event, "details": details }).to_string();
+        let db = self.db.clone();
+        let Some(runtime) = self.runtime.as_ref() else {
+            return;
+        };
+        let append = runtime.spawn(async move {
+            if let Err(error) = db.append_event(&held, &json).await {
+                tracing::warn!(task_id = %held.task_id, %error, "an event was not journaled");
+            }
+        });
+        let mut events = locked(&self.events);
+        events.retain(|handle| !handle.is_finished());
+        events.push(append);
+    }
+
+    fn flush_events(&self) {
+        let pending = std::mem::take(&mut *locked(&self.events));
+        self.run(async {
+            for append in pending {
+                let _ = append.await;
+            }
+        });
+    }
+}
+
+impl PgBackend {
+    /// Claim `task_id` for this node: its new lease, or `None` when it is not claimable.
+    async fn claim_one(&self, task_id: &str) -> Result<Option<PgLease>, PgError> {
+        let client = self.db.client().await?;
+        let row = client
+            .query_opt(
+                CLAIM_ONE,
+                &[&task_id, &self.node, &self.lease_for.as_secs_f64()],
+            )
+            .await
+            .during("claiming a task")?;
+        let Some(row) = row else {
+            return Ok(None);
+        };
+        // Read after the claim committed: no write of an earlier holder can land after it.
+        let last: Option<i64> = client
+            .query_one(
+                "SELECT max(generation) FROM cairn_checkpoints WHERE task_id = $1",
+                &[&task_id],
+            )
+            .await
+            .during("reading the claimed task's checkpoint generation")?
+            .get(0);
+        Ok(Some(PgLease {
+            task_id: task_id.to_string(),
+            node: self.node.clone(),
+            epoch: row.get(0),
+            expires_at: row.get(1),
+            last_generation: last.unwrap_or(0),
+        }))
+    }
+}
+
+/// The checkpoint fence of a database task: the owner still holds. The lease itself is
+/// checked by the database in each save's statement.
+#[derive(Debug)]
+struct OwnerFence {
+    owner: OwnerLease,
+    task_id: String,
+}
+
+impl WriteFence for OwnerFence {
+    fn check(&self) -> Result<(), StoreError> {
+        if self.owner.holds(&self.owner) {
+            Ok(())
+        } else {
+            Err(StoreError::Fenced {
+                task_id: self.task_id.clone(),
+                reason: "the queue was released by this owner".to_string(),
+            })
+        }
+    }
+}

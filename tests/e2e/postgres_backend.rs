@@ -1,0 +1,276 @@
+//! The queue owner's backend on a real, throwaway PostgreSQL (see `tests/common/postgres.rs`):
+//! claims, checkpoints, outputs, work state and records through the `QueueBackend` trait, each
+//! write fenced by the task's lease; a node whose lease expired and was taken over is refused
+//! with `LeaseLost` and writes nothing; recovery reads what the other node left.
+//!
+//! The backend is blocking: the tests call it from their own thread, and use a separate
+//! runtime only for submitting tasks and looking at the tables.
+
+use std::time::{Duration, Instant};
+
+use cairn::queue::postgres::{NewTask, PgBackend, PgQueue};
+use cairn::queue::{QueueBackend, QueueError, TaskRecord};
+use cairn::store::current_work::{ActiveTask, CurrentWork};
+use cairn::store::records::DoneRecord;
+use cairn::store::IterationCheckpoint;
+use serde_json::json;
+use tokio::runtime::Runtime;
+
+use crate::common::postgres::PgCluster;
+use crate::common::DEADLINE;
+
+/// A lease long enough never to expire during a test that does not wait for expiry.
+const LONG: Duration = Duration::from_secs(600);
+
+/// A lease written under before it is waited out: long enough for a few statements on a
+/// loaded machine, short enough to wait for.
+const WRITE_THEN_EXPIRE: Duration = Duration::from_secs(8);
+
+fn runtime() -> Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// Submit task `id` (one loop phase) through the statements the backend is built on.
+fn submit(rt: &Runtime, url: &str, id: &str) {
+    let text = format!(r#"{{"id": "{id}", "phases": [{{"name": "p", "run": ["true"]}}]}}"#);
+    rt.block_on(async {
+        let queue = PgQueue::connect(url).unwrap();
+        queue.migrate().await.unwrap();
+        queue
+            .submit(&NewTask {
+                id,
+                priority: 0,
+                crash_limit: 5,
+                definition: &text,
+            })
+            .await
+            .unwrap();
+    });
+}
+
+/// A plain connection for looking at the tables directly.
+async fn sql(url: &str) -> tokio_postgres::Client {
+    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    client
+}
+
+/// One text column of one row.
+fn text(rt: &Runtime, url: &str, statement: &str, id: &str) -> Option<String> {
+    rt.block_on(async {
+        let client = sql(url).await;
+        client
+            .query_opt(statement, &[&id])
+            .await
+            .unwrap()
+            .and_then(|row| row.get::<_, Option<String>>(0))
+    })
+}
+
+fn a_checkpoint(id: &str, iterations: u64) -> IterationCheckpoint {
+    IterationCheckpoint {
+        format_version: 0,
+        task_id: id.to_owned(),
+        phase: "p".to_owned(),
+        phase_index: 0,
+        scope: "loop".to_owned(),
+        iteration_count: iterations,
+        checkpoint_interval: 1,
+        partial_results: json!({ "total": iterations }),
+        last_checkpoint_at: chrono::Utc::now(),
+        attempt: 1,
+        generation: 0,
+        done: false,
+        output: None,
+        cost: None,
+    }
+}
+
+fn work_with(id: &str, iterations: u64) -> Vec<u8> {
+    let mut entry = ActiveTask::new(id, "p");
+    entry.iterations = iterations;
+    let mut work = CurrentWork::default();
+    work.upsert(entry);
+    serde_json::to_vec(&work).unwrap()
+}
+
+fn a_done_record(id: &str) -> TaskRecord {
+    let now = chrono::Utc::now();
+    TaskRecord::Done(
+        serde_json::from_value::<DoneRecord>(json!({
+            "status": "done", "task_id": id, "result": {"total": 3}, "phase_outputs": {},
+            "attempts": 1, "failed_attempts": 0, "started_at": now, "finished_at": now,
+            "duration_seconds": 0.5, "phases": []
+        }))
+        .unwrap(),
+    )
+}
+
+fn assert_lease_lost<T: std::fmt::Debug>(result: Result<T, QueueError>, what: &str) {
+    match result {
+        Err(QueueError::LeaseLost(lost)) => assert_eq!(lost.task_id, "t1", "{what}: {lost}"),
+        other => panic!("{what}: expected LeaseLost, got {other:?}"),
+    }
+}
+
+/// Wait until task `id`'s lease has ended by the database's clock.
+fn wait_lease_expired(rt: &Runtime, url: &str, id: &str) {
+    let deadline = Instant::now() + DEADLINE;
+    while text(
+        rt,
+        url,
+        "SELECT (lease_expires_at <= now())::text FROM cairn_tasks WHERE id = $1",
+        id,
+    )
+    .as_deref()
+        != Some("true")
+    {
+        assert!(Instant::now() < deadline, "the lease of {id} never expired");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn a_claimed_task_checkpoints_writes_its_state_and_output_and_finishes_through_the_trait() {
+    let Some(cluster) = PgCluster::start(
+        "a_claimed_task_checkpoints_writes_its_state_and_output_and_finishes_through_the_trait",
+    ) else {
+        return;
+    };
+    let (rt, url) = (runtime(), cluster.url());
+    submit(&rt, &url, "t1");
+    let backend = PgBackend::open(&url, "node-a", LONG).unwrap();
+    assert_eq!(backend.accepted_ids().unwrap(), ["t1"]);
+    assert_eq!(backend.task("t1").unwrap().id.as_deref(), Some("t1"));
+
+    let lease = backend.claim("t1").unwrap();
+    assert_eq!(lease.epoch(), 1, "the first claim is epoch 1");
+    for iterations in 1..=3 {
+        let generation = backend
+            .save_checkpoint(&lease, &mut a_checkpoint("t1", iterations))
+            .unwrap();
+        assert_eq!(generation, iterations);
+    }
+    let latest = backend.latest_checkpoint("t1").unwrap().unwrap();
+    assert_eq!(latest.checkpoint.iteration_count, 3);
+    assert_eq!(latest.checkpoint.partial_results, json!({ "total": 3 }));
+
+    backend
+        .write_work(backend.owner(), &work_with("t1", 3))
+        .unwrap();
+    let work = backend.load_work().unwrap();
+    assert_eq!(work.get("t1").map(|entry| entry.iterations), Some(3));
+
+    let reference = backend
+        .put_output(&lease, 0, br#"{"big": [1, 2, 3]}"#)
+        .unwrap();
+    assert_eq!(
+        backend.read_output(&reference).unwrap(),
+        Some(json!({"big": [1, 2, 3]}))
+    );
+
+    assert!(!backend.has_record("t1").unwrap());
+    backend.finish(&lease, &a_done_record("t1")).unwrap();
+    assert!(backend.has_record("t1").unwrap());
+    assert!(backend.finished_ids().unwrap().contains("t1"));
+    assert_eq!(backend.failed_record("t1").unwrap(), None);
+    let state = text(
+        &rt,
+        &url,
+        "SELECT state FROM cairn_tasks WHERE id = $1",
+        "t1",
+    );
+    assert_eq!(state.as_deref(), Some("done"));
+    // The lease ended with the record: no later write lands.
+    assert_lease_lost(
+        backend.save_checkpoint(&lease, &mut a_checkpoint("t1", 4)),
+        "a checkpoint after the record",
+    );
+    assert!(
+        backend.load_work().unwrap().active_tasks.is_empty(),
+        "a finished task is no longer in flight"
+    );
+}
+
+#[test]
+fn a_node_whose_lease_was_taken_over_writes_nothing_and_recovery_sees_the_new_holders_work() {
+    let Some(cluster) = PgCluster::start(
+        "a_node_whose_lease_was_taken_over_writes_nothing_and_recovery_sees_the_new_holders_work",
+    ) else {
+        return;
+    };
+    let (rt, url) = (runtime(), cluster.url());
+    submit(&rt, &url, "t1");
+    let stale = PgBackend::open(&url, "node-a", WRITE_THEN_EXPIRE).unwrap();
+    let old = stale.claim("t1").unwrap();
+    stale
+        .save_checkpoint(&old, &mut a_checkpoint("t1", 1))
+        .unwrap();
+    stale
+        .write_work(stale.owner(), &work_with("t1", 1))
+        .unwrap();
+
+    let other = PgBackend::open(&url, "node-b", LONG).unwrap();
+    assert!(
+        matches!(other.claim("t1"), Err(QueueError::LeaseLost(_))),
+        "a live lease is not taken over"
+    );
+    wait_lease_expired(&rt, &url, "t1");
+    let new = other.claim("t1").unwrap();
+    assert!(new.epoch() > old.epoch(), "{new:?} after {old:?}");
+    let resumed = other.latest_checkpoint("t1").unwrap().unwrap();
+    assert_eq!(
+        resumed.checkpoint.iteration_count, 1,
+        "resumes from node-a's checkpoint"
+    );
+    other
+        .save_checkpoint(&new, &mut a_checkpoint("t1", 2))
+        .unwrap();
+    other
+        .write_work(other.owner(), &work_with("t1", 2))
+        .unwrap();
+
+    // node-a wakes up: every write for the task is refused and changes nothing.
+    let before = text(
+        &rt,
+        &url,
+        "SELECT concat_ws(' | ', (SELECT row_to_json(t)::text FROM cairn_tasks t WHERE id = $1),
+             (SELECT json_agg(c ORDER BY generation)::text FROM cairn_checkpoints c WHERE task_id = $1),
+             (SELECT json_agg(o)::text FROM cairn_outputs o WHERE task_id = $1),
+             (SELECT json_agg(r)::text FROM cairn_records r WHERE task_id = $1))",
+        "t1",
+    );
+    assert_lease_lost(
+        stale.save_checkpoint(&old, &mut a_checkpoint("t1", 9)),
+        "the stale checkpoint",
+    );
+    assert_lease_lost(stale.put_output(&old, 0, b"{}"), "the stale output");
+    assert_lease_lost(stale.finish(&old, &a_done_record("t1")), "the stale record");
+    assert_lease_lost(stale.renew(&old), "the stale renewal");
+    stale
+        .write_work(stale.owner(), &work_with("t1", 9))
+        .unwrap();
+    let after = text(
+        &rt,
+        &url,
+        "SELECT concat_ws(' | ', (SELECT row_to_json(t)::text FROM cairn_tasks t WHERE id = $1),
+             (SELECT json_agg(c ORDER BY generation)::text FROM cairn_checkpoints c WHERE task_id = $1),
+             (SELECT json_agg(o)::text FROM cairn_outputs o WHERE task_id = $1),
+             (SELECT json_agg(r)::text FROM cairn_records r WHERE task_id = $1))",
+        "t1",
+    );
+    assert_eq!(before, after, "node-a's refused writes changed nothing");
+
+    // Recovery, on a third node, reads what node-b left.
+    let recovering = PgBackend::open(&url, "node-c", LONG).unwrap();
+    let work = recovering.load_work().unwrap();
+    assert_eq!(work.get("t1").map(|entry| entry.iterations), Some(2));
+    let latest = recovering.latest_checkpoint("t1").unwrap().unwrap();
+    assert_eq!(latest.checkpoint.iteration_count, 2);
+    other.renew(&new).unwrap();
+}
