@@ -23,6 +23,10 @@ enum Bench {
     /// Queue throughput, pickup latency, loop-iteration overhead, resume time and peak memory
     /// of the real daemon.
     Queue(crate::bench::queue::QueueArgs),
+    /// What starting one command costs the daemon's thread, by spawn path (fork with a
+    /// pre-exec hook, or posix_spawn of the exec trampoline), with the process made as large as
+    /// a daemon with thousands of tasks in flight.
+    Spawn(crate::bench::spawn::SpawnArgs),
 }
 
 #[derive(Debug, Args)]
@@ -54,7 +58,17 @@ pub fn run(args: BenchArgs) -> CliResult {
     match args.bench {
         Bench::Checkpoint(args) => checkpoint(args),
         Bench::Queue(args) => Ok(crate::bench::queue::run(&args)?),
+        Bench::Spawn(args) => spawn(args),
     }
+}
+
+fn spawn(args: crate::bench::spawn::SpawnArgs) -> CliResult {
+    for result in crate::bench::spawn::run(&args)? {
+        let line = serde_json::to_string(&result)
+            .map_err(|e| anyhow::Error::new(e).context("printing the result"))?;
+        print_line(line)?;
+    }
+    Ok(())
 }
 
 fn checkpoint(args: CheckpointArgs) -> CliResult {

@@ -6,6 +6,7 @@
 pub mod channel;
 mod checkpointing;
 mod child;
+pub mod exec_trampoline;
 mod items;
 mod loop_phase;
 mod once;
@@ -14,6 +15,7 @@ mod work_state;
 mod worker;
 mod worker_supervision;
 
+pub use child::{spawn_in_group_via, SpawnPath};
 pub use child::{CommandRun, RunEnd, KILL_AFTER, MAX_REPLY_BYTES};
 /// The scope of loop phases' checkpoints (the queue benchmark builds such checkpoints).
 pub(crate) use loop_phase::LOOP_SCOPE;

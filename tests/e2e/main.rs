@@ -29,6 +29,7 @@ mod numbers;
 mod operator;
 mod service;
 mod spawn_exhaustion;
+mod spawn_path;
 mod stop_resume;
 mod strace;
 mod systemd_units;
