@@ -233,7 +233,7 @@ impl Scheduler {
         ));
         let moved = runner_blocking(move || {
             if let Some(dir) = to.parent() {
-                std::fs::create_dir_all(dir)?;
+                crate::store::modes::create_dir_all(dir)?;
             }
             std::fs::rename(&from, &to)
         })

@@ -160,7 +160,7 @@ pub async fn run_attempt(ctx: &Arc<RunContext>, task: &Arc<Task>) -> AttemptEnd 
     // Off the async thread: creating a directory allocates an inode, which can take a while.
     let run_dir = ctx.queue.run_dir(id);
     let create_dir = run_dir.clone();
-    let created = blocking(move || std::fs::create_dir_all(create_dir))
+    let created = blocking(move || crate::store::modes::create_dir_all(&create_dir))
         .await
         .map_err(|e| e.to_string())
         .and_then(|created| created.map_err(|e| e.to_string()));

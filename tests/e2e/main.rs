@@ -27,6 +27,7 @@ mod intake;
 mod items;
 mod numbers;
 mod operator;
+mod queue_modes;
 mod service;
 mod spawn_exhaustion;
 mod stop_resume;
