@@ -1,6 +1,16 @@
 //! Final records: `done/<id>.json` and `failed/<id>.json` (failed, budget-stopped, cancelled).
 
-use super::*;
+use std::sync::Arc;
+
+use chrono::Utc;
+use serde_json::Value;
+
+use super::{runner_blocking, Scheduler};
+use crate::queue::QueueDir;
+use crate::runner::{self, RunContext};
+use crate::store::current_work::ActiveTask;
+use crate::store::records::{to_record_bytes, DoneRecord, FailedRecord};
+use crate::task::Task;
 
 /// Finish a task whose every phase is done, inside its attempt's future (so the main loop never
 /// waits for these writes): write `done/<id>.json` durably, then drop the task from
@@ -93,29 +103,7 @@ impl Scheduler {
     ) {
         let id = entry.task_id.clone();
         self.summary.add_failed(&id, status);
-        // An operator's cancel is what they asked for, and a budget stop is the task's own
-        // limit: neither is an error of the daemon's or the task's.
-        match status {
-            "cancelled" => {
-                tracing::info!(task_id = %id, runs = entry.attempt, status, "task cancelled: {error}")
-            }
-            "budget_exceeded" => {
-                tracing::warn!(task_id = %id, runs = entry.attempt, status, "task stopped by its budget: {error}")
-            }
-            _ => {
-                tracing::error!(task_id = %id, runs = entry.attempt, failed_attempts = entry.failed_attempts, status, "task failed: {error}")
-            }
-        }
-        let event = if status == "budget_exceeded" {
-            "budget_stopped"
-        } else {
-            status
-        };
-        self.ctx.journal(
-            &id,
-            event,
-            serde_json::json!({"error": error, "attempts": entry.attempt}),
-        );
+        self.announce_failure(&entry, &error, status);
         // The record is written even if an earlier phase's output cannot be read back, but
         // it says so: `cairn retry` restores outputs from this record.
         let (outputs, error) = match outputs_by_name(&self.ctx, &entry).await {
@@ -165,6 +153,37 @@ impl Scheduler {
                 tracing::error!(task_id = %id, "{e}");
             }
         }
+    }
+}
+
+impl Scheduler {
+    /// Log and journal a task's end in `failed/` (`status`: "failed", "budget_exceeded",
+    /// "cancelled").
+    fn announce_failure(&self, entry: &ActiveTask, error: &str, status: &str) {
+        let id = &entry.task_id;
+        // An operator's cancel is what they asked for, and a budget stop is the task's own
+        // limit: neither is an error of the daemon's or the task's.
+        match status {
+            "cancelled" => {
+                tracing::info!(task_id = %id, runs = entry.attempt, status, "task cancelled: {error}")
+            }
+            "budget_exceeded" => {
+                tracing::warn!(task_id = %id, runs = entry.attempt, status, "task stopped by its budget: {error}")
+            }
+            _ => {
+                tracing::error!(task_id = %id, runs = entry.attempt, failed_attempts = entry.failed_attempts, status, "task failed: {error}")
+            }
+        }
+        let event = if status == "budget_exceeded" {
+            "budget_stopped"
+        } else {
+            status
+        };
+        self.ctx.journal(
+            id,
+            event,
+            serde_json::json!({"error": error, "attempts": entry.attempt}),
+        );
     }
 }
 

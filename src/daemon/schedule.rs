@@ -5,7 +5,18 @@ use std::time::Instant;
 
 use super::control::fresh_entry;
 use super::start_order::{next_to_start, Line, StartFacts};
-use super::*;
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::Utc;
+use futures::FutureExt;
+use tokio::sync::mpsc;
+
+use super::{lock, records, runner_blocking, AttemptOutcome, DaemonExit, Scheduler};
+use crate::queue::{QueueHint, QueueWatcher};
+use crate::runner::{self, AttemptEnd};
+use crate::store::current_work::ActiveStatus;
+use crate::task::Task;
 
 /// How often the progress of running tasks is written to `current_work.json`.
 const PROGRESS_WRITE_INTERVAL: Duration = Duration::from_secs(2);

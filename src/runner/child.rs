@@ -24,6 +24,11 @@ pub const KILL_AFTER: Duration = Duration::from_secs(5);
 /// Largest reply read from a command's stdout.
 pub const MAX_REPLY_BYTES: usize = 64 * 1024 * 1024;
 
+/// The environment variables of systemd's notification protocol, which the daemon speaks
+/// (`daemon::notify`) and commands must not inherit: a task must not be able to speak for the
+/// daemon.
+pub const NOTIFY_ENV: [&str; 3] = ["NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID"];
+
 /// One command run.
 #[derive(Debug)]
 pub struct CommandRun {
@@ -73,7 +78,7 @@ pub fn spawn_in_group(
         .args(args)
         .current_dir(cwd)
         .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
-    for name in crate::daemon::NOTIFY_ENV {
+    for name in NOTIFY_ENV {
         command.env_remove(name);
     }
     command
@@ -187,44 +192,63 @@ pub async fn run_command(
     let group = group_of(&child);
     let mut stdin = child.stdin.take();
     let mut stdout = child.stdout.take();
-
-    let finished = {
-        let exchange = async {
-            let write = async {
-                if let Some(mut pipe) = stdin.take() {
-                    // A command that does not read its stdin is fine: ignore EPIPE.
-                    let _ = pipe.write_all(&run.stdin).await;
-                }
-            };
-            let read = async {
-                let mut buf = Vec::new();
-                if let Some(pipe) = stdout.as_mut() {
-                    pipe.take(MAX_REPLY_BYTES as u64 + 1)
-                        .read_to_end(&mut buf)
-                        .await?;
-                }
-                io::Result::Ok(buf)
-            };
-            let ((), out) = tokio::join!(write, read);
-            out
-        };
-        let timeout = async {
-            match run.timeout {
-                Some(t) => tokio::time::sleep(t).await,
-                None => std::future::pending().await,
-            }
-        };
-        tokio::select! {
-            out = exchange => Some(out),
-            _ = shutdown.terminating() => None,
-            _ = cancel.cancelled() => None,
-            _ = timeout => {
-                stop_group(group, &mut child, shutdown).await;
-                return Ok(RunEnd::TimedOut);
-            }
+    let timeout = async {
+        match run.timeout {
+            Some(t) => tokio::time::sleep(t).await,
+            None => std::future::pending().await,
         }
     };
-    match finished {
+    let replied = tokio::select! {
+        out = exchange(&mut stdin, &mut stdout, &run.stdin) => Some(out),
+        _ = shutdown.terminating() => None,
+        _ = cancel.cancelled() => None,
+        _ = timeout => {
+            stop_group(group, &mut child, shutdown).await;
+            return Ok(RunEnd::TimedOut);
+        }
+    };
+    let end = settle(replied, &mut child, group, shutdown, cancel).await;
+    // The pipes stay open until the command has exited, as while it was stopped.
+    drop((stdin, stdout));
+    end
+}
+
+/// Write the request on the command's stdin (then close it) while reading its reply, up to
+/// one byte past [`MAX_REPLY_BYTES`].
+async fn exchange(
+    stdin: &mut Option<tokio::process::ChildStdin>,
+    stdout: &mut Option<tokio::process::ChildStdout>,
+    request: &[u8],
+) -> io::Result<Vec<u8>> {
+    let write = async {
+        if let Some(mut pipe) = stdin.take() {
+            // A command that does not read its stdin is fine: ignore EPIPE.
+            let _ = pipe.write_all(request).await;
+        }
+    };
+    let read = async {
+        let mut buf = Vec::new();
+        if let Some(pipe) = stdout.as_mut() {
+            pipe.take(MAX_REPLY_BYTES as u64 + 1)
+                .read_to_end(&mut buf)
+                .await?;
+        }
+        io::Result::Ok(buf)
+    };
+    let ((), out) = tokio::join!(write, read);
+    out
+}
+
+/// How the command ends once its stdout is closed (`replied`), or once a stop or cancel cut
+/// the exchange short (`None`).
+async fn settle(
+    replied: Option<io::Result<Vec<u8>>>,
+    child: &mut tokio::process::Child,
+    group: Option<Pid>,
+    shutdown: &Shutdown,
+    cancel: &CancellationToken,
+) -> Result<RunEnd, RunError> {
+    match replied {
         Some(Ok(out)) if out.len() > MAX_REPLY_BYTES => {
             kill_group(group, Signal::SIGKILL);
             child.wait().await?;
@@ -234,11 +258,11 @@ pub async fn run_command(
             let status = tokio::select! {
                 status = child.wait() => status?,
                 _ = shutdown.terminating() => {
-                    stop_group(group, &mut child, shutdown).await;
+                    stop_group(group, child, shutdown).await;
                     return Ok(RunEnd::Interrupted);
                 }
                 _ = cancel.cancelled() => {
-                    stop_group(group, &mut child, shutdown).await;
+                    stop_group(group, child, shutdown).await;
                     return Ok(RunEnd::Interrupted);
                 }
             };
@@ -253,7 +277,7 @@ pub async fn run_command(
             Err(e.into())
         }
         None => {
-            stop_group(group, &mut child, shutdown).await;
+            stop_group(group, child, shutdown).await;
             Ok(RunEnd::Interrupted)
         }
     }

@@ -203,7 +203,10 @@ pub fn read(queue_root: &Path, task_id: &str) -> io::Result<Vec<JournalEvent>> {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use std::fs::OpenOptions;
+    use std::io::Write;
+
+    use super::{append, journal_path, read, JournalWriter};
     use serde_json::json;
 
     #[test]
