@@ -349,3 +349,50 @@ fn group_name(gid: Gid) -> String {
         _ => format!("gid {gid}"),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::fs;
+    use std::os::unix::fs::PermissionsExt;
+
+    use super::{check_not_exposed, has_env, UnsafeQueue};
+    use crate::queue::QueueDir;
+
+    #[test]
+    fn only_a_non_empty_env_object_counts() {
+        assert!(has_env(br#"{"id": "a", "env": {"TOKEN": "x"}}"#));
+        assert!(!has_env(br#"{"id": "a", "env": {}}"#));
+        assert!(!has_env(br#"{"id": "a", "phases": []}"#));
+        assert!(!has_env(br#"{"env": {"TOKEN": "x""#)); // torn: not a definition
+        assert!(!has_env(br#"[{"env": {"TOKEN": "x"}}]"#));
+    }
+
+    #[test]
+    fn the_queue_directory_is_the_gate() {
+        let tmp = tempfile::tempdir().unwrap();
+        let queue = QueueDir::new(tmp.path().join("q"));
+        queue.create_all().unwrap();
+        let chmod = |mode| {
+            fs::set_permissions(queue.root(), fs::Permissions::from_mode(mode)).unwrap();
+        };
+        chmod(0o755);
+        assert!(check_not_exposed(&queue, None).is_ok(), "nothing secret yet");
+        let kept = queue.root().join("failed/rejected-x-1234.input");
+        fs::write(&kept, br#"{"env": {"TOKEN": "x"}}"#).unwrap();
+        for mode in [0o755, 0o751, 0o754] {
+            chmod(mode);
+            match check_not_exposed(&queue, None) {
+                Err(UnsafeQueue::ExposesEnv { holder, .. }) => assert_eq!(holder, kept),
+                other => panic!("mode {mode:o}: {other:?}"),
+            }
+        }
+        chmod(0o750);
+        assert!(check_not_exposed(&queue, None).is_ok());
+        // A task about to be added counts as well.
+        chmod(0o755);
+        fs::remove_file(&kept).unwrap();
+        let adding = std::path::Path::new("t.json");
+        assert!(check_not_exposed(&queue, Some(adding)).is_err());
+        assert!(check_not_exposed(&queue, None).is_ok());
+    }
+}
