@@ -376,7 +376,10 @@ mod tests {
             fs::set_permissions(queue.root(), fs::Permissions::from_mode(mode)).unwrap();
         };
         chmod(0o755);
-        assert!(check_not_exposed(&queue, None).is_ok(), "nothing secret yet");
+        assert!(
+            check_not_exposed(&queue, None).is_ok(),
+            "nothing secret yet"
+        );
         let kept = queue.root().join("failed/rejected-x-1234.input");
         fs::write(&kept, br#"{"env": {"TOKEN": "x"}}"#).unwrap();
         for mode in [0o755, 0o751, 0o754] {

@@ -225,10 +225,7 @@ mod tests {
             json!({"iteration": 3, "bytes": 120}),
         );
         let path = journal_path(dir.path(), "t1");
-        let mut file = std::fs::OpenOptions::new()
-            .append(true)
-            .open(&path)
-            .unwrap();
+        let mut file = OpenOptions::new().append(true).open(&path).unwrap();
         file.write_all(b"{\"at\": \"2026-").unwrap();
         let events = read(dir.path(), "t1").unwrap();
         assert_eq!(events.len(), 2);
