@@ -15,6 +15,7 @@ use serde_json::Value;
 use super::exit;
 use crate::queue::QueueDir;
 use crate::store::current_work::{CurrentWork, StartPoint, StoredOutput};
+use crate::store::events::Event;
 use crate::store::{CheckpointStore, FileStorage, Storage};
 use crate::task::{generate_id, random_suffix, validate_id, Task};
 
@@ -150,8 +151,11 @@ fn fork(queue: &Path, args: &ForkArgs) -> Result<String, Failure> {
     crate::store::journal::append(
         queue,
         &args.id,
-        "forked",
-        serde_json::json!({"as": new_id, "generation": from_generation, "patched": patch.is_some()}),
+        Event::Forked {
+            new_id: new_id.clone(),
+            generation: from_generation,
+            patched: patch.is_some(),
+        },
     );
     Ok(new_id)
 }

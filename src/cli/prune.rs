@@ -28,6 +28,7 @@ use serde_json::Value;
 use super::exit;
 use super::queue_fs::{read_regular, OpenedQueue};
 use super::view::{self, Record};
+use crate::store::records::RecordStatus;
 
 /// Orphans and control requests younger than this are left alone, whatever the retention.
 pub const GRACE: Duration = Duration::from_secs(600);
@@ -184,7 +185,7 @@ fn plan(root: &Path, args: &PruneArgs, now: DateTime<Utc>) -> Result<Plan, Strin
     for stem in view::json_stems(&root.join("failed")) {
         let path = root.join("failed").join(format!("{stem}.json"));
         match Record::read(&path) {
-            Ok(record) if record.status == "rejected" => rejected.push((stem, record)),
+            Ok(record) if record.status == RecordStatus::Rejected => rejected.push((stem, record)),
             _ => {
                 failed.insert(stem);
             }

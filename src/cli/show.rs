@@ -10,9 +10,10 @@ use serde_json::{json, Map, Value};
 
 use super::exit;
 use super::status::{iter_cell, phase_cell};
-use super::view::{self, State, TaskView};
+use super::view::{self, TaskView};
 use crate::store::current_work::{PhaseTiming, StoredOutput};
 use crate::store::journal::{self, JournalEvent};
+use crate::store::task_state::TaskState;
 use crate::task::PhaseKind;
 
 #[derive(Debug, Args)]
@@ -31,8 +32,7 @@ struct PhaseRow {
     index: usize,
     name: String,
     kind: Option<PhaseKind>,
-    /// done, the task's state for the phase in flight, pending, or not_run after a failure.
-    state: String,
+    state: PhaseState,
     output: Option<Value>,
     iteration: Option<u64>,
     total: Option<u64>,
@@ -131,7 +131,7 @@ fn phase_json(row: &PhaseRow) -> Value {
         "index": row.index,
         "name": row.name,
         "kind": row.kind.map(|k| k.as_str()),
-        "state": row.state,
+        "state": row.state.as_str(),
         "iteration": row.iteration,
         "total": row.total,
         "started_at": row.started_at.map(view::rfc3339),
@@ -172,8 +172,9 @@ fn phase_rows(root: &Path, task: &TaskView) -> Vec<PhaseRow> {
         .map(|(index, (name, kind))| {
             let timing = timings.iter().rev().find(|t| t.name == name);
             let state = phase_state(task, index, current);
-            let is_current = Some(index) == current && state != "done";
-            let output = if state == "done" {
+            let is_done = state == PhaseState::Done;
+            let is_current = Some(index) == current && !is_done;
+            let output = if is_done {
                 phase_output(root, task, &name)
             } else {
                 None
@@ -205,14 +206,36 @@ fn phase_rows(root: &Path, task: &TaskView) -> Vec<PhaseRow> {
         .collect()
 }
 
-fn phase_state(task: &TaskView, index: usize, current: Option<usize>) -> String {
+/// Where one phase of a task stands.
+#[derive(Debug, Clone, PartialEq)]
+enum PhaseState {
+    Done,
+    Pending,
+    /// The phase the task is at: the task's own state.
+    Current(TaskState),
+    /// After the phase that ended the task.
+    NotRun,
+}
+
+impl PhaseState {
+    fn as_str(&self) -> &str {
+        match self {
+            PhaseState::Done => "done",
+            PhaseState::Pending => "pending",
+            PhaseState::Current(state) => state.as_str(),
+            PhaseState::NotRun => "not_run",
+        }
+    }
+}
+
+fn phase_state(task: &TaskView, index: usize, current: Option<usize>) -> PhaseState {
     match (&task.state, current) {
-        (State::Done, _) => "done".into(),
-        (state, _) if state.not_started() => "pending".into(),
-        (_, Some(c)) if index < c => "done".into(),
-        (state, Some(c)) if index == c => state.as_str().to_string(),
-        (state, _) if state.is_in_flight() => "pending".into(),
-        _ => "not_run".into(),
+        (state, _) if state.is_done() => PhaseState::Done,
+        (state, _) if state.not_started() => PhaseState::Pending,
+        (_, Some(c)) if index < c => PhaseState::Done,
+        (state, Some(c)) if index == c => PhaseState::Current(state.clone()),
+        (state, _) if state.is_in_flight() => PhaseState::Pending,
+        _ => PhaseState::NotRun,
     }
 }
 
@@ -324,7 +347,7 @@ fn human(
         s => s.as_str().to_string(),
     };
     field("state", state);
-    if task.state == State::Rejected {
+    if task.state.is_rejected() {
         let record = task.record.as_ref().map(|r| &r.value);
         let get = |key: &str| {
             record
@@ -427,7 +450,7 @@ fn human(
                 format!("{}/{}", p.index + 1, phases.len()),
                 p.name.clone(),
                 p.kind.map(|k| k.as_str()).unwrap_or("-").to_string(),
-                p.state.clone(),
+                p.state.as_str().to_string(),
                 iter,
                 p.output.as_ref().map(short_json).unwrap_or("-".into()),
             ]
@@ -455,12 +478,12 @@ fn human(
     if timeline.is_empty() {
         out.push_str("  (no events)\n");
     }
-    for event in timeline {
+    for entry in timeline {
         out.push_str(&format!(
             "  {}  {:<20}  {}\n",
-            view::rfc3339(event.at),
-            event.event,
-            details(&event.details)
+            view::rfc3339(entry.at),
+            entry.event.name(),
+            details(&entry.event.details())
         ));
     }
     out

@@ -14,6 +14,8 @@ use serde_json::{json, Value};
 
 use super::exit;
 use super::view::{self, LoadOptions, QueueView, TaskView};
+use crate::store::current_work::ActiveStatus;
+use crate::store::task_state::TaskState;
 
 /// The columns of the human output, in their fixed order.
 pub const COLUMNS: [&str; 8] = [
@@ -106,11 +108,7 @@ fn unreadable_queue(view: &QueueView) -> bool {
 
 /// Hints on stderr, for people: rejected files not listed, tasks that wait for a daemon.
 fn notes(view: &QueueView) {
-    let listed = view
-        .tasks
-        .iter()
-        .filter(|t| t.state == view::State::Rejected)
-        .count();
+    let listed = view.tasks.iter().filter(|t| t.state.is_rejected()).count();
     if view.rejected > listed {
         eprintln!(
             "note: {} file(s) were rejected at intake, the {listed} most recent listed; \
@@ -126,12 +124,12 @@ fn notes(view: &QueueView) {
     let paused = view
         .tasks
         .iter()
-        .filter(|t| t.state == view::State::Paused)
+        .filter(|t| t.state == TaskState::InFlight(ActiveStatus::Paused))
         .count();
     let waiting = view
         .tasks
         .iter()
-        .filter(|t| t.state.is_in_flight() || t.state == view::State::Pending)
+        .filter(|t| t.state.is_in_flight() || t.state == TaskState::Pending)
         .count()
         - paused;
     if waiting > 0 {
@@ -382,7 +380,7 @@ mod bars {
             parts.push(format!("checkpoint {} ago", view::short_duration(age)));
         }
         if let Some(error) = &task.error {
-            if task.state != view::State::Done {
+            if !task.state.is_done() {
                 let first: String = error
                     .lines()
                     .next()

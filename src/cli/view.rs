@@ -23,10 +23,13 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
+use serde::Deserialize;
 use serde_json::{json, Value};
 
 use crate::store::current_work::{ActiveStatus, ActiveTask, CurrentWork, StoredOutput};
-use crate::store::journal::{self, JournalEvent};
+use crate::store::journal::{self, Event, JournalEvent};
+use crate::store::records::RecordStatus;
+use crate::store::task_state::TaskState;
 use crate::store::{CheckpointStore, FileStorage, IterationCheckpoint};
 use crate::task::{PhaseKind, Task};
 
@@ -59,78 +62,13 @@ impl DaemonInfo {
     }
 }
 
-/// Where a task stands.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum State {
-    /// In `inbox/`, not taken by a daemon yet (no daemon runs, or it has not got to it).
-    Submitted,
-    /// Accepted (`tasks/<id>.json`), not started yet.
-    Pending,
-    Running,
-    Paused,
-    WaitingRetry,
-    /// Stopped by a shutdown or a daemon that died; resumes at the next start.
-    Interrupted,
-    Done,
-    Failed,
-    BudgetExceeded,
-    Cancelled,
-    /// A file refused at intake.
-    Rejected,
-    /// A record with a status this cairn does not know (written by a newer one).
-    Other(String),
-}
-
-impl State {
-    pub fn as_str(&self) -> &str {
-        match self {
-            State::Submitted => "submitted",
-            State::Pending => "pending",
-            State::Running => "running",
-            State::Paused => "paused",
-            State::WaitingRetry => "waiting_retry",
-            State::Interrupted => "interrupted",
-            State::Done => "done",
-            State::Failed => "failed",
-            State::BudgetExceeded => "budget_exceeded",
-            State::Cancelled => "cancelled",
-            State::Rejected => "rejected",
-            State::Other(status) => status,
-        }
-    }
-
-    fn from_record_status(status: &str) -> State {
-        match status {
-            "done" => State::Done,
-            "failed" => State::Failed,
-            "budget_exceeded" => State::BudgetExceeded,
-            "cancelled" => State::Cancelled,
-            "rejected" => State::Rejected,
-            other => State::Other(other.to_string()),
-        }
-    }
-
-    /// In `current_work.json`.
-    pub fn is_in_flight(&self) -> bool {
-        matches!(
-            self,
-            State::Running | State::Paused | State::WaitingRetry | State::Interrupted
-        )
-    }
-
-    /// Submitted or accepted, and not started yet.
-    pub fn not_started(&self) -> bool {
-        matches!(self, State::Submitted | State::Pending)
-    }
-
-    /// Sort rank: tasks in flight first, then pending (and submitted), finished, rejected.
-    fn rank(&self) -> u8 {
-        match self {
-            s if s.is_in_flight() => 0,
-            State::Pending | State::Submitted => 1,
-            State::Rejected => 3,
-            _ => 2,
-        }
+/// Sort rank: tasks in flight first, then pending (and submitted), finished, rejected.
+fn rank(state: &TaskState) -> u8 {
+    match state {
+        s if s.is_in_flight() => 0,
+        s if s.not_started() => 1,
+        s if s.is_rejected() => 3,
+        _ => 2,
     }
 }
 
@@ -141,7 +79,7 @@ pub struct Record {
     pub path: PathBuf,
     pub value: Value,
     /// Its `status` field.
-    pub status: String,
+    pub status: RecordStatus,
     /// When the task finished (`finished_at`, `failed_at`, `rejected_at`; else the file's
     /// modification time).
     pub at: Option<DateTime<Utc>>,
@@ -152,10 +90,11 @@ impl Record {
         let bytes = fs::read(path).map_err(|e| format!("reading {}: {e}", path.display()))?;
         let value: Value = serde_json::from_slice(&bytes)
             .map_err(|e| format!("{} is not valid JSON: {e}", path.display()))?;
-        let status = value["status"]
-            .as_str()
-            .ok_or_else(|| format!("{} has no \"status\"", path.display()))?
-            .to_string();
+        let status = match value.get("status") {
+            Some(status) => RecordStatus::deserialize(status)
+                .map_err(|e| format!("{}: \"status\": {e}", path.display()))?,
+            None => return Err(format!("{} has no \"status\"", path.display())),
+        };
         let at = ["finished_at", "failed_at", "cancelled_at", "rejected_at"]
             .iter()
             .find_map(|key| value[*key].as_str())
@@ -179,7 +118,7 @@ impl Record {
 #[derive(Debug, Clone)]
 pub struct TaskView {
     pub id: String,
-    pub state: State,
+    pub state: TaskState,
     pub phase: Option<String>,
     /// 0-based.
     pub phase_index: Option<usize>,
@@ -216,7 +155,7 @@ pub struct TaskView {
 }
 
 impl TaskView {
-    fn new(id: &str, state: State) -> TaskView {
+    fn new(id: &str, state: TaskState) -> TaskView {
         TaskView {
             id: id.to_string(),
             state,
@@ -344,7 +283,7 @@ pub fn load(root: &Path, options: LoadOptions) -> QueueView {
         if stem.starts_with("rejected-") {
             // A task may be named rejected-x too: its record says which it is.
             match Record::read(&root.join("failed").join(format!("{stem}.json"))) {
-                Ok(record) if record.status == "rejected" => {
+                Ok(record) if record.status == RecordStatus::Rejected => {
                     rejected.push((stem, record));
                     continue;
                 }
@@ -378,9 +317,8 @@ pub fn load(root: &Path, options: LoadOptions) -> QueueView {
             .map(|(stem, record)| rejected_view(&stem, record)),
     );
     tasks.sort_by(|a, b| {
-        a.state
-            .rank()
-            .cmp(&b.state.rank())
+        rank(&a.state)
+            .cmp(&rank(&b.state))
             .then_with(|| a.id.cmp(&b.id))
     });
     for task in &tasks {
@@ -423,7 +361,7 @@ pub fn load_task(root: &Path, id: &str) -> Option<TaskView> {
             .map(|(name, task)| submitted_view(root, &name, task));
     }
     if let Ok(record) = Record::read(&root.join("failed").join(format!("{id}.json"))) {
-        if record.status == "rejected" {
+        if record.status == RecordStatus::Rejected {
             return Some(rejected_view(id, record));
         }
     }
@@ -460,7 +398,7 @@ pub fn inbox_tasks(root: &Path) -> Vec<(String, Task)> {
 
 /// A task still in the inbox: where it will start, as for a pending one.
 fn submitted_view(root: &Path, name: &str, task: Task) -> TaskView {
-    let mut view = TaskView::new(task.id(), State::Submitted);
+    let mut view = TaskView::new(task.id(), TaskState::Submitted);
     view.definition_key = format!("inbox/{name}");
     view.phase_count = Some(task.phases.len());
     view.task = Some(task);
@@ -491,7 +429,7 @@ pub fn rejections_of(root: &Path, file: &str) -> Vec<String> {
         .filter_map(|stem| {
             let record = Record::read(&root.join("failed").join(format!("{stem}.json"))).ok()?;
             let named = record.value["file"].as_str()?;
-            (record.status == "rejected" && wanted.iter().any(|w| w == named))
+            (record.status == RecordStatus::Rejected && wanted.iter().any(|w| w == named))
                 .then_some((record.at, stem))
         })
         .collect();
@@ -500,7 +438,7 @@ pub fn rejections_of(root: &Path, file: &str) -> Vec<String> {
 }
 
 fn rejected_view(stem: &str, record: Record) -> TaskView {
-    let mut view = TaskView::new(stem, State::Rejected);
+    let mut view = TaskView::new(stem, RecordStatus::Rejected.into());
     view.error = record.value["reason"]
         .as_str()
         .or_else(|| record.value["problem"].as_str())
@@ -511,7 +449,7 @@ fn rejected_view(stem: &str, record: Record) -> TaskView {
 
 fn task_view(listing: &Listing, id: &str) -> TaskView {
     let root = &listing.root;
-    let mut view = TaskView::new(id, State::Pending);
+    let mut view = TaskView::new(id, TaskState::Pending);
 
     let task_path = root.join("tasks").join(format!("{id}.json"));
     match fs::read(&task_path) {
@@ -563,14 +501,7 @@ fn task_view(listing: &Listing, id: &str) -> TaskView {
 
 /// A task in `current_work.json`.
 fn in_flight(listing: &Listing, view: &mut TaskView, entry: ActiveTask) {
-    view.state = match entry.status {
-        ActiveStatus::Running if listing.daemon.running => State::Running,
-        // The daemon that ran it died: it resumes at the next start.
-        ActiveStatus::Running => State::Interrupted,
-        ActiveStatus::Paused => State::Paused,
-        ActiveStatus::WaitingRetry => State::WaitingRetry,
-        ActiveStatus::Interrupted => State::Interrupted,
-    };
+    view.state = TaskState::of_entry(&entry, listing.daemon.running);
     let index = entry.phase_index;
     view.phase = Some(entry.phase.clone());
     view.phase_index = Some(index);
@@ -625,7 +556,7 @@ fn in_flight(listing: &Listing, view: &mut TaskView, entry: ActiveTask) {
             PhaseKind::Worker => entry.progress.and_then(|p| p.total),
         };
     }
-    if view.state == State::Running && iterative {
+    if view.state == TaskState::InFlight(ActiveStatus::Running) && iterative {
         view.rate_per_min = rate_per_min(&listing.root, &view.id, &entry.phase);
         if let (Some(rate), Some(total), Some(done)) =
             (view.rate_per_min, view.total, view.iteration)
@@ -640,7 +571,7 @@ fn in_flight(listing: &Listing, view: &mut TaskView, entry: ActiveTask) {
 
 /// A task with a record in `done/` or `failed/`.
 fn finished(listing: &Listing, view: &mut TaskView, record: Record) {
-    view.state = State::from_record_status(&record.status);
+    view.state = record.status.clone().into();
     let value = &record.value;
     view.attempts = record.u32_field("attempts");
     view.failed_attempts = record.u32_field("failed_attempts");
@@ -675,7 +606,7 @@ fn finished(listing: &Listing, view: &mut TaskView, record: Record) {
         _ => None,
     };
     view.iteration = timing.as_ref().and_then(|t| t["iterations"].as_u64());
-    if view.state != State::Done && view.kind.is_some_and(|k| k != PhaseKind::Once) {
+    if !view.state.is_done() && view.kind.is_some_and(|k| k != PhaseKind::Once) {
         // Stopped mid-phase: its checkpoints are kept for a retry.
         if let Ok(Some(loaded)) = listing.store.latest(&view.id) {
             if Some(loaded.checkpoint.phase_index) == index {
@@ -756,15 +687,17 @@ fn rate_per_min(root: &Path, id: &str, phase: &str) -> Option<f64> {
 
 /// See [`rate_per_min`].
 pub fn rate_from_events(events: &[JournalEvent], phase: &str) -> Option<f64> {
-    let of_phase = |e: &JournalEvent| e.details.get("phase").and_then(Value::as_str) == Some(phase);
-    let checkpoint_iteration = |e: &JournalEvent| {
-        (e.event == "checkpoint" && of_phase(e))
-            .then(|| e.details.get("iteration").and_then(Value::as_u64))
-            .flatten()
+    let checkpoint_iteration = |e: &JournalEvent| match &e.event {
+        Event::Checkpoint {
+            phase: of,
+            iteration,
+            ..
+        } if of == phase => Some(*iteration),
+        _ => None,
     };
     let started = events
         .iter()
-        .rposition(|e| e.event == "phase_started" && of_phase(e));
+        .rposition(|e| matches!(&e.event, Event::PhaseStarted { phase: of, .. } if of == phase));
     let run = &events[started.map_or(0, |i| i + 1)..];
     let points: Vec<(DateTime<Utc>, u64)> = run
         .iter()
@@ -783,12 +716,22 @@ pub fn rate_from_events(events: &[JournalEvent], phase: &str) -> Option<f64> {
                 // Nothing earlier: 0 only if the journal is whole (it starts with `accepted`)
                 // and holds every checkpoint the task wrote — a forked task starts from a
                 // checkpoint its journal does not list (its generation numbers tell).
-                None if events.first().is_some_and(|e| e.event == "accepted") => {
-                    let written_before = before.iter().filter(|e| e.event == "checkpoint").count();
-                    let generation = run
+                None if events
+                    .first()
+                    .is_some_and(|e| matches!(e.event, Event::Accepted { .. })) =>
+                {
+                    let written_before = before
                         .iter()
-                        .find(|e| checkpoint_iteration(e).is_some())
-                        .and_then(|e| e.details.get("generation").and_then(Value::as_u64));
+                        .filter(|e| matches!(e.event, Event::Checkpoint { .. }))
+                        .count();
+                    let generation = run.iter().find_map(|e| match e.event {
+                        Event::Checkpoint { generation, .. }
+                            if checkpoint_iteration(e).is_some() =>
+                        {
+                            Some(generation)
+                        }
+                        _ => None,
+                    });
                     if generation.is_some_and(|g| g != written_before as u64 + 1) {
                         return None;
                     }
@@ -1101,24 +1044,48 @@ pub fn check_id(id: &str) -> Result<(), String> {
 mod tests {
     use super::*;
 
-    fn event(at_ms: i64, event: &str, details: Value) -> JournalEvent {
-        let Value::Object(details) = details else {
-            panic!("details must be an object")
-        };
+    fn event(at_ms: i64, event: Event) -> JournalEvent {
         JournalEvent {
             at: DateTime::from_timestamp_millis(1_700_000_000_000 + at_ms).unwrap(),
-            event: event.into(),
-            details,
+            event,
         }
+    }
+
+    fn checkpoint(at_ms: i64, iteration: u64, generation: u64) -> JournalEvent {
+        event(
+            at_ms,
+            Event::Checkpoint {
+                phase: "p".into(),
+                iteration,
+                generation,
+                bytes: 100,
+                ms: 1.0,
+            },
+        )
+    }
+
+    fn accepted() -> JournalEvent {
+        event(0, Event::Accepted { priority: 0 })
     }
 
     #[test]
     fn rate_is_measured_over_the_current_run_of_the_phase() {
-        let cp = |ms, i| event(ms, "checkpoint", json!({"phase": "p", "iteration": i}));
-        let started = |ms| event(ms, "phase_started", json!({"phase": "p"}));
+        // Generations as the task wrote them: one per checkpoint.
+        let cp = |ms, i| checkpoint(ms, i, i);
+        let started = |ms| {
+            event(
+                ms,
+                Event::PhaseStarted {
+                    phase: "p".into(),
+                    phase_index: 0,
+                    kind: PhaseKind::Loop,
+                    attempt: 1,
+                },
+            )
+        };
         // An earlier run, a day ago, must not dilute the rate of this one.
         let events = vec![
-            event(0, "accepted", json!({})),
+            accepted(),
             started(0),
             cp(1_000, 1),
             cp(2_000, 2),
@@ -1135,19 +1102,11 @@ mod tests {
         assert_eq!(rate_from_events(&events, "q"), None);
         // A single checkpoint after a start with nothing before it: from 0 only when the
         // journal is whole.
-        let fresh = vec![event(0, "accepted", json!({})), started(0), cp(30_000, 1)];
+        let fresh = vec![accepted(), started(0), cp(30_000, 1)];
         assert_eq!(rate_from_events(&fresh, "p"), Some(2.0));
         assert_eq!(rate_from_events(&fresh[1..], "p"), None);
         // A fork starts from a checkpoint (generation 1) its own journal does not list.
-        let forked = vec![
-            event(0, "accepted", json!({})),
-            started(0),
-            event(
-                30_000,
-                "checkpoint",
-                json!({"phase": "p", "iteration": 6, "generation": 2}),
-            ),
-        ];
+        let forked = vec![accepted(), started(0), checkpoint(30_000, 6, 2)];
         assert_eq!(rate_from_events(&forked, "p"), None);
     }
 

@@ -4,7 +4,8 @@
 use super::*;
 use crate::queue::control::{self, ControlAction, ControlRequest};
 use crate::store::current_work::{StartPoint, StoredOutput};
-use crate::store::records::FailedRecord;
+use crate::store::events::Event;
+use crate::store::records::{FailedRecord, RecordStatus};
 
 impl Scheduler {
     /// Apply and remove every request waiting in `control/`, oldest first. A request for a
@@ -69,20 +70,25 @@ impl Scheduler {
 
     async fn apply_control(&mut self, request: ControlRequest) {
         let id = request.task_id.as_str();
-        let action = request.action.as_str();
-        tracing::info!(task_id = id, action, "control request");
+        let action = request.action;
+        tracing::info!(task_id = id, action = action.as_str(), "control request");
         let in_flight = self.ctx.work.update(|w| w.get(id).cloned());
         match request.action {
             ControlAction::Pause | ControlAction::Cancel if self.running_ids.contains(id) => {
                 // The runner stops at its next iteration boundary (pause) or at once (cancel);
                 // attempt_finished records the outcome.
                 let control = self.ctx.control(id);
-                match request.action {
-                    ControlAction::Pause => control.pause.cancel(),
-                    _ => control.cancel.cancel(),
-                }
-                self.ctx
-                    .journal(id, &format!("{action}_requested"), serde_json::json!({}));
+                let event = match request.action {
+                    ControlAction::Pause => {
+                        control.pause.cancel();
+                        Event::PauseRequested {}
+                    }
+                    _ => {
+                        control.cancel.cancel();
+                        Event::CancelRequested {}
+                    }
+                };
+                self.ctx.journal(id, event);
             }
             ControlAction::Pause => {
                 let Some(mut entry) = in_flight.or_else(|| self.queued_entry(id)) else {
@@ -94,7 +100,13 @@ impl Scheduler {
                 self.unqueue(id);
                 entry.status = ActiveStatus::Paused;
                 self.ctx.work.update(|w| w.upsert(entry));
-                self.ctx.journal(id, "paused", serde_json::json!({}));
+                self.ctx.journal(
+                    id,
+                    Event::Paused {
+                        phase: None,
+                        iterations: None,
+                    },
+                );
                 self.persist().await;
             }
             ControlAction::Resume => {
@@ -110,7 +122,7 @@ impl Scheduler {
                 };
                 queue.push_back(id.to_string());
                 self.ctx.work.update(|w| w.upsert(entry));
-                self.ctx.journal(id, "resumed", serde_json::json!({}));
+                self.ctx.journal(id, Event::Resumed {});
                 self.persist().await;
             }
             ControlAction::Cancel => {
@@ -121,8 +133,13 @@ impl Scheduler {
                     return self.refuse(id, action, "its definition is not loaded");
                 };
                 self.unqueue(id);
-                self.record_failure(&task, entry, "cancelled by an operator".into(), "cancelled")
-                    .await;
+                self.record_failure(
+                    &task,
+                    entry,
+                    "cancelled by an operator".into(),
+                    RecordStatus::Cancelled,
+                )
+                .await;
                 self.tasks.remove(id);
                 self.persist().await;
             }
@@ -130,12 +147,15 @@ impl Scheduler {
         }
     }
 
-    fn refuse(&self, id: &str, action: &str, why: &str) {
-        tracing::warn!(task_id = id, "cannot {action} task {id}: {why}");
+    fn refuse(&self, id: &str, action: ControlAction, why: &str) {
+        let verb = action.as_str();
+        tracing::warn!(task_id = id, "cannot {verb} task {id}: {why}");
         self.ctx.journal(
             id,
-            "control_refused",
-            serde_json::json!({"action": action, "reason": why}),
+            Event::ControlRefused {
+                action,
+                reason: why.to_string(),
+            },
         );
     }
 
@@ -167,29 +187,27 @@ impl Scheduler {
         let storage = Arc::clone(&self.ctx.storage);
         let key = QueueDir::failed_key(id);
         let get_key = key.clone();
+        let retry = ControlAction::Retry;
         let record = match runner_blocking(move || storage.get(&get_key)).await {
             Ok(Some(bytes)) => match serde_json::from_slice::<FailedRecord>(&bytes) {
                 Ok(record) => record,
                 Err(e) => {
-                    return self.refuse(id, "retry", &format!("{key} is not a task record: {e}"))
+                    return self.refuse(id, retry, &format!("{key} is not a task record: {e}"))
                 }
             },
-            Ok(None) => return self.refuse(id, "retry", "it has not failed or been cancelled"),
-            Err(e) => return self.refuse(id, "retry", &format!("reading {key}: {e}")),
+            Ok(None) => return self.refuse(id, retry, "it has not failed or been cancelled"),
+            Err(e) => return self.refuse(id, retry, &format!("reading {key}: {e}")),
         };
-        if !matches!(
-            record.status.as_str(),
-            "failed" | "cancelled" | "budget_exceeded"
-        ) {
+        if !record.status.is_retryable() {
             return self.refuse(
                 id,
-                "retry",
-                &format!("its record's status is {:?}", record.status),
+                retry,
+                &format!("its record's status is {:?}", record.status.as_str()),
             );
         }
         let task = match self.read_task(id).await {
             Ok(task) => Arc::new(task),
-            Err(e) => return self.refuse(id, "retry", &e),
+            Err(e) => return self.refuse(id, retry, &e),
         };
         let mut entry = ActiveTask::new(id, &record.phase);
         entry.phase_index = record.phase_index.min(task.phases.len());
@@ -203,7 +221,7 @@ impl Scheduler {
         entry.status = ActiveStatus::Interrupted;
         entry.phases = record.phases.clone();
         // A budget stop is retried with a fresh budget: the operator asked for more.
-        entry.cost = (record.status != "budget_exceeded")
+        entry.cost = (record.status != RecordStatus::BudgetExceeded)
             .then_some(record.cost)
             .flatten();
         entry.last_error = Some(record.error.clone());
@@ -211,15 +229,17 @@ impl Scheduler {
         self.ctx.work.update(|w| w.upsert(entry));
         if let Err(e) = self.ctx.work.persist().await {
             self.ctx.work.update(|w| w.remove(id));
-            return self.refuse(id, "retry", &format!("cannot record the retry: {e}"));
+            return self.refuse(id, retry, &format!("cannot record the retry: {e}"));
         }
         self.archive_failure(id, &record).await;
         self.tasks.insert(id.to_string(), task);
         self.resume.push_back(id.to_string());
         self.ctx.journal(
             id,
-            "retried",
-            serde_json::json!({"previous_status": record.status, "phase": record.phase}),
+            Event::Retried {
+                previous_status: record.status,
+                phase: record.phase,
+            },
         );
     }
 

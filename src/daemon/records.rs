@@ -1,6 +1,8 @@
 //! Final records: `done/<id>.json` and `failed/<id>.json` (failed, budget-stopped, cancelled).
 
 use super::*;
+use crate::store::events::Event;
+use crate::store::records::RecordStatus;
 
 /// Finish a task whose every phase is done, inside its attempt's future (so the main loop never
 /// waits for these writes): write `done/<id>.json` durably, then drop the task from
@@ -35,7 +37,7 @@ async fn write_done(ctx: &RunContext, task: &Task, entry: &ActiveTask) -> Result
         .unwrap_or(Value::Null);
     let finished_at = Utc::now();
     let record = DoneRecord {
-        status: "done".into(),
+        status: RecordStatus::Done,
         task_id: entry.task_id.clone(),
         result,
         phase_outputs: outputs,
@@ -60,43 +62,48 @@ async fn write_done(ctx: &RunContext, task: &Task, entry: &ActiveTask) -> Result
 impl Scheduler {
     /// The task has used up its attempts: record it in failed/ (its checkpoints stay).
     pub(super) async fn give_up(&mut self, task: &Arc<Task>, entry: ActiveTask, error: String) {
-        self.record_failure(task, entry, error, "failed").await
+        self.record_failure(task, entry, error, RecordStatus::Failed)
+            .await
     }
 
-    /// Write `failed/<id>.json` with `status` ("failed", "budget_exceeded") and drop the task
-    /// from current_work.
+    /// Write `failed/<id>.json` with `status` (failed, cancelled, budget_exceeded) and drop the
+    /// task from current_work.
     pub(super) async fn record_failure(
         &mut self,
         task: &Arc<Task>,
         entry: ActiveTask,
         error: String,
-        status: &str,
+        status: RecordStatus,
     ) {
         let id = entry.task_id.clone();
-        self.summary.add_failed(&id, status);
+        self.summary.add_failed(&id, &status);
+        let (attempts, name) = (entry.attempt, status.as_str());
         // An operator's cancel is what they asked for, and a budget stop is the task's own
         // limit: neither is an error of the daemon's or the task's.
-        match status {
-            "cancelled" => {
-                tracing::info!(task_id = %id, runs = entry.attempt, status, "task cancelled: {error}")
+        let event = match status {
+            RecordStatus::Cancelled => {
+                tracing::info!(task_id = %id, runs = attempts, status = name, "task cancelled: {error}");
+                Event::Cancelled {
+                    error: error.clone(),
+                    attempts,
+                }
             }
-            "budget_exceeded" => {
-                tracing::warn!(task_id = %id, runs = entry.attempt, status, "task stopped by its budget: {error}")
+            RecordStatus::BudgetExceeded => {
+                tracing::warn!(task_id = %id, runs = attempts, status = name, "task stopped by its budget: {error}");
+                Event::BudgetStopped {
+                    error: error.clone(),
+                    attempts,
+                }
             }
             _ => {
-                tracing::error!(task_id = %id, runs = entry.attempt, failed_attempts = entry.failed_attempts, status, "task failed: {error}")
+                tracing::error!(task_id = %id, runs = attempts, failed_attempts = entry.failed_attempts, status = name, "task failed: {error}");
+                Event::Failed {
+                    error: error.clone(),
+                    attempts,
+                }
             }
-        }
-        let event = if status == "budget_exceeded" {
-            "budget_stopped"
-        } else {
-            status
         };
-        self.ctx.journal(
-            &id,
-            event,
-            serde_json::json!({"error": error, "attempts": entry.attempt}),
-        );
+        self.ctx.journal(&id, event);
         // The record is written even if an earlier phase's output cannot be read back, but
         // it says so: `cairn retry` restores outputs from this record.
         let (outputs, error) = match outputs_by_name(&self.ctx, &entry).await {
@@ -112,7 +119,7 @@ impl Scheduler {
             }
         };
         let record = FailedRecord {
-            status: status.into(),
+            status,
             cost: entry.cost,
             lost_iterations: entry.lost_iterations,
             lost_cost_estimate: entry.lost_cost_estimate(),

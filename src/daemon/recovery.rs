@@ -3,6 +3,7 @@
 
 use super::crash_blame::{self, Verdict};
 use super::*;
+use crate::store::events::Event;
 use crate::store::records::FailedRecord;
 use crate::task::PhaseKind;
 
@@ -171,13 +172,12 @@ impl Scheduler {
         entry.lost_iterations = entry.lost_iterations.saturating_add(lost);
         self.ctx.journal(
             &entry.task_id,
-            "iterations_lost",
-            serde_json::json!({
-                "phase": entry.phase,
-                "counted": lost,
-                "lost_iterations": entry.lost_iterations,
-                "lost_cost_estimate": entry.lost_cost_estimate(),
-            }),
+            Event::IterationsLost {
+                phase: entry.phase.clone(),
+                counted: lost,
+                lost_iterations: entry.lost_iterations,
+                lost_cost_estimate: entry.lost_cost_estimate(),
+            },
         );
     }
 
@@ -205,16 +205,15 @@ impl Scheduler {
         entry.crashes_alone = crashes_alone;
         self.ctx.journal(
             &entry.task_id,
-            "resumed_after_crash",
-            serde_json::json!({
-                "attempt": entry.attempt,
-                "phase": entry.phase,
-                "progressed": progressed,
-                "tasks_in_flight": in_flight,
-                "verdict": format!("{verdict:?}"),
-                "crashes_alone": crashes_alone,
-                "limit": limit,
-            }),
+            Event::ResumedAfterCrash {
+                attempt: entry.attempt,
+                phase: entry.phase.clone(),
+                progressed,
+                tasks_in_flight: in_flight,
+                verdict: format!("{verdict:?}"),
+                crashes_alone,
+                limit,
+            },
         );
         match verdict {
             Verdict::Quarantined { crashes_alone } => {

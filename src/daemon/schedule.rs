@@ -6,6 +6,8 @@ use std::time::Instant;
 use super::control::fresh_entry;
 use super::crash_blame::{self, NextStart};
 use super::*;
+use crate::store::events::Event;
+use crate::store::records::RecordStatus;
 
 /// How often the progress of running tasks is written to `current_work.json`.
 const PROGRESS_WRITE_INTERVAL: Duration = Duration::from_secs(2);
@@ -228,8 +230,9 @@ impl Scheduler {
         for task in report.accepted {
             self.ctx.journal(
                 task.id(),
-                "accepted",
-                serde_json::json!({"priority": task.priority}),
+                Event::Accepted {
+                    priority: task.priority,
+                },
             );
             self.add_pending(task);
         }
@@ -300,8 +303,9 @@ impl Scheduler {
                     tracing::info!(task_id = %id, width = self.trial_width, "trying a crash suspect");
                     self.ctx.journal(
                         &id,
-                        "crash_trial_started",
-                        serde_json::json!({"width": self.trial_width}),
+                        Event::CrashTrialStarted {
+                            width: self.trial_width,
+                        },
                     );
                     self.on_trial.insert(id);
                     self.start_attempt(task);
@@ -362,11 +366,7 @@ impl Scheduler {
                     })
                 })
                 .unwrap_or_default();
-            ctx.journal(
-                &id,
-                "attempt_started",
-                serde_json::json!({"attempt": attempt, "phase": phase}),
-            );
+            ctx.journal(&id, Event::AttemptStarted { attempt, phase });
             // The attempt is on record before any command runs, so a crash is accounted for.
             if let Err(e) = ctx.work.persist().await {
                 let end = AttemptEnd::Failed {
@@ -419,8 +419,10 @@ impl Scheduler {
                 tracing::info!(task_id = %id, runs = entry.attempt, failed_attempts = entry.failed_attempts, "task done");
                 self.ctx.journal(
                     &id,
-                    "done",
-                    serde_json::json!({"attempts": entry.attempt, "cost": entry.cost}),
+                    Event::Done {
+                        attempts: entry.attempt,
+                        cost: entry.cost,
+                    },
                 );
                 self.tasks.remove(&id);
                 self.finished += 1;
@@ -453,8 +455,13 @@ impl Scheduler {
         let end = match end {
             AttemptEnd::Done => AttemptEnd::Done,
             _ if control.cancel.is_cancelled() => {
-                self.record_failure(&task, entry, "cancelled by an operator".into(), "cancelled")
-                    .await;
+                self.record_failure(
+                    &task,
+                    entry,
+                    "cancelled by an operator".into(),
+                    RecordStatus::Cancelled,
+                )
+                .await;
                 self.tasks.remove(&id);
                 if let Err(e) = self.ctx.work.persist().await {
                     tracing::error!("{e}");
@@ -466,8 +473,10 @@ impl Scheduler {
                 tracing::info!(task_id = %id, phase = %entry.phase, iterations = entry.iterations, "task paused");
                 self.ctx.journal(
                     &id,
-                    "paused",
-                    serde_json::json!({"phase": entry.phase, "iterations": entry.iterations}),
+                    Event::Paused {
+                        phase: Some(entry.phase.clone()),
+                        iterations: Some(entry.iterations),
+                    },
                 );
                 self.ctx.work.update(|w| w.upsert(entry));
                 if let Err(e) = self.ctx.work.persist().await {
@@ -493,13 +502,15 @@ impl Scheduler {
                 tracing::info!(task_id = %id, phase = %entry.phase, iterations = entry.iterations, "task interrupted");
                 self.ctx.journal(
                     &id,
-                    "interrupted",
-                    serde_json::json!({"phase": entry.phase, "iterations": entry.iterations}),
+                    Event::Interrupted {
+                        phase: entry.phase.clone(),
+                        iterations: entry.iterations,
+                    },
                 );
                 self.ctx.work.update(|w| w.upsert(entry));
             }
             AttemptEnd::BudgetStopped { reason } => {
-                self.record_failure(&task, entry, reason, "budget_exceeded")
+                self.record_failure(&task, entry, reason, RecordStatus::BudgetExceeded)
                     .await;
                 self.tasks.remove(&id);
             }
@@ -507,8 +518,11 @@ impl Scheduler {
                 tracing::warn!(task_id = %id, attempt = entry.attempt, "attempt failed: {error}");
                 self.ctx.journal(
                     &id,
-                    "attempt_failed",
-                    serde_json::json!({"attempt": entry.attempt, "error": error, "counts": counts}),
+                    Event::AttemptFailed {
+                        attempt: entry.attempt,
+                        error: error.clone(),
+                        counts,
+                    },
                 );
                 if counts {
                     entry.failed_attempts += 1;
@@ -566,8 +580,10 @@ impl Scheduler {
         for id in &self.running_ids {
             self.ctx.journal(
                 id,
-                "stop_requested",
-                serde_json::json!({"by": "daemon shutdown (SIGINT/SIGTERM or the embedding program)", "stops": how}),
+                Event::StopRequested {
+                    by: "daemon shutdown (SIGINT/SIGTERM or the embedding program)".into(),
+                    stops: how.into(),
+                },
             );
         }
         let grace = tokio::time::sleep(self.config.stop_grace);

@@ -3,6 +3,8 @@
 use std::fmt::Write;
 use std::path::PathBuf;
 
+use crate::store::records::RecordStatus;
+
 /// Names kept per kind of outcome; beyond this, only the count (a service may run for months).
 const LISTED_NAMES: usize = 10;
 
@@ -54,11 +56,11 @@ pub struct RunSummary {
 
 impl RunSummary {
     /// Note a task that ended in `failed/` with `status`.
-    pub fn add_failed(&mut self, id: &str, status: &str) {
-        if status == "failed" {
+    pub fn add_failed(&mut self, id: &str, status: &RecordStatus) {
+        if *status == RecordStatus::Failed {
             self.failed.add(id);
         } else {
-            self.failed.add(format!("{id} ({status})"));
+            self.failed.add(format!("{id} ({})", status.as_str()));
         }
     }
 
@@ -117,7 +119,7 @@ impl RunSummary {
 
 #[cfg(test)]
 mod tests {
-    use super::RunSummary;
+    use super::{RecordStatus, RunSummary};
 
     #[test]
     fn names_each_outcome_and_where_it_is() {
@@ -127,8 +129,8 @@ mod tests {
         };
         summary.done.add("a");
         summary.done.add("b");
-        summary.add_failed("c", "failed");
-        summary.add_failed("d", "cancelled");
+        summary.add_failed("c", &RecordStatus::Failed);
+        summary.add_failed("d", &RecordStatus::Cancelled);
         summary.rejected.add("rejected-x-1a2b3c");
         summary.paused.add("e");
         assert!(summary.any_failed());

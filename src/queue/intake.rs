@@ -28,6 +28,7 @@ use std::time::{Duration, SystemTime};
 use serde_json::json;
 
 use super::QueueDir;
+use crate::store::records::RecordStatus;
 use crate::store::Storage;
 use crate::task::{generate_id, random_suffix, Task, TaskError, MAX_TASK_FILE_BYTES};
 
@@ -524,7 +525,7 @@ impl Intake {
     ) -> io::Result<Rejection> {
         let record_key = QueueDir::failed_key(&record_name(file, suffix));
         let record = json!({
-            "status": "rejected",
+            "status": RecordStatus::Rejected,
             "file": file,
             "field": error.field,
             "problem": error.problem,

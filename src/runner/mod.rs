@@ -30,6 +30,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::shutdown::Shutdown;
 use crate::store::current_work::{PhaseTiming, Progress, StoredOutput, INLINE_OUTPUT_LIMIT};
+use crate::store::events::Event;
 use crate::store::{CheckpointStore, Storage, StoreError};
 use crate::task::{Phase, PhaseKind, Task};
 
@@ -79,8 +80,8 @@ impl RunContext {
     }
 
     /// Append to the task's event journal (see [`crate::store::journal`]).
-    pub fn journal(&self, task_id: &str, event: &str, details: Value) {
-        self.journal.append(task_id, event, details);
+    pub fn journal(&self, task_id: &str, event: Event) {
+        self.journal.append(task_id, event);
     }
 }
 
@@ -185,8 +186,12 @@ pub async fn run_attempt(ctx: &Arc<RunContext>, task: &Arc<Task>) -> AttemptEnd 
         tracing::info!(task_id = id, phase = %phase.name, attempt = entry.attempt, "phase started");
         ctx.journal(
             id,
-            "phase_started",
-            serde_json::json!({"phase": phase.name, "phase_index": index, "kind": phase.kind.as_str(), "attempt": entry.attempt}),
+            Event::PhaseStarted {
+                phase: phase.name.clone(),
+                phase_index: index,
+                kind: phase.kind,
+                attempt: entry.attempt,
+            },
         );
         let run = PhaseRun {
             ctx,
@@ -214,8 +219,10 @@ pub async fn run_attempt(ctx: &Arc<RunContext>, task: &Arc<Task>) -> AttemptEnd 
                 tracing::info!(task_id = id, phase = %phase.name, "phase finished");
                 ctx.journal(
                     id,
-                    "phase_finished",
-                    serde_json::json!({"phase": phase.name, "phase_index": index}),
+                    Event::PhaseFinished {
+                        phase: phase.name.clone(),
+                        phase_index: index,
+                    },
                 );
             }
             Ok(PhaseEnd::Interrupted) => return AttemptEnd::Interrupted,

@@ -84,6 +84,18 @@ pub enum ActiveStatus {
     WaitingRetry,
 }
 
+impl ActiveStatus {
+    /// As `current_work.json` spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ActiveStatus::Running => "running",
+            ActiveStatus::Paused => "paused",
+            ActiveStatus::Interrupted => "interrupted",
+            ActiveStatus::WaitingRetry => "waiting_retry",
+        }
+    }
+}
+
 /// A finished phase's output, inline or in a per-task file (a storage key).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

@@ -13,6 +13,7 @@
 mod checkpoint;
 mod checkpoint_store;
 pub mod current_work;
+pub mod events;
 mod faulty;
 mod file;
 mod file_ops;
@@ -24,6 +25,7 @@ pub mod journal;
 mod loop_checkpointer;
 mod power_loss;
 pub mod records;
+pub mod task_state;
 
 pub use checkpoint::{
     decode_checkpoint, encode_checkpoint, CheckpointError, IterationCheckpoint, FORMAT_VERSION,
