@@ -386,3 +386,91 @@ fn docs_cli_md_covers_every_command_and_exit_code_of_the_help() {
 fn is_wrapped_help_line(line: &str) -> bool {
     line.starts_with("   ")
 }
+
+/// Each failure is printed once, as one `error:` line on stderr naming what is wrong, with
+/// nothing on stdout and the exit code `cairn --help` documents for it.
+#[test]
+fn an_error_is_printed_once_with_its_documented_exit_code() {
+    use cairn::cli::exit;
+    let queue = TestQueue::new();
+    let invalid = queue.aux("typo.json");
+    fs::write(&invalid, br#"{"phases": [], "prio": 1}"#).unwrap();
+    let invalid = invalid.display().to_string();
+    let cases: [(&[&str], u8, &str); 6] = [
+        (&["show", "nosuch"], exit::FAILURE, "nosuch"),
+        (&["history", "nosuch"], exit::FAILURE, "nosuch"),
+        (&["show", "../x"], exit::USAGE, "../x"),
+        (&["pause", "../x"], exit::USAGE, "../x"),
+        (
+            &["checkpoint", "./a.json.gz", "--gen", "1"],
+            exit::USAGE,
+            "--gen",
+        ),
+        (&["validate", &invalid], exit::INVALID_TASK, "typo.json"),
+    ];
+    fs::create_dir_all(queue.root()).unwrap();
+    for (args, code, named) in cases {
+        let output = queue.cairn_output(args, b"");
+        let stderr = stderr_of(&output);
+        assert_eq!(
+            output.status.code(),
+            Some(i32::from(code)),
+            "{args:?}: {stderr}"
+        );
+        assert_eq!(stdout_of(&output), "", "{args:?}");
+        let errors: Vec<&str> = stderr
+            .lines()
+            .filter(|l| l.starts_with("error: "))
+            .collect();
+        assert_eq!(errors.len(), 1, "{args:?}: one error line\n{stderr}");
+        assert!(
+            errors[0].contains(named),
+            "{args:?}: names {named:?}: {stderr}"
+        );
+    }
+}
+
+/// Run `cairn --queue <queue> <args>` with a stdout whose reader has already gone away, as in
+/// `cairn ... | head -0`: every write to it fails with a broken pipe.
+fn with_closed_stdout(queue: &TestQueue, args: &[&str]) -> std::process::Output {
+    let (reader, writer) = nix::unistd::pipe().unwrap();
+    drop(reader);
+    queue
+        .cairn()
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .stdout(writer)
+        .output()
+        .expect("running cairn")
+}
+
+/// A closed pipe is how a reader says it has read enough: every command that prints ends with
+/// exit 0 and says nothing on stderr about it (no error, no panic).
+#[test]
+fn a_closed_stdout_ends_a_command_with_exit_0_and_no_error() {
+    let queue = TestQueue::new();
+    let task = write_task_file(&queue, "job.json", &once_task("piped-job", &json!(1)));
+    let output = queue.cairn_output(&["submit", "--create-queue", &task], b"");
+    assert_eq!(output.status.code(), Some(0), "{}", stderr_of(&output));
+    let other = write_task_file(&queue, "other.json", &once_task("other-job", &json!(2)));
+    for args in [
+        &["status"][..],
+        &["status", "--json"],
+        &["show", "piped-job"],
+        &["validate", &task],
+        &["submit", &other],
+        &["completions", "bash"],
+        &["pause", "piped-job", "--no-wait"],
+        &["prune", "--dry-run"],
+    ] {
+        let output = with_closed_stdout(&queue, args);
+        let stderr = stderr_of(&output);
+        assert_eq!(output.status.code(), Some(0), "{args:?}: {stderr}");
+        assert!(
+            !stderr.contains("error") && !stderr.contains("panicked"),
+            "{args:?}: {stderr}"
+        );
+    }
+    // The submit whose id could not be printed still queued its task.
+    assert!(queue.path("inbox/other-job.json").is_file());
+}

@@ -109,18 +109,8 @@ const STALL_LIMIT: Duration = Duration::from_secs(120);
 /// How long an idle daemon may take to exit after SIGTERM.
 const STOP_LIMIT: Duration = Duration::from_secs(60);
 
-/// Run the queue benchmarks; returns the process exit code.
-pub fn run(args: QueueArgs) -> u8 {
-    match run_all(&args) {
-        Ok(()) => crate::cli::exit::OK,
-        Err(err) => {
-            eprintln!("error: {err:#}");
-            crate::cli::exit::FAILURE
-        }
-    }
-}
-
-fn run_all(args: &QueueArgs) -> anyhow::Result<()> {
+/// Run the queue benchmarks, printing one JSON line per figure.
+pub fn run(args: &QueueArgs) -> anyhow::Result<()> {
     if args.max_tasks == 0 || args.resume_max_tasks == Some(0) {
         bail!("--max-tasks and --resume-max-tasks must be at least 1");
     }

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use clap::{Args, Subcommand};
 
-use super::exit;
+use super::error::{print_line, CliResult};
 use crate::bench::checkpoint::{default_dir, CheckpointBench, Durability};
 use crate::bench::workload::SizeClass;
 
@@ -50,14 +50,14 @@ struct CheckpointArgs {
     raw: bool,
 }
 
-pub fn run(args: BenchArgs) -> u8 {
+pub fn run(args: BenchArgs) -> CliResult {
     match args.bench {
         Bench::Checkpoint(args) => checkpoint(args),
-        Bench::Queue(args) => crate::bench::queue::run(args),
+        Bench::Queue(args) => Ok(crate::bench::queue::run(&args)?),
     }
 }
 
-fn checkpoint(args: CheckpointArgs) -> u8 {
+fn checkpoint(args: CheckpointArgs) -> CliResult {
     let bench = CheckpointBench {
         size: args.size,
         conc: args.conc,
@@ -66,23 +66,12 @@ fn checkpoint(args: CheckpointArgs) -> u8 {
         keep: args.keep,
         raw: args.raw,
     };
-    match bench.run() {
-        Ok((result, root)) => {
-            match serde_json::to_string(&result) {
-                Ok(line) => println!("{line}"),
-                Err(err) => {
-                    eprintln!("error: printing the result: {err}");
-                    return exit::FAILURE;
-                }
-            }
-            if args.keep {
-                eprintln!("checkpoints kept in {}", root.display());
-            }
-            exit::OK
-        }
-        Err(err) => {
-            eprintln!("error: {err:#}");
-            exit::FAILURE
-        }
+    let (result, root) = bench.run()?;
+    let line = serde_json::to_string(&result)
+        .map_err(|e| anyhow::Error::new(e).context("printing the result"))?;
+    print_line(line)?;
+    if args.keep {
+        eprintln!("checkpoints kept in {}", root.display());
     }
+    Ok(())
 }

@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use clap::Args;
 
-use super::exit;
+use super::error::{print, CliError, CliResult};
 use super::python_json::PythonJson;
 use super::view;
 use crate::store::{CheckpointStore, FileStorage, IterationCheckpoint};
@@ -50,7 +50,7 @@ pub struct CheckpointArgs {
     generation: Option<u64>,
 }
 
-pub fn run(queue: &Path, args: CheckpointArgs) -> u8 {
+pub fn run(queue: &Path, args: CheckpointArgs) -> CliResult {
     let root = std::path::absolute(queue).unwrap_or_else(|_| queue.to_path_buf());
     let as_path = PathBuf::from(&args.target);
     let is_path = args.target.contains('/')
@@ -58,11 +58,10 @@ pub fn run(queue: &Path, args: CheckpointArgs) -> u8 {
         || (!view::task_exists(&root, &args.target) && as_path.is_file());
     let printed = if is_path {
         if args.generation.is_some() {
-            eprintln!(
-                "error: --gen applies to a task id, not to a file ({})",
+            return Err(CliError::usage(format_args!(
+                "--gen applies to a task id, not to a file ({})",
                 args.target
-            );
-            return exit::USAGE;
+            )));
         }
         read_file(&as_path).map(|parsed| {
             note_non_standard(&as_path, &parsed);
@@ -71,16 +70,9 @@ pub fn run(queue: &Path, args: CheckpointArgs) -> u8 {
     } else {
         read_task(&root, &args.target, args.generation)
     };
-    match printed {
-        Ok(mut text) => {
-            text.push('\n');
-            view::print_or_fail(&text)
-        }
-        Err(message) => {
-            eprintln!("error: {message}");
-            exit::FAILURE
-        }
-    }
+    let mut text = printed.map_err(CliError::failure)?;
+    text.push('\n');
+    print(&text)
 }
 
 /// A task's latest usable checkpoint, or one generation.

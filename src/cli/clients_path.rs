@@ -5,7 +5,7 @@ use std::path::Path;
 
 use clap::Args;
 
-use super::exit;
+use super::error::{print_line, CliError, CliResult};
 
 #[derive(Debug, Args)]
 #[command(after_help = "\
@@ -19,21 +19,15 @@ pub struct ClientsPathArgs {}
 /// Make sure the queue's `clients/` holds this binary's helpers, then print its absolute path.
 /// A user who may not write the queue (a submitter of a service's queue) gets the path as long
 /// as the daemon has written the helpers there.
-pub fn run(queue: &Path, _args: ClientsPathArgs) -> u8 {
-    let root = match std::path::absolute(queue) {
-        Ok(root) => root,
-        Err(e) => {
-            eprintln!("error: queue {}: {e}", queue.display());
-            return exit::FAILURE;
-        }
-    };
+pub fn run(queue: &Path, _args: ClientsPathArgs) -> CliResult {
+    let root = std::path::absolute(queue)
+        .map_err(|e| CliError::failure(format_args!("queue {}: {e}", queue.display())))?;
     // Not created here: a queue named by mistake (the wrong ./queue) should not appear.
     if !root.is_dir() {
-        eprintln!(
-            "error: no queue directory at {} (give --queue DIR or set CAIRN_QUEUE)",
+        return Err(CliError::failure(format_args!(
+            "no queue directory at {} (give --queue DIR or set CAIRN_QUEUE)",
             root.display()
-        );
-        return exit::FAILURE;
+        )));
     }
     let dir = match crate::clients::install(&root) {
         Ok(dir) => dir,
@@ -41,13 +35,9 @@ pub fn run(queue: &Path, _args: ClientsPathArgs) -> u8 {
             eprintln!("warning: cannot update the helpers ({e}); the daemon's copy is used");
             crate::clients::clients_dir(&root)
         }
-        Err(e) => {
-            eprintln!("error: {e}");
-            return exit::FAILURE;
-        }
+        Err(e) => return Err(e.into()),
     };
-    println!("{}", dir.display());
-    exit::OK
+    print_line(dir.display())
 }
 
 /// Are all the helpers present (written by the daemon, possibly an older build)?

@@ -4,7 +4,8 @@
 use clap::{Args, CommandFactory};
 use clap_complete::Shell;
 
-use super::{view, Cli};
+use super::error::{print, CliResult};
+use super::Cli;
 
 #[derive(Debug, Args)]
 #[command(after_help = "\
@@ -18,9 +19,9 @@ pub struct CompletionsArgs {
     shell: Shell,
 }
 
-pub fn run(args: CompletionsArgs) -> u8 {
+pub fn run(args: CompletionsArgs) -> CliResult {
     let mut command = Cli::command();
     let mut script = Vec::new();
     clap_complete::generate(args.shell, &mut command, "cairn", &mut script);
-    view::print_or_fail(&String::from_utf8_lossy(&script))
+    print(&String::from_utf8_lossy(&script))
 }

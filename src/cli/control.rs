@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use clap::Args;
 
-use super::exit;
+use super::error::{print_line, CliError, CliResult};
 use crate::queue::control::{self, ControlAction, ControlRequest};
 use crate::queue::QueueDir;
 use crate::store::{FileStorage, Storage};
@@ -37,17 +37,14 @@ pub struct ControlArgs {
 /// How long to wait for a running daemon to take the request.
 const WAIT_FOR_DAEMON: Duration = Duration::from_secs(5);
 
-pub fn run(queue: &Path, action: Action, args: ControlArgs) -> u8 {
+pub fn run(queue: &Path, action: Action, args: ControlArgs) -> CliResult {
     let action = match action {
         Action::Pause => ControlAction::Pause,
         Action::Resume => ControlAction::Resume,
         Action::Cancel => ControlAction::Cancel,
         Action::Retry => ControlAction::Retry,
     };
-    if let Err(problem) = validate_id(&args.id) {
-        eprintln!("error: task id {problem}");
-        return exit::USAGE;
-    }
+    validate_id(&args.id).map_err(|problem| CliError::usage(format_args!("task id {problem}")))?;
     let storage = FileStorage::new(queue);
     // A task still in the inbox is steered too: the daemon holds the request until it has
     // taken the task.
@@ -56,29 +53,29 @@ pub fn run(queue: &Path, action: Action, args: ControlArgs) -> u8 {
         Ok(Some(_)) => {}
         Ok(None) if in_inbox(queue, &args.id) => submitted = true,
         Ok(None) => {
-            eprintln!("error: queue {} has no task {:?}", queue.display(), args.id);
-            return exit::FAILURE;
+            return Err(CliError::failure(format_args!(
+                "queue {} has no task {:?}",
+                queue.display(),
+                args.id
+            )));
         }
         Err(e) => {
-            eprintln!("error: reading the task {:?}: {e}", args.id);
-            return exit::FAILURE;
+            return Err(CliError::failure(format_args!(
+                "reading the task {:?}: {e}",
+                args.id
+            )));
         }
     }
     let request = ControlRequest::new(action, &args.id);
-    let key = match control::submit(&storage, &request) {
-        Ok(key) => key,
-        Err(e) => {
-            eprintln!(
-                "error: writing the request into {}/control: {e}",
-                queue.display()
-            );
-            return exit::FAILURE;
-        }
-    };
+    let key = control::submit(&storage, &request).map_err(|e| {
+        CliError::failure(format_args!(
+            "writing the request into {}/control: {e}",
+            queue.display()
+        ))
+    })?;
     let verb = action.as_str();
     if args.no_wait {
-        println!("{verb} requested for {}", args.id);
-        return exit::OK;
+        return print_line(format_args!("{verb} requested for {}", args.id));
     }
     let Some(pid) = daemon_pid(queue) else {
         let when = if submitted {
@@ -86,8 +83,7 @@ pub fn run(queue: &Path, action: Action, args: ControlArgs) -> u8 {
         } else {
             "no daemon is running, it takes effect when one starts"
         };
-        println!("{verb} requested for {}; {when}", args.id);
-        return exit::OK;
+        return print_line(format_args!("{verb} requested for {}; {when}", args.id));
     };
     let deadline = Instant::now() + WAIT_FOR_DAEMON;
     while Instant::now() < deadline {
@@ -98,19 +94,17 @@ pub fn run(queue: &Path, action: Action, args: ControlArgs) -> u8 {
                 ControlAction::Cancel => "it is stopped and recorded as cancelled",
                 ControlAction::Retry => "it resumes from its last checkpoint",
             };
-            println!(
+            return print_line(format_args!(
                 "{verb}: the daemon (pid {pid}) took the request for {}; {outcome}",
                 args.id
-            );
-            return exit::OK;
+            ));
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    println!(
+    print_line(format_args!(
         "{verb} requested for {}; the daemon (pid {pid}) has not taken it yet",
         args.id
-    );
-    exit::OK
+    ))
 }
 
 /// Is a task with this id waiting in `inbox/` (as `cairn submit` names it, or inside a file

@@ -12,7 +12,7 @@ use std::path::Path;
 use clap::Args;
 use serde_json::Value;
 
-use super::exit;
+use super::error::{print_line, CliError, CliResult};
 use crate::queue::QueueDir;
 use crate::store::current_work::{CurrentWork, StartPoint, StoredOutput};
 use crate::store::events::Event;
@@ -37,24 +37,14 @@ pub struct ForkArgs {
     new_id: Option<String>,
 }
 
-pub fn run(queue: &Path, args: ForkArgs) -> u8 {
-    match fork(queue, &args) {
-        Ok(new_id) => {
-            println!("{new_id}");
-            exit::OK
-        }
-        Err((code, message)) => {
-            eprintln!("error: {message}");
-            code
-        }
-    }
+pub fn run(queue: &Path, args: ForkArgs) -> CliResult {
+    let new_id = fork(queue, &args)?;
+    print_line(new_id)
 }
 
-type Failure = (u8, String);
-
-fn fork(queue: &Path, args: &ForkArgs) -> Result<String, Failure> {
-    let usage = |m: String| (exit::USAGE, m);
-    let failure = |m: String| (exit::FAILURE, m);
+fn fork(queue: &Path, args: &ForkArgs) -> CliResult<String> {
+    let usage = CliError::usage;
+    let failure = CliError::failure;
     validate_id(&args.id).map_err(|p| usage(format!("task id {p}")))?;
     let patch: Option<Value> = args
         .patch
@@ -168,7 +158,7 @@ fn earlier_outputs(
     id: &str,
     task: &Task,
     phase_index: usize,
-) -> Result<BTreeMap<String, Value>, Failure> {
+) -> CliResult<BTreeMap<String, Value>> {
     let needed: Vec<&str> = task.phases[..phase_index]
         .iter()
         .map(|p| p.name.as_str())
@@ -207,13 +197,10 @@ fn earlier_outputs(
     let mut outputs = BTreeMap::new();
     for name in needed {
         let value = found.remove(name).ok_or_else(|| {
-            (
-                exit::FAILURE,
-                format!(
-                    "the output of phase {name:?} of {id:?} is not available in {} (the new task needs it as input)",
-                    queue.display()
-                ),
-            )
+            CliError::failure(format_args!(
+                "the output of phase {name:?} of {id:?} is not available in {} (the new task needs it as input)",
+                queue.display()
+            ))
         })?;
         outputs.insert(name.to_string(), value);
     }

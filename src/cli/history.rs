@@ -13,7 +13,7 @@ use clap::Args;
 use serde_json::{json, Value};
 
 use super::checkpoint::decode_lenient;
-use super::exit;
+use super::error::{print, CliError, CliResult};
 use super::view;
 use crate::store::{decode_checkpoint, CheckpointStore, FileStorage, GenerationInfo};
 
@@ -88,28 +88,24 @@ impl Row {
     }
 }
 
-pub fn run(queue: &Path, args: HistoryArgs) -> u8 {
-    if let Err(e) = view::check_id(&args.id) {
-        eprintln!("error: {e}");
-        return exit::USAGE;
-    }
+pub fn run(queue: &Path, args: HistoryArgs) -> CliResult {
+    view::check_id(&args.id).map_err(CliError::usage)?;
     let root = std::path::absolute(queue).unwrap_or_else(|_| queue.to_path_buf());
     let store = CheckpointStore::with_storage(Arc::new(FileStorage::new(&root)));
-    let history = match view::quietly(|| store.history(&args.id)) {
-        Ok(history) => history,
-        Err(e) => {
-            eprintln!("error: task {:?} in queue {}: {e}", args.id, root.display());
-            return exit::FAILURE;
-        }
-    };
+    let history = view::quietly(|| store.history(&args.id)).map_err(|e| {
+        CliError::failure(format_args!(
+            "task {:?} in queue {}: {e}",
+            args.id,
+            root.display()
+        ))
+    })?;
     if history.is_empty() && !view::task_exists(&root, &args.id) {
-        eprintln!(
-            "error: queue {} has no task {:?} and no checkpoint of it in {}",
+        return Err(CliError::failure(format_args!(
+            "queue {} has no task {:?} and no checkpoint of it in {}",
             root.display(),
             args.id,
             root.join("incremental").display()
-        );
-        return exit::FAILURE;
+        )));
     }
     let rows: Vec<Row> = history
         .into_iter()
@@ -134,7 +130,7 @@ pub fn run(queue: &Path, args: HistoryArgs) -> u8 {
     } else {
         table(&rows)
     };
-    view::print_or_fail(&text)
+    print(&text)
 }
 
 fn row_json(root: &Path, latest: bool, row: &Row) -> Value {

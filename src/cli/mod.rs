@@ -5,6 +5,7 @@ mod checkpoint;
 mod clients_path;
 mod completions;
 mod control;
+pub mod error;
 mod fork;
 mod history;
 mod prune;
@@ -17,10 +18,12 @@ mod submit;
 mod validate;
 mod view;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
+
+use error::CliResult;
 
 /// Exit codes, documented in `cairn --help`.
 pub mod exit {
@@ -140,25 +143,41 @@ pub fn main() -> ExitCode {
         }
     };
     init_logging(cli.verbose);
-    let code = match cli.command {
-        Command::Run(args) => run::run(&cli.queue, args),
-        Command::Submit(args) => submit::run(&cli.queue, args),
-        Command::Validate(args) => validate::run(args),
-        Command::Status(args) => status::run(&cli.queue, args),
-        Command::Show(args) => show::run(&cli.queue, args),
-        Command::History(args) => history::run(&cli.queue, args),
-        Command::Checkpoint(args) => checkpoint::run(&cli.queue, args),
-        Command::Fork(args) => fork::run(&cli.queue, args),
-        Command::Pause(args) => control::run(&cli.queue, control::Action::Pause, args),
-        Command::Resume(args) => control::run(&cli.queue, control::Action::Resume, args),
-        Command::Cancel(args) => control::run(&cli.queue, control::Action::Cancel, args),
-        Command::Retry(args) => control::run(&cli.queue, control::Action::Retry, args),
-        Command::Prune(args) => prune::run(&cli.queue, args),
-        Command::Completions(args) => completions::run(args),
-        Command::ClientsPath(args) => clients_path::run(&cli.queue, args),
-        Command::Bench(args) => bench::run(args),
-    };
-    ExitCode::from(code)
+    match dispatch(&cli.queue, cli.command) {
+        Ok(code) => ExitCode::from(code),
+        // The reader of stdout went away (`cairn status | head -1`): how a pipe ends.
+        Err(error) if error.is_broken_pipe() => ExitCode::from(exit::OK),
+        Err(error) => {
+            if let Some(message) = error.message() {
+                eprintln!("error: {message}");
+            }
+            ExitCode::from(error.code())
+        }
+    }
+}
+
+/// Run the subcommand. `Ok` holds the exit code of a command that did its work: 0, or for
+/// `run` how the daemon ended (6, 130).
+fn dispatch(queue: &Path, command: Command) -> CliResult<u8> {
+    let done = |()| exit::OK;
+    match command {
+        Command::Run(args) => run::run(queue, args),
+        Command::Submit(args) => submit::run(queue, args).map(done),
+        Command::Validate(args) => validate::run(args).map(done),
+        Command::Status(args) => status::run(queue, args).map(done),
+        Command::Show(args) => show::run(queue, args).map(done),
+        Command::History(args) => history::run(queue, args).map(done),
+        Command::Checkpoint(args) => checkpoint::run(queue, args).map(done),
+        Command::Fork(args) => fork::run(queue, args).map(done),
+        Command::Pause(args) => control::run(queue, control::Action::Pause, args).map(done),
+        Command::Resume(args) => control::run(queue, control::Action::Resume, args).map(done),
+        Command::Cancel(args) => control::run(queue, control::Action::Cancel, args).map(done),
+        Command::Retry(args) => control::run(queue, control::Action::Retry, args).map(done),
+        Command::Prune(args) => prune::run(queue, args).map(done),
+        Command::Completions(args) => completions::run(args).map(done),
+        Command::ClientsPath(args) => clients_path::run(queue, args).map(done),
+        Command::Bench(args) => bench::run(args).map(done),
+    }
 }
 
 /// Logs go to stderr. Under systemd (stderr is the journal, per `JOURNAL_STREAM`) they go to

@@ -25,7 +25,7 @@ use chrono::{DateTime, Utc};
 use clap::Args;
 use serde_json::Value;
 
-use super::exit;
+use super::error::{print, CliError, CliResult};
 use super::queue_fs::{read_regular, OpenedQueue};
 use super::view::{self, Record};
 use crate::store::records::RecordStatus;
@@ -77,34 +77,26 @@ struct Plan {
     rejected_records: usize,
 }
 
-pub fn run(queue: &Path, args: PruneArgs) -> u8 {
+pub fn run(queue: &Path, args: PruneArgs) -> CliResult {
     let root = std::path::absolute(queue).unwrap_or_else(|_| queue.to_path_buf());
     if !root.is_dir() {
-        eprintln!("error: queue {} does not exist", root.display());
-        return exit::FAILURE;
+        return Err(CliError::failure(format_args!(
+            "queue {} does not exist",
+            root.display()
+        )));
     }
     // Refused before anything is read: a directory replaced by a link would lead the plan (and,
     // for root, the removals) outside the queue.
-    let opened = match OpenedQueue::open(&root) {
-        Ok(opened) => opened,
-        Err(problem) => {
-            eprintln!("error: refusing to prune: {problem}");
-            return exit::FAILURE;
-        }
-    };
-    let plan = match plan(&root, &args, Utc::now()) {
-        Ok(plan) => plan,
-        Err(e) => {
-            eprintln!("error: {e}; nothing was removed");
-            return exit::FAILURE;
-        }
-    };
+    let opened = OpenedQueue::open(&root)
+        .map_err(|problem| CliError::failure(format_args!("refusing to prune: {problem}")))?;
+    let plan = plan(&root, &args, Utc::now())
+        .map_err(|e| CliError::failure(format_args!("{e}; nothing was removed")))?;
     let verb = if args.dry_run {
         "would remove"
     } else {
         "removed"
     };
-    let mut failed = false;
+    let mut not_removed: Vec<String> = Vec::new();
     let mut bytes = 0u64;
     let mut counts: BTreeMap<Why, usize> = BTreeMap::new();
     for (path, why) in &plan.paths {
@@ -119,21 +111,11 @@ pub fn run(queue: &Path, args: PruneArgs) -> u8 {
                 bytes += size;
                 *counts.entry(*why).or_default() += 1;
                 let slash = if is_dir { "/" } else { "" };
-                let line = format!("{verb} {}{slash}\n", path.display());
-                match view::write_stdout(&line) {
-                    Ok(true) => {}
-                    Ok(false) => return exit::OK,
-                    Err(e) => {
-                        eprintln!("error: writing to stdout: {e}");
-                        return exit::FAILURE;
-                    }
-                }
+                print(&format!("{verb} {}{slash}\n", path.display()))?;
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => {
-                eprintln!("error: removing {}: {e}", path.display());
-                failed = true;
-            }
+            // The others are still removed; the failures are the command's error at the end.
+            Err(e) => not_removed.push(format!("{}: {e}", path.display())),
         }
     }
     let count = |why| counts.get(&why).copied().unwrap_or(0);
@@ -153,11 +135,15 @@ pub fn run(queue: &Path, args: PruneArgs) -> u8 {
         counts.values().sum::<usize>(),
         view::format_bytes(bytes),
     );
-    let code = view::print_or_fail(&summary);
-    if failed {
-        exit::FAILURE
+    print(&summary)?;
+    if not_removed.is_empty() {
+        Ok(())
     } else {
-        code
+        Err(CliError::failure(format_args!(
+            "{} path(s) could not be removed: {}",
+            not_removed.len(),
+            not_removed.join("; ")
+        )))
     }
 }
 

@@ -8,6 +8,7 @@ use futures::StreamExt;
 use signal_hook::consts::{SIGINT, SIGTERM};
 use signal_hook_tokio::Signals;
 
+use super::error::{CliError, CliResult};
 use super::exit;
 use crate::daemon::{self, DaemonConfig, DaemonError, DaemonExit, RunSummary};
 use crate::shutdown::Shutdown;
@@ -34,18 +35,14 @@ pub struct RunArgs {
     max_tasks: usize,
 }
 
-pub fn run(queue: &Path, args: RunArgs) -> u8 {
+/// Run the daemon until it is idle (`--exit-when-idle`) or stopped; `Ok` holds how it ended
+/// as an exit code (0, 6 with `--fail-on-task-failure`, 130 after a second signal).
+pub fn run(queue: &Path, args: RunArgs) -> CliResult<u8> {
     // One thread: children get PR_SET_PDEATHSIG, which fires when the spawning *thread* exits.
-    let runtime = match tokio::runtime::Builder::new_current_thread()
+    let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-    {
-        Ok(runtime) => runtime,
-        Err(e) => {
-            eprintln!("error: cannot start the runtime: {e}");
-            return exit::FAILURE;
-        }
-    };
+        .map_err(|e| CliError::failure(format_args!("cannot start the runtime: {e}")))?;
     let mut config = DaemonConfig::new(queue);
     config.exit_when_idle = args.exit_when_idle;
     config.stop_grace = args.stop_grace;
@@ -54,13 +51,8 @@ pub fn run(queue: &Path, args: RunArgs) -> u8 {
 
     let code = runtime.block_on(async move {
         let shutdown = Shutdown::new();
-        let signals = match Signals::new([SIGINT, SIGTERM]) {
-            Ok(signals) => signals,
-            Err(e) => {
-                eprintln!("error: cannot install signal handlers: {e}");
-                return exit::FAILURE;
-            }
-        };
+        let signals = Signals::new([SIGINT, SIGTERM])
+            .map_err(|e| CliError::failure(format_args!("cannot install signal handlers: {e}")))?;
         let handle = signals.handle();
         let on_signal = shutdown.clone();
         let listener = tokio::spawn(async move {
@@ -86,37 +78,32 @@ pub fn run(queue: &Path, args: RunArgs) -> u8 {
         // close cannot keep the process alive.
         handle.close();
         listener.abort();
-        match outcome {
-            Ok((how, summary)) => {
-                closing_summary(&summary);
-                match how {
-                    DaemonExit::StoppedImmediately => exit::STOPPED_AT_ONCE,
-                    DaemonExit::Idle | DaemonExit::Stopped
-                        if fail_on_task_failure && summary.any_failed() =>
-                    {
-                        exit::TASKS_FAILED
-                    }
-                    DaemonExit::Idle | DaemonExit::Stopped => exit::OK,
-                }
+        let (how, summary) = outcome.map_err(daemon_error)?;
+        closing_summary(&summary);
+        Ok(match how {
+            DaemonExit::StoppedImmediately => exit::STOPPED_AT_ONCE,
+            DaemonExit::Idle | DaemonExit::Stopped
+                if fail_on_task_failure && summary.any_failed() =>
+            {
+                exit::TASKS_FAILED
             }
-            Err(DaemonError::Lock(e @ crate::queue::LockError::Held { .. })) => {
-                eprintln!("error: {e}");
-                exit::QUEUE_LOCKED
-            }
-            Err(e @ DaemonError::UnsafeQueue(_)) => {
-                eprintln!("error: {e}");
-                exit::UNSAFE_QUEUE
-            }
-            Err(e) => {
-                eprintln!("error: {e}");
-                exit::FAILURE
-            }
-        }
+            DaemonExit::Idle | DaemonExit::Stopped => exit::OK,
+        })
     });
     // Everything committed is flushed by now; a blocking job still running (a stuck file
     // system call) must not keep the process from exiting.
     runtime.shutdown_timeout(std::time::Duration::from_secs(10));
     code
+}
+
+/// A daemon that could not run, with the exit code its cause is documented with.
+fn daemon_error(error: DaemonError) -> CliError {
+    let code = match &error {
+        DaemonError::Lock(crate::queue::LockError::Held { .. }) => exit::QUEUE_LOCKED,
+        DaemonError::UnsafeQueue(_) => exit::UNSAFE_QUEUE,
+        _ => exit::FAILURE,
+    };
+    CliError::new(code, error)
 }
 
 /// The closing summary on stderr, after the daemon's last log line. A closed stderr is not an

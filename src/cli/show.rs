@@ -8,7 +8,7 @@ use chrono::{DateTime, Utc};
 use clap::Args;
 use serde_json::{json, Map, Value};
 
-use super::exit;
+use super::error::{print, CliError, CliResult};
 use super::status::{iter_cell, phase_cell};
 use super::view::{self, TaskView};
 use crate::store::current_work::{PhaseTiming, StoredOutput};
@@ -40,22 +40,18 @@ struct PhaseRow {
     finished_at: Option<DateTime<Utc>>,
 }
 
-pub fn run(queue: &Path, args: ShowArgs) -> u8 {
-    if let Err(e) = view::check_id(&args.id) {
-        eprintln!("error: {e}");
-        return exit::USAGE;
-    }
+pub fn run(queue: &Path, args: ShowArgs) -> CliResult {
+    view::check_id(&args.id).map_err(CliError::usage)?;
     let root = std::path::absolute(queue).unwrap_or_else(|_| queue.to_path_buf());
     let Some(task) = find(&root, &args.id) else {
-        eprintln!(
-            "error: queue {} has no task {:?} (no tasks/{id}.json, done/{id}.json, failed/{id}.json, \
+        return Err(CliError::failure(format_args!(
+            "queue {} has no task {:?} (no tasks/{id}.json, done/{id}.json, failed/{id}.json, \
              entry in current_work.json nor rejected inbox/{id}.json); `cairn status --all` lists \
              the tasks",
             root.display(),
             args.id,
             id = args.id
-        );
-        return exit::FAILURE;
+        )));
     };
     for warning in &task.warnings {
         eprintln!("warning: {warning}");
@@ -105,7 +101,7 @@ pub fn run(queue: &Path, args: ShowArgs) -> u8 {
         };
         human(&root, &task, daemon, &details, now)
     };
-    view::print_or_fail(&text)
+    print(&text)
 }
 
 /// The task with this id; else the latest rejection of the inbox file of this name (others

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use clap::Args;
 use serde_json::{json, Value};
 
-use super::exit;
+use super::error::{print, CliError, CliResult};
 use super::view::{self, LoadOptions, QueueView, TaskView};
 use crate::store::current_work::ActiveStatus;
 use crate::store::task_state::TaskState;
@@ -58,13 +58,12 @@ pub struct StatusArgs {
 /// Rejected intake files listed without `--all`: enough to notice them, not a flood.
 const RECENT_REJECTED: usize = 3;
 
-pub fn run(queue: &Path, args: StatusArgs) -> u8 {
+pub fn run(queue: &Path, args: StatusArgs) -> CliResult {
     if !queue.is_dir() {
-        eprintln!(
-            "error: queue {} does not exist (use --queue DIR or CAIRN_QUEUE)",
+        return Err(CliError::failure(format_args!(
+            "queue {} does not exist (use --queue DIR or CAIRN_QUEUE)",
             queue.display()
-        );
-        return exit::FAILURE;
+        )));
     }
     let queue = &std::path::absolute(queue).unwrap_or_else(|_| queue.to_path_buf());
     let options = LoadOptions {
@@ -85,25 +84,28 @@ pub fn run(queue: &Path, args: StatusArgs) -> u8 {
     } else {
         table(&view)
     };
-    let code = view::print_or_fail(&text);
+    print(&text)?;
+    let unreadable = unreadable_queue(&view);
     for warning in &view.warnings {
-        eprintln!("warning: {warning}");
+        if Some(warning) != unreadable {
+            eprintln!("warning: {warning}");
+        }
     }
     if !args.json {
         notes(&view);
     }
-    if code == exit::OK && unreadable_queue(&view) {
-        exit::FAILURE
-    } else {
-        code
+    match unreadable {
+        Some(problem) => Err(CliError::failure(problem)),
+        None => Ok(()),
     }
 }
 
-/// `current_work.json` could not be read: what is in flight is unknown.
-fn unreadable_queue(view: &QueueView) -> bool {
+/// `current_work.json` could not be read: what is in flight is unknown, and the table may be
+/// wrong, so the command fails after printing it.
+fn unreadable_queue(view: &QueueView) -> Option<&String> {
     view.warnings
         .iter()
-        .any(|w| w.contains("current_work.json"))
+        .find(|w| w.contains("current_work.json"))
 }
 
 /// Hints on stderr, for people: rejected files not listed, tasks that wait for a daemon.
@@ -210,13 +212,11 @@ pub fn iter_cell(task: &TaskView) -> String {
 }
 
 /// Redraw every second until Ctrl-C/SIGTERM or a closed pipe.
-fn watch(queue: &Path, options: LoadOptions, as_json: bool) -> u8 {
+fn watch(queue: &Path, options: LoadOptions, as_json: bool) -> CliResult {
     let stop = Arc::new(AtomicBool::new(false));
     for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-        if let Err(e) = signal_hook::flag::register(signal, Arc::clone(&stop)) {
-            eprintln!("error: cannot watch for Ctrl-C: {e}");
-            return exit::FAILURE;
-        }
+        signal_hook::flag::register(signal, Arc::clone(&stop))
+            .map_err(|e| CliError::failure(format_args!("cannot watch for Ctrl-C: {e}")))?;
     }
     let terminal = std::io::IsTerminal::is_terminal(&std::io::stdout());
     if terminal && !as_json {
@@ -239,7 +239,9 @@ fn tick(started: Instant, stop: &AtomicBool) -> bool {
 }
 
 /// Not a terminal: a block (time, daemon, table) or a JSON line every second.
-fn plain_watch(queue: &Path, options: LoadOptions, as_json: bool, stop: &AtomicBool) -> u8 {
+/// A reader that goes away (`| head`) ends it through the broken-pipe error, which
+/// `cli::main` takes as the normal end of a pipe.
+fn plain_watch(queue: &Path, options: LoadOptions, as_json: bool, stop: &AtomicBool) -> CliResult {
     loop {
         let started = Instant::now();
         let view = view::load(queue, options);
@@ -255,17 +257,9 @@ fn plain_watch(queue: &Path, options: LoadOptions, as_json: bool, stop: &AtomicB
                 table(&view)
             )
         };
-        match view::write_stdout(&text) {
-            Ok(true) => {}
-            // The reader went away (`| head`): that is how a pipe ends, not an error.
-            Ok(false) => return exit::OK,
-            Err(e) => {
-                eprintln!("error: writing to stdout: {e}");
-                return exit::FAILURE;
-            }
-        }
+        print(&text)?;
         if !tick(started, stop) {
-            return exit::OK;
+            return Ok(());
         }
     }
 }
@@ -280,10 +274,10 @@ mod bars {
     use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 
     use super::{iter_cell, phase_cell, tick};
-    use crate::cli::exit;
+    use crate::cli::error::CliResult;
     use crate::cli::view::{self, LoadOptions, QueueView, TaskView};
 
-    pub fn watch(queue: &Path, options: LoadOptions, stop: &AtomicBool) -> u8 {
+    pub fn watch(queue: &Path, options: LoadOptions, stop: &AtomicBool) -> CliResult {
         let multi = MultiProgress::with_draw_target(ProgressDrawTarget::stdout());
         let header = multi.add(ProgressBar::new_spinner());
         header.set_style(ProgressStyle::with_template("{msg}").expect("a valid template"));
@@ -327,7 +321,7 @@ mod bars {
             bar.abandon();
         }
         header.abandon();
-        exit::OK
+        Ok(())
     }
 
     fn style(with_bar: bool) -> ProgressStyle {

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use clap::Args;
 
-use super::exit;
+use super::error::{print_line, CliError, CliResult};
 use crate::queue::QueueDir;
 use crate::store::{FileStorage, Storage};
 use crate::task::{generate_id, random_suffix, Task, MAX_TASK_FILE_BYTES};
@@ -24,11 +24,8 @@ pub struct SubmitArgs {
     create_queue: bool,
 }
 
-pub fn run(queue: &Path, args: SubmitArgs) -> u8 {
-    let (stem, mut task) = match read_task_file(&args.file) {
-        Ok(read) => read,
-        Err(code) => return code,
-    };
+pub fn run(queue: &Path, args: SubmitArgs) -> CliResult {
+    let (stem, mut task) = read_task_file(&args.file)?;
     let id = task
         .id
         .get_or_insert_with(|| generate_id(&stem, &random_suffix()))
@@ -36,20 +33,16 @@ pub fn run(queue: &Path, args: SubmitArgs) -> u8 {
     let queue_dir = QueueDir::new(queue);
     if !queue.is_dir() && !args.create_queue {
         let shown = std::path::absolute(queue).unwrap_or_else(|_| queue.to_path_buf());
-        eprintln!(
-            "error: there is no queue at {} (nothing was submitted); name the queue with \
+        return Err(CliError::failure(format_args!(
+            "there is no queue at {} (nothing was submitted); name the queue with \
              --queue DIR or CAIRN_QUEUE, run from the directory that holds it, or create it \
              with `cairn submit --create-queue` or `cairn run`",
             shown.display()
-        );
-        return exit::FAILURE;
+        )));
     }
     // The inbox of a new queue is created; an existing one is left as its owner set it up.
     if !queue_dir.inbox().is_dir() {
-        if let Err(e) = queue_dir.create_all() {
-            eprintln!("error: {e}");
-            return exit::FAILURE;
-        }
+        queue_dir.create_all()?;
     }
     let storage = FileStorage::new(queue);
     let inbox_key = format!("inbox/{id}.json");
@@ -62,30 +55,35 @@ pub fn run(queue: &Path, args: SubmitArgs) -> u8 {
         match storage.get(&key) {
             Ok(None) => {}
             Ok(Some(_)) => {
-                eprintln!(
-                    "error: {}: a task with id {id:?} already exists in the queue ({})",
+                return Err(CliError::invalid_task(format_args!(
+                    "{}: a task with id {id:?} already exists in the queue ({})",
                     args.file.display(),
                     queue_dir.display_key(&key)
-                );
-                return exit::INVALID_TASK;
+                )));
             }
             // A submitter may not be allowed to read the daemon's directories; the daemon
             // refuses a duplicate id itself, so the early check is only a courtesy.
             Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {}
             Err(e) => {
-                eprintln!("error: reading {}: {e}", queue_dir.display_key(&key));
-                return exit::FAILURE;
+                return Err(CliError::failure(format_args!(
+                    "reading {}: {e}",
+                    queue_dir.display_key(&key)
+                )));
             }
         }
     }
     // The inbox file appears whole or not at all: temp file, fsync, rename, directory fsync.
-    if let Err(e) = storage.put(&inbox_key, &task.to_json_bytes(), None) {
-        eprintln!("error: writing {}: {e}", queue_dir.display_key(&inbox_key));
-        return exit::FAILURE;
-    }
-    println!("{id}");
+    storage
+        .put(&inbox_key, &task.to_json_bytes(), None)
+        .map_err(|e| {
+            CliError::failure(format_args!(
+                "writing {}: {e}",
+                queue_dir.display_key(&inbox_key)
+            ))
+        })?;
+    print_line(&id)?;
     tell_what_next(queue, &id);
-    exit::OK
+    Ok(())
 }
 
 /// For people (stderr, so the id stays alone on stdout): where the task went and what to run.
@@ -108,37 +106,30 @@ fn tell_what_next(queue: &Path, id: &str) {
 }
 
 /// Read and validate a task file ("-" is stdin). Returns the name to derive an id from, or
-/// prints the error naming the file and returns the exit code.
-pub fn read_task_file(file: &Path) -> Result<(String, Task), u8> {
+/// the error naming the file with its exit code.
+pub fn read_task_file(file: &Path) -> CliResult<(String, Task)> {
     let (bytes, stem) = if file == Path::new("-") {
         let mut bytes = Vec::new();
         let read = std::io::stdin()
             .take(MAX_TASK_FILE_BYTES + 1)
             .read_to_end(&mut bytes);
-        if let Err(e) = read {
-            eprintln!("error: reading stdin: {e}");
-            return Err(exit::FAILURE);
-        }
+        read.map_err(|e| CliError::failure(format_args!("reading stdin: {e}")))?;
         (bytes, "task".to_string())
     } else {
-        let meta = match std::fs::metadata(file) {
-            Ok(meta) => meta,
-            Err(e) => {
-                eprintln!("error: {}: {e}", file.display());
-                return Err(exit::FAILURE);
-            }
-        };
+        let meta = std::fs::metadata(file)
+            .map_err(|e| CliError::failure(format_args!("{}: {e}", file.display())))?;
         if !meta.is_file() {
-            eprintln!("error: {}: not a regular file", file.display());
-            return Err(exit::INVALID_TASK);
+            return Err(CliError::invalid_task(format_args!(
+                "{}: not a regular file",
+                file.display()
+            )));
         }
         if meta.len() > MAX_TASK_FILE_BYTES {
-            eprintln!(
-                "error: {}: file is {} bytes, larger than the limit of {MAX_TASK_FILE_BYTES} bytes",
+            return Err(CliError::invalid_task(format_args!(
+                "{}: file is {} bytes, larger than the limit of {MAX_TASK_FILE_BYTES} bytes",
                 file.display(),
                 meta.len()
-            );
-            return Err(exit::INVALID_TASK);
+            )));
         }
         match std::fs::read(file) {
             Ok(bytes) => {
@@ -150,28 +141,17 @@ pub fn read_task_file(file: &Path) -> Result<(String, Task), u8> {
                 (bytes, stem)
             }
             Err(e) => {
-                eprintln!("error: {}: {e}", file.display());
-                return Err(exit::FAILURE);
+                return Err(CliError::failure(format_args!("{}: {e}", file.display())));
             }
         }
     };
-    let name = if file == Path::new("-") {
-        "<stdin>".to_string()
-    } else {
-        file.display().to_string()
-    };
-    match Task::parse(&bytes) {
-        Ok(task) => {
-            for warning in task.warnings() {
-                eprintln!("warning: {name}: {warning}");
-            }
-            Ok((stem, task))
-        }
-        Err(e) => {
-            eprintln!("error: {name}: {e}");
-            Err(exit::INVALID_TASK)
-        }
+    let name = file_name(file);
+    let task =
+        Task::parse(&bytes).map_err(|e| CliError::invalid_task(format_args!("{name}: {e}")))?;
+    for warning in task.warnings() {
+        eprintln!("warning: {name}: {warning}");
     }
+    Ok((stem, task))
 }
 
 /// How messages name a task file: its path, or `<stdin>` for "-".

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use clap::Args;
 
-use super::exit;
+use super::error::{print_line, CliResult};
 
 #[derive(Debug, Args)]
 pub struct ValidateArgs {
@@ -12,21 +12,16 @@ pub struct ValidateArgs {
     file: PathBuf,
 }
 
-pub fn run(args: ValidateArgs) -> u8 {
-    match super::submit::read_task_file(&args.file) {
-        Ok((_, task)) => {
-            let phases: Vec<String> = task
-                .phases
-                .iter()
-                .map(|p| format!("{} ({})", p.name, p.kind.as_str()))
-                .collect();
-            println!(
-                "{}: valid; phases: {}",
-                super::submit::file_name(&args.file),
-                phases.join(", ")
-            );
-            exit::OK
-        }
-        Err(code) => code,
-    }
+pub fn run(args: ValidateArgs) -> CliResult {
+    let (_, task) = super::submit::read_task_file(&args.file)?;
+    let phases: Vec<String> = task
+        .phases
+        .iter()
+        .map(|p| format!("{} ({})", p.name, p.kind.as_str()))
+        .collect();
+    print_line(format_args!(
+        "{}: valid; phases: {}",
+        super::submit::file_name(&args.file),
+        phases.join(", ")
+    ))
 }

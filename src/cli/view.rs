@@ -1012,29 +1012,6 @@ pub fn render_table(header: &[&str], rows: &[Vec<String>]) -> String {
     out
 }
 
-/// Write to stdout; a closed pipe (`cairn status | head -1`) is not an error. Returns false
-/// when the reader has gone away.
-pub fn write_stdout(text: &str) -> io::Result<bool> {
-    use std::io::Write;
-    let mut out = io::stdout().lock();
-    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
-        Ok(()) => Ok(true),
-        Err(e) if e.kind() == io::ErrorKind::BrokenPipe => Ok(false),
-        Err(e) => Err(e),
-    }
-}
-
-/// Print `text` and turn the outcome into an exit code.
-pub fn print_or_fail(text: &str) -> u8 {
-    match write_stdout(text) {
-        Ok(_) => super::exit::OK,
-        Err(e) => {
-            eprintln!("error: writing to stdout: {e}");
-            super::exit::FAILURE
-        }
-    }
-}
-
 /// A task id as given on the command line, checked before it names any file.
 pub fn check_id(id: &str) -> Result<(), String> {
     crate::task::validate_id(id).map_err(|e| format!("{id:?} is not a task id: {e}"))

@@ -174,7 +174,8 @@ impl Scheduler {
         self.retries.retain(|(_, r)| r != id);
     }
 
-    async fn persist(&self) {
+    /// Write `current_work.json`; a failure is logged (every later change writes it again).
+    pub(super) async fn persist(&self) {
         if let Err(e) = self.ctx.work.persist().await {
             tracing::error!("{e}");
         }

@@ -16,6 +16,7 @@ use serde_json::Value;
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 
+mod after_attempt;
 mod control;
 mod crash_blame;
 mod intake_retry;
@@ -269,6 +270,7 @@ pub(crate) struct Scheduler {
 }
 
 /// How an attempt's future ended, as the main loop sees it.
+#[derive(Debug)]
 pub(crate) enum AttemptOutcome {
     /// Every phase finished, `done/<id>.json` is written and the task has left
     /// `current_work`; this is its entry as it ended.

@@ -84,14 +84,18 @@ pub fn spawn_in_group(
         .process_group(0)
         .kill_on_drop(true);
     let daemon_pid = nix::unistd::getpid();
-    // SAFETY: the closure runs between fork and exec and only makes async-signal-safe system
-    // calls (prctl, getppid); it allocates nothing.
+    // SAFETY: the closure runs between fork and exec, where another thread may have held the
+    // allocator's lock at the fork, so it must not allocate: it only makes async-signal-safe
+    // system calls (prctl, getppid) and its errors are bare OS error codes
+    // (`from_raw_os_error`, and nix's `Errno` converts the same way), which live inline in the
+    // `io::Error` with no allocation. A message would allocate, and would be lost anyway: the
+    // standard library sends only the error's OS code to the parent.
     unsafe {
         command.pre_exec(move || {
             nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(io::Error::from)?;
-            // The daemon may have died before the death signal was armed.
+            // The daemon may have died before the death signal was armed: "no such process".
             if nix::unistd::getppid() != daemon_pid {
-                return Err(io::Error::other("cairn daemon exited"));
+                return Err(io::Error::from_raw_os_error(nix::libc::ESRCH));
             }
             Ok(())
         });

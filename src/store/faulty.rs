@@ -1,9 +1,10 @@
 //! Fault injection for tests: [`FileOps`] that fail, or "crash", at a chosen step.
 //!
-//! This is a test tool, public so that integration tests (and programs embedding cairn) can
-//! prove their recovery: count the steps of an operation with [`FaultyFileOps::new`], then
-//! repeat it with [`FaultyFileOps::fail_at`] for every step in turn and check what a fresh
-//! store finds on disk afterwards. Do not use it in production code.
+//! A test double, compiled only with the `test-doubles` feature (on for cairn's own tests
+//! through its dev-dependency on itself; a program embedding cairn can turn it on in its
+//! dev-dependencies to prove its own recovery): count the steps of an operation with
+//! [`FaultyFileOps::new`], then repeat it with [`FaultyFileOps::fail_at`] for every step in
+//! turn and check what a fresh store finds on disk afterwards.
 
 use std::io;
 use std::path::Path;

@@ -1,9 +1,9 @@
 //! The syscalls of one atomic file write, one method per step.
 //!
 //! [`FileStorage`](super::FileStorage) never touches the file system for a write except through
-//! [`FileOps`], so a test can replace [`RealFileOps`] with
-//! [`FaultyFileOps`](super::FaultyFileOps) and make any single step fail, or make the process
-//! "die" at that step, and then check what a restart finds on disk.
+//! [`FileOps`], so a test can replace [`RealFileOps`] with `FaultyFileOps` (feature
+//! `test-doubles`) and make any single step fail, or make the process "die" at that step, and
+//! then check what a restart finds on disk.
 
 use std::fmt::Debug;
 use std::fs::{File, OpenOptions};

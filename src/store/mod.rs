@@ -8,12 +8,15 @@
 //!   with generations, the one implementation the daemon and embedding programs share.
 //!
 //! [`FileStorage`] performs its syscalls through [`FileOps`], so tests can swap in
-//! [`FaultyFileOps`] and fail or "crash" at every write step in turn.
+//! `FaultyFileOps` and fail or "crash" at every write step in turn, or `PowerLossFileOps` and
+//! see what a power cut would leave. Both are test doubles, compiled only with the
+//! `test-doubles` feature (which `cargo test` turns on), so the shipped library has none.
 
 mod checkpoint;
 mod checkpoint_store;
 pub mod current_work;
 pub mod events;
+#[cfg(feature = "test-doubles")]
 mod faulty;
 mod file;
 mod file_ops;
@@ -23,6 +26,7 @@ mod group_commit;
 mod gzip;
 pub mod journal;
 mod loop_checkpointer;
+#[cfg(feature = "test-doubles")]
 mod power_loss;
 pub mod records;
 pub mod task_state;
@@ -33,11 +37,13 @@ pub use checkpoint::{
 pub use checkpoint_store::{
     CheckpointStore, GenerationInfo, LoadedCheckpoint, SavedCheckpoint, StoreError,
 };
+#[cfg(feature = "test-doubles")]
 pub use faulty::{FaultMode, FaultyFileOps};
 pub use file::FileStorage;
 pub(crate) use file_ops::TEMP_SUFFIX;
 pub use file_ops::{FileOps, RealFileOps, TempFile, UnsyncedFileOps};
 pub use loop_checkpointer::LoopCheckpointer;
+#[cfg(feature = "test-doubles")]
 pub use power_loss::PowerLossFileOps;
 
 use std::io;

@@ -14,7 +14,7 @@
 //! [`PowerLossFileOps::crash_image`] writes the disk as it would look after a power cut at that
 //! moment into a fresh directory, where a fresh store can be opened to check recovery.
 //! Only regular files and directories are modelled (symlinks and other entries are left out of
-//! the image). Do not use it in production code.
+//! the image). A test double, compiled only with the `test-doubles` feature.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ffi::OsString;
