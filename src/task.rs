@@ -11,10 +11,10 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+pub use crate::task_id::TaskId;
+
 /// Largest task file cairn accepts; larger files are rejected unread.
 pub const MAX_TASK_FILE_BYTES: u64 = 1024 * 1024;
-/// Longest task id.
-pub const MAX_ID_LEN: usize = 128;
 
 /// A task as written by a user (and, with its id filled in, as kept in `tasks/<id>.json`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -22,7 +22,7 @@ pub const MAX_ID_LEN: usize = 128;
 pub struct Task {
     /// Names the task's files; generated at intake when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub id: Option<String>,
+    pub id: Option<TaskId>,
     /// Higher runs first among pending tasks.
     #[serde(default)]
     pub priority: i32,
@@ -287,9 +287,11 @@ impl Task {
         bytes
     }
 
-    /// The id, which intake always fills in before the task runs.
-    pub fn id(&self) -> &str {
-        self.id.as_deref().unwrap_or("")
+    /// The id. Intake (and `cairn submit`, `cairn fork`) fill it in before a task is accepted,
+    /// so every task the daemon holds has one; a task read from a file that has none, not
+    /// named yet, answers [`TaskId::unnamed`].
+    pub fn id(&self) -> &TaskId {
+        self.id.as_ref().unwrap_or_else(|| TaskId::unnamed())
     }
 
     /// Problems that do not make the task invalid but will likely make it fail, for `validate`
@@ -309,9 +311,6 @@ impl Task {
 
     /// Check everything the types alone do not.
     pub fn validate(&self) -> Result<(), TaskError> {
-        if let Some(id) = &self.id {
-            validate_id(id).map_err(|p| TaskError::new("id", p))?;
-        }
         if let Some(budget) = &self.budget {
             if !(budget.max_cost.is_finite() && budget.max_cost >= 0.0) {
                 return Err(TaskError::new(
@@ -493,21 +492,6 @@ fn check_shape(bytes: &[u8]) -> Result<(), TaskError> {
     Ok(())
 }
 
-/// Task ids name files, so they are restricted to `[A-Za-z0-9._-]{1,128}`; they may not start with
-/// `.` (hidden and temp files) nor end in `.<digits>` (checkpoint generations are named
-/// `<id>.<generation>.json.gz`, which would make such ids ambiguous).
-pub fn validate_id(id: &str) -> Result<(), String> {
-    validate_name(id, MAX_ID_LEN)?;
-    if let Some((_, tail)) = id.rsplit_once('.') {
-        if !tail.is_empty() && tail.bytes().all(|b| b.is_ascii_digit()) {
-            return Err(format!(
-                "{id:?} ends in '.{tail}', which cairn reserves for checkpoint generations"
-            ));
-        }
-    }
-    Ok(())
-}
-
 fn validate_name(name: &str, max_len: usize) -> Result<(), String> {
     if name.is_empty() {
         return Err("must not be empty".into());
@@ -530,27 +514,6 @@ fn validate_name(name: &str, max_len: usize) -> Result<(), String> {
         return Err(format!("{name:?} must not start with '.'"));
     }
     Ok(())
-}
-
-/// A fresh id for a task that came without one: the file's stem (cleaned up) and a random suffix.
-pub fn generate_id(stem: &str, suffix: &str) -> String {
-    let mut base: String = stem
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || matches!(c, '_' | '-') {
-                c
-            } else {
-                '-'
-            }
-        })
-        .collect();
-    let base_trimmed = base.trim_matches('-');
-    base = if base_trimmed.is_empty() {
-        "task".to_string()
-    } else {
-        base_trimmed.chars().take(100).collect()
-    };
-    format!("{base}-{suffix}")
 }
 
 /// A short random suffix for generated names.
@@ -627,23 +590,14 @@ mod tests {
     }
 
     #[test]
-    fn ids_that_could_escape_or_collide_are_refused() {
-        for bad in [
-            "",
-            ".",
-            "..",
-            "../x",
-            "a/b",
-            ".hidden",
-            "x.3",
-            "a b",
-            &"x".repeat(129),
-        ] {
-            assert!(validate_id(bad).is_err(), "{bad:?} was accepted");
+    fn a_task_file_with_a_bad_id_is_refused_at_its_id() {
+        for bad in ["../x", "x.3", ""] {
+            let text = format!(r#"{{"id":{bad:?},"phases":[{{"name":"p","run":["x"]}}]}}"#);
+            let err = parse(&text).unwrap_err();
+            assert_eq!(err.field.as_deref(), Some("id"), "{bad:?}: {err}");
         }
-        for good in ["lit-review-42", "a.b", "run_2", "v1.2a", "X"] {
-            assert!(validate_id(good).is_ok(), "{good:?} was refused");
-        }
+        let ok = parse(r#"{"id":"a.b","phases":[{"name":"p","run":["x"]}]}"#).unwrap();
+        assert_eq!(ok.id(), "a.b");
     }
 
     #[test]
@@ -688,14 +642,6 @@ mod tests {
         assert_eq!(policy.delay_after(2), Duration::from_secs(20));
         assert_eq!(policy.delay_after(4), Duration::from_secs(60));
         assert_eq!(policy.delay_after(100), Duration::from_secs(60));
-    }
-
-    #[test]
-    fn generated_ids_are_valid() {
-        for stem in ["report", "my report.v2", "...", "x.3"] {
-            let id = generate_id(stem, "abc123");
-            assert!(validate_id(&id).is_ok(), "{id}");
-        }
     }
 
     #[test]

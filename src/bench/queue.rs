@@ -669,7 +669,7 @@ fn build_crashed_queue(queue: &Path, ids: &[String]) -> anyhow::Result<u64> {
         checkpointer
             .checkpoint(1, &json!({"resumable": true}))
             .with_context(|| format!("checkpointing {id}"))?;
-        let mut entry = ActiveTask::new(id, "spin");
+        let mut entry = ActiveTask::new(task.id(), "spin");
         entry.attempt = 1;
         entry.status = ActiveStatus::Running;
         entry.iterations = 1;

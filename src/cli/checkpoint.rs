@@ -19,6 +19,7 @@ use super::error::{print, CliError, CliResult};
 use super::python_json::PythonJson;
 use super::view;
 use crate::store::{CheckpointStore, FileStorage, IterationCheckpoint};
+use crate::task_id::TaskId;
 
 /// The fields every checkpoint of the pattern has.
 pub const PATTERN_FIELDS: [&str; 6] = [
@@ -54,7 +55,7 @@ pub fn run(queue: &Path, args: CheckpointArgs) -> CliResult {
     let root = std::path::absolute(queue).unwrap_or_else(|_| queue.to_path_buf());
     let as_path = PathBuf::from(&args.target);
     let is_path = args.target.contains('/')
-        || view::check_id(&args.target).is_err()
+        || TaskId::parse(args.target.as_str()).is_err()
         || (!view::task_exists(&root, &args.target) && as_path.is_file());
     let printed = if is_path {
         if args.generation.is_some() {

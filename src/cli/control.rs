@@ -10,10 +10,10 @@ use std::time::{Duration, Instant};
 use clap::Args;
 
 use super::error::{print_line, CliError, CliResult};
+use super::view;
 use crate::queue::control::{self, ControlAction, ControlRequest};
 use crate::queue::QueueDir;
 use crate::store::{FileStorage, Storage};
-use crate::task::validate_id;
 
 /// Which request.
 #[derive(Debug, Clone, Copy)]
@@ -44,14 +44,14 @@ pub fn run(queue: &Path, action: Action, args: ControlArgs) -> CliResult {
         Action::Cancel => ControlAction::Cancel,
         Action::Retry => ControlAction::Retry,
     };
-    validate_id(&args.id).map_err(|problem| CliError::usage(format_args!("task id {problem}")))?;
+    let id = view::task_id_arg(&args.id)?;
     let storage = FileStorage::new(queue);
     // A task still in the inbox is steered too: the daemon holds the request until it has
     // taken the task.
     let mut submitted = false;
-    match storage.get(&QueueDir::task_key(&args.id)) {
+    match storage.get(&QueueDir::task_key(&id)) {
         Ok(Some(_)) => {}
-        Ok(None) if in_inbox(queue, &args.id) => submitted = true,
+        Ok(None) if in_inbox(queue, &id) => submitted = true,
         Ok(None) => {
             return Err(CliError::failure(format_args!(
                 "queue {} has no task {:?}",
@@ -66,7 +66,7 @@ pub fn run(queue: &Path, action: Action, args: ControlArgs) -> CliResult {
             )));
         }
     }
-    let request = ControlRequest::new(action, &args.id);
+    let request = ControlRequest::new(action, &id);
     let key = control::submit(&storage, &request).map_err(|e| {
         CliError::failure(format_args!(
             "writing the request into {}/control: {e}",

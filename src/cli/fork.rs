@@ -17,7 +17,8 @@ use crate::queue::QueueDir;
 use crate::store::current_work::{CurrentWork, StartPoint, StoredOutput};
 use crate::store::events::Event;
 use crate::store::{CheckpointStore, FileStorage, Storage};
-use crate::task::{generate_id, random_suffix, validate_id, Task};
+use crate::task::{random_suffix, Task};
+use crate::task_id::TaskId;
 
 #[derive(Debug, Args)]
 pub struct ForkArgs {
@@ -42,10 +43,10 @@ pub fn run(queue: &Path, args: ForkArgs) -> CliResult {
     print_line(new_id)
 }
 
-fn fork(queue: &Path, args: &ForkArgs) -> CliResult<String> {
+fn fork(queue: &Path, args: &ForkArgs) -> CliResult<TaskId> {
     let usage = CliError::usage;
     let failure = CliError::failure;
-    validate_id(&args.id).map_err(|p| usage(format!("task id {p}")))?;
+    let id = super::view::task_id_arg(&args.id)?;
     let patch: Option<Value> = args
         .patch
         .as_deref()
@@ -59,7 +60,7 @@ fn fork(queue: &Path, args: &ForkArgs) -> CliResult<String> {
             .map_err(|e| failure(format!("reading {}: {e}", queue.join(&key).display())))
     };
 
-    let task_bytes = read(QueueDir::task_key(&args.id))?.ok_or_else(|| {
+    let task_bytes = read(QueueDir::task_key(&id))?.ok_or_else(|| {
         failure(format!(
             "queue {} has no task {:?}",
             queue.display(),
@@ -67,14 +68,11 @@ fn fork(queue: &Path, args: &ForkArgs) -> CliResult<String> {
         ))
     })?;
     let mut task = Task::parse_stored(&task_bytes)
-        .map_err(|e| failure(format!("{}: {e}", QueueDir::task_key(&args.id))))?;
+        .map_err(|e| failure(format!("{}: {e}", QueueDir::task_key(&id))))?;
 
     let new_id = match &args.new_id {
-        Some(id) => {
-            validate_id(id).map_err(|p| usage(format!("--as: {p}")))?;
-            id.clone()
-        }
-        None => generate_id(&args.id, &random_suffix()),
+        Some(new_id) => TaskId::parse(new_id.as_str()).map_err(|e| usage(format!("--as: {e}")))?,
+        None => TaskId::generate(&id, &random_suffix()),
     };
     for key in [
         QueueDir::task_key(&new_id),
@@ -92,10 +90,10 @@ fn fork(queue: &Path, args: &ForkArgs) -> CliResult<String> {
     let checkpoints = CheckpointStore::with_storage(std::sync::Arc::new(storage.clone()));
     let mut checkpoint = match args.generation {
         Some(generation) => checkpoints
-            .generation(&args.id, generation)
+            .generation(&id, generation)
             .map_err(|e| failure(e.to_string()))?,
         None => checkpoints
-            .latest(&args.id)
+            .latest(&id)
             .map_err(|e| failure(e.to_string()))?
             .map(|loaded| loaded.checkpoint)
             .ok_or_else(|| failure(format!("task {:?} has no checkpoint to fork from", args.id)))?,
@@ -108,12 +106,12 @@ fn fork(queue: &Path, args: &ForkArgs) -> CliResult<String> {
             args.id, checkpoint.phase
         )));
     }
-    let earlier_outputs = earlier_outputs(queue, &storage, &args.id, &task, phase_index)?;
+    let earlier_outputs = earlier_outputs(queue, &storage, &id, &task, phase_index)?;
 
     if let Some(patch) = &patch {
         json_patch::merge(&mut checkpoint.partial_results, patch);
     }
-    checkpoint.task_id = new_id.clone();
+    checkpoint.task_id = new_id.to_string();
     checkpoint.done = false;
     checkpoint.output = None;
     checkpoint.attempt = 0;
@@ -140,7 +138,7 @@ fn fork(queue: &Path, args: &ForkArgs) -> CliResult<String> {
         .map_err(|e| failure(format!("writing {}: {e}", queue.join(&inbox_key).display())))?;
     crate::store::journal::append(
         queue,
-        &args.id,
+        &id,
         Event::Forked {
             new_id: new_id.clone(),
             generation: from_generation,

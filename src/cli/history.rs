@@ -89,17 +89,17 @@ impl Row {
 }
 
 pub fn run(queue: &Path, args: HistoryArgs) -> CliResult {
-    view::check_id(&args.id).map_err(CliError::usage)?;
+    let id = view::task_id_arg(&args.id)?;
     let root = std::path::absolute(queue).unwrap_or_else(|_| queue.to_path_buf());
     let store = CheckpointStore::with_storage(Arc::new(FileStorage::new(&root)));
-    let history = view::quietly(|| store.history(&args.id)).map_err(|e| {
+    let history = view::quietly(|| store.history(&id)).map_err(|e| {
         CliError::failure(format_args!(
             "task {:?} in queue {}: {e}",
             args.id,
             root.display()
         ))
     })?;
-    if history.is_empty() && !view::task_exists(&root, &args.id) {
+    if history.is_empty() && !view::task_exists(&root, &id) {
         return Err(CliError::failure(format_args!(
             "queue {} has no task {:?} and no checkpoint of it in {}",
             root.display(),

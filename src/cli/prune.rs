@@ -162,7 +162,7 @@ fn plan(root: &Path, args: &PruneArgs, now: DateTime<Utc>) -> Result<Plan, Strin
     let in_flight: BTreeSet<String> = work
         .active_tasks
         .iter()
-        .map(|t| t.task_id.clone())
+        .map(|t| t.task_id.to_string())
         .collect();
     let defined: BTreeSet<String> = view::json_stems(&root.join("tasks")).into_iter().collect();
     let done: BTreeSet<String> = view::json_stems(&root.join("done")).into_iter().collect();

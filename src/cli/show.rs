@@ -15,6 +15,7 @@ use crate::store::current_work::{PhaseTiming, StoredOutput};
 use crate::store::journal::{self, JournalEvent};
 use crate::store::task_state::TaskState;
 use crate::task::PhaseKind;
+use crate::task_id::TaskId;
 
 #[derive(Debug, Args)]
 #[command(after_help = "The --json document is described in docs/cli.md (\"version\": 1).")]
@@ -41,9 +42,9 @@ struct PhaseRow {
 }
 
 pub fn run(queue: &Path, args: ShowArgs) -> CliResult {
-    view::check_id(&args.id).map_err(CliError::usage)?;
+    let id = view::task_id_arg(&args.id)?;
     let root = std::path::absolute(queue).unwrap_or_else(|_| queue.to_path_buf());
-    let Some(task) = find(&root, &args.id) else {
+    let Some(task) = find(&root, &id) else {
         return Err(CliError::failure(format_args!(
             "queue {} has no task {:?} (no tasks/{id}.json, done/{id}.json, failed/{id}.json, \
              entry in current_work.json nor rejected inbox/{id}.json); `cairn status --all` lists \
@@ -57,18 +58,18 @@ pub fn run(queue: &Path, args: ShowArgs) -> CliResult {
         eprintln!("warning: {warning}");
     }
     let daemon = view::daemon_info(&root);
-    let timeline = match journal::read(&root, &args.id) {
+    let timeline = match journal::read(&root, &id) {
         Ok(events) => events,
         Err(e) => {
             eprintln!(
                 "warning: reading {}: {e}",
-                journal::journal_path(&root, &args.id).display()
+                journal::journal_path(&root, &id).display()
             );
             Vec::new()
         }
     };
     let phases = phase_rows(&root, &task);
-    let earlier = earlier_failures(&root, &args.id);
+    let earlier = earlier_failures(&root, &id);
     let logs = log_files(&root, &task.id);
     let now = Utc::now();
     let text = if args.json {
@@ -106,7 +107,7 @@ pub fn run(queue: &Path, args: ShowArgs) -> CliResult {
 
 /// The task with this id; else the latest rejection of the inbox file of this name (others
 /// are named on stderr).
-fn find(root: &Path, id: &str) -> Option<TaskView> {
+fn find(root: &Path, id: &TaskId) -> Option<TaskView> {
     if let Some(task) = view::load_task(root, id) {
         return Some(task);
     }
@@ -119,7 +120,7 @@ fn find(root: &Path, id: &str) -> Option<TaskView> {
             older.join(", ")
         );
     }
-    view::load_task(root, latest)
+    view::load_task(root, &TaskId::parse(latest.as_str()).ok()?)
 }
 
 fn phase_json(row: &PhaseRow) -> Value {

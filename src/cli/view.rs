@@ -32,6 +32,7 @@ use crate::store::records::RecordStatus;
 use crate::store::task_state::TaskState;
 use crate::store::{CheckpointStore, FileStorage, IterationCheckpoint};
 use crate::task::{PhaseKind, Task};
+use crate::task_id::TaskId;
 
 /// The version of the `--json` documents of `status`, `show` and `history`.
 pub const JSON_VERSION: u32 = 1;
@@ -292,19 +293,25 @@ pub fn load(root: &Path, options: LoadOptions) -> QueueView {
         }
         ids.insert(stem);
     }
-    ids.extend(listing.work.active_tasks.iter().map(|t| t.task_id.clone()));
+    ids.extend(
+        listing
+            .work
+            .active_tasks
+            .iter()
+            .map(|t| t.task_id.to_string()),
+    );
 
     let mut tasks: Vec<TaskView> = quietly(|| {
         ids.iter()
-            .filter(|id| crate::task::validate_id(id).is_ok())
-            .map(|id| task_view(&listing, id))
+            .filter_map(|name| TaskId::parse(name.as_str()).ok())
+            .map(|id| task_view(&listing, &id))
             .collect()
     });
     // A file in the inbox whose id is taken already will be rejected, not run.
     tasks.extend(
         inbox_tasks(root)
             .into_iter()
-            .filter(|(_, task)| !ids.contains(task.id()))
+            .filter(|(_, task)| !ids.contains(task.id().as_str()))
             .map(|(name, task)| submitted_view(root, &name, task)),
     );
     let rejected_count = rejected.len();
@@ -348,7 +355,7 @@ pub fn load(root: &Path, options: LoadOptions) -> QueueView {
 }
 
 /// One task, by id (rejected records included); `None` when the queue knows no such task.
-pub fn load_task(root: &Path, id: &str) -> Option<TaskView> {
+pub fn load_task(root: &Path, id: &TaskId) -> Option<TaskView> {
     let listing = quietly(|| Listing::read(root));
     let known = root.join("tasks").join(format!("{id}.json")).exists()
         || root.join("done").join(format!("{id}.json")).exists()
@@ -447,7 +454,7 @@ fn rejected_view(stem: &str, record: Record) -> TaskView {
     view
 }
 
-fn task_view(listing: &Listing, id: &str) -> TaskView {
+fn task_view(listing: &Listing, id: &TaskId) -> TaskView {
     let root = &listing.root;
     let mut view = TaskView::new(id, TaskState::Pending);
 
@@ -455,7 +462,7 @@ fn task_view(listing: &Listing, id: &str) -> TaskView {
     match fs::read(&task_path) {
         Ok(bytes) => match Task::parse_stored(&bytes) {
             Ok(mut task) => {
-                task.id = Some(id.to_string());
+                task.id = Some(id.clone());
                 view.task = Some(task);
             }
             Err(e) => view.warnings.push(format!("{}: {e}", task_path.display())),
@@ -486,7 +493,7 @@ fn task_view(listing: &Listing, id: &str) -> TaskView {
     let retried = match (&entry, &record) {
         (Some(_), Some(record)) => listing
             .retry_of
-            .get(id)
+            .get(id.as_str())
             .is_some_and(|at| Some(*at) == record.at),
         _ => false,
     };
@@ -1013,8 +1020,8 @@ pub fn render_table(header: &[&str], rows: &[Vec<String>]) -> String {
 }
 
 /// A task id as given on the command line, checked before it names any file.
-pub fn check_id(id: &str) -> Result<(), String> {
-    crate::task::validate_id(id).map_err(|e| format!("{id:?} is not a task id: {e}"))
+pub fn task_id_arg(id: &str) -> Result<TaskId, super::error::CliError> {
+    TaskId::parse(id).map_err(|e| super::error::CliError::usage(format_args!("task id {e}")))
 }
 
 #[cfg(test)]

@@ -14,6 +14,7 @@ use crate::store::current_work::{ActiveStatus, ActiveTask};
 use crate::store::events::Event;
 use crate::store::records::RecordStatus;
 use crate::task::{RetryPolicy, Task};
+use crate::task_id::TaskId;
 
 /// What the scheduler knows when an attempt's future returns.
 pub(super) struct AttemptFacts<'a> {
@@ -184,7 +185,7 @@ impl Scheduler {
     /// An attempt's future returned: decide what becomes of the task, and do it.
     pub(super) async fn attempt_finished(
         &mut self,
-        joined: Result<(String, AttemptOutcome), tokio::task::JoinError>,
+        joined: Result<(TaskId, AttemptOutcome), tokio::task::JoinError>,
     ) {
         let (id, outcome) = match joined {
             Ok(result) => result,
@@ -220,7 +221,7 @@ impl Scheduler {
         entry: Option<ActiveTask>,
         decision: Decision,
     ) {
-        let id = task.id().to_string();
+        let id = task.id().clone();
         let mut entry = match (&decision, entry) {
             (Decision::Finished(ended), _) => return self.forget_finished(&id, ended),
             (Decision::Gone { error }, _) => {
@@ -346,6 +347,7 @@ mod tests {
     use crate::runner::AttemptEnd;
     use crate::store::current_work::ActiveTask;
     use crate::task::RetryPolicy;
+    use crate::task_id::TaskId;
 
     /// The operator's requests that arrived while the attempt ran.
     #[derive(Debug, Clone, Copy)]
@@ -366,7 +368,7 @@ mod tests {
     }
 
     fn ended_entry() -> Box<ActiveTask> {
-        let mut entry = ActiveTask::new("t", "last");
+        let mut entry = ActiveTask::new(&TaskId::parse("t").unwrap(), "last");
         entry.started_at = now();
         Box::new(entry)
     }

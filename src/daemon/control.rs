@@ -20,7 +20,7 @@ impl Scheduler {
             let requests = requests.map(|requests| {
                 // Which of the requested tasks sit in the inbox under the name `cairn submit`
                 // uses (a stat: it neither follows into nor opens what is there).
-                let in_inbox: HashSet<String> = requests
+                let in_inbox: HashSet<TaskId> = requests
                     .iter()
                     .map(|(_, r)| r.task_id.clone())
                     .filter(|id| inbox.join(format!("{id}.json")).symlink_metadata().is_ok())
@@ -39,7 +39,7 @@ impl Scheduler {
             }
         };
         self.control_deferred = false;
-        let mut deferred: HashSet<String> = HashSet::new();
+        let mut deferred: HashSet<TaskId> = HashSet::new();
         for (key, request) in requests {
             // A retry is for a failed record, never a task in the inbox: it waits only behind
             // an earlier request for the same task.
@@ -62,16 +62,16 @@ impl Scheduler {
 
     /// A task this daemon does not know yet that the intake may still bring: its file is in
     /// the inbox, or a scan of the inbox is under way or due. Its requests wait for it.
-    fn may_still_arrive(&self, id: &str, in_inbox: &HashSet<String>) -> bool {
+    fn may_still_arrive(&self, id: &str, in_inbox: &HashSet<TaskId>) -> bool {
         let known = self.tasks.contains_key(id) || self.ctx.work.update(|w| w.get(id).is_some());
         let intake_busy = self.scan.is_some() || self.scan_again || self.inbox_deferred;
         !known && (intake_busy || in_inbox.contains(id))
     }
 
     async fn apply_control(&mut self, request: ControlRequest) {
-        let id = request.task_id.as_str();
+        let id = &request.task_id;
         let action = request.action;
-        tracing::info!(task_id = id, action = action.as_str(), "control request");
+        tracing::info!(task_id = %id, action = action.as_str(), "control request");
         let in_flight = self.ctx.work.update(|w| w.get(id).cloned());
         match request.action {
             ControlAction::Pause | ControlAction::Cancel if self.running_ids.contains(id) => {
@@ -120,7 +120,7 @@ impl Scheduler {
                 } else {
                     &mut self.resume
                 };
-                queue.push_back(id.to_string());
+                queue.push_back(id.clone());
                 self.ctx.work.update(|w| w.upsert(entry));
                 self.ctx.journal(id, Event::Resumed {});
                 self.persist().await;
@@ -184,7 +184,7 @@ impl Scheduler {
     /// Bring a failed, cancelled or budget-stopped task back: it resumes from its last
     /// checkpoint with its attempts counted afresh. The entry is written before the record is
     /// archived (`retry_of` tells recovery which of the two is current).
-    async fn retry(&mut self, id: &str) {
+    async fn retry(&mut self, id: &TaskId) {
         let storage = Arc::clone(&self.ctx.storage);
         let key = QueueDir::failed_key(id);
         let get_key = key.clone();
@@ -233,8 +233,8 @@ impl Scheduler {
             return self.refuse(id, retry, &format!("cannot record the retry: {e}"));
         }
         self.archive_failure(id, &record).await;
-        self.tasks.insert(id.to_string(), task);
-        self.resume.push_back(id.to_string());
+        self.tasks.insert(id.clone(), task);
+        self.resume.push_back(id.clone());
         self.ctx.journal(
             id,
             Event::Retried {
@@ -272,11 +272,11 @@ pub(super) fn fresh_entry(ctx: &RunContext, task: &Task) -> ActiveTask {
     let mut entry = ActiveTask::new(id, first_phase);
     let start = match ctx.storage.get(&StartPoint::key(id)) {
         Ok(Some(bytes)) => serde_json::from_slice::<StartPoint>(&bytes)
-            .map_err(|e| tracing::error!(task_id = id, "ignoring an unreadable start point: {e}"))
+            .map_err(|e| tracing::error!(task_id = %id, "ignoring an unreadable start point: {e}"))
             .ok(),
         Ok(None) => None,
         Err(e) => {
-            tracing::error!(task_id = id, "ignoring an unreadable start point: {e}");
+            tracing::error!(task_id = %id, "ignoring an unreadable start point: {e}");
             None
         }
     };

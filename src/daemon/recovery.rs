@@ -22,7 +22,7 @@ impl Scheduler {
         // thousands of tasks in flight.
         let entries = self.ctx.work.snapshot().active_tasks;
         // Recovery decides about these; none of them is a pending task, whatever it decides.
-        let in_flight: HashSet<String> = entries.iter().map(|e| e.task_id.clone()).collect();
+        let in_flight: HashSet<TaskId> = entries.iter().map(|e| e.task_id.clone()).collect();
         let ctx = Arc::clone(&self.ctx);
         let (records, prefetched) = runner_blocking(move || {
             let records = Records::list(ctx.storage.as_ref());
@@ -84,7 +84,7 @@ impl Scheduler {
         &mut self,
         prefetched: Prefetched,
         in_flight: usize,
-    ) -> Option<(u32, String)> {
+    ) -> Option<(u32, TaskId)> {
         let Prefetched {
             mut entry,
             has_record,
@@ -244,17 +244,21 @@ impl Scheduler {
     async fn load_pending(
         &mut self,
         records: &Records,
-        in_flight: &HashSet<String>,
+        in_flight: &HashSet<TaskId>,
     ) -> Result<(), DaemonError> {
         let storage = Arc::clone(&self.ctx.storage);
         let names = runner_blocking(move || storage.list("tasks"))
             .await
             .map_err(|e| DaemonError::Setup(format!("listing tasks/: {e}")))?;
-        let ids: Vec<String> = names
+        let ids: Vec<TaskId> = names
             .iter()
             .filter_map(|name| name.strip_suffix(".json"))
             .filter(|id| !self.tasks.contains_key(*id) && !in_flight.contains(*id))
-            .map(str::to_string)
+            .filter_map(|id| {
+                TaskId::parse(id)
+                    .map_err(|e| tracing::error!("skipping tasks/{id}.json: task id {e}"))
+                    .ok()
+            })
             .collect();
         let ctx = Arc::clone(&self.ctx);
         let records = records.clone();
@@ -272,7 +276,7 @@ impl Scheduler {
                                 .ok();
                         found.push((accepted, task));
                     }
-                    Err(error) => tracing::error!(task_id = id, "skipping task: {error}"),
+                    Err(error) => tracing::error!(task_id = %id, "skipping task: {error}"),
                 }
             }
             found.sort_by_key(|(accepted, _)| *accepted);
@@ -286,22 +290,22 @@ impl Scheduler {
     }
 
     pub(super) fn add_pending(&mut self, task: Task) {
-        let id = task.id().to_string();
+        let id = task.id().clone();
         self.pending
             .push((task.priority, Reverse(self.next_seq), id.clone()));
         self.next_seq += 1;
         self.tasks.insert(id, Arc::new(task));
     }
 
-    pub(super) async fn read_task(&self, id: &str) -> Result<Task, String> {
+    pub(super) async fn read_task(&self, id: &TaskId) -> Result<Task, String> {
         let ctx = Arc::clone(&self.ctx);
-        let id = id.to_string();
+        let id = id.clone();
         runner_blocking(move || read_task(&ctx, &id)).await
     }
 }
 
 /// A task's definition from `tasks/<id>.json`. Blocking.
-fn read_task(ctx: &RunContext, id: &str) -> Result<Task, String> {
+fn read_task(ctx: &RunContext, id: &TaskId) -> Result<Task, String> {
     let key = QueueDir::task_key(id);
     let bytes = ctx
         .storage
@@ -309,7 +313,7 @@ fn read_task(ctx: &RunContext, id: &str) -> Result<Task, String> {
         .map_err(|e| format!("reading {key}: {e}"))?
         .ok_or_else(|| format!("its definition {key} is missing"))?;
     let mut task = Task::parse_stored(&bytes).map_err(|e| format!("{key}: {e}"))?;
-    task.id = Some(id.to_string());
+    task.id = Some(id.clone());
     Ok(task)
 }
 

@@ -338,7 +338,7 @@ impl Scheduler {
     }
 
     pub(super) fn start_attempt(&mut self, task: Arc<Task>) {
-        let id = task.id().to_string();
+        let id = task.id().clone();
         let fresh = self.ctx.work.update(|w| w.get(&id).is_none());
         // Requests meant for an earlier attempt do not carry over.
         self.ctx.drop_control(&id);

@@ -17,10 +17,11 @@ pub(super) struct PhaseCheckpointer<'r, 'a> {
 
 impl<'r, 'a> PhaseCheckpointer<'r, 'a> {
     pub fn new(run: &'r PhaseRun<'a>, scope: &str) -> Self {
-        let inner = LoopCheckpointer::new(run.ctx.checkpoints.clone(), run.task.id(), scope)
-            .phase(run.phase.name.clone(), run.index)
-            .attempt(run.attempt)
-            .every(run.phase.checkpoint_every());
+        let inner =
+            LoopCheckpointer::new(run.ctx.checkpoints.clone(), run.task.id().as_str(), scope)
+                .phase(run.phase.name.clone(), run.index)
+                .attempt(run.attempt)
+                .every(run.phase.checkpoint_every());
         PhaseCheckpointer {
             run,
             inner: Some(inner),

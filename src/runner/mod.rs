@@ -183,7 +183,7 @@ pub async fn run_attempt(ctx: &Arc<RunContext>, task: &Arc<Task>) -> AttemptEnd 
                 }
             }
         });
-        tracing::info!(task_id = id, phase = %phase.name, attempt = entry.attempt, "phase started");
+        tracing::info!(task_id = %id, phase = %phase.name, attempt = entry.attempt, "phase started");
         ctx.journal(
             id,
             Event::PhaseStarted {
@@ -216,7 +216,7 @@ pub async fn run_attempt(ctx: &Arc<RunContext>, task: &Arc<Task>) -> AttemptEnd 
                         counts: false,
                     };
                 }
-                tracing::info!(task_id = id, phase = %phase.name, "phase finished");
+                tracing::info!(task_id = %id, phase = %phase.name, "phase finished");
                 ctx.journal(
                     id,
                     Event::PhaseFinished {

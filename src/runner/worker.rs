@@ -242,7 +242,7 @@ async fn handle<'r, 'a>(
     let message = match message {
         Ok(message) => message,
         Err(problem) => {
-            tracing::warn!(task_id = run.task.id(), phase = %run.phase.name, "worker channel: {problem}");
+            tracing::warn!(task_id = %run.task.id(), phase = %run.phase.name, "worker channel: {problem}");
             note_in_log(run, &format!("cairn: ignored a channel line: {problem}"));
             // A helper waiting for its answer must not wait for ever.
             ack.refuse(&problem);

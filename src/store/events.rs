@@ -14,6 +14,7 @@ use serde_json::{Map, Value};
 use super::records::RecordStatus;
 use crate::queue::control::ControlAction;
 use crate::task::PhaseKind;
+use crate::task_id::TaskId;
 
 /// One thing that happened to a task.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -110,7 +111,7 @@ pub enum Event {
     /// `cairn fork` made a new task from one of this task's checkpoints.
     Forked {
         #[serde(rename = "as")]
-        new_id: String,
+        new_id: TaskId,
         generation: u64,
         patched: bool,
     },
@@ -188,6 +189,7 @@ mod tests {
     use super::{Event, RecordStatus};
     use crate::queue::control::ControlAction;
     use crate::task::PhaseKind;
+    use crate::task_id::TaskId;
 
     /// One of every variant, with the fields a writer fills in.
     fn every_event() -> Vec<Event> {
@@ -271,7 +273,7 @@ mod tests {
                 phase: phase(),
             },
             Event::Forked {
-                new_id: "t2".into(),
+                new_id: TaskId::parse("t2").unwrap(),
                 generation: 1,
                 patched: true,
             },
@@ -341,7 +343,7 @@ mod tests {
             ),
             (
                 Event::Forked {
-                    new_id: "t2".into(),
+                    new_id: TaskId::parse("t2").unwrap(),
                     generation: 1,
                     patched: false,
                 },

@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::current_work::PhaseTiming;
+use crate::task_id::TaskId;
 
 /// How a task ended, as its record's `status` says.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -53,7 +54,7 @@ impl RecordStatus {
 pub struct DoneRecord {
     /// Always [`RecordStatus::Done`].
     pub status: RecordStatus,
-    pub task_id: String,
+    pub task_id: TaskId,
     /// The last phase's output.
     pub result: Value,
     pub phase_outputs: BTreeMap<String, Value>,
@@ -91,7 +92,7 @@ pub struct FailedRecord {
     pub lost_iterations: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lost_cost_estimate: Option<f64>,
-    pub task_id: String,
+    pub task_id: TaskId,
     pub error: String,
     /// The phase that failed.
     pub phase: String,

@@ -75,10 +75,11 @@ impl From<RecordStatus> for TaskState {
 #[cfg(test)]
 mod tests {
     use super::{ActiveStatus, ActiveTask, RecordStatus, TaskState};
+    use crate::task_id::TaskId;
 
     #[test]
     fn entries_are_in_flight_and_a_dead_daemons_running_task_is_interrupted() {
-        let mut entry = ActiveTask::new("t1", "p");
+        let mut entry = ActiveTask::new(&TaskId::parse("t1").unwrap(), "p");
         for (status, alive, name) in [
             (ActiveStatus::Running, true, "running"),
             (ActiveStatus::Running, false, "interrupted"),
