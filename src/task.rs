@@ -11,7 +11,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-pub use crate::task_id::TaskId;
+use crate::task_id::{check_name, TaskId};
 
 /// Largest task file cairn accepts; larger files are rejected unread.
 pub const MAX_TASK_FILE_BYTES: u64 = 1024 * 1024;
@@ -350,8 +350,8 @@ impl Task {
 impl Phase {
     fn validate(&self, index: usize, earlier: &HashSet<&str>) -> Result<(), TaskError> {
         let at = |field: &str| format!("phases[{index}].{field}");
-        if let Err(problem) = validate_name(&self.name, 64) {
-            return Err(TaskError::new(at("name"), problem));
+        if let Err(problem) = check_name(&self.name, 64) {
+            return Err(TaskError::new(at("name"), problem.to_string()));
         }
         if earlier.contains(self.name.as_str()) {
             return Err(TaskError::new(
@@ -488,30 +488,6 @@ fn check_shape(bytes: &[u8]) -> Result<(), TaskError> {
                 ));
             }
         }
-    }
-    Ok(())
-}
-
-fn validate_name(name: &str, max_len: usize) -> Result<(), String> {
-    if name.is_empty() {
-        return Err("must not be empty".into());
-    }
-    if name.len() > max_len {
-        return Err(format!(
-            "is {} characters, longer than {max_len}",
-            name.len()
-        ));
-    }
-    if let Some(bad) = name
-        .chars()
-        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')))
-    {
-        return Err(format!(
-            "{name:?} contains {bad:?}; only letters, digits, '.', '_' and '-' are allowed"
-        ));
-    }
-    if name.starts_with('.') {
-        return Err(format!("{name:?} must not start with '.'"));
     }
     Ok(())
 }

@@ -606,7 +606,8 @@ fn assert_checkpoint_round_trips(checkpoint: &IterationCheckpoint) {
 /// The channel's message parser, given a line as the channel reads it (valid UTF-8, no
 /// newline); an accepted message is a JSON object of known keys and holds what they say.
 fn channel_checked(line: &str) -> Result<(), String> {
-    let message: Message = timed("parse_message", line.as_bytes(), || parse_message(line))?;
+    let message: Message = timed("parse_message", line.as_bytes(), || parse_message(line))
+        .map_err(|e| e.to_string())?;
     let value: Value = serde_json::from_str(line)
         .unwrap_or_else(|e| panic!("accepted a line that is not JSON ({e}): {line:?}"));
     let Value::Object(object) = value else {
@@ -671,7 +672,8 @@ fn channel_bytes_checked(bytes: &[u8]) -> Result<(), String> {
 fn control_checked(bytes: &[u8]) -> Result<(), String> {
     let request = timed("ControlRequest::parse", bytes, || {
         ControlRequest::parse(bytes)
-    })?;
+    })
+    .map_err(|e| e.to_string())?;
     let input = String::from_utf8_lossy(bytes);
     if let Err(e) = TaskId::parse(request.task_id.as_str()) {
         panic!(
@@ -723,8 +725,12 @@ fn arrays_in_place_of_objects_are_refused() {
             "checkpoint" => decode_checkpoint(&bytes)
                 .map(|_| ())
                 .map_err(|e| e.to_string()),
-            "control" => ControlRequest::parse(&bytes).map(|_| ()),
-            "channel" => parse_message(&String::from_utf8_lossy(&bytes)).map(|_| ()),
+            "control" => ControlRequest::parse(&bytes)
+                .map(|_| ())
+                .map_err(|e| e.to_string()),
+            "channel" => parse_message(&String::from_utf8_lossy(&bytes))
+                .map(|_| ())
+                .map_err(|e| e.to_string()),
             other => panic!("no parser {other}"),
         };
         if result.is_ok() {
@@ -823,7 +829,7 @@ fn deep_nesting_is_an_error_not_a_stack_overflow() {
         }
         for (doc, in_field) in deep_documents(r#"{"output":"#, "}") {
             let line = String::from_utf8(doc).expect("ASCII");
-            let result = parse_message(&line).map(|_| ());
+            let result = parse_message(&line).map(|_| ()).map_err(|e| e.to_string());
             if let Err(err) = &result {
                 assert!(err.len() < 1024, "the error quotes the whole line");
             }
@@ -831,7 +837,9 @@ fn deep_nesting_is_an_error_not_a_stack_overflow() {
         }
         // A request has no field that takes any JSON: all are refused at the first level.
         for (doc, _) in deep_documents(r#"{"action":"#, "}") {
-            let result = ControlRequest::parse(&doc).map(|_| ());
+            let result = ControlRequest::parse(&doc)
+                .map(|_| ())
+                .map_err(|e| e.to_string());
             assert_deep_refused("a 100,000-deep request", false, result);
         }
         let template = serde_json::json!({
@@ -871,13 +879,17 @@ fn huge_channel_lines_are_parsed_or_refused_with_a_short_error() {
         message.output.and_then(|v| v.as_str().map(str::len)),
         Some(big.len())
     );
-    let err = parse_message(&big).expect_err("8 MiB of garbage");
+    let err = parse_message(&big)
+        .expect_err("8 MiB of garbage")
+        .to_string();
     assert!(
         err.len() < 1024,
         "the error quotes the whole line: {} bytes",
         err.len()
     );
-    let err = parse_message(&line[..line.len() - 2]).expect_err("a truncated 8 MiB line");
+    let err = parse_message(&line[..line.len() - 2])
+        .expect_err("a truncated 8 MiB line")
+        .to_string();
     assert!(
         err.len() < 1024,
         "the error quotes the whole line: {} bytes",

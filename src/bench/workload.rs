@@ -3,7 +3,7 @@
 //! Task `t` at iteration `i` holds the results `entry(t, i) .. entry(t, i + K - 1)`: each
 //! iteration drops the oldest result and appends a new one, so the size stays put while the
 //! content changes. The states serialize (compact JSON, keys in declaration order) to exactly
-//! the bytes of the workload's reference generator; `tests/bench_checkpoint.rs` checks them
+//! the bytes of the workload's reference generator; `tests/e2e/bench_checkpoint.rs` checks them
 //! against the SHA-256 values that `bench/workload.md` lists.
 
 use std::collections::VecDeque;

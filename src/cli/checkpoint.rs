@@ -13,6 +13,7 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use anyhow::{anyhow, bail, Context};
 use clap::Args;
 
 use super::error::{print, CliError, CliResult};
@@ -71,29 +72,30 @@ pub fn run(queue: &Path, args: CheckpointArgs) -> CliResult {
     } else {
         read_task(&root, &args.target, args.generation)
     };
-    let mut text = printed.map_err(CliError::failure)?;
+    let mut text = printed?;
     text.push('\n');
     print(&text)
 }
 
 /// A task's latest usable checkpoint, or one generation.
 /// Printed in the struct's field order.
-fn read_task(root: &Path, id: &str, generation: Option<u64>) -> Result<String, String> {
+fn read_task(root: &Path, id: &str, generation: Option<u64>) -> anyhow::Result<String> {
     let store = CheckpointStore::with_storage(Arc::new(FileStorage::new(root)));
-    let context =
-        |e: crate::store::StoreError| format!("task {id:?} in queue {}: {e}", root.display());
+    let context = |e: crate::store::StoreError| {
+        anyhow::Error::new(e).context(format!("task {id:?} in queue {}", root.display()))
+    };
     let checkpoint: IterationCheckpoint = match generation {
         Some(generation) => view::quietly(|| store.generation(id, generation)).map_err(context)?,
         None => {
             let loaded = view::quietly(|| store.latest(id)).map_err(context)?;
             let Some(loaded) = loaded else {
                 return Err(if view::task_exists(root, id) {
-                    format!(
+                    anyhow!(
                         "task {id:?} has no checkpoint in {} (only loop, items and worker phases write them)",
                         root.join("incremental").display()
                     )
                 } else {
-                    format!(
+                    anyhow!(
                         "queue {} has no task {id:?} and no checkpoint of it; for a file, give its path (./{id})",
                         root.display()
                     )
@@ -109,7 +111,7 @@ fn read_task(root: &Path, id: &str, generation: Option<u64>) -> Result<String, S
             loaded.checkpoint
         }
     };
-    serde_json::to_string_pretty(&checkpoint).map_err(|e| format!("task {id:?}: {e}"))
+    serde_json::to_string_pretty(&checkpoint).with_context(|| format!("task {id:?}"))
 }
 
 /// Say on stderr that a file holds Python's non-standard tokens, which are printed as written.
@@ -126,28 +128,26 @@ fn note_non_standard(path: &Path, parsed: &PythonJson) {
 }
 
 /// Any gzip JSON checkpoint file: cairn's own, or the Python pattern's six fields.
-pub fn read_file(path: &Path) -> Result<PythonJson, String> {
-    let bytes = std::fs::read(path).map_err(|e| format!("reading {}: {e}", path.display()))?;
-    decode_lenient(&bytes).map_err(|why| format!("{}: {why}", path.display()))
+pub fn read_file(path: &Path) -> anyhow::Result<PythonJson> {
+    let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    decode_lenient(&bytes).with_context(|| path.display().to_string())
 }
 
 /// gzip (one or more members, CRC and length checked) → JSON object with the pattern's fields;
 /// Python's `NaN`, `Infinity` and `-Infinity` are accepted.
-pub fn decode_lenient(bytes: &[u8]) -> Result<PythonJson, String> {
+pub fn decode_lenient(bytes: &[u8]) -> anyhow::Result<PythonJson> {
     let mut json = Vec::new();
     flate2::read::MultiGzDecoder::new(bytes)
         .take(MAX_DECOMPRESSED_BYTES + 1)
         .read_to_end(&mut json)
-        .map_err(|e| format!("not a whole gzip file (corrupt or truncated): {e}"))?;
+        .context("not a whole gzip file (corrupt or truncated)")?;
     if json.len() as u64 > MAX_DECOMPRESSED_BYTES {
-        return Err(format!(
-            "decompresses to more than {MAX_DECOMPRESSED_BYTES} bytes; refused"
-        ));
+        bail!("decompresses to more than {MAX_DECOMPRESSED_BYTES} bytes; refused");
     }
     let parsed =
-        PythonJson::parse(&json).map_err(|e| format!("the gzip content is not JSON: {e}"))?;
+        PythonJson::parse(&json).map_err(|e| anyhow!("the gzip content is not JSON: {e}"))?;
     let Some(object) = parsed.value.as_object() else {
-        return Err("the JSON is not an object, so not a checkpoint".into());
+        bail!("the JSON is not an object, so not a checkpoint");
     };
     let missing: Vec<&str> = PATTERN_FIELDS
         .iter()
@@ -155,11 +155,11 @@ pub fn decode_lenient(bytes: &[u8]) -> Result<PythonJson, String> {
         .filter(|field| !object.contains_key(*field))
         .collect();
     if !missing.is_empty() {
-        return Err(format!(
+        bail!(
             "not a checkpoint: missing {} (a checkpoint has {})",
             missing.join(", "),
             PATTERN_FIELDS.join(", ")
-        ));
+        );
     }
     Ok(parsed)
 }
@@ -183,12 +183,16 @@ mod tests {
         assert_eq!(parsed.value["iteration_count"], 3);
         assert!(parsed.non_standard_tokens().is_empty());
 
-        let err = decode_lenient(&gzip(r#"{"task_id": "t"}"#)).unwrap_err();
+        let err = decode_lenient(&gzip(r#"{"task_id": "t"}"#))
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("missing phase, iteration_count"), "{err}");
-        let err = decode_lenient(&gzip("[1, 2]")).unwrap_err();
+        let err = decode_lenient(&gzip("[1, 2]")).unwrap_err().to_string();
         assert!(err.contains("not an object"), "{err}");
         let whole = gzip(six);
-        let err = decode_lenient(&whole[..whole.len() - 4]).unwrap_err();
+        let err = decode_lenient(&whole[..whole.len() - 4])
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("gzip"), "{err}");
         let mut flipped = whole.clone();
         let at = flipped.len() - 6;

@@ -13,7 +13,8 @@ use clap::Args;
 use serde_json::{json, Value};
 
 use super::checkpoint::decode_lenient;
-use super::error::{print, CliError, CliResult};
+use super::error::{print, CliError, CliResult, ExitCodeExt};
+use super::exit;
 use super::view;
 use crate::store::{decode_checkpoint, CheckpointStore, FileStorage, GenerationInfo};
 
@@ -89,7 +90,7 @@ impl Row {
 }
 
 pub fn run(queue: &Path, args: HistoryArgs) -> CliResult {
-    let id = view::task_id_arg(&args.id)?;
+    let id = view::task_id_arg(&args.id).exit_code(exit::USAGE)?;
     let root = std::path::absolute(queue).unwrap_or_else(|_| queue.to_path_buf());
     let store = CheckpointStore::with_storage(Arc::new(FileStorage::new(&root)));
     let history = view::quietly(|| store.history(&id)).map_err(|e| {

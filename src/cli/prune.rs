@@ -88,9 +88,9 @@ pub fn run(queue: &Path, args: PruneArgs) -> CliResult {
     // Refused before anything is read: a directory replaced by a link would lead the plan (and,
     // for root, the removals) outside the queue.
     let opened = OpenedQueue::open(&root)
-        .map_err(|problem| CliError::failure(format_args!("refusing to prune: {problem}")))?;
+        .map_err(|problem| CliError::failure(format_args!("refusing to prune: {problem:#}")))?;
     let plan = plan(&root, &args, Utc::now())
-        .map_err(|e| CliError::failure(format_args!("{e}; nothing was removed")))?;
+        .map_err(|e| CliError::failure(format_args!("{e:#}; nothing was removed")))?;
     let verb = if args.dry_run {
         "would remove"
     } else {
@@ -148,7 +148,7 @@ pub fn run(queue: &Path, args: PruneArgs) -> CliResult {
 }
 
 /// Work out everything to remove, reading the queue once.
-fn plan(root: &Path, args: &PruneArgs, now: DateTime<Utc>) -> Result<Plan, String> {
+fn plan(root: &Path, args: &PruneArgs, now: DateTime<Utc>) -> anyhow::Result<Plan> {
     let retention = chrono::Duration::from_std(args.older_than).unwrap_or(chrono::Duration::MAX);
     let cutoff = now
         .checked_sub_signed(retention)

@@ -30,15 +30,15 @@ impl OpenedQueue {
     /// Open `root` (the path the user gave, links in it followed: that is their choice) and
     /// refuse it if one of its directories is a symbolic link or not a directory. The error
     /// names the directory and says why.
-    pub fn open(root: &Path) -> Result<OpenedQueue, String> {
+    pub fn open(root: &Path) -> anyhow::Result<OpenedQueue> {
         let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC;
         let fd = nix::fcntl::open(root, flags, Mode::empty())
-            .map_err(|e| format!("cannot open the queue {}: {e}", root.display()))?;
+            .map_err(|e| anyhow::anyhow!("cannot open the queue {}: {e}", root.display()))?;
         for dir in SUBDIRS {
             let stat = match fstatat(&fd, dir, AtFlags::AT_SYMLINK_NOFOLLOW) {
                 Ok(stat) => stat,
                 Err(Errno::ENOENT) => continue,
-                Err(e) => return Err(format!("{}: {e}", root.join(dir).display())),
+                Err(e) => anyhow::bail!("{}: {e}", root.join(dir).display()),
             };
             let kind = SFlag::from_bits_truncate(stat.st_mode) & SFlag::S_IFMT;
             if kind != SFlag::S_IFDIR {
@@ -47,11 +47,11 @@ impl OpenedQueue {
                 } else {
                     "not a directory"
                 };
-                return Err(format!(
+                anyhow::bail!(
                     "{} is {what}; a queue's directories must be real directories (whoever can \
                      write the queue could point it anywhere), so nothing is touched",
                     root.join(dir).display()
-                ));
+                );
             }
         }
         Ok(OpenedQueue { root: fd })
@@ -189,7 +189,7 @@ mod tests {
         std::os::unix::fs::symlink(&outside, root.join("runs")).unwrap();
         assert!(opened.remove(Path::new("runs/t2")).is_err());
         assert!(outside.join("t2").is_dir(), "removed through a link");
-        let refused = OpenedQueue::open(&root).unwrap_err();
+        let refused = OpenedQueue::open(&root).unwrap_err().to_string();
         assert!(refused.contains("is a symbolic link"), "{refused}");
     }
 

@@ -8,7 +8,8 @@ use chrono::{DateTime, Utc};
 use clap::Args;
 use serde_json::{json, Map, Value};
 
-use super::error::{print, CliError, CliResult};
+use super::error::{print, CliError, CliResult, ExitCodeExt};
+use super::exit;
 use super::status::{iter_cell, phase_cell};
 use super::view::{self, TaskView};
 use crate::store::current_work::{PhaseTiming, StoredOutput};
@@ -42,7 +43,7 @@ struct PhaseRow {
 }
 
 pub fn run(queue: &Path, args: ShowArgs) -> CliResult {
-    let id = view::task_id_arg(&args.id)?;
+    let id = view::task_id_arg(&args.id).exit_code(exit::USAGE)?;
     let root = std::path::absolute(queue).unwrap_or_else(|_| queue.to_path_buf());
     let Some(task) = find(&root, &id) else {
         return Err(CliError::failure(format_args!(

@@ -22,6 +22,7 @@ use std::io::{self, Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use anyhow::{anyhow, Context};
 use chrono::{DateTime, Utc};
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -87,14 +88,14 @@ pub struct Record {
 }
 
 impl Record {
-    pub fn read(path: &Path) -> Result<Record, String> {
-        let bytes = fs::read(path).map_err(|e| format!("reading {}: {e}", path.display()))?;
+    pub fn read(path: &Path) -> anyhow::Result<Record> {
+        let bytes = fs::read(path).with_context(|| format!("reading {}", path.display()))?;
         let value: Value = serde_json::from_slice(&bytes)
-            .map_err(|e| format!("{} is not valid JSON: {e}", path.display()))?;
+            .with_context(|| format!("{} is not valid JSON", path.display()))?;
         let status = match value.get("status") {
             Some(status) => RecordStatus::deserialize(status)
-                .map_err(|e| format!("{}: \"status\": {e}", path.display()))?,
-            None => return Err(format!("{} has no \"status\"", path.display())),
+                .with_context(|| format!("{}: \"status\"", path.display()))?,
+            None => return Err(anyhow!("{} has no \"status\"", path.display())),
         };
         let at = ["finished_at", "failed_at", "cancelled_at", "rejected_at"]
             .iter()
@@ -254,7 +255,7 @@ impl Listing {
         let work = match read_current_work(root) {
             Ok(work) => work,
             Err(e) => {
-                warnings.push(e);
+                warnings.push(format!("{e:#}"));
                 CurrentWork::default()
             }
         };
@@ -483,7 +484,7 @@ fn task_view(listing: &Listing, id: &TaskId) -> TaskView {
                     record = Some(r);
                     break;
                 }
-                Err(e) => view.warnings.push(e),
+                Err(e) => view.warnings.push(format!("{e:#}")),
             }
         }
     }
@@ -782,13 +783,13 @@ pub fn read_journal_tail(root: &Path, id: &str, max_bytes: u64) -> io::Result<Ve
 }
 
 /// Read `current_work.json` (missing: nothing in flight).
-pub fn read_current_work(root: &Path) -> Result<CurrentWork, String> {
+pub fn read_current_work(root: &Path) -> anyhow::Result<CurrentWork> {
     let path = root.join("current_work.json");
     match fs::read(&path) {
         Ok(bytes) => serde_json::from_slice(&bytes)
-            .map_err(|e| format!("{} cannot be read: {e}", path.display())),
+            .with_context(|| format!("{} cannot be read", path.display())),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(CurrentWork::default()),
-        Err(e) => Err(format!("reading {}: {e}", path.display())),
+        Err(e) => Err(anyhow::Error::new(e).context(format!("reading {}", path.display()))),
     }
 }
 
@@ -1020,8 +1021,8 @@ pub fn render_table(header: &[&str], rows: &[Vec<String>]) -> String {
 }
 
 /// A task id as given on the command line, checked before it names any file.
-pub fn task_id_arg(id: &str) -> Result<TaskId, super::error::CliError> {
-    TaskId::parse(id).map_err(|e| super::error::CliError::usage(format_args!("task id {e}")))
+pub fn task_id_arg(id: &str) -> anyhow::Result<TaskId> {
+    TaskId::parse(id).with_context(|| format!("{id:?} is not a task id"))
 }
 
 #[cfg(test)]

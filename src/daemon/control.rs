@@ -208,7 +208,7 @@ impl Scheduler {
         }
         let task = match self.read_task(id).await {
             Ok(task) => Arc::new(task),
-            Err(e) => return self.refuse(id, retry, &e),
+            Err(e) => return self.refuse(id, retry, &e.to_string()),
         };
         let mut entry = ActiveTask::new(id, &record.phase);
         entry.phase_index = record.phase_index.min(task.phases.len());

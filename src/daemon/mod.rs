@@ -24,6 +24,7 @@ mod notify;
 mod records;
 mod recovery;
 mod schedule;
+mod start_order;
 mod summary;
 
 pub use notify::NOTIFY_ENV;
@@ -88,7 +89,7 @@ pub enum DaemonError {
     Setup(String),
     /// Someone other than the daemon's user could write the queue (see `queue::permissions`).
     #[error("refusing to run this queue: {0}")]
-    UnsafeQueue(String),
+    UnsafeQueue(#[source] crate::queue::UnsafeQueue),
 }
 
 /// Run the daemon on a queue until it is stopped (or idle, with `exit_when_idle`).

@@ -8,12 +8,15 @@ use crate::store::records::RecordStatus;
 /// waits for these writes): write `done/<id>.json` durably, then drop the task from
 /// `current_work`. The record is durable before the entry can leave the file. Returns the entry
 /// as it ended.
-pub(super) async fn record_done(ctx: &Arc<RunContext>, task: &Task) -> Result<ActiveTask, String> {
+pub(super) async fn record_done(
+    ctx: &Arc<RunContext>,
+    task: &Task,
+) -> Result<ActiveTask, RecordError> {
     let id = task.id();
     let entry = ctx
         .work
         .update(|w| w.get(id).cloned())
-        .ok_or_else(|| format!("internal error: task {id} is not in current_work"))?;
+        .ok_or_else(|| RecordError::NotInFlight(id.to_string()))?;
     write_done(ctx, task, &entry).await?;
     ctx.work.update(|w| w.remove(id));
     // Dropping the entry from the file is no durability step (a restart drops an entry whose
@@ -28,7 +31,23 @@ pub(super) async fn record_done(ctx: &Arc<RunContext>, task: &Task) -> Result<Ac
     Ok(entry)
 }
 
-async fn write_done(ctx: &RunContext, task: &Task, entry: &ActiveTask) -> Result<(), String> {
+/// A final record that could not be written; the task keeps its `current_work` entry, so the
+/// next start tries again.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum RecordError {
+    #[error("internal error: task {0} is not in current_work")]
+    NotInFlight(String),
+    #[error("{0}")]
+    Outputs(#[from] runner::StateError),
+    #[error("writing {key}: {source}")]
+    Write {
+        key: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+async fn write_done(ctx: &RunContext, task: &Task, entry: &ActiveTask) -> Result<(), RecordError> {
     let outputs = outputs_by_name(ctx, entry).await?;
     let result = task
         .phases
@@ -159,17 +178,17 @@ impl Scheduler {
 async fn outputs_by_name(
     ctx: &RunContext,
     entry: &ActiveTask,
-) -> Result<std::collections::BTreeMap<String, Value>, String> {
+) -> Result<std::collections::BTreeMap<String, Value>, runner::StateError> {
     match runner::load_inputs(ctx, &entry.phase_outputs).await? {
         Value::Object(map) => Ok(map.into_iter().collect()),
         _ => Ok(Default::default()),
     }
 }
 
-async fn put_record(ctx: &RunContext, key: String, bytes: Vec<u8>) -> Result<(), String> {
+async fn put_record(ctx: &RunContext, key: String, bytes: Vec<u8>) -> Result<(), RecordError> {
     let storage = Arc::clone(&ctx.storage);
     let put_key = key.clone();
     runner_blocking(move || storage.put(&put_key, &bytes, None))
         .await
-        .map_err(|e| format!("writing {key}: {e}"))
+        .map_err(|source| RecordError::Write { key, source })
 }

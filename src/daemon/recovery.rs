@@ -116,7 +116,8 @@ impl Scheduler {
                     phases: Vec::new(),
                     meta: None,
                 };
-                self.give_up(&Arc::new(task), entry, error).await;
+                self.give_up(&Arc::new(task), entry, error.to_string())
+                    .await;
                 return None;
             }
         };
@@ -128,8 +129,8 @@ impl Scheduler {
                     None => self.attempt_progressed(&entry).await,
                 };
                 self.count_lost_iterations(&task, &mut entry);
-                if let Err(error) = self.judge_crash(&task, &mut entry, in_flight, progressed) {
-                    self.give_up(&task, entry, error).await;
+                if let Some(reason) = self.judge_crash(&task, &mut entry, in_flight, progressed) {
+                    self.give_up(&task, entry, reason).await;
                     return None;
                 }
                 entry.status = ActiveStatus::Interrupted;
@@ -183,15 +184,15 @@ impl Scheduler {
 
     /// The daemon died during this task's attempt: a crash is not the task's failure (a power
     /// cut, an OOM kill of something else, an operator's SIGKILL), so it uses up no attempt.
-    /// [`crash_blame::judge`] decides whether it counts against the task; `Err` holds the
-    /// reason when the task is taken for the cause of the crashes.
+    /// [`crash_blame::judge`] decides whether it counts against the task. Returns the reason
+    /// to fail it for when the task is taken for the cause of the crashes.
     fn judge_crash(
         &self,
         task: &Task,
         entry: &mut ActiveTask,
         in_flight: usize,
         progressed: bool,
-    ) -> Result<(), String> {
+    ) -> Option<String> {
         let limit = crash_blame::crash_limit(task);
         let verdict = crash_blame::judge(in_flight, progressed, entry.crashes_alone, limit);
         let (suspect, crashes_alone) = match verdict {
@@ -217,9 +218,9 @@ impl Scheduler {
         );
         match verdict {
             Verdict::Quarantined { crashes_alone } => {
-                Err(crash_blame::quarantine_reason(crashes_alone))
+                Some(crash_blame::quarantine_reason(crashes_alone))
             }
-            _ => Ok(()),
+            _ => None,
         }
     }
 
@@ -297,22 +298,45 @@ impl Scheduler {
         self.tasks.insert(id, Arc::new(task));
     }
 
-    pub(super) async fn read_task(&self, id: &TaskId) -> Result<Task, String> {
+    pub(super) async fn read_task(&self, id: &TaskId) -> Result<Task, DefinitionError> {
         let ctx = Arc::clone(&self.ctx);
         let id = id.clone();
         runner_blocking(move || read_task(&ctx, &id)).await
     }
 }
 
+/// Why a task's definition cannot be read back from `tasks/<id>.json`.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum DefinitionError {
+    #[error("reading {key}: {source}")]
+    Unreadable {
+        key: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("its definition {key} is missing")]
+    Missing { key: String },
+    #[error("{key}: {source}")]
+    Invalid {
+        key: String,
+        #[source]
+        source: crate::task::TaskError,
+    },
+}
+
 /// A task's definition from `tasks/<id>.json`. Blocking.
-fn read_task(ctx: &RunContext, id: &TaskId) -> Result<Task, String> {
+fn read_task(ctx: &RunContext, id: &TaskId) -> Result<Task, DefinitionError> {
     let key = QueueDir::task_key(id);
     let bytes = ctx
         .storage
         .get(&key)
-        .map_err(|e| format!("reading {key}: {e}"))?
-        .ok_or_else(|| format!("its definition {key} is missing"))?;
-    let mut task = Task::parse_stored(&bytes).map_err(|e| format!("{key}: {e}"))?;
+        .map_err(|source| DefinitionError::Unreadable {
+            key: key.clone(),
+            source,
+        })?
+        .ok_or_else(|| DefinitionError::Missing { key: key.clone() })?;
+    let mut task =
+        Task::parse_stored(&bytes).map_err(|source| DefinitionError::Invalid { key, source })?;
     task.id = Some(id.clone());
     Ok(task)
 }
@@ -375,7 +399,7 @@ impl Records {
 struct Prefetched {
     entry: ActiveTask,
     has_record: bool,
-    task: Result<Task, String>,
+    task: Result<Task, DefinitionError>,
     /// For an entry whose attempt the daemon died in: whether that attempt made progress.
     progressed: Option<bool>,
 }

@@ -4,7 +4,7 @@
 use std::time::Instant;
 
 use super::control::fresh_entry;
-use super::crash_blame::{self, NextStart};
+use super::start_order::{next_to_start, Line, StartFacts};
 use super::*;
 use crate::store::events::Event;
 
@@ -25,11 +25,52 @@ async fn wait_for_scan(
     }
 }
 
+/// What the main loop keeps between its rounds.
+struct MainLoop {
+    /// `None` when the queue cannot be watched: periodic scans then find everything.
+    watcher: Option<QueueWatcher>,
+    hints: mpsc::UnboundedReceiver<QueueHint>,
+    last_inbox_scan: Instant,
+    last_progress_write: Instant,
+}
+
+/// What woke the main loop.
+enum Wake {
+    Stop,
+    /// A notification from the queue's watcher (`None`: the watcher is gone).
+    Hint(Option<QueueHint>),
+    Scanned(Result<crate::queue::IntakeReport, tokio::task::JoinError>),
+    Tick,
+    AttemptEnded(Result<(TaskId, AttemptOutcome), tokio::task::JoinError>),
+    /// A suspect showed progress: its trial is over, the next may start at once.
+    TrialProgress,
+}
+
 impl Scheduler {
     /// The main loop: start what can start, then wait for a task to end, an inbox hint, a timer
-    /// or a stop.
+    /// or a stop, and react to it.
     pub(super) async fn work_until_stopped(&mut self) -> DaemonExit {
-        let (watcher, mut hints) =
+        let mut main = self.watch_queue();
+        self.first_look().await;
+        while !self.ctx.shutdown.is_stopping() {
+            self.start_what_can_start();
+            if self.idle_for_good().await {
+                return DaemonExit::Idle;
+            }
+            self.report_status();
+            match self.next_wake(&mut main).await {
+                Wake::Stop => break,
+                wake => self.react(wake, &mut main).await,
+            }
+            self.write_progress_if_due(&mut main).await;
+        }
+        DaemonExit::Stopped
+    }
+
+    /// Watch `inbox/` and `control/`, so that a new task or request is seen at once rather than
+    /// at the next periodic scan.
+    fn watch_queue(&self) -> MainLoop {
+        let (watcher, hints) =
             match QueueWatcher::start(&self.ctx.queue.inbox(), &self.ctx.queue.control()) {
                 Ok((watcher, hints)) => (Some(watcher), hints),
                 Err(e) => {
@@ -37,90 +78,123 @@ impl Scheduler {
                     (None, mpsc::unbounded_channel().1)
                 }
             };
-        // Tasks that were in flight start while the inbox is read.
+        MainLoop {
+            watcher,
+            hints,
+            last_inbox_scan: Instant::now(),
+            last_progress_write: Instant::now(),
+        }
+    }
+
+    /// Read the inbox while the tasks that were in flight start, and apply the requests that
+    /// waited for this daemon before anything starts.
+    async fn first_look(&mut self) {
         self.start_scan();
         self.process_control().await;
-        let mut last_inbox_scan = Instant::now();
-        let mut last_progress_write = Instant::now();
-        loop {
-            if self.ctx.shutdown.is_stopping() {
-                break;
+    }
+
+    /// Fill the free slots: retries whose backoff is over rejoin the line first.
+    fn start_what_can_start(&mut self) {
+        self.promote_due_retries();
+        self.start_ready();
+    }
+
+    /// With `exit_when_idle`: whether nothing is left to do, after a last look at the inbox and
+    /// `control/` so that nothing that arrived unseen is left behind.
+    async fn idle_for_good(&mut self) -> bool {
+        if !(self.config.exit_when_idle && self.is_idle()) {
+            return false;
+        }
+        self.scan_inbox().await;
+        self.process_control().await;
+        self.start_ready();
+        self.is_idle()
+    }
+
+    /// Tell systemd how things stand (and feed its watchdog).
+    fn report_status(&mut self) {
+        let status = self.status_line();
+        self.notifier.tick(status);
+    }
+
+    /// Sleep until something needs the scheduler, at most until the next tick.
+    async fn next_wake(&mut self, main: &mut MainLoop) -> Wake {
+        let tick = self.next_tick();
+        tokio::select! {
+            _ = self.ctx.shutdown.stopped() => Wake::Stop,
+            hint = main.hints.recv(), if main.watcher.is_some() => Wake::Hint(hint),
+            scanned = wait_for_scan(&mut self.scan) => Wake::Scanned(scanned),
+            _ = tokio::time::sleep(tick) => Wake::Tick,
+            Some(joined) = self.running.join_next(), if !self.running.is_empty() => {
+                Wake::AttemptEnded(joined)
             }
-            self.promote_due_retries();
-            self.start_ready();
-            if self.config.exit_when_idle && self.is_idle() {
-                // Make sure nothing arrived unseen before leaving.
-                self.scan_inbox().await;
-                self.process_control().await;
-                self.start_ready();
-                if self.is_idle() {
-                    drop(watcher);
-                    return DaemonExit::Idle;
-                }
-            }
-            let status = self.status_line();
-            self.notifier.tick(status);
-            let tick = self.next_tick();
-            tokio::select! {
-                _ = self.ctx.shutdown.stopped() => break,
-                hint = hints.recv(), if watcher.is_some() => {
-                    let (mut inbox, mut control) = (false, false);
-                    // Inbox hints go to the next scan: the intake is locked while a scan runs,
-                    // and this thread must not wait for it.
-                    let mut take = |hint: QueueHint| match hint {
-                        QueueHint::Control => control = true,
-                        QueueHint::InboxChanged => inbox = true,
-                        hint @ (QueueHint::InboxComplete(_) | QueueHint::InboxWriting(_)) => {
-                            self.intake_hints.push(hint);
-                            inbox = true;
-                        }
-                    };
-                    if let Some(hint) = hint {
-                        take(hint);
-                    }
-                    while let Ok(hint) = hints.try_recv() {
-                        take(hint);
-                    }
-                    if inbox {
-                        self.start_scan();
-                        last_inbox_scan = Instant::now();
-                    }
-                    if control {
-                        self.process_control().await;
-                    }
-                }
-                scanned = wait_for_scan(&mut self.scan) => {
-                    self.scan = None;
-                    self.scan_finished(scanned);
-                    if self.control_deferred {
-                        self.process_control().await;
-                    }
-                }
-                _ = tokio::time::sleep(tick) => {
-                    if self.inbox_deferred || last_inbox_scan.elapsed() >= self.config.rescan_interval {
-                        self.start_scan();
-                        last_inbox_scan = Instant::now();
-                    }
-                    self.process_control().await;
-                }
-                Some(joined) = self.running.join_next(), if !self.running.is_empty() => {
-                    self.attempt_finished(joined).await;
-                }
-                // A suspect showed progress: its trial is over, the next may start at once.
-                _ = self.ctx.trial_progress.notified(), if !self.on_trial.is_empty() => {}
-            }
-            // Progress (iterations, cost, a worker's own account) reaches current_work.json at
-            // most every PROGRESS_WRITE_INTERVAL, for `cairn status`.
-            if !self.running.is_empty() && last_progress_write.elapsed() >= PROGRESS_WRITE_INTERVAL
-            {
-                last_progress_write = Instant::now();
-                if let Err(e) = self.ctx.work.persist().await {
-                    tracing::error!("{e}");
-                }
+            _ = self.ctx.trial_progress.notified(), if !self.on_trial.is_empty() => {
+                Wake::TrialProgress
             }
         }
-        drop(watcher);
-        DaemonExit::Stopped
+    }
+
+    /// Do what the wake calls for; the next round starts whatever it made startable.
+    async fn react(&mut self, wake: Wake, main: &mut MainLoop) {
+        match wake {
+            Wake::Stop | Wake::TrialProgress => {}
+            Wake::Hint(hint) => self.take_hints(hint, main).await,
+            Wake::Scanned(scanned) => {
+                self.scan = None;
+                self.scan_finished(scanned);
+                if self.control_deferred {
+                    self.process_control().await;
+                }
+            }
+            Wake::Tick => {
+                if self.inbox_deferred
+                    || main.last_inbox_scan.elapsed() >= self.config.rescan_interval
+                {
+                    self.start_scan();
+                    main.last_inbox_scan = Instant::now();
+                }
+                self.process_control().await;
+            }
+            Wake::AttemptEnded(joined) => self.attempt_finished(joined).await,
+        }
+    }
+
+    /// Take every hint that is waiting: inbox hints go to the next scan (the intake is locked
+    /// while a scan runs, and this thread must not wait for it), a control hint reads
+    /// `control/` now.
+    async fn take_hints(&mut self, first: Option<QueueHint>, main: &mut MainLoop) {
+        let (mut inbox, mut control) = (false, false);
+        let mut take = |hint: QueueHint| match hint {
+            QueueHint::Control => control = true,
+            QueueHint::InboxChanged => inbox = true,
+            hint @ (QueueHint::InboxComplete(_) | QueueHint::InboxWriting(_)) => {
+                self.intake_hints.push(hint);
+                inbox = true;
+            }
+        };
+        if let Some(hint) = first {
+            take(hint);
+        }
+        while let Ok(hint) = main.hints.try_recv() {
+            take(hint);
+        }
+        if inbox {
+            self.start_scan();
+            main.last_inbox_scan = Instant::now();
+        }
+        if control {
+            self.process_control().await;
+        }
+    }
+
+    /// Progress (iterations, cost, a worker's own account) reaches `current_work.json` at most
+    /// every [`PROGRESS_WRITE_INTERVAL`], for `cairn status`.
+    async fn write_progress_if_due(&mut self, main: &mut MainLoop) {
+        if !self.running.is_empty() && main.last_progress_write.elapsed() >= PROGRESS_WRITE_INTERVAL
+        {
+            main.last_progress_write = Instant::now();
+            self.persist().await;
+        }
     }
 
     /// How long to sleep when nothing happens: control requests are looked at at least every
@@ -283,46 +357,49 @@ impl Scheduler {
         }
     }
 
+    /// Start attempts while a slot is free and a task waits, in the order [`next_to_start`]
+    /// gives.
     pub(super) fn start_ready(&mut self) {
         // Looked up once per call, not per start: thousands of suspects may be on trial. A trial
         // that ends meanwhile is seen at the next call (its progress wakes the main loop).
         self.prune_trials();
-        while self.running.len() < self.config.max_tasks.max(1) && !self.ctx.shutdown.is_stopping()
-        {
-            let on_trial = self.on_trial.len();
-            match crash_blame::next_start(self.suspects.len(), on_trial, self.trial_width) {
-                NextStart::Nothing => break,
-                NextStart::Suspect => {
-                    let Some(id) = self.suspects.pop_front() else {
-                        break;
-                    };
-                    let Some(task) = self.tasks.get(&id).cloned() else {
-                        continue;
-                    };
-                    tracing::info!(task_id = %id, width = self.trial_width, "trying a crash suspect");
-                    self.ctx.journal(
-                        &id,
-                        Event::CrashTrialStarted {
-                            width: self.trial_width,
-                        },
-                    );
-                    self.on_trial.insert(id);
-                    self.start_attempt(task);
-                    continue;
-                }
-                NextStart::AnyTask => {}
-            }
-            let next = match self.resume.pop_front() {
-                Some(id) => id,
-                None => match self.pending.pop() {
-                    Some((_, _, id)) => id,
-                    None => break,
-                },
+        while let Some(line) = next_to_start(self.start_facts()) {
+            let next = match line {
+                Line::Suspects => self.suspects.pop_front(),
+                Line::Resume => self.resume.pop_front(),
+                Line::Pending => self.pending.pop().map(|(_, _, id)| id),
             };
-            let Some(task) = self.tasks.get(&next).cloned() else {
+            let Some(id) = next else {
+                break;
+            };
+            let Some(task) = self.tasks.get(&id).cloned() else {
                 continue;
             };
+            if line == Line::Suspects {
+                tracing::info!(task_id = %id, width = self.trial_width, "trying a crash suspect");
+                self.ctx.journal(
+                    &id,
+                    Event::CrashTrialStarted {
+                        width: self.trial_width,
+                    },
+                );
+                self.on_trial.insert(id);
+            }
             self.start_attempt(task);
+        }
+    }
+
+    /// What [`next_to_start`] decides from.
+    fn start_facts(&self) -> StartFacts {
+        StartFacts {
+            running: self.running.len(),
+            max_tasks: self.config.max_tasks,
+            stopping: self.ctx.shutdown.is_stopping(),
+            suspects: self.suspects.len(),
+            on_trial: self.on_trial.len(),
+            trial_width: self.trial_width,
+            resume: !self.resume.is_empty(),
+            pending: !self.pending.is_empty(),
         }
     }
 
@@ -386,7 +463,7 @@ impl Scheduler {
             let outcome = match end {
                 AttemptEnd::Done => match records::record_done(&ctx, &task).await {
                     Ok(entry) => AttemptOutcome::Recorded(Box::new(entry)),
-                    Err(error) => AttemptOutcome::RecordFailed(error),
+                    Err(error) => AttemptOutcome::RecordFailed(error.to_string()),
                 },
                 other => AttemptOutcome::Ended(other),
             };

@@ -60,17 +60,39 @@ impl ControlRequest {
     }
 
     /// Parse a request file's bytes; the error says what is wrong.
-    pub fn parse(bytes: &[u8]) -> Result<ControlRequest, String> {
-        let value: serde_json::Value =
-            serde_json::from_slice(bytes).map_err(|e| format!("not a control request: {e}"))?;
+    pub fn parse(bytes: &[u8]) -> Result<ControlRequest, BadRequest> {
+        let value: serde_json::Value = serde_json::from_slice(bytes).map_err(BadRequest::Json)?;
         // serde would read the struct from an array by position.
         if !value.is_object() {
-            return Err("not a control request: it must be a JSON object".into());
+            return Err(BadRequest::NotAnObject);
         }
         // Parsed again from the bytes, so that a field given twice is refused (and the id
         // is checked as it is read).
-        serde_json::from_slice(bytes).map_err(|e| format!("not a control request: {e}"))
+        serde_json::from_slice(bytes).map_err(BadRequest::Json)
     }
+}
+
+/// Why a request in `control/` is refused (and removed, with one log line saying this).
+#[derive(Debug, thiserror::Error)]
+pub enum BadRequest {
+    #[error("not a control request: {0}")]
+    Json(#[source] serde_json::Error),
+    #[error("not a control request: it must be a JSON object")]
+    NotAnObject,
+    #[error("it is a symbolic link; a request must be a regular file")]
+    Symlink,
+    #[error("it is {0}; a request must be a regular file")]
+    NotAFile(&'static str),
+    #[error("it is {0} bytes, more than the limit of {MAX_REQUEST_BYTES}")]
+    TooLarge(u64),
+    #[error("it grew past the limit of {MAX_REQUEST_BYTES} bytes")]
+    Grew,
+    #[error("cannot {action}: {source}")]
+    Io {
+        action: &'static str,
+        #[source]
+        source: io::Error,
+    },
 }
 
 /// Write a request durably into `control/`; returns its storage key. Names sort by time, so
@@ -177,7 +199,8 @@ fn claim_waiting(queue: &QueueDir, reported: &mut HashSet<String>) -> io::Result
 
 /// A claim's bytes, read through one descriptor opened without following a link or waiting
 /// for a FIFO's writer; `Ok(None)` when it is gone. The error says what is wrong with it.
-fn read_claim(path: &Path) -> Result<Option<Vec<u8>>, String> {
+fn read_claim(path: &Path) -> Result<Option<Vec<u8>>, BadRequest> {
+    let io = |action| move |source| BadRequest::Io { action, source };
     let file = match fs::OpenOptions::new()
         .read(true)
         .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK | nix::libc::O_NOCTTY)
@@ -185,14 +208,10 @@ fn read_claim(path: &Path) -> Result<Option<Vec<u8>>, String> {
     {
         Ok(file) => file,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-        Err(e) if e.raw_os_error() == Some(nix::libc::ELOOP) => {
-            return Err("it is a symbolic link; a request must be a regular file".into())
-        }
-        Err(e) => return Err(format!("cannot open it: {e}")),
+        Err(e) if e.raw_os_error() == Some(nix::libc::ELOOP) => return Err(BadRequest::Symlink),
+        Err(e) => return Err(io("open it")(e)),
     };
-    let meta = file
-        .metadata()
-        .map_err(|e| format!("cannot read its metadata: {e}"))?;
+    let meta = file.metadata().map_err(io("read its metadata"))?;
     let kind = meta.file_type();
     if !kind.is_file() {
         let what = if kind.is_dir() {
@@ -204,29 +223,24 @@ fn read_claim(path: &Path) -> Result<Option<Vec<u8>>, String> {
         } else {
             "not a regular file"
         };
-        return Err(format!("it is {what}; a request must be a regular file"));
+        return Err(BadRequest::NotAFile(what));
     }
     if meta.len() > MAX_REQUEST_BYTES {
-        return Err(format!(
-            "it is {} bytes, more than the limit of {MAX_REQUEST_BYTES}",
-            meta.len()
-        ));
+        return Err(BadRequest::TooLarge(meta.len()));
     }
     let mut bytes = Vec::new();
     file.take(MAX_REQUEST_BYTES + 1)
         .read_to_end(&mut bytes)
-        .map_err(|e| format!("cannot read it: {e}"))?;
+        .map_err(io("read it"))?;
     if bytes.len() as u64 > MAX_REQUEST_BYTES {
-        return Err(format!(
-            "it grew past the limit of {MAX_REQUEST_BYTES} bytes"
-        ));
+        return Err(BadRequest::Grew);
     }
     Ok(Some(bytes))
 }
 
 /// Remove a bad claim (a directory with everything in it: std removes it without following
 /// links), logging why; a claim that cannot be removed is logged once.
-fn discard(claim: &Path, name: &str, problem: &str, reported: &mut HashSet<String>) {
+fn discard(claim: &Path, name: &str, problem: &BadRequest, reported: &mut HashSet<String>) {
     let is_dir = fs::symlink_metadata(claim).is_ok_and(|m| m.is_dir());
     let removed = if is_dir {
         fs::remove_dir_all(claim)

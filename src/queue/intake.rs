@@ -478,7 +478,8 @@ impl Intake {
             ));
         }
         if let Ok(inbox) = fs::metadata(self.queue.inbox()) {
-            super::check_task_file(&meta, &inbox).map_err(TaskError::whole_file)?;
+            super::check_task_file(&meta, &inbox)
+                .map_err(|refused| TaskError::whole_file(refused.to_string()))?;
         }
         if meta.len() > MAX_TASK_FILE_BYTES {
             return Err(TaskError::whole_file(format!(

@@ -11,5 +11,7 @@ mod watch;
 pub use intake::{Intake, IntakeReport, Rejection};
 pub use layout::{QueueDir, SUBDIRS};
 pub use lock::{LockError, QueueLock};
-pub use permissions::{check_queue_permissions, check_submitter, check_task_file};
+pub use permissions::{
+    check_queue_permissions, check_submitter, check_task_file, RefusedFile, UnsafeQueue,
+};
 pub use watch::{QueueHint, QueueWatcher};

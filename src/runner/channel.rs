@@ -100,7 +100,7 @@ impl Channel {
     }
 
     /// The next line, parsed. Never ends on its own (the daemon holds a write end).
-    pub async fn next(&mut self) -> Result<Message, String> {
+    pub async fn next(&mut self) -> Result<Message, ChannelError> {
         loop {
             let Some(lines) = self.lines.as_mut() else {
                 return std::future::pending().await;
@@ -119,20 +119,16 @@ impl Channel {
                         *rebuilt.read_buffer_mut() = buffered;
                         self.lines = Some(rebuilt);
                     }
-                    return Err(format!(
-                        "a line longer than {MAX_LINE_BYTES} bytes was skipped"
-                    ));
+                    return Err(ChannelError::LineTooLong);
                 }
-                Some(Err(LinesCodecError::Io(e))) => {
-                    return Err(format!("reading the channel: {e}"))
-                }
+                Some(Err(LinesCodecError::Io(e))) => return Err(ChannelError::Read(e)),
                 None => std::future::pending::<()>().await,
             }
         }
     }
 
     /// The lines still buffered after the worker exited: read until none arrives for a moment.
-    pub async fn drain(&mut self) -> Vec<Result<Message, String>> {
+    pub async fn drain(&mut self) -> Vec<Result<Message, ChannelError>> {
         let mut messages = Vec::new();
         while let Ok(message) = tokio::time::timeout(Duration::from_millis(50), self.next()).await {
             messages.push(message);
@@ -232,14 +228,34 @@ fn make_fifo(path: &Path) -> io::Result<()> {
     })
 }
 
+/// Why a channel line was not taken; the worker hears it on its ack pipe, the log gets it too.
+#[derive(Debug, thiserror::Error)]
+pub enum ChannelError {
+    /// `quoted`: the start of the line, quoted.
+    #[error("not a channel message ({source}): {quoted}")]
+    Json {
+        #[source]
+        source: serde_json::Error,
+        quoted: String,
+    },
+    #[error("not a channel message (a message and its checkpoint and progress are JSON objects): {quoted}")]
+    NotObjects { quoted: String },
+    #[error("a line longer than {MAX_LINE_BYTES} bytes was skipped")]
+    LineTooLong,
+    #[error("reading the channel: {0}")]
+    Read(#[source] io::Error),
+}
+
 /// Parse one channel line (without its newline) into a message; the error quotes its start.
-pub fn parse_message(line: &str) -> Result<Message, String> {
+pub fn parse_message(line: &str) -> Result<Message, ChannelError> {
     let quote = || {
         let start: String = line.chars().take(200).collect();
         format!("{start:?}")
     };
-    let value: Value = serde_json::from_str(line)
-        .map_err(|e| format!("not a channel message ({e}): {}", quote()))?;
+    let value: Value = serde_json::from_str(line).map_err(|source| ChannelError::Json {
+        source,
+        quoted: quote(),
+    })?;
     // serde would read a struct from an array by position; messages have named fields.
     let objects_where_expected = value.is_object()
         && ["checkpoint", "progress"].iter().all(|field| {
@@ -248,13 +264,13 @@ pub fn parse_message(line: &str) -> Result<Message, String> {
                 .is_none_or(|v| v.is_null() || v.is_object())
         });
     if !objects_where_expected {
-        return Err(format!(
-            "not a channel message (a message and its checkpoint and progress are JSON objects): {}",
-            quote()
-        ));
+        return Err(ChannelError::NotObjects { quoted: quote() });
     }
     // Parsed again from the text, so that a field given twice is refused.
-    serde_json::from_str(line).map_err(|e| format!("not a channel message ({e}): {}", quote()))
+    serde_json::from_str(line).map_err(|source| ChannelError::Json {
+        source,
+        quoted: quote(),
+    })
 }
 
 #[cfg(test)]

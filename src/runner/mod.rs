@@ -12,6 +12,7 @@ mod once;
 mod orphans;
 mod work_state;
 mod worker;
+mod worker_supervision;
 
 pub use child::{CommandRun, RunEnd, KILL_AFTER, MAX_REPLY_BYTES};
 /// The scope of loop phases' checkpoints (the queue benchmark builds such checkpoints).
@@ -114,6 +115,38 @@ pub enum PhaseError {
     Budget(String),
 }
 
+/// cairn could not read or write a task's own state: a phase output, `current_work.json`.
+/// Not the task's fault, so the attempt it ends does not count.
+#[derive(Debug, thiserror::Error)]
+pub enum StateError {
+    #[error("{0}")]
+    Blocking(#[from] PhaseError),
+    #[error("{0}")]
+    Encode(#[source] serde_json::Error),
+    #[error("writing {key}: {source}")]
+    Write {
+        key: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("reading {key}: {source}")]
+    Read {
+        key: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("reading {key}: {source}")]
+    Decode {
+        key: String,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("the output of phase {phase:?} ({key}) is missing")]
+    MissingOutput { phase: String, key: String },
+    #[error("{0}")]
+    Persist(#[source] std::io::Error),
+}
+
 /// How a phase run ended without error.
 #[derive(Debug)]
 pub enum PhaseEnd {
@@ -160,7 +193,7 @@ pub async fn run_attempt(ctx: &Arc<RunContext>, task: &Arc<Task>) -> AttemptEnd 
             Ok(inputs) => inputs,
             Err(error) => {
                 return AttemptEnd::Failed {
-                    error,
+                    error: error.to_string(),
                     counts: false,
                 }
             }
@@ -212,7 +245,7 @@ pub async fn run_attempt(ctx: &Arc<RunContext>, task: &Arc<Task>) -> AttemptEnd 
             Ok(PhaseEnd::Completed(output)) => {
                 if let Err(error) = finish_phase(ctx, task, index, output).await {
                     return AttemptEnd::Failed {
-                        error,
+                        error: error.to_string(),
                         counts: false,
                     };
                 }
@@ -249,9 +282,9 @@ async fn finish_phase(
     task: &Task,
     index: usize,
     output: Value,
-) -> Result<(), String> {
+) -> Result<(), StateError> {
     let id = task.id().to_string();
-    let bytes = serde_json::to_vec(&output).map_err(|e| e.to_string())?;
+    let bytes = serde_json::to_vec(&output).map_err(StateError::Encode)?;
     let stored = if bytes.len() <= INLINE_OUTPUT_LIMIT {
         StoredOutput::Inline(output)
     } else {
@@ -259,9 +292,11 @@ async fn finish_phase(
         let storage = Arc::clone(&ctx.storage);
         let put_key = key.clone();
         blocking(move || storage.put(&put_key, &bytes, None))
-            .await
-            .map_err(|e| e.to_string())?
-            .map_err(|e| format!("writing {key}: {e}"))?;
+            .await?
+            .map_err(|source| StateError::Write {
+                key: key.clone(),
+                source,
+            })?;
         StoredOutput::File(key)
     };
     let next = task.phases.get(index + 1).map(|p| p.name.clone());
@@ -288,14 +323,14 @@ async fn finish_phase(
             }
         }
     });
-    ctx.work.persist().await.map_err(|e| e.to_string())
+    ctx.work.persist().await.map_err(StateError::Persist)
 }
 
 /// The outputs of the finished phases, by name, as given to commands in `inputs`.
 pub async fn load_inputs(
     ctx: &RunContext,
     outputs: &std::collections::BTreeMap<String, StoredOutput>,
-) -> Result<Value, String> {
+) -> Result<Value, StateError> {
     let mut inputs = Map::new();
     for (name, stored) in outputs {
         let value = match stored {
@@ -304,11 +339,19 @@ pub async fn load_inputs(
                 let storage = Arc::clone(&ctx.storage);
                 let get_key = key.clone();
                 let bytes = blocking(move || storage.get(&get_key))
-                    .await
-                    .map_err(|e| e.to_string())?
-                    .map_err(|e| format!("reading {key}: {e}"))?
-                    .ok_or_else(|| format!("the output of phase {name:?} ({key}) is missing"))?;
-                serde_json::from_slice(&bytes).map_err(|e| format!("reading {key}: {e}"))?
+                    .await?
+                    .map_err(|source| StateError::Read {
+                        key: key.clone(),
+                        source,
+                    })?
+                    .ok_or_else(|| StateError::MissingOutput {
+                        phase: name.clone(),
+                        key: key.clone(),
+                    })?;
+                serde_json::from_slice(&bytes).map_err(|source| StateError::Decode {
+                    key: key.clone(),
+                    source,
+                })?
             }
         };
         inputs.insert(name.clone(), value);

@@ -16,15 +16,18 @@
 //! dies, the worker is stopped for a failed write or its budget) ends the worker: the answer
 //! goes out before the SIGTERM's effect matters, and SIGKILL follows.
 
-use std::process::Stdio;
+use std::process::{ExitStatus, Stdio};
 
 use nix::sys::signal::Signal;
+use nix::unistd::Pid;
 use serde_json::Value;
+use tokio::process::Child;
 use tokio::time::Instant;
 
-use super::channel::{AckPipe, Channel, CheckpointMessage, Message};
+use super::channel::{AckPipe, Channel, ChannelError, CheckpointMessage, Message};
 use super::checkpointing::PhaseCheckpointer;
-use super::child::{group_of, kill_group, open_log, spawn_in_group};
+use super::child::{group_of, kill_group, open_log, spawn_in_group, KILL_AFTER};
+use super::worker_supervision::{Event, KillReason, Supervision};
 use super::{PhaseEnd, PhaseError, PhaseRun};
 
 /// The scope name of the daemon's worker checkpoints.
@@ -33,7 +36,7 @@ pub const WORKER_SCOPE: &str = "worker";
 /// Exit status with which a worker asks to be resumed from its last checkpoint.
 pub const EXIT_RESUME_ME: i32 = 75;
 
-/// What the worker has told the daemon so far.
+/// What the worker has told the daemon so far, and where its supervision stands.
 struct WorkerState<'r, 'a> {
     checkpoints: PhaseCheckpointer<'r, 'a>,
     count: u64,
@@ -44,43 +47,97 @@ struct WorkerState<'r, 'a> {
     cost_since_checkpoint: bool,
     /// Why the worker must stop, once decided (a failed checkpoint write, its budget).
     stop: Option<PhaseError>,
-    /// SIGTERM has gone to the worker's group (it is sent once).
-    term_sent: bool,
+    supervision: Supervision,
+}
+
+impl WorkerState<'_, '_> {
+    /// Move the supervision on by `event`, signalling the worker's group as it says.
+    fn supervise(&mut self, event: Event, group: Option<Pid>) {
+        let (next, signal) = self.supervision.on(event, Instant::now(), KILL_AFTER);
+        self.supervision = next;
+        if let Some(signal) = signal {
+            kill_group(group, signal);
+        }
+    }
+}
+
+/// A started worker process and its two pipes.
+struct Launched {
+    child: Child,
+    group: Option<Pid>,
+    channel: Channel,
+    ack: AckPipe,
 }
 
 pub(super) async fn run(run: &PhaseRun<'_>) -> Result<PhaseEnd, PhaseError> {
-    let task_id = run.task.id().to_string();
     let mut checkpoints = PhaseCheckpointer::new(run, WORKER_SCOPE);
     let resumed = checkpoints.resume().await?;
-    if let Some(cp) = &resumed {
-        if cp.done {
-            return Ok(PhaseEnd::Completed(
-                cp.output
-                    .clone()
-                    .unwrap_or_else(|| cp.partial_results.clone()),
-            ));
-        }
+    if let Some(cp) = resumed.as_ref().filter(|cp| cp.done) {
+        return Ok(PhaseEnd::Completed(
+            cp.output
+                .clone()
+                .unwrap_or_else(|| cp.partial_results.clone()),
+        ));
     }
     // A spent budget starts no worker (a finished phase, above, is not held back by it).
     run.check_budget(true, "")?;
-
-    let run_dir = run.ctx.queue.run_dir(&task_id);
-    let transient = |what: &str, e: std::io::Error| PhaseError::Transient(format!("{what}: {e}"));
-    let resume_path = run_dir.join(format!("resume-{}.json", run.index));
     let (count, state) = match &resumed {
         Some(cp) => (cp.iteration_count, cp.partial_results.clone()),
         None => (0, Value::Null),
     };
+    let mut launched = launch(run, resumed.is_some(), count, &state)?;
+    tracing::info!(task_id = %run.task.id(), phase = %run.phase.name, iteration = count, "worker started");
+    let worker = WorkerState {
+        checkpoints,
+        count,
+        committed: count,
+        state,
+        output: None,
+        cost_since_checkpoint: false,
+        stop: None,
+        supervision: Supervision::Running,
+    };
+    let (status, mut worker) = supervise(run, worker, &mut launched).await?;
+    // Leftover group members (helpers the worker started) go with it.
+    kill_group(launched.group, Signal::SIGKILL);
+    let status = status.map_err(|e| {
+        PhaseError::Command(format!("{}: waiting for the worker: {e}", describe(run)))
+    })?;
+    for message in launched.channel.drain().await {
+        worker = handle(run, worker, message, None, &launched.ack).await?;
+    }
+    drop(launched);
+    conclude(run, worker, status).await
+}
+
+fn describe(run: &PhaseRun<'_>) -> String {
+    format!("phase {:?}", run.phase.name)
+}
+
+fn transient(what: &str, e: std::io::Error) -> PhaseError {
+    PhaseError::Transient(format!("{what}: {e}"))
+}
+
+/// Start the worker with its environment, its resume file (when it resumes) and fresh pipes.
+fn launch(
+    run: &PhaseRun<'_>,
+    resumed: bool,
+    count: u64,
+    state: &Value,
+) -> Result<Launched, PhaseError> {
+    let task_id = run.task.id();
+    let run_dir = run.ctx.queue.run_dir(task_id);
+    let resume_path = run_dir.join(format!("resume-{}.json", run.index));
     let mut env = run.env(None);
     env.retain(|(k, _)| k != "CAIRN_IDEMPOTENCY_KEY");
     env.push((
         "CAIRN_IDEMPOTENCY_KEY".into(),
         format!("{task_id}:{}:{count}", run.phase.name),
     ));
-    if resumed.is_some() {
+    if resumed {
         let line = format!(
             "{{\"iteration\":{count},\"state\":{}}}\n",
-            serde_json::to_string(&state).unwrap_or_else(|_| "null".into())
+            serde_json::to_string(state).unwrap_or_else(|_| "null".into())
         );
         std::fs::write(&resume_path, line).map_err(|e| transient("writing the resume file", e))?;
         env.push(("CAIRN_RESUME".into(), resume_path.display().to_string()));
@@ -91,117 +148,94 @@ pub(super) async fn run(run: &PhaseRun<'_>) -> Result<PhaseEnd, PhaseError> {
     }
     // A fresh name per attempt: a helper process orphaned by an earlier crash cannot write
     // into this attempt's channel.
-    let mut channel =
-        Channel::create(&run_dir.join(format!("channel-{}-{}", run.index, run.attempt)))
-            .map_err(|e| transient("creating the worker channel", e))?;
+    let channel = Channel::create(&run_dir.join(format!("channel-{}-{}", run.index, run.attempt)))
+        .map_err(|e| transient("creating the worker channel", e))?;
     env.push(("CAIRN_CHANNEL".into(), channel.path().display().to_string()));
     let ack = AckPipe::create(&run_dir.join(format!("ack-{}-{}", run.index, run.attempt)))
         .map_err(|e| transient("creating the worker's ack pipe", e))?;
     env.push(("CAIRN_ACK".into(), ack.path().display().to_string()));
-
-    let log_path = run.log_path();
-    let log =
-        open_log(&log_path, &run.log_header(None)).map_err(|e| transient("opening the log", e))?;
-    let what = format!("phase {:?}", run.phase.name);
-    let mut child = spawn_in_group(&run.phase.run, &run.cwd(), &env, log, Stdio::null(), None)
-        .map_err(|e| super::spawn_failure(&what, e))?;
+    let log = open_log(&run.log_path(), &run.log_header(None))
+        .map_err(|e| transient("opening the log", e))?;
+    let child = spawn_in_group(&run.phase.run, &run.cwd(), &env, log, Stdio::null(), None)
+        .map_err(|e| super::spawn_failure(&describe(run), e))?;
     let group = group_of(&child);
-    tracing::info!(task_id, phase = %run.phase.name, iteration = count, "worker started");
+    Ok(Launched {
+        child,
+        group,
+        channel,
+        ack,
+    })
+}
 
-    let mut worker = WorkerState {
-        checkpoints,
-        count,
-        committed: count,
-        state,
-        output: None,
-        cost_since_checkpoint: false,
-        stop: None,
-        term_sent: false,
-    };
+/// Handle the worker's messages until it exits, moving its supervision on at every stop
+/// request, deadline and decision to stop it.
+async fn supervise<'r, 'a>(
+    run: &PhaseRun<'_>,
+    mut worker: WorkerState<'r, 'a>,
+    launched: &mut Launched,
+) -> Result<(std::io::Result<ExitStatus>, WorkerState<'r, 'a>), PhaseError> {
     let started = Instant::now();
     let mut last_heard = Instant::now();
-    // When a worker told to stop for its budget or a storage failure is killed if still there.
-    let mut kill_at: Option<Instant> = None;
-    let mut killed = false;
-    let mut silent_too_long = false;
-    let mut timed_out = false;
-    let status = loop {
+    let group = launched.group;
+    loop {
         let heartbeat_deadline = run.phase.heartbeat_timeout.map(|t| last_heard + t);
         let timeout_deadline = run.phase.timeout.map(|t| started + t);
-        tokio::select! {
-            status = child.wait() => break status,
-            message = channel.next() => {
-                let term_was_sent = worker.term_sent;
-                worker = handle(run, worker, message, group, &ack).await?;
+        let now = worker.supervision;
+        let event = tokio::select! {
+            status = launched.child.wait() => return Ok((status, worker)),
+            message = launched.channel.next() => {
+                worker = handle(run, worker, message, group, &launched.ack).await?;
                 // After the handling too: a slow disk is not the worker's silence.
                 last_heard = Instant::now();
-                if worker.term_sent && !term_was_sent {
-                    // Stopped for its budget or a failed write: killed if it lingers.
-                    kill_at = Some(Instant::now() + super::child::KILL_AFTER);
-                }
+                Event::MessageHandled
             }
-            _ = run.stop_requested(), if !worker.term_sent => {
-                kill_group(group, Signal::SIGTERM);
-                worker.term_sent = true;
-                if !run.ctx.shutdown.is_stopping() {
-                    // Paused or cancelled: the stop grace is the daemon's; give it KILL_AFTER.
-                    kill_at = Some(Instant::now() + super::child::KILL_AFTER);
-                }
-            }
-            _ = run.ctx.shutdown.terminating(), if !killed => {
-                kill_group(group, Signal::SIGKILL);
-                killed = true;
-            }
-            _ = sleep_until(heartbeat_deadline), if !killed && !worker.term_sent => {
-                silent_too_long = true;
-                kill_group(group, Signal::SIGKILL);
-                killed = true;
-            }
-            _ = sleep_until(timeout_deadline), if !killed => {
-                timed_out = true;
-                kill_group(group, Signal::SIGKILL);
-                killed = true;
-            }
-            _ = sleep_until(kill_at), if !killed => {
-                kill_group(group, Signal::SIGKILL);
-                killed = true;
-            }
-        }
-    };
-    // Leftover group members (helpers the worker started) go with it.
-    kill_group(group, Signal::SIGKILL);
-    let status =
-        status.map_err(|e| PhaseError::Command(format!("{what}: waiting for the worker: {e}")))?;
-    for message in channel.drain().await {
-        worker = handle(run, worker, message, None, &ack).await?;
+            _ = run.stop_requested(), if now.awaits_stop_request() => Event::StopRequested {
+                daemon_stopping: run.ctx.shutdown.is_stopping(),
+            },
+            _ = run.ctx.shutdown.terminating(), if now.not_killed() => Event::GraceOver,
+            _ = sleep_until(heartbeat_deadline), if now.watches_heartbeat() => Event::HeartbeatMissed,
+            _ = sleep_until(timeout_deadline), if now.not_killed() => Event::TimedOut,
+            _ = sleep_until(now.kill_at()), if now.not_killed() => Event::KillDue,
+        };
+        worker.supervise(event, group);
     }
-    drop(channel);
-    drop(ack);
+}
 
+/// How the phase ends, once the worker has exited and its last messages are handled.
+async fn conclude(
+    run: &PhaseRun<'_>,
+    worker: WorkerState<'_, '_>,
+    status: ExitStatus,
+) -> Result<PhaseEnd, PhaseError> {
     let WorkerState {
         mut checkpoints,
         count,
         state,
         output,
         stop,
+        supervision,
         ..
     } = worker;
     checkpoints.flush().await?;
-    let log_note = format!("its output is in {}", log_path.display());
+    let what = describe(run);
+    let log_note = format!("its output is in {}", run.log_path().display());
     if let Some(stop) = stop {
         return Err(stop);
     }
-    if silent_too_long {
-        return Err(PhaseError::Command(format!(
-            "{what}: the worker sent nothing on its channel for {} (heartbeat_timeout) and was killed; {log_note}",
-            humantime::format_duration(run.phase.heartbeat_timeout.unwrap_or_default())
-        )));
-    }
-    if timed_out {
-        return Err(PhaseError::Command(format!(
-            "{what}: the worker timed out after {}; {log_note}",
-            humantime::format_duration(run.phase.timeout.unwrap_or_default())
-        )));
+    match supervision {
+        Supervision::Killed(KillReason::Silent) => {
+            return Err(PhaseError::Command(format!(
+                "{what}: the worker sent nothing on its channel for {} (heartbeat_timeout) and was killed; {log_note}",
+                humantime::format_duration(run.phase.heartbeat_timeout.unwrap_or_default())
+            )))
+        }
+        Supervision::Killed(KillReason::TimedOut) => {
+            return Err(PhaseError::Command(format!(
+                "{what}: the worker timed out after {}; {log_note}",
+                humantime::format_duration(run.phase.timeout.unwrap_or_default())
+            )))
+        }
+        _ => {}
     }
     match status.code() {
         Some(0) => {
@@ -212,7 +246,7 @@ pub(super) async fn run(run: &PhaseRun<'_>) -> Result<PhaseEnd, PhaseError> {
             Ok(PhaseEnd::Completed(result))
         }
         _ if run.should_stop() => {
-            tracing::info!(task_id, phase = %run.phase.name, iteration = count, %status, "worker stopped");
+            tracing::info!(task_id = %run.task.id(), phase = %run.phase.name, iteration = count, %status, "worker stopped");
             Ok(PhaseEnd::Interrupted)
         }
         Some(EXIT_RESUME_ME) => Err(PhaseError::Transient(format!(
@@ -235,8 +269,8 @@ async fn sleep_until(deadline: Option<Instant>) {
 async fn handle<'r, 'a>(
     run: &PhaseRun<'_>,
     mut worker: WorkerState<'r, 'a>,
-    message: Result<Message, String>,
-    group: Option<nix::unistd::Pid>,
+    message: Result<Message, ChannelError>,
+    group: Option<Pid>,
     ack: &AckPipe,
 ) -> Result<WorkerState<'r, 'a>, PhaseError> {
     let message = match message {
@@ -245,7 +279,7 @@ async fn handle<'r, 'a>(
             tracing::warn!(task_id = %run.task.id(), phase = %run.phase.name, "worker channel: {problem}");
             note_in_log(run, &format!("cairn: ignored a channel line: {problem}"));
             // A helper waiting for its answer must not wait for ever.
-            ack.refuse(&problem);
+            ack.refuse(&problem.to_string());
             return Ok(worker);
         }
     };
@@ -277,7 +311,7 @@ async fn take_cost(
     run: &PhaseRun<'_>,
     worker: &mut WorkerState<'_, '_>,
     cost: f64,
-    group: Option<nix::unistd::Pid>,
+    group: Option<Pid>,
 ) {
     if !(cost.is_finite() && cost >= 0.0) {
         note_in_log(
@@ -301,7 +335,7 @@ async fn take_checkpoint<'r, 'a>(
     run: &PhaseRun<'_>,
     mut worker: WorkerState<'r, 'a>,
     checkpoint: CheckpointMessage,
-    group: Option<nix::unistd::Pid>,
+    group: Option<Pid>,
 ) -> WorkerState<'r, 'a> {
     if checkpoint.iteration < worker.count {
         note_in_log(
@@ -345,11 +379,8 @@ async fn take_checkpoint<'r, 'a>(
 }
 
 /// Decide that the worker must stop (the first reason wins) and send it SIGTERM once.
-fn stop_worker(worker: &mut WorkerState<'_, '_>, why: PhaseError, group: Option<nix::unistd::Pid>) {
-    if !worker.term_sent {
-        kill_group(group, Signal::SIGTERM);
-        worker.term_sent = true;
-    }
+fn stop_worker(worker: &mut WorkerState<'_, '_>, why: PhaseError, group: Option<Pid>) {
+    worker.supervise(Event::ToldToStop, group);
     worker.stop.get_or_insert(why);
 }
 

@@ -81,7 +81,7 @@ pub enum StoreError {
         /// The id as given.
         task_id: String,
         /// What is wrong with it.
-        reason: String,
+        reason: crate::task_id::InvalidName,
     },
     /// A loop's state could not be converted to or from JSON.
     #[error("the loop state could not be converted to or from JSON: {0}")]
@@ -602,9 +602,9 @@ fn split_generation(name: &str) -> Option<(&str, u64)> {
 fn validate_task_id(task_id: &str) -> Result<(), StoreError> {
     TaskId::parse(task_id)
         .map(drop)
-        .map_err(|invalid| StoreError::InvalidTaskId {
-            task_id: invalid.id,
-            reason: invalid.problem,
+        .map_err(|reason| StoreError::InvalidTaskId {
+            task_id: task_id.to_owned(),
+            reason,
         })
 }
 

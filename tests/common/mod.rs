@@ -1,12 +1,13 @@
-//! Shared helpers for the end-to-end tests: a temp queue, the real `cairn` binary, a daemon
-//! handle that sends real signals, polling with deadlines, and readers for what cairn leaves on
-//! disk (records, checkpoints, `current_work.json`) and for the fixtures' side files.
+//! Shared helpers for the end-to-end tests (the `e2e` binary): a temp queue, the real `cairn`
+//! binary (also under a wrapper such as strace), a daemon handle that sends real signals,
+//! polling with deadlines, the prerequisites a test may skip without, and readers for what
+//! cairn leaves on disk (records, checkpoints, temp files) and for the fixtures' side files.
 //!
 //! Each test reads as its scenario; the plumbing lives here. Nothing waits a fixed time for a
 //! state: [`wait_until`] polls with a generous deadline and says what it waited for.
 
-// Every test binary uses a different subset of these helpers.
-#![allow(dead_code)]
+mod side_file;
+mod temp_files;
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -19,13 +20,15 @@ use std::time::{Duration, Instant, SystemTime};
 
 use cairn::store::{decode_checkpoint, IterationCheckpoint};
 use nix::errno::Errno;
+use nix::fcntl::{Flock, FlockArg};
 use nix::sys::signal::{kill, killpg, Signal};
 use nix::unistd::Pid;
 use serde_json::{json, Value};
 use tempfile::TempDir;
 
-#[allow(unused_imports)] // not every test binary sends every signal
 pub use nix::sys::signal::Signal::{SIGINT, SIGKILL, SIGTERM};
+pub use side_file::*;
+pub use temp_files::temp_files;
 
 /// How long a test waits for a state before it fails. Generous: tests run in parallel on a
 /// small, busy machine (a Python iteration can take a second there), and a deadline only costs
@@ -84,6 +87,69 @@ pub fn require_tool(test: &str, name: &str, package: &str) -> Option<PathBuf> {
         );
     }
     found
+}
+
+/// True if strace can trace here (installed, and ptrace allowed); otherwise (outside CI) a
+/// loud skip message and false.
+pub fn require_strace(test: &str) -> bool {
+    Command::new("strace")
+        .args(["-f", "-qq", "-o", "/dev/null", "-e", "trace=fsync", "true"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|status| status.success())
+        || prerequisite_missing(
+            test,
+            "needs a working strace (apt-get install strace; ptrace must be allowed)",
+        )
+}
+
+/// What a finished command printed on stdout, as text.
+pub fn stdout_of(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+/// What a finished command printed on stderr, as text.
+pub fn stderr_of(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+/// The binary of the example `name` (`examples/<name>.rs`), built first: `cargo test --test
+/// e2e` alone does not build the examples. It goes into `target/<profile>/examples/`, beside
+/// the `deps/` directory this test binary runs from.
+pub fn example_binary(name: &str) -> PathBuf {
+    let mut build = Command::new(env!("CARGO"));
+    build.args(["build", "--quiet", "--example", name]);
+    if !cfg!(debug_assertions) {
+        build.arg("--release"); // the same profile as this test, so the same target directory
+    }
+    let status = build
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .status()
+        .expect("running cargo build --example");
+    assert!(status.success(), "cargo build --example {name}: {status}");
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let examples = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .expect("the test binary lives in target/<profile>/deps")
+        .join("examples");
+    let plain = examples.join(name);
+    if plain.is_file() {
+        return plain;
+    }
+    // Only the hashed name (`<name>-<hash>`): take the newest.
+    let prefix = format!("{name}-");
+    fs::read_dir(&examples)
+        .expect("target/<profile>/examples exists")
+        .filter_map(|entry| entry.ok())
+        .filter(|entry| {
+            let file = entry.file_name().to_string_lossy().into_owned();
+            file.starts_with(&prefix) && !file.contains('.')
+        })
+        .max_by_key(|entry| entry.metadata().and_then(|m| m.modified()).ok())
+        .map(|entry| entry.path())
+        .unwrap_or_else(|| panic!("the example {name} was not built"))
 }
 
 /// A test fixture's path (`tests/fixtures/<name>`).
@@ -187,35 +253,46 @@ impl TestQueue {
     pub fn start_wrapped(&self, wrapper: &[&str], args: &[&str]) -> Daemon {
         let n = self.daemons_started.fetch_add(1, Ordering::SeqCst) + 1;
         let stderr_path = self.aux(&format!("daemon-{n}.stderr"));
-        let stderr = fs::File::create(&stderr_path).expect("creating the daemon's stderr file");
-        let mut command = match wrapper.split_first() {
-            None => self.cairn(),
-            Some((program, wrapper_args)) => {
-                let mut command = Command::new(program);
-                command
-                    .args(wrapper_args)
-                    .arg(env!("CARGO_BIN_EXE_cairn"))
-                    .arg("--queue")
-                    .arg(&self.root)
-                    .env_remove("CAIRN_QUEUE")
-                    .env_remove("RUST_LOG");
-                command
-            }
-        };
-        let child = command
-            .arg("run")
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(stderr)
-            .spawn()
-            .expect("starting cairn run");
-        Daemon {
-            child,
-            status: None,
+        Daemon::start(
+            &self.root,
+            wrapper,
+            args,
             stderr_path,
-            name: format!("daemon #{n}"),
-        }
+            format!("daemon #{n}"),
+        )
+    }
+
+    /// Start `cairn run <args>` on this queue under `strace <strace_args>` (which name strace's
+    /// output, `-o`), to see the daemon's system calls or inject faults into them. The
+    /// [`Daemon`] is strace; signal the daemon itself through [`TestQueue::daemon_pid`].
+    pub fn start_under_strace(&self, strace_args: &[&str], args: &[&str]) -> Daemon {
+        let mut wrapper = vec!["strace"];
+        wrapper.extend_from_slice(strace_args);
+        wrapper.push("--");
+        self.start_wrapped(&wrapper, args)
+    }
+
+    /// The pid of the daemon that holds the queue's lock, once one does: under a wrapper such
+    /// as strace, the process the test started is the wrapper, not the daemon.
+    pub fn daemon_pid(&self) -> i32 {
+        wait_for("a daemon has locked the queue", DEADLINE, || {
+            let pid: i32 = fs::read_to_string(self.path(".lock"))
+                .ok()?
+                .trim()
+                .parse()
+                .ok()?;
+            let comm = fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
+            (comm.trim() == "cairn").then_some(pid)
+        })
+    }
+
+    /// Wait until nothing holds the queue's `.lock` any more (taking it for a moment to see):
+    /// a SIGKILLed daemon's lock can outlive it for a moment.
+    pub fn wait_lock_released(&self) {
+        wait_until("the queue's lock is free", DEADLINE, || {
+            let file = fs::File::open(self.path(".lock")).expect("opening the queue's .lock");
+            Flock::lock(file, FlockArg::LockExclusiveNonblock).is_ok()
+        });
     }
 
     /// Run `cairn run --exit-when-idle <args>` and expect it to drain the queue and exit 0.
@@ -301,11 +378,6 @@ impl TestQueue {
         decode_checkpoint(&bytes).unwrap_or_else(|e| panic!("decoding {}: {e}", path.display()))
     }
 
-    /// `current_work.json`.
-    pub fn current_work(&self) -> Value {
-        read_json(&self.path("current_work.json"))
-    }
-
     /// The task's entry in `current_work.json`'s `active_tasks`, if it has one (and the file
     /// exists).
     pub fn active_entry(&self, id: &str) -> Option<Value> {
@@ -373,6 +445,45 @@ pub struct Daemon {
 }
 
 impl Daemon {
+    /// Start `<wrapper...> cairn --queue <queue> run <args>` (no wrapper: plain `cairn`), its
+    /// stderr to `stderr_path`. [`TestQueue::start`] is the usual way; this is for a queue
+    /// somewhere else (on a small tmpfs, say).
+    pub fn start(
+        queue: &Path,
+        wrapper: &[&str],
+        args: &[&str],
+        stderr_path: PathBuf,
+        name: String,
+    ) -> Daemon {
+        let stderr = fs::File::create(&stderr_path).expect("creating the daemon's stderr file");
+        let mut command = match wrapper.split_first() {
+            None => Command::new(env!("CARGO_BIN_EXE_cairn")),
+            Some((program, wrapper_args)) => {
+                let mut command = Command::new(program);
+                command.args(wrapper_args).arg(env!("CARGO_BIN_EXE_cairn"));
+                command
+            }
+        };
+        let child = command
+            .arg("--queue")
+            .arg(queue)
+            .env_remove("CAIRN_QUEUE")
+            .env_remove("RUST_LOG")
+            .arg("run")
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(stderr)
+            .spawn()
+            .expect("starting cairn run");
+        Daemon {
+            child,
+            status: None,
+            stderr_path,
+            name,
+        }
+    }
+
     pub fn pid(&self) -> i32 {
         self.child.id() as i32
     }
@@ -381,6 +492,13 @@ impl Daemon {
     pub fn signal(&self, signal: Signal) {
         kill(Pid::from_raw(self.pid()), signal)
             .unwrap_or_else(|e| panic!("sending {signal} to {}: {e}", self.name));
+    }
+
+    /// Whether the daemon is still running. The one test of it: the daemon is this process's
+    /// child, so waiting for it (without blocking) is exact, and reaps it once it has exited, so
+    /// a zombie does not count as running.
+    pub fn is_running(&mut self) -> bool {
+        self.try_status().is_none()
     }
 
     /// The exit status, if it has exited.
@@ -524,61 +642,6 @@ pub fn loop_result(iterations: u64) -> Value {
         "sum": (0..iterations).map(|i| i * i).sum::<u64>(),
         "seen": (0..iterations).collect::<Vec<_>>(),
     })
-}
-
-/// One line of a `logging_loop.py` side file.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SideEvent {
-    /// `start` or `end`.
-    pub event: String,
-    pub task: String,
-    pub iteration: u64,
-    pub attempt: u32,
-    pub pid: i32,
-}
-
-/// The side file's complete lines (a missing file has none; a line still being written is
-/// left out).
-pub fn side_events(path: &Path) -> Vec<SideEvent> {
-    let text = fs::read_to_string(path).unwrap_or_default();
-    let complete = match text.rfind('\n') {
-        Some(end) => &text[..=end],
-        None => "",
-    };
-    complete
-        .lines()
-        .map(|line| {
-            let f: Vec<&str> = line.split(' ').collect();
-            assert_eq!(f.len(), 5, "bad side-file line {line:?}");
-            SideEvent {
-                event: f[0].to_string(),
-                task: f[1].to_string(),
-                iteration: f[2].parse().unwrap(),
-                attempt: f[3].parse().unwrap(),
-                pid: f[4].parse().unwrap(),
-            }
-        })
-        .collect()
-}
-
-/// The iterations that ran to their end, in order, per the side file.
-pub fn ended_iterations(path: &Path) -> Vec<u64> {
-    side_events(path)
-        .into_iter()
-        .filter(|e| e.event == "end")
-        .map(|e| e.iteration)
-        .collect()
-}
-
-/// How many times each iteration was started, per the side file.
-pub fn start_counts(path: &Path) -> BTreeMap<u64, usize> {
-    let mut counts = BTreeMap::new();
-    for e in side_events(path) {
-        if e.event == "start" {
-            *counts.entry(e.iteration).or_default() += 1;
-        }
-    }
-    counts
 }
 
 /// Start an uninterrupted run of a task in a fresh queue, as the reference to compare an

@@ -3,13 +3,11 @@
 //! the task still ends with the result of an uninterrupted run. Children die with the daemon,
 //! and a stop whose grace runs out still ends every command's process group.
 
-mod common;
-
 use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use serde_json::{json, Value};
 
 const ITERATIONS: u64 = 20;

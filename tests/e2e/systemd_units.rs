@@ -9,8 +9,6 @@
 //! Debian's `systemd` package) but not a running systemd: none of them talks to PID 1. Without
 //! the tools they are skipped with a message, except in CI, where they fail.
 
-mod common;
-
 use std::collections::BTreeSet;
 use std::fs;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
@@ -42,7 +40,7 @@ fn unit_source(name: &str) -> String {
 /// A systemd tool by name; `None` (after a loud skip message, or a failure in CI) if it is not
 /// installed.
 fn tool(test: &str, name: &str) -> Option<PathBuf> {
-    common::require_tool(test, name, "systemd")
+    crate::common::require_tool(test, name, "systemd")
 }
 
 /// Run a systemd tool with a predictable log level (an inherited SYSTEMD_LOG_LEVEL=debug would
@@ -410,7 +408,7 @@ fn sysusers_and_tmpfiles_snippets_build_the_shared_inbox() {
         "cairn's home should be the queue:\n{passwd}"
     );
 
-    if !common::require_root(
+    if !crate::common::require_root(
         &format!("{TEST} (its systemd-tmpfiles part)"),
         "it creates files owned by the cairn user",
     ) {

@@ -3,11 +3,9 @@
 //! brings it back from its checkpoint; requests made while no daemon runs take effect at its
 //! start; and fork starts a new task from an earlier checkpoint with a patched state.
 
-mod common;
-
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use serde_json::json;
 
 fn status_of(queue: &TestQueue, id: &str) -> Option<String> {

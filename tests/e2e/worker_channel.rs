@@ -2,9 +2,7 @@
 //! its channel (it ignores the protocol, so it just runs), and one that writes a line longer
 //! than the channel accepts (the line is skipped, the worker's later messages still count).
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use serde_json::json;
 
 #[test]

@@ -15,19 +15,17 @@
 //! Mounting needs root (CAP_SYS_ADMIN) and `mount`: without them the test is skipped with a
 //! message, except in CI (which runs the tests as root), where it fails.
 
-mod common;
-
 use std::fs::{self, OpenOptions};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use crate::common::*;
 use cairn::store::decode_checkpoint;
-use common::*;
 use serde_json::{json, Value};
 use tempfile::TempDir;
 
@@ -186,51 +184,6 @@ fn write_until_full(file: &mut fs::File) -> io::Error {
     }
 }
 
-/// `cairn --queue <queue> run`, stderr to `stderr_path`; SIGKILLed on drop if still running.
-struct RunningDaemon {
-    child: Child,
-    stderr_path: PathBuf,
-}
-
-impl RunningDaemon {
-    fn start(queue: &Path, stderr_path: PathBuf) -> RunningDaemon {
-        let stderr = fs::File::create(&stderr_path).expect("creating the daemon's stderr file");
-        let child = Command::new(env!("CARGO_BIN_EXE_cairn"))
-            .arg("--queue")
-            .arg(queue)
-            .arg("run")
-            .env_remove("CAIRN_QUEUE")
-            .env_remove("RUST_LOG")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(stderr)
-            .spawn()
-            .expect("starting cairn run");
-        RunningDaemon { child, stderr_path }
-    }
-
-    fn alive(&mut self) -> bool {
-        self.child
-            .try_wait()
-            .expect("checking on the daemon")
-            .is_none()
-            && process_alive(self.child.id() as i32)
-    }
-
-    fn stderr(&self) -> String {
-        fs::read_to_string(&self.stderr_path).unwrap_or_default()
-    }
-}
-
-impl Drop for RunningDaemon {
-    fn drop(&mut self) {
-        if self.child.try_wait().ok().flatten().is_none() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
-}
-
 /// Prints the daemon's stderr and the side file when the test fails.
 struct ShowOnPanic(Vec<PathBuf>);
 
@@ -262,13 +215,6 @@ fn pad() -> String {
 fn committed(queue: &Path) -> Option<u64> {
     let bytes = fs::read(queue.join(format!("incremental/{TASK}.json.gz"))).ok()?;
     Some(decode_checkpoint(&bytes).ok()?.iteration_count)
-}
-
-fn temp_files(dir: &Path) -> Vec<String> {
-    list_dir(dir)
-        .into_iter()
-        .filter(|name| name.ends_with(".cairn.tmp"))
-        .collect()
 }
 
 /// The task's entry in `current_work.json`, if the file parses and has one. (A torn read is
@@ -319,7 +265,7 @@ fn a_full_disk_fails_no_checkpoint_and_the_task_completes_once_space_is_freed() 
 
     // Dropped before the tmpfs (declared after it): the daemon never holds the mount busy.
     let started = Instant::now();
-    let mut daemon = RunningDaemon::start(&queue, stderr_path);
+    let mut daemon = Daemon::start(&queue, &[], &[], stderr_path, "the daemon".into());
 
     // A few iterations committed.
     let before_fill = wait_for("the task has checkpointed 3 iterations", DEADLINE, || {
@@ -351,7 +297,7 @@ fn a_full_disk_fails_no_checkpoint_and_the_task_completes_once_space_is_freed() 
         DEADLINE,
         || daemon.stderr().matches("retrying in").count() >= retries_at_failure + 2,
     );
-    assert!(daemon.alive(), "the daemon died on a full disk");
+    assert!(daemon.is_running(), "the daemon died on a full disk");
     let stderr = daemon.stderr();
     assert!(!stderr.contains("panicked"), "the daemon panicked");
     let full_cp = committed(&queue).expect("the previous checkpoint is intact and decodes");
@@ -364,7 +310,10 @@ fn a_full_disk_fails_no_checkpoint_and_the_task_completes_once_space_is_freed() 
         "the task was failed on a full disk: {:?}",
         list_dir(&queue.join("failed"))
     );
-    assert_eq!(temp_files(&queue.join("incremental")), Vec::<String>::new());
+    assert_eq!(
+        temp_files(&queue.join("incremental")),
+        Vec::<PathBuf>::new()
+    );
 
     // Stage 2: nearly full — room for current_work.json, not for the checkpoint.
     filler.give_back(SLACK);
@@ -385,14 +334,17 @@ fn a_full_disk_fails_no_checkpoint_and_the_task_completes_once_space_is_freed() 
         json!(0),
         "a full disk used up an attempt: {waiting:#}"
     );
-    assert!(daemon.alive(), "the daemon died on a nearly full disk");
+    assert!(daemon.is_running(), "the daemon died on a nearly full disk");
     assert_eq!(
         committed(&queue),
         Some(full_cp),
         "the checkpoint changed although no checkpoint fits"
     );
     assert!(list_dir(&queue.join("failed")).is_empty());
-    assert_eq!(temp_files(&queue.join("incremental")), Vec::<String>::new());
+    assert_eq!(
+        temp_files(&queue.join("incremental")),
+        Vec::<PathBuf>::new()
+    );
 
     // Stage 3: space freed; the task resumes from the intact checkpoint and completes.
     filler.remove();
@@ -410,8 +362,11 @@ fn a_full_disk_fails_no_checkpoint_and_the_task_completes_once_space_is_freed() 
         done["result"]["seen"]
     );
     assert_eq!(done["failed_attempts"], json!(0), "{done:#}");
-    assert!(daemon.alive(), "the daemon exited");
-    assert_eq!(temp_files(&queue.join("incremental")), Vec::<String>::new());
+    assert!(daemon.is_running(), "the daemon exited");
+    assert_eq!(
+        temp_files(&queue.join("incremental")),
+        Vec::<PathBuf>::new()
+    );
 
     // Only work after the last committed checkpoint ran again: iterations before it once,
     // iteration `full_cp` (whose checkpoint failed) once per attempt that reached it, the rest
@@ -451,14 +406,8 @@ fn a_full_disk_fails_no_checkpoint_and_the_task_completes_once_space_is_freed() 
     );
 
     // A clean stop.
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(daemon.child.id() as i32),
-        nix::sys::signal::SIGTERM,
-    )
-    .expect("stopping the daemon");
-    let status = wait_for("the daemon exits", DEADLINE, || {
-        daemon.child.try_wait().expect("waiting for the daemon")
-    });
+    daemon.signal(SIGTERM);
+    let status = daemon.wait_exit(DEADLINE);
     assert_eq!(status.code(), Some(0), "the daemon exited with {status}");
     drop(daemon);
 }

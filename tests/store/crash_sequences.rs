@@ -19,7 +19,7 @@
 //! replaces it:
 //!
 //! ```text
-//! PROPTEST_CASES=5000 cargo test --release --test store_crash_sequences
+//! PROPTEST_CASES=5000 cargo test --release --test store crash_sequences
 //! ```
 
 use std::collections::HashMap;
@@ -29,6 +29,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
+use crate::temp_files::temp_files;
 use cairn::store::{
     CheckpointStore, FileOps, FileStorage, IterationCheckpoint, PowerLossFileOps, Storage,
     StoreError, TempFile, FORMAT_VERSION,
@@ -501,21 +502,4 @@ fn check_recovered(store: &CheckpointStore, model: &Model, task: usize, keep: us
         let kept = store.generation(id, cp.generation).unwrap();
         assert_eq!(kept.iteration_count, cp.iteration_count, "{when}: {id}");
     }
-}
-
-/// Every temp file under `root`, recursively.
-fn temp_files(root: &Path) -> Vec<PathBuf> {
-    let mut found = Vec::new();
-    let mut dirs = vec![root.to_path_buf()];
-    while let Some(dir) = dirs.pop() {
-        for entry in fs::read_dir(dir).unwrap() {
-            let entry = entry.unwrap();
-            if entry.file_type().unwrap().is_dir() {
-                dirs.push(entry.path());
-            } else if entry.file_name().to_string_lossy().ends_with(".cairn.tmp") {
-                found.push(entry.path());
-            }
-        }
-    }
-    found
 }

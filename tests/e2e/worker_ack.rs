@@ -14,20 +14,17 @@
 //! Needs `strace` (`.ci/run` installs it): without it the tests say so and pass, except under
 //! `CI=true`, where they fail.
 
-mod common;
-
 use std::collections::BTreeSet;
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::common::*;
 use cairn::daemon::{self, DaemonConfig, DaemonExit};
 use cairn::shutdown::Shutdown;
 use cairn::store::{decode_checkpoint, FaultMode, FaultyFileOps, FileStorage, Storage};
-use common::*;
 use nix::sys::signal::kill;
 use nix::unistd::Pid;
 use serde_json::{json, Value};
@@ -37,55 +34,23 @@ const ITERATIONS: u64 = 8;
 /// How long strace holds each fsync of the daemon, in microseconds.
 const FSYNC_DELAY_US: u64 = 700_000;
 
-/// Whether strace can trace here; if not, say so loudly, and fail under `CI=true`.
-fn strace_works() -> bool {
-    Command::new("strace")
-        .args(["-f", "-qq", "-o", "/dev/null", "-e", "trace=fsync", "true"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|status| status.success())
-        || prerequisite_missing(
-            "e2e_worker_ack",
-            "needs a working strace to slow down the daemon's fsyncs (apt-get install strace; ptrace must be allowed)",
-        )
-}
-
 /// `cairn run` on this queue under strace, every fsync and fdatasync delayed.
-fn start_slow_daemon(queue: &TestQueue) -> Child {
-    let stderr = fs::File::create(queue.aux("slow-daemon.stderr")).expect("creating a log");
-    Command::new("strace")
-        .args(["-f", "--seccomp-bpf", "-qq", "-o", "/dev/null"])
-        .args(["-e", "trace=fsync,fdatasync"])
-        .arg("-e")
-        .arg(format!(
-            "inject=fsync,fdatasync:delay_exit={FSYNC_DELAY_US}"
-        ))
-        .arg("--")
-        .arg(env!("CARGO_BIN_EXE_cairn"))
-        .arg("--queue")
-        .arg(queue.root())
-        .arg("run")
-        .env_remove("CAIRN_QUEUE")
-        .env_remove("RUST_LOG")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(stderr)
-        .spawn()
-        .expect("starting cairn run under strace")
-}
-
-/// The daemon's pid, from the queue's lock file (strace's child, not strace).
-fn daemon_pid(queue: &TestQueue) -> i32 {
-    wait_for("the daemon has locked the queue", DEADLINE, || {
-        let pid: i32 = fs::read_to_string(queue.path(".lock"))
-            .ok()?
-            .trim()
-            .parse()
-            .ok()?;
-        let comm = fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
-        (comm.trim() == "cairn").then_some(pid)
-    })
+fn start_slow_daemon(queue: &TestQueue) -> Daemon {
+    let inject = format!("inject=fsync,fdatasync:delay_exit={FSYNC_DELAY_US}");
+    queue.start_under_strace(
+        &[
+            "-f",
+            "--seccomp-bpf",
+            "-qq",
+            "-o",
+            "/dev/null",
+            "-e",
+            "trace=fsync,fdatasync",
+            "-e",
+            &inject,
+        ],
+        &[],
+    )
 }
 
 /// The iteration count of the task's latest checkpoint on disk, if any.
@@ -96,14 +61,7 @@ fn checkpointed(queue: &TestQueue) -> Option<u64> {
 
 /// The iterations started, in order, per the fixture's side file.
 fn starts(side: &Path) -> Vec<u64> {
-    fs::read_to_string(side)
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|line| match line.split(' ').collect::<Vec<_>>()[..] {
-            ["start", i, _] => i.parse().ok(),
-            _ => None,
-        })
-        .collect()
+    logged_iterations(&side_lines(side), "start")
 }
 
 /// The task: `worker_helper.py` over `ITERATIONS` iterations of 0.1 s, logging to `side`.
@@ -149,7 +107,7 @@ fn kill_once_under_slow_fsyncs(worker_args: &[&str]) -> Outcome {
     queue.seed_task(&format!("{TASK}.json"), &helper_task(&side, worker_args));
 
     let mut strace = start_slow_daemon(&queue);
-    let pid = daemon_pid(&queue);
+    let pid = queue.daemon_pid();
     // With acks, iteration 2 is then in flight (or its checkpoint on its way).
     wait_until(
         "two checkpoints are on disk and iteration 2 has started",
@@ -157,9 +115,7 @@ fn kill_once_under_slow_fsyncs(worker_args: &[&str]) -> Outcome {
         || checkpointed(&queue).is_some_and(|n| n >= 2) && starts(&side).contains(&2),
     );
     kill(Pid::from_raw(pid), SIGKILL).expect("SIGKILL to the daemon");
-    wait_for("strace exits after the daemon's SIGKILL", DEADLINE, || {
-        strace.try_wait().expect("checking on strace")
-    });
+    strace.wait_exit(DEADLINE);
     let before = starts(&side);
     let finished_before_kill = fs::read_to_string(&side)
         .unwrap_or_default()
@@ -190,7 +146,7 @@ fn kill_once_under_slow_fsyncs(worker_args: &[&str]) -> Outcome {
 
 #[test]
 fn with_acks_one_sigkill_on_a_slow_disk_reruns_at_most_the_iteration_in_flight() {
-    if !strace_works() {
+    if !require_strace("worker_ack") {
         return;
     }
     let outcome = kill_once_under_slow_fsyncs(&[]);
@@ -217,7 +173,7 @@ fn with_acks_one_sigkill_on_a_slow_disk_reruns_at_most_the_iteration_in_flight()
 /// the test above would catch a helper that runs ahead of its committed checkpoints.
 #[test]
 fn without_acks_the_same_sigkill_reruns_more_than_one_iteration() {
-    if !strace_works() {
+    if !require_strace("worker_ack") {
         return;
     }
     let outcome = kill_once_under_slow_fsyncs(&["--no-wait"]);
@@ -238,21 +194,19 @@ fn without_acks_the_same_sigkill_reruns_more_than_one_iteration() {
 /// finishes cleanly with status 75, the daemon exits 0, and the restart runs no iteration again.
 #[test]
 fn a_stop_during_a_slow_commit_answers_the_worker_and_reruns_nothing() {
-    if !strace_works() {
+    if !require_strace("worker_ack") {
         return;
     }
     let queue = TestQueue::new();
     let side = queue.aux("worker.side");
     queue.seed_task(&format!("{TASK}.json"), &helper_task(&side, &[]));
     let mut strace = start_slow_daemon(&queue);
-    let pid = daemon_pid(&queue);
+    let pid = queue.daemon_pid();
     wait_until("two checkpoints are on disk", DEADLINE, || {
         checkpointed(&queue).is_some_and(|n| n >= 2)
     });
     kill(Pid::from_raw(pid), SIGTERM).expect("SIGTERM to the daemon");
-    let status = wait_for("the daemon exits after SIGTERM", DEADLINE, || {
-        strace.try_wait().expect("checking on strace")
-    });
+    let status = strace.wait_exit(DEADLINE);
     assert_eq!(
         status.code(),
         Some(0),

@@ -3,14 +3,12 @@
 //! journal, and the multi-user queue checks (a queue writable by others is refused; a task file
 //! owned by someone outside the inbox's group is rejected).
 
-mod common;
-
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::os::unix::net::UnixDatagram;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::common::*;
 
 /// Everything the daemon sent to the socket until `until` matched or the deadline passed.
 fn receive_until(

@@ -2,33 +2,10 @@
 //! runs in a directory of its own, and `examples/checkpoint_loop.rs` run again after it finished
 //! writes no new generation; the README states the default retry policy the code has.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
 
-/// An example's binary, built first (`cargo test --test examples` alone does not build the
-/// examples) into `target/<profile>/examples/`, beside the `deps/` directory this test runs
-/// from.
-fn example_binary(name: &str) -> PathBuf {
-    let mut build = Command::new(env!("CARGO"));
-    build.args(["build", "--quiet", "--example", name]);
-    if !cfg!(debug_assertions) {
-        build.arg("--release"); // the same profile as this test, so the same target directory
-    }
-    let status = build
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .status()
-        .expect("running cargo build --example");
-    assert!(status.success(), "cargo build --example {name}: {status}");
-    let exe = std::env::current_exe().expect("the test binary's path");
-    let binary = exe
-        .parent()
-        .and_then(|deps| deps.parent())
-        .expect("the test binary lives in target/<profile>/deps")
-        .join("examples")
-        .join(name);
-    assert!(binary.is_file(), "{} was not built", binary.display());
-    binary
-}
+use crate::common::example_binary;
 
 fn run_in(binary: &Path, dir: &Path, args: &[&str]) -> String {
     let output: Output = Command::new(binary)

@@ -3,23 +3,13 @@
 //! schema, a running loop whose iteration advances and turns `interrupted` when its daemon is
 //! killed, and `--watch` off a terminal ending cleanly on a closed pipe and on Ctrl-C.
 
-mod common;
-
 use std::fs;
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 
+use crate::common::*;
 use cairn::store::{CheckpointStore, IterationCheckpoint, FORMAT_VERSION};
-use common::*;
 use serde_json::{json, Value};
-
-fn stdout_of(output: &std::process::Output) -> String {
-    String::from_utf8_lossy(&output.stdout).into_owned()
-}
-
-fn stderr_of(output: &std::process::Output) -> String {
-    String::from_utf8_lossy(&output.stderr).into_owned()
-}
 
 /// `cairn status <args>`, which must exit 0; its stdout.
 fn status(queue: &TestQueue, args: &[&str]) -> String {

@@ -23,6 +23,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+use crate::temp_files::temp_files;
 use cairn::store::{
     CheckpointStore, FileOps, FileStorage, LoopCheckpointer, PowerLossFileOps, Storage, TempFile,
 };
@@ -102,23 +103,6 @@ impl Checker {
         }
         fs::remove_dir_all(&image).unwrap();
     }
-}
-
-/// Every temp file under `root`, recursively.
-fn temp_files(root: &Path) -> Vec<PathBuf> {
-    let mut found = Vec::new();
-    let mut dirs = vec![root.to_path_buf()];
-    while let Some(dir) = dirs.pop() {
-        for entry in fs::read_dir(dir).unwrap() {
-            let entry = entry.unwrap();
-            if entry.file_type().unwrap().is_dir() {
-                dirs.push(entry.path());
-            } else if entry.file_name().to_string_lossy().ends_with(".cairn.tmp") {
-                found.push(entry.path());
-            }
-        }
-    }
-    found
 }
 
 /// What the daemon does when it starts on the crash image `root`, checked: clean up temp

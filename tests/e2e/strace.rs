@@ -5,12 +5,11 @@
 //! Needs `strace` (`.ci/run` installs it): without it the test is skipped with a message,
 //! except in CI, where it fails.
 
-mod common;
-
 use std::collections::HashMap;
 use std::fs;
 use std::path::Path;
-use std::process::Command;
+
+use crate::common::*;
 
 /// One system call of one thread, as strace printed it.
 #[derive(Debug)]
@@ -51,17 +50,11 @@ fn first_fd(args: &str) -> Option<i64> {
 
 #[test]
 fn every_checkpoint_is_temp_fsync_rename_dirfsync() {
-    let Some(strace) = common::require_tool(
-        "every_checkpoint_is_temp_fsync_rename_dirfsync",
-        "strace",
-        "strace",
-    ) else {
+    if !require_strace("every_checkpoint_is_temp_fsync_rename_dirfsync") {
         return;
-    };
-    let dir = tempfile::tempdir().unwrap();
-    let queue = dir.path().join("queue");
-    let trace_dir = dir.path().join("trace");
-    fs::create_dir_all(queue.join("inbox")).unwrap();
+    }
+    let queue = TestQueue::new();
+    let trace_dir = queue.aux("trace");
     fs::create_dir_all(&trace_dir).unwrap();
     let iterations = 5;
     let task = serde_json::json!({
@@ -73,26 +66,27 @@ fn every_checkpoint_is_temp_fsync_rename_dirfsync() {
             "max_iterations": iterations,
         }]
     });
-    fs::write(queue.join("inbox/traced.json"), task.to_string()).unwrap();
+    queue.seed_task("traced.json", &task);
 
-    let status = Command::new(strace)
-        .args(["-f", "-ff", "-qq", "-o"])
-        .arg(trace_dir.join("t"))
-        .args([
+    let trace_prefix = trace_dir.join("t");
+    let mut daemon = queue.start_under_strace(
+        &[
+            "-f",
+            "-ff",
+            "-qq",
+            "-o",
+            trace_prefix.to_str().unwrap(),
             "-e",
             "trace=open,openat,creat,write,pwrite64,fsync,fdatasync,rename,renameat,renameat2,link,linkat,close",
-        ])
-        .arg(env!("CARGO_BIN_EXE_cairn"))
-        .arg("--queue")
-        .arg(&queue)
-        .args(["run", "--exit-when-idle"])
-        .status()
-        .expect("run strace");
+        ],
+        &["--exit-when-idle"],
+    );
+    let status = daemon.wait_exit(DEADLINE);
     assert!(status.success(), "cairn under strace failed: {status}");
-    let done = fs::read_to_string(queue.join("done/traced.json")).unwrap();
-    assert!(done.contains("\"status\": \"done\""), "{done}");
+    let done = queue.wait_done("traced");
+    assert_eq!(done["status"], "done", "{done}");
 
-    let incremental = fs::canonicalize(queue.join("incremental")).unwrap();
+    let incremental = fs::canonicalize(queue.path("incremental")).unwrap();
     let incremental = incremental.to_str().unwrap().to_string();
     let mut committed = 0;
     for trace in fs::read_dir(&trace_dir).unwrap() {

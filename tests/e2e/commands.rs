@@ -1,9 +1,7 @@
 //! What a command sees: the request on stdin, its identity in the environment (stable
 //! idempotency keys across attempts), and the queue directory as its working directory.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use serde_json::json;
 
 /// Replies with the request it read and the CAIRN_* environment it was given.

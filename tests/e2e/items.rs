@@ -4,8 +4,6 @@
 //! every finished item even between two scheduled checkpoints; `items_from` takes an earlier
 //! phase's array output and fails clearly on anything else.
 
-mod common;
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;
 use std::os::unix::process::ExitStatusExt;
@@ -13,9 +11,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, ExitStatus, Stdio};
 use std::time::Duration;
 
+use crate::common::*;
 use cairn::store::IterationCheckpoint;
-use common::*;
-use nix::fcntl::{Flock, FlockArg};
 use serde_json::{json, Value};
 
 /// The batch: a dozen items.
@@ -79,14 +76,6 @@ fn checkpointed_results(checkpoint: &IterationCheckpoint) -> BTreeMap<usize, Val
         .collect()
 }
 
-/// Wait until nothing holds the queue's `.lock` any more (taking it for a moment to see).
-fn wait_lock_released(queue: &TestQueue) {
-    wait_until("the queue's lock is free", DEADLINE, || {
-        let file = File::open(queue.path(".lock")).expect("opening the queue's .lock");
-        Flock::lock(file, FlockArg::LockExclusiveNonblock).is_ok()
-    });
-}
-
 /// The most items that ran at once in `attempt`, per the side file (an item counts from its
 /// `start` line to its `end` line).
 fn max_in_flight(side: &Path, attempt: u32) -> usize {
@@ -129,7 +118,7 @@ fn sigkill_mid_batch_then_restart(checkpoint_every: u64) {
     // A restart at once can be refused the lock: see
     // `a_restart_right_after_a_sigkill_is_not_refused_the_queue_lock`. This scenario is about
     // the batch, so it waits for the lock as a supervisor's restart delay would.
-    wait_lock_released(&queue);
+    queue.wait_lock_released();
 
     // The last checkpoint before the kill.
     let checkpoint = queue.checkpoint(id);
@@ -277,7 +266,7 @@ fn a_restart_right_after_a_sigkill_is_not_refused_the_queue_lock() {
                 "cycle {cycle}: {status}: {}",
                 daemon.stderr().trim()
             ));
-            wait_lock_released(&queue);
+            queue.wait_lock_released();
             daemon = start();
         }
     }

@@ -2,24 +2,14 @@
 //! inbox, exit codes that mean something (0 ok, 3 invalid task), errors that name the file and
 //! the field, and `-` for stdin.
 
-mod common;
-
 use std::fs;
 use std::path::Path;
 use std::sync::mpsc;
 
-use common::*;
+use crate::common::*;
 use notify::event::{ModifyKind, RenameMode};
 use notify::{EventKind, RecursiveMode, Watcher};
 use serde_json::{json, Value};
-
-fn stdout_of(output: &std::process::Output) -> String {
-    String::from_utf8_lossy(&output.stdout).into_owned()
-}
-
-fn stderr_of(output: &std::process::Output) -> String {
-    String::from_utf8_lossy(&output.stderr).into_owned()
-}
 
 fn write_task_file(queue: &TestQueue, name: &str, task: &Value) -> String {
     let path = queue.aux(name);

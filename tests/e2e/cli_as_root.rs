@@ -2,13 +2,11 @@
 //! `control/` and `runs/` were replaced by links to a directory of old files, says why, and
 //! leaves that directory untouched.
 
-mod common;
-
 use std::fs;
 use std::path::Path;
 use std::time::{Duration, SystemTime};
 
-use common::*;
+use crate::common::*;
 
 /// Every path under `dir` with its modification time, depth first.
 fn snapshot(dir: &Path) -> Vec<(String, SystemTime)> {

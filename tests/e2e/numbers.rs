@@ -5,12 +5,10 @@
 //! `cairn fork --patch`. The commands (`tests/fixtures/exact_numbers.py`) copy number tokens as
 //! text, never through a float, so any re-encoding on the way shows as a changed token.
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::fs;
 
-use common::*;
+use crate::common::*;
 use serde_json::Value;
 
 /// The numbers under test, by state key: as the commands write them, and as they come back.

@@ -3,11 +3,9 @@
 //! while it ran alone is ever put into `failed/` for it; an innocent task beside a task that
 //! kills the daemon finishes.
 
-mod common;
-
 use std::os::unix::process::ExitStatusExt;
 
-use common::*;
+use crate::common::*;
 use serde_json::json;
 
 /// Start a daemon and SIGKILL it once the given attempt of the task has started an iteration

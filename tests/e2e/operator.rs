@@ -3,9 +3,7 @@
 //! log levels of an operator's own actions, how runs and failed attempts are counted, worker
 //! helpers found with no setup, and the README's walkthrough followed literally.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use serde_json::json;
 
 /// A directory that exists nowhere.

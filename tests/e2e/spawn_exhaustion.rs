@@ -3,46 +3,27 @@
 //! one task must not fail the others for good. The failures are injected into the real daemon's
 //! forks with strace (`.ci/run` installs it).
 
-mod common;
-
-use std::process::{Command, Stdio};
-
-use common::*;
+use crate::common::*;
 use serde_json::json;
 
-/// Run the daemon until idle under strace, its first `failures` forks failing with `errno`.
-fn run_with_failing_forks(queue: &TestQueue, errno: &str, failures: u32) {
-    let stderr = std::fs::File::create(queue.aux("daemon.stderr")).unwrap();
+/// Run the daemon until idle under strace, its first `failures` forks failing with `errno`;
+/// returns what it logged.
+fn run_with_failing_forks(queue: &TestQueue, errno: &str, failures: u32) -> String {
     // Without -f only the daemon's main thread is traced: forks are its `clone` calls, while
     // threads are started with `clone3`.
-    let mut daemon = Command::new("strace")
-        .args(["-qq", "-o", "/dev/null", "-e", "trace=clone", "-e"])
-        .arg(format!("inject=clone:error={errno}:when=1..{failures}"))
-        .arg(env!("CARGO_BIN_EXE_cairn"))
-        .arg("--queue")
-        .arg(queue.root())
-        .args(["run", "--exit-when-idle"])
-        .env_remove("CAIRN_QUEUE")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(stderr)
-        .spawn()
-        .expect("starting strace");
-    let status = wait_for("the daemon under strace exits", DEADLINE, || {
-        daemon.try_wait().unwrap()
-    });
+    let inject = format!("inject=clone:error={errno}:when=1..{failures}");
+    let mut daemon = queue.start_under_strace(
+        &["-qq", "-o", "/dev/null", "-e", "trace=clone", "-e", &inject],
+        &["--exit-when-idle"],
+    );
+    let status = daemon.wait_exit(DEADLINE);
     assert_eq!(status.code(), Some(0), "{status}");
+    daemon.stderr()
 }
 
 #[test]
 fn a_spawn_failing_with_eagain_or_enomem_uses_up_no_attempt() {
-    if require_tool(
-        "a_spawn_failing_with_eagain_or_enomem_uses_up_no_attempt",
-        "strace",
-        "strace",
-    )
-    .is_none()
-    {
+    if !require_strace("a_spawn_failing_with_eagain_or_enomem_uses_up_no_attempt") {
         return;
     }
     for errno in ["EAGAIN", "ENOMEM"] {
@@ -60,14 +41,13 @@ fn a_spawn_failing_with_eagain_or_enomem_uses_up_no_attempt() {
                 "phases": [{"name": "run", "kind": "worker", "run": ["sh", "-c", "exit 0"]}],
             }),
         );
-        run_with_failing_forks(&queue, errno, 4);
+        let log = run_with_failing_forks(&queue, errno, 4);
 
         let mail = queue.wait_done("mail");
         assert_eq!(mail["result"], json!("sent"));
         assert_eq!(mail["failed_attempts"], 0, "{errno}: {mail:#}");
         let work = queue.wait_done("work");
         assert_eq!(work["failed_attempts"], 0, "{errno}: {work:#}");
-        let log = std::fs::read_to_string(queue.aux("daemon.stderr")).unwrap();
         assert!(
             log.contains("out of processes or memory"),
             "{errno}: no failed spawn was reported: {log}"

@@ -4,11 +4,9 @@
 //! after its first iteration); the spent cost survives a stop; a worker over budget is
 //! SIGTERMed; and a task within its budget finishes with its cost summed in the record.
 
-mod common;
-
 use std::path::Path;
 
-use common::*;
+use crate::common::*;
 use serde_json::{json, Value};
 
 /// A loop task over `tests/fixtures/budget_loop.py` with a budget, each iteration reporting
@@ -180,30 +178,6 @@ fn budget_worker(id: &str, side: &Path, max_cost: f64, args: &[&str]) -> Value {
 /// while on a busy machine. The worker should still be in the next iteration by then.
 const SLOW: &str = "0.8";
 
-/// The worker side file's complete lines, as (event, rest of the line).
-fn worker_lines(path: &Path) -> Vec<(String, String)> {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
-    let complete = match text.rfind('\n') {
-        Some(end) => &text[..=end],
-        None => "",
-    };
-    complete
-        .lines()
-        .map(|line| {
-            let (event, rest) = line.split_once(' ').unwrap_or((line, ""));
-            (event.to_string(), rest.to_string())
-        })
-        .collect()
-}
-
-fn worker_ended(lines: &[(String, String)]) -> Vec<u64> {
-    lines
-        .iter()
-        .filter(|(event, _)| event == "end")
-        .map(|(_, rest)| rest.split(' ').next().unwrap().parse().unwrap())
-        .collect()
-}
-
 /// The worker ran iterations 0.. in order and stopped soon after the first `stop_at`: the
 /// daemon decides at that iteration's message, but the worker does not wait for it and may
 /// finish another iteration or two before the SIGTERM arrives (on a busy machine the daemon
@@ -218,18 +192,18 @@ fn assert_stopped_after(ended: &[u64], stop_at: u64) {
 }
 
 /// The checks shared by the worker scenarios: it was SIGTERMed, exited 75 and is gone.
-fn assert_worker_was_stopped(lines: &[(String, String)]) {
+fn assert_worker_was_stopped(lines: &[SideLine]) {
     let pid = match lines.first() {
-        Some((event, pid)) if event == "fresh" => pid.clone(),
+        Some(line) if line.event == "fresh" => line.rest.clone(),
         other => panic!("the worker did not start fresh: {other:?}"),
     };
     assert!(
-        lines.contains(&("sigterm".into(), pid.clone())),
+        lines.contains(&SideLine::new("sigterm", &pid)),
         "the worker got no SIGTERM: {lines:?}"
     );
     assert_eq!(
         lines.last(),
-        Some(&("exit".into(), format!("75 {pid}"))),
+        Some(&SideLine::new("exit", &format!("75 {pid}"))),
         "{lines:?}"
     );
     assert!(!process_alive(pid.parse().unwrap()));
@@ -250,12 +224,12 @@ fn a_worker_that_reports_cost_per_checkpoint_is_stopped_at_its_budget() {
         error_of(&record).contains("budget.max_cost 4 reached (spent 4.5)"),
         "{record:#}"
     );
-    let lines = worker_lines(&side);
+    let lines = side_lines(&side);
     assert_worker_was_stopped(&lines);
     // The budget was reached at checkpoint 3 (the error's "spent 4.5"); the worker finishes
     // the iteration it is in when the SIGTERM comes, checkpoints it and exits.
-    assert_stopped_after(&worker_ended(&lines), 3);
-    let ended = worker_ended(&lines);
+    assert_stopped_after(&logged_iterations(&lines, "end"), 3);
+    let ended = logged_iterations(&lines, "end");
     let spent = 1.5 * ended.len() as f64;
     assert_eq!(record["cost"], spent);
     let checkpoint = queue.checkpoint("wspend");
@@ -279,9 +253,9 @@ fn a_worker_that_reports_no_cost_under_a_budget_is_stopped_after_its_first_check
         error.contains("checkpoint 1 reported no cost") && error.contains("unknown cost"),
         "{error:?}"
     );
-    let lines = worker_lines(&side);
+    let lines = side_lines(&side);
     assert_worker_was_stopped(&lines);
-    assert_stopped_after(&worker_ended(&lines), 1);
+    assert_stopped_after(&logged_iterations(&lines, "end"), 1);
 }
 
 /// A task whose first phase spends its whole budget and still finishes (the last of its three
@@ -378,9 +352,9 @@ fn a_worker_that_reports_cost_without_checkpoints_is_stopped_at_its_budget() {
         error_of(&record).contains("budget.max_cost 4 reached (spent 4.5)"),
         "{record:#}"
     );
-    let lines = worker_lines(&side);
+    let lines = side_lines(&side);
     assert_worker_was_stopped(&lines);
-    assert_stopped_after(&worker_ended(&lines), 3);
+    assert_stopped_after(&logged_iterations(&lines, "end"), 3);
 }
 
 /// The iterations the task's checkpoints committed (0 before the first).
@@ -499,13 +473,7 @@ fn a_workers_iterations_lost_to_sigkills_count_against_the_budget() {
     let mut task = budget_worker("wpaid", &side, 0.05, &["--cost", "0.01", "--sleep", "1.0"]);
     task["retry"] = json!({"max_attempts": 10, "backoff": "100ms"});
     queue.seed_task("wpaid.json", &task);
-    let started = || -> Vec<u64> {
-        worker_lines(&side)
-            .iter()
-            .filter(|(event, _)| event == "start")
-            .map(|(_, rest)| rest.split(' ').next().unwrap().parse().unwrap())
-            .collect()
-    };
+    let started = || -> Vec<u64> { logged_iterations(&side_lines(&side), "start") };
     let committed = |queue: &TestQueue| committed_iterations(queue, "wpaid");
     let mut kills = 0;
     while kills < 4 && queue.failed("wpaid").is_none() {

@@ -2,11 +2,9 @@
 //! its attempts ending in `failed/` with its checkpoints kept, and replies that are not JSON
 //! quoted in the error.
 
-mod common;
-
 use std::fs;
 
-use common::*;
+use crate::common::*;
 use serde_json::json;
 
 #[test]

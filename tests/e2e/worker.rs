@@ -6,50 +6,13 @@
 //! ignored, a failing worker uses up its attempts, and a silent one is killed by its
 //! `heartbeat_timeout`.
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use common::*;
+use crate::common::*;
 use serde_json::{json, Value};
 
 const ITERATIONS: u64 = 20;
-
-/// One line of a worker fixture's side file: the event and the rest of the line.
-#[derive(Debug, Clone, PartialEq)]
-struct Line {
-    event: String,
-    rest: String,
-}
-
-/// The side file's complete lines.
-fn lines(path: &Path) -> Vec<Line> {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
-    let complete = match text.rfind('\n') {
-        Some(end) => &text[..=end],
-        None => "",
-    };
-    complete
-        .lines()
-        .map(|line| {
-            let (event, rest) = line.split_once(' ').unwrap_or((line, ""));
-            Line {
-                event: event.to_string(),
-                rest: rest.to_string(),
-            }
-        })
-        .collect()
-}
-
-/// The iterations that `event` (`start` or `end`) was logged for, in order.
-fn iterations(lines: &[Line], event: &str) -> Vec<u64> {
-    lines
-        .iter()
-        .filter(|l| l.event == event)
-        .map(|l| l.rest.split(' ').next().unwrap().parse().unwrap())
-        .collect()
-}
 
 /// The worker fixtures' state after `n` iterations.
 fn state_after(n: u64) -> Value {
@@ -95,7 +58,7 @@ fn sigterm_mid_run_then_resume(id: &str, make_task: impl Fn(&Path) -> Value, exp
 
     let mut daemon = queue.start(&[]);
     wait_until("the worker has finished 3 iterations", DEADLINE, || {
-        iterations(&lines(&side), "end").len() >= 3
+        logged_iterations(&side_lines(&side), "end").len() >= 3
     });
     daemon.signal(SIGTERM);
     let status = daemon.wait_exit(DEADLINE);
@@ -103,25 +66,25 @@ fn sigterm_mid_run_then_resume(id: &str, make_task: impl Fn(&Path) -> Value, exp
 
     // The worker was told at once, not at the end of the 30 s stop grace (it would have run to
     // its end by then): it got SIGTERM, finished its iteration, checkpointed it and exited 75.
-    let first_run = lines(&side);
+    let first_run = side_lines(&side);
     assert_eq!(first_run[0].event, "fresh", "{first_run:?}");
     let pid = first_run[0].rest.clone();
-    let sigterms: Vec<&Line> = first_run.iter().filter(|l| l.event == "sigterm").collect();
+    let sigterms: Vec<&SideLine> = first_run.iter().filter(|l| l.event == "sigterm").collect();
     assert_eq!(sigterms.len(), 1, "{first_run:?}");
     assert_eq!(sigterms[0].rest, pid);
     assert_eq!(
         first_run.last().unwrap(),
-        &Line {
+        &SideLine {
             event: "exit".into(),
             rest: format!("75 {pid}")
         },
         "{first_run:?}"
     );
-    let ended = iterations(&first_run, "end");
+    let ended = logged_iterations(&first_run, "end");
     let completed = ended.len() as u64;
     assert_eq!(ended, (0..completed).collect::<Vec<_>>());
     assert_eq!(
-        iterations(&first_run, "start"),
+        logged_iterations(&first_run, "start"),
         ended,
         "an iteration was cut"
     );
@@ -152,7 +115,7 @@ fn sigterm_mid_run_then_resume(id: &str, make_task: impl Fn(&Path) -> Value, exp
 
     // The restarted worker gets CAIRN_RESUME with that iteration and state.
     queue.run_until_idle(&[]);
-    let all = lines(&side);
+    let all = side_lines(&side);
     let second_run = &all[first_run.len()..];
     assert_eq!(second_run[0].event, "resume", "{second_run:?}");
     let (pid2, resume_line) = second_run[0].rest.split_once(' ').unwrap();
@@ -164,7 +127,7 @@ fn sigterm_mid_run_then_resume(id: &str, make_task: impl Fn(&Path) -> Value, exp
         )
     );
     assert_eq!(
-        iterations(second_run, "start"),
+        logged_iterations(second_run, "start"),
         (completed..ITERATIONS).collect::<Vec<_>>()
     );
     assert_eq!(
@@ -182,7 +145,10 @@ fn sigterm_mid_run_then_resume(id: &str, make_task: impl Fn(&Path) -> Value, exp
     assert_eq!(uninterrupted, expected, "the reference run");
     assert_eq!(done["result"], expected);
     // No iteration ran twice.
-    assert_eq!(iterations(&all, "end"), (0..ITERATIONS).collect::<Vec<_>>());
+    assert_eq!(
+        logged_iterations(&all, "end"),
+        (0..ITERATIONS).collect::<Vec<_>>()
+    );
     assert!(queue.active_entry(id).is_none());
 }
 
@@ -260,7 +226,7 @@ fn a_worker_with_checkpoint_every_3_keeps_its_last_iteration_on_a_stop() {
         if path.exists() {
             seen.push(queue.checkpoint("w3").iteration_count);
         }
-        iterations(&lines(&side), "end").len() >= 4
+        logged_iterations(&side_lines(&side), "end").len() >= 4
     });
     assert!(
         seen.iter().all(|n| n % 3 == 0),
@@ -268,7 +234,7 @@ fn a_worker_with_checkpoint_every_3_keeps_its_last_iteration_on_a_stop() {
     );
     daemon.signal(SIGTERM);
     assert_eq!(daemon.wait_exit(DEADLINE).code(), Some(0));
-    let ended = iterations(&lines(&side), "end");
+    let ended = logged_iterations(&side_lines(&side), "end");
     let completed = ended.len() as u64;
     let checkpoint = queue.checkpoint("w3");
     assert_eq!(checkpoint.iteration_count, completed, "ended: {ended:?}");
@@ -280,7 +246,7 @@ fn a_worker_with_checkpoint_every_3_keeps_its_last_iteration_on_a_stop() {
         state_after(ITERATIONS)
     );
     assert_eq!(
-        iterations(&lines(&side), "end"),
+        logged_iterations(&side_lines(&side), "end"),
         (0..ITERATIONS).collect::<Vec<_>>()
     );
 }
@@ -309,7 +275,10 @@ fn garbage_on_the_channel_is_ignored_and_the_worker_runs_to_completion() {
         log.contains("cairn: ignored a channel line") && log.contains("this is not JSON"),
         "the log does not note the ignored lines:\n{log}"
     );
-    assert_eq!(iterations(&lines(&side), "end"), (0..5).collect::<Vec<_>>());
+    assert_eq!(
+        logged_iterations(&side_lines(&side), "end"),
+        (0..5).collect::<Vec<_>>()
+    );
 }
 
 #[test]
@@ -338,8 +307,8 @@ fn a_worker_that_exits_3_fails_its_attempts_and_ends_in_failed() {
     assert!(queue.done("exit3").is_none());
 
     // The retry resumed from the failed attempt's last checkpoint.
-    let all = lines(&side);
-    let starts: Vec<&Line> = all
+    let all = side_lines(&side);
+    let starts: Vec<&SideLine> = all
         .iter()
         .filter(|l| l.event == "fresh" || l.event == "resume")
         .collect();
@@ -354,7 +323,7 @@ fn a_worker_that_exits_3_fails_its_attempts_and_ends_in_failed() {
         "{:?}",
         starts[1]
     );
-    assert_eq!(iterations(&all, "end"), vec![0, 1, 2, 3]);
+    assert_eq!(logged_iterations(&all, "end"), vec![0, 1, 2, 3]);
     assert_eq!(
         all.iter().filter(|l| l.event == "exit").count(),
         2,
@@ -379,7 +348,7 @@ fn a_silent_worker_is_killed_by_its_heartbeat_timeout() {
     let mut daemon = queue.start(&["--exit-when-idle"]);
 
     let pid: i32 = wait_for("the worker goes silent", DEADLINE, || {
-        lines(&side)
+        side_lines(&side)
             .into_iter()
             .find(|l| l.event == "silent")
             .map(|l| l.rest.parse().unwrap())
@@ -395,8 +364,8 @@ fn a_silent_worker_is_killed_by_its_heartbeat_timeout() {
         "{error:?}"
     );
     assert_eq!(daemon.wait_exit(DEADLINE).code(), Some(0));
-    let all = lines(&side);
-    assert_eq!(iterations(&all, "end"), vec![0]);
+    let all = side_lines(&side);
+    assert_eq!(logged_iterations(&all, "end"), vec![0]);
     assert!(all.iter().all(|l| l.event != "exit"), "{all:?}");
 }
 
@@ -425,17 +394,7 @@ fn heartbeats_keep_a_quiet_worker_alive() {
     queue.run_until_idle(&[]);
     let done = queue.done("beats").expect("done/beats.json");
     assert_eq!(done["result"], state_after(3));
-    assert_eq!(iterations(&lines(&side), "end"), vec![0, 1, 2]);
-}
-
-/// Wait until nothing holds the queue's `.lock` any more (see `e2e_items.rs`: a SIGKILLed
-/// daemon's lock can outlive it for a moment).
-fn wait_lock_released(queue: &TestQueue) {
-    use nix::fcntl::{Flock, FlockArg};
-    wait_until("the queue's lock is free", DEADLINE, || {
-        let file = std::fs::File::open(queue.path(".lock")).expect("opening the queue's .lock");
-        Flock::lock(file, FlockArg::LockExclusiveNonblock).is_ok()
-    });
+    assert_eq!(logged_iterations(&side_lines(&side), "end"), vec![0, 1, 2]);
 }
 
 #[test]
@@ -451,7 +410,7 @@ fn a_sigkilled_daemon_takes_its_worker_along_and_the_restart_resumes_from_the_ch
             && queue.checkpoint("crash").iteration_count >= 3
     });
     daemon.kill_hard();
-    let first_run = lines(&side);
+    let first_run = side_lines(&side);
     let pid: i32 = first_run[0].rest.parse().unwrap();
     wait_until("the worker died with the daemon", DEADLINE, || {
         !process_alive(pid)
@@ -463,16 +422,16 @@ fn a_sigkilled_daemon_takes_its_worker_along_and_the_restart_resumes_from_the_ch
     assert_eq!(checkpoint.partial_results, state_after(saved));
     // The worker does not wait for the daemon: on a busy disk the committed checkpoint may lag
     // a few iterations behind it, and those iterations run again after the restart.
-    let ended_before = iterations(&lines(&side), "end").len() as u64;
+    let ended_before = logged_iterations(&side_lines(&side), "end").len() as u64;
     assert!(
         saved <= ended_before,
         "checkpoint {saved} ahead of the {ended_before} iterations that ended"
     );
-    wait_lock_released(&queue);
+    queue.wait_lock_released();
 
     queue.run_until_idle(&[]);
-    let all = lines(&side);
-    let second_run: Vec<Line> = all
+    let all = side_lines(&side);
+    let second_run: Vec<SideLine> = all
         .iter()
         .skip_while(|l| l.event != "resume")
         .cloned()
@@ -490,7 +449,7 @@ fn a_sigkilled_daemon_takes_its_worker_along_and_the_restart_resumes_from_the_ch
         second_run[0]
     );
     assert_eq!(
-        iterations(&second_run, "start"),
+        logged_iterations(&second_run, "start"),
         (saved..ITERATIONS).collect::<Vec<_>>()
     );
     let done = queue.done("crash").expect("done/crash.json");
@@ -508,16 +467,16 @@ fn a_worker_that_ignores_sigterm_is_killed_after_the_stop_grace_and_resumes_late
     queue.seed_task("stubborn.json", &python_worker("stubborn", &side, &args));
     let mut daemon = queue.start(&["--stop-grace", "1s"]);
     wait_until("the worker has finished 2 iterations", DEADLINE, || {
-        iterations(&lines(&side), "end").len() >= 2
+        logged_iterations(&side_lines(&side), "end").len() >= 2
     });
     daemon.signal(SIGTERM);
     let status = daemon.wait_exit(DEADLINE);
     assert_eq!(status.code(), Some(0), "SIGTERM: {status}");
 
-    let first_run = lines(&side);
+    let first_run = side_lines(&side);
     let pid = first_run[0].rest.clone();
     assert!(
-        first_run.contains(&Line {
+        first_run.contains(&SideLine {
             event: "sigterm".into(),
             rest: pid.clone()
         }),
@@ -525,7 +484,7 @@ fn a_worker_that_ignores_sigterm_is_killed_after_the_stop_grace_and_resumes_late
     );
     assert!(first_run.iter().all(|l| l.event != "exit"), "{first_run:?}");
     assert!(!process_alive(pid.parse().unwrap()));
-    let ended = iterations(&first_run, "end").len() as u64;
+    let ended = logged_iterations(&first_run, "end").len() as u64;
     let saved = queue.checkpoint("stubborn").iteration_count;
     assert!(
         saved == ended || saved + 1 == ended,
@@ -542,7 +501,7 @@ fn a_worker_that_ignores_sigterm_is_killed_after_the_stop_grace_and_resumes_late
         done["result"],
         json!({"sum": 2470, "iterations": ITERATIONS})
     );
-    let resumed = lines(&side)
+    let resumed = side_lines(&side)
         .into_iter()
         .find(|l| l.event == "resume")
         .expect("the worker was resumed");

@@ -3,23 +3,13 @@
 //! damaged latest file; checkpoints written by the Python pattern cairn's format follows; and a
 //! prune that empties finished tasks while a running one carries on untouched.
 
-mod common;
-
 use std::fs;
 use std::path::Path;
 use std::process::{Command, Output};
 use std::time::{Duration, SystemTime};
 
-use common::*;
+use crate::common::*;
 use serde_json::{json, Value};
-
-fn stdout_of(output: &Output) -> String {
-    String::from_utf8_lossy(&output.stdout).into_owned()
-}
-
-fn stderr_of(output: &Output) -> String {
-    String::from_utf8_lossy(&output.stderr).into_owned()
-}
 
 /// Run `cairn <args>` on the queue and expect exit `code`.
 fn cairn(queue: &TestQueue, args: &[&str], code: i32) -> Output {

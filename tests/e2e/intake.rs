@@ -2,13 +2,11 @@
 //! `failed/` with a reason while the daemon keeps running, half-written files wait until they
 //! are complete, and only one daemon owns a queue.
 
-mod common;
-
 use std::fs;
 use std::io::Write;
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use serde_json::{json, Value};
 
 /// A file dropped into the inbox and what its rejection record must say.
@@ -166,7 +164,7 @@ fn bad_input_is_rejected_with_a_reason_and_the_daemon_keeps_running() {
         DEADLINE,
         || queue.rejections().len() >= cases.len(),
     );
-    assert!(daemon.try_status().is_none(), "the daemon exited");
+    assert!(daemon.is_running(), "the daemon exited");
 
     let rejections = queue.rejections();
     assert_eq!(rejections.len(), cases.len(), "{rejections:#?}");
@@ -337,7 +335,7 @@ fn a_second_daemon_on_the_same_queue_exits_4_naming_the_owner() {
         "stderr does not name pid {}: {stderr}",
         first.pid()
     );
-    assert!(first.try_status().is_none(), "the first daemon exited");
+    assert!(first.is_running(), "the first daemon exited");
 
     // The owner still works the queue.
     queue.drop_task("still.json", &once_task("still", &json!(1)));
@@ -472,7 +470,7 @@ fn entries_the_daemon_cannot_take_do_not_stop_intake() {
         .filter(|l| l.contains("ERROR"))
         .count();
     assert!(errors <= 3, "{errors} error lines:\n{}", daemon.stderr());
-    assert!(daemon.try_status().is_none(), "the daemon exited");
+    assert!(daemon.is_running(), "the daemon exited");
     daemon.signal(SIGTERM);
     assert_eq!(daemon.wait_exit(DEADLINE).code(), Some(0));
 }

@@ -1,0 +1,38 @@
+//! End-to-end tests: the real `cairn` binary (and, where a fault must be injected at a file
+//! operation, the daemon in this process) run against temporary queues, with real child
+//! processes and real signals; also the benchmarks, the examples and the systemd units as a
+//! user meets them. One binary, one module per area, sharing the helpers in `tests/common`.
+//!
+//! Run one area with `cargo test --test e2e crash::`, one test with its full name.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod bench_checkpoint;
+mod bench_queue;
+mod budget;
+mod cli;
+mod cli_as_root;
+mod cli_inspect;
+mod cli_status;
+mod commands;
+mod control;
+mod crash;
+mod crash_blame;
+mod daemon_faults;
+mod disk_full;
+mod examples;
+mod failures;
+mod intake;
+mod items;
+mod numbers;
+mod operator;
+mod service;
+mod spawn_exhaustion;
+mod stop_resume;
+mod strace;
+mod systemd_units;
+mod torture_quick;
+mod worker;
+mod worker_ack;
+mod worker_channel;
