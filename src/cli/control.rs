@@ -9,7 +9,8 @@ use std::time::{Duration, Instant};
 
 use clap::Args;
 
-use super::error::{print_line, CliError, CliResult};
+use super::error::{print_line, CliError, CliResult, ExitCodeExt};
+use super::exit;
 use super::view;
 use crate::queue::control::{self, ControlAction, ControlRequest};
 use crate::queue::QueueDir;
@@ -44,7 +45,7 @@ pub fn run(queue: &Path, action: Action, args: ControlArgs) -> CliResult {
         Action::Cancel => ControlAction::Cancel,
         Action::Retry => ControlAction::Retry,
     };
-    let id = view::task_id_arg(&args.id)?;
+    let id = view::task_id_arg(&args.id).exit_code(exit::USAGE)?;
     let storage = FileStorage::new(queue);
     // A task still in the inbox is steered too: the daemon holds the request until it has
     // taken the task.

@@ -12,7 +12,8 @@ use std::path::Path;
 use clap::Args;
 use serde_json::Value;
 
-use super::error::{print_line, CliError, CliResult};
+use super::error::{print_line, CliError, CliResult, ExitCodeExt};
+use super::exit;
 use crate::queue::QueueDir;
 use crate::store::current_work::{CurrentWork, StartPoint, StoredOutput};
 use crate::store::events::Event;
@@ -46,7 +47,7 @@ pub fn run(queue: &Path, args: ForkArgs) -> CliResult {
 fn fork(queue: &Path, args: &ForkArgs) -> CliResult<TaskId> {
     let usage = CliError::usage;
     let failure = CliError::failure;
-    let id = super::view::task_id_arg(&args.id)?;
+    let id = super::view::task_id_arg(&args.id).exit_code(exit::USAGE)?;
     let patch: Option<Value> = args
         .patch
         .as_deref()
