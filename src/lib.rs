@@ -8,8 +8,8 @@
 //! delete) and [`store::LoopCheckpointer`] (resume, checkpoint, flush) to checkpoint their own
 //! loops in the same format the daemon writes. [`daemon::run`] runs the daemon itself.
 //!
-//! Data flows one way: [`queue`] intake → [`runner`] → [`store`]; [`cli`] reads the store and
-//! starts the daemon.
+//! Data flows one way: [`queue`] intake → [`runner`] → [`store`]; [`cli`] reads the queue
+//! through [`queue::QueueReader`] and starts the daemon.
 
 pub mod bench;
 pub mod cli;

@@ -15,6 +15,7 @@ use serde::Serialize;
 
 use super::workload::{mean_canonical_bytes, SizeClass, TaskState};
 use super::{millis, percentile, round_to};
+use crate::queue::QueueDir;
 use crate::store::{
     CheckpointStore, FileOps, FileStorage, LoopCheckpointer, RealFileOps, Storage, UnsyncedFileOps,
 };
@@ -95,15 +96,16 @@ impl CheckpointBench {
             Durability::None => Arc::new(UnsyncedFileOps),
         };
         let storage = FileStorage::with_ops(&root, ops);
+        let checkpoint_dir = QueueDir::new(&root).checkpoint_dir();
         storage
-            .create_dir("incremental")
-            .with_context(|| format!("creating {}", root.join("incremental").display()))?;
+            .create_dir(CheckpointStore::DIR)
+            .with_context(|| format!("creating {}", checkpoint_dir.display()))?;
         let store = CheckpointStore::with_storage(Arc::new(storage) as Arc<dyn Storage>);
 
         let started = Instant::now();
         let samples = if self.raw {
             run_raw(
-                &root.join("incremental"),
+                &checkpoint_dir,
                 self.size,
                 self.conc,
                 iterations,

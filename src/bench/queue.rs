@@ -459,7 +459,10 @@ fn stage(staging: &Path, id: &str, task: &Value) -> anyhow::Result<()> {
 /// Rename a staged task file into the inbox; returns when it got there.
 fn drop_into_inbox(staging: &Path, queue: &Path, id: &str) -> anyhow::Result<SystemTime> {
     let name = format!("{id}.json");
-    let (from, to) = (staging.join(&name), queue.join("inbox").join(&name));
+    let (from, to) = (
+        staging.join(&name),
+        QueueDir::new(queue).inbox().join(&name),
+    );
     fs::rename(&from, &to)
         .with_context(|| format!("renaming {} to {}", from.display(), to.display()))?;
     Ok(SystemTime::now())
@@ -499,7 +502,8 @@ fn wait_for_record(daemon: &mut Daemon, queue: &Path, id: &str) -> anyhow::Resul
 /// Wait until `done/` holds `expected` records, failing on any record in `failed/` or when no
 /// task finishes for [`STALL_LIMIT`].
 fn wait_for_done(daemon: &mut Daemon, queue: &Path, expected: usize) -> anyhow::Result<()> {
-    let (done_dir, failed_dir) = (queue.join("done"), queue.join("failed"));
+    let dir = QueueDir::new(queue);
+    let (done_dir, failed_dir) = (dir.done_dir(), dir.failed_dir());
     let mut last = (0, Instant::now());
     loop {
         let done = count_records(&done_dir)?;
@@ -682,14 +686,20 @@ fn build_crashed_queue(queue: &Path, ids: &[String]) -> anyhow::Result<u64> {
             total: None,
         });
         work.active_tasks.push(entry);
-        fs::create_dir_all(queue.join("runs").join(id))
-            .with_context(|| format!("creating runs/{id} in {}", queue.display()))?;
+        let run_dir = QueueDir::new(queue).run_dir(id);
+        fs::create_dir_all(&run_dir).with_context(|| format!("creating {}", run_dir.display()))?;
     }
     work.updated_at = crashed_at;
-    let bytes = serde_json::to_vec_pretty(&work).context("encoding current_work.json")?;
+    let bytes = serde_json::to_vec_pretty(&work)
+        .with_context(|| format!("encoding {}", QueueDir::CURRENT_WORK_KEY))?;
     storage
         .put(QueueDir::CURRENT_WORK_KEY, &bytes, None)
-        .with_context(|| format!("writing {}", queue.join("current_work.json").display()))?;
+        .with_context(|| {
+            format!(
+                "writing {}",
+                queue.join(QueueDir::CURRENT_WORK_KEY).display()
+            )
+        })?;
     nix::unistd::sync();
     Ok(bytes.len() as u64)
 }

@@ -11,16 +11,15 @@
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 use anyhow::{anyhow, bail, Context};
 use clap::Args;
 
 use super::error::{print, CliError, CliResult};
+use super::format;
 use super::python_json::PythonJson;
-use super::view;
-use crate::store::{CheckpointStore, FileStorage, IterationCheckpoint};
-use crate::task_id::TaskId;
+use crate::queue::QueueReader;
+use crate::store::IterationCheckpoint;
 
 /// The fields every checkpoint of the pattern has.
 pub const PATTERN_FIELDS: [&str; 6] = [
@@ -53,11 +52,11 @@ pub struct CheckpointArgs {
 }
 
 pub fn run(queue: &Path, args: CheckpointArgs) -> CliResult {
-    let root = std::path::absolute(queue).unwrap_or_else(|_| queue.to_path_buf());
+    let reader = QueueReader::open(queue);
     let as_path = PathBuf::from(&args.target);
     let is_path = args.target.contains('/')
-        || TaskId::parse(args.target.as_str()).is_err()
-        || (!view::task_exists(&root, &args.target) && as_path.is_file());
+        || format::task_id_arg(&args.target).is_err()
+        || (!reader.task_exists(&args.target) && as_path.is_file());
     let printed = if is_path {
         if args.generation.is_some() {
             return Err(CliError::usage(format_args!(
@@ -70,7 +69,7 @@ pub fn run(queue: &Path, args: CheckpointArgs) -> CliResult {
             parsed.to_string_pretty(&parsed.value)
         })
     } else {
-        read_task(&root, &args.target, args.generation)
+        read_task(&reader, &args.target, args.generation)
     };
     let mut text = printed?;
     text.push('\n');
@@ -79,20 +78,22 @@ pub fn run(queue: &Path, args: CheckpointArgs) -> CliResult {
 
 /// A task's latest usable checkpoint, or one generation.
 /// Printed in the struct's field order.
-fn read_task(root: &Path, id: &str, generation: Option<u64>) -> anyhow::Result<String> {
-    let store = CheckpointStore::with_storage(Arc::new(FileStorage::new(root)));
+fn read_task(reader: &QueueReader, id: &str, generation: Option<u64>) -> anyhow::Result<String> {
+    let root = reader.root();
     let context = |e: crate::store::StoreError| {
         anyhow::Error::new(e).context(format!("task {id:?} in queue {}", root.display()))
     };
     let checkpoint: IterationCheckpoint = match generation {
-        Some(generation) => view::quietly(|| store.generation(id, generation)).map_err(context)?,
+        Some(generation) => reader
+            .checkpoint_generation(id, generation)
+            .map_err(context)?,
         None => {
-            let loaded = view::quietly(|| store.latest(id)).map_err(context)?;
+            let loaded = reader.latest_checkpoint(id).map_err(context)?;
             let Some(loaded) = loaded else {
-                return Err(if view::task_exists(root, id) {
+                return Err(if reader.task_exists(id) {
                     anyhow!(
                         "task {id:?} has no checkpoint in {} (only loop, items and worker phases write them)",
-                        root.join("incremental").display()
+                        reader.dir().checkpoint_dir().display()
                     )
                 } else {
                     anyhow!(
@@ -104,8 +105,8 @@ fn read_task(root: &Path, id: &str, generation: Option<u64>) -> anyhow::Result<S
             for (key, why) in &loaded.skipped {
                 eprintln!(
                     "warning: {} does not decode ({why}); printing {} instead",
-                    root.join(key).display(),
-                    root.join(&loaded.key).display()
+                    reader.path_of_key(key).display(),
+                    reader.path_of_key(&loaded.key).display()
                 );
             }
             loaded.checkpoint

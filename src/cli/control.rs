@@ -10,10 +10,9 @@ use std::time::{Duration, Instant};
 use clap::Args;
 
 use super::error::{print_line, CliError, CliResult, ExitCodeExt};
-use super::exit;
-use super::view;
+use super::{exit, format};
 use crate::queue::control::{self, ControlAction, ControlRequest};
-use crate::queue::QueueDir;
+use crate::queue::{QueueDir, QueueReader};
 use crate::store::{FileStorage, Storage};
 
 /// Which request.
@@ -45,14 +44,15 @@ pub fn run(queue: &Path, action: Action, args: ControlArgs) -> CliResult {
         Action::Cancel => ControlAction::Cancel,
         Action::Retry => ControlAction::Retry,
     };
-    let id = view::task_id_arg(&args.id).exit_code(exit::USAGE)?;
+    let id = format::task_id_arg(&args.id).exit_code(exit::USAGE)?;
     let storage = FileStorage::new(queue);
+    let reader = QueueReader::open(queue);
     // A task still in the inbox is steered too: the daemon holds the request until it has
     // taken the task.
     let mut submitted = false;
-    match storage.get(&QueueDir::task_key(&id)) {
+    match storage.get(&QueueDir::task_key(&args.id)) {
         Ok(Some(_)) => {}
-        Ok(None) if in_inbox(queue, &id) => submitted = true,
+        Ok(None) if reader.in_inbox(&args.id) => submitted = true,
         Ok(None) => {
             return Err(CliError::failure(format_args!(
                 "queue {} has no task {:?}",
@@ -70,25 +70,28 @@ pub fn run(queue: &Path, action: Action, args: ControlArgs) -> CliResult {
     let request = ControlRequest::new(action, &id);
     let key = control::submit(&storage, &request).map_err(|e| {
         CliError::failure(format_args!(
-            "writing the request into {}/control: {e}",
-            queue.display()
+            "writing the request into {}: {e}",
+            reader.dir().control().display()
         ))
     })?;
     let verb = action.as_str();
     if args.no_wait {
         return print_line(format_args!("{verb} requested for {}", args.id));
     }
-    let Some(pid) = daemon_pid(queue) else {
+    let Some(pid) = reader.daemon().pid else {
         let when = if submitted {
-            "it is still in inbox/ and no daemon is running; it takes effect when one takes the task"
+            format!(
+                "it is still in {}/ and no daemon is running; it takes effect when one takes the task",
+                QueueDir::INBOX_NAME
+            )
         } else {
-            "no daemon is running, it takes effect when one starts"
+            "no daemon is running, it takes effect when one starts".to_string()
         };
         return print_line(format_args!("{verb} requested for {}; {when}", args.id));
     };
     let deadline = Instant::now() + WAIT_FOR_DAEMON;
     while Instant::now() < deadline {
-        if control::handled(&QueueDir::new(queue), &key) {
+        if control::handled(reader.dir(), &key) {
             let outcome = match action {
                 ControlAction::Pause => "it stops at its next iteration boundary, checkpointed",
                 ControlAction::Resume => "it continues",
@@ -106,21 +109,4 @@ pub fn run(queue: &Path, action: Action, args: ControlArgs) -> CliResult {
         "{verb} requested for {}; the daemon (pid {pid}) has not taken it yet",
         args.id
     ))
-}
-
-/// Is a task with this id waiting in `inbox/` (as `cairn submit` names it, or inside a file
-/// named otherwise)?
-fn in_inbox(queue: &Path, id: &str) -> bool {
-    super::view::inbox_tasks(queue)
-        .iter()
-        .any(|(_, task)| task.id() == id)
-}
-
-/// The pid of the daemon that owns the queue, if one is alive. Only reads `.lock`: taking the
-/// lock here could make a daemon that is starting fail.
-pub fn daemon_pid(queue: &Path) -> Option<i32> {
-    let text = std::fs::read_to_string(queue.join(".lock")).ok()?;
-    let pid: i32 = text.trim().parse().ok()?;
-    let alive = pid > 0 && nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok();
-    alive.then_some(pid)
 }

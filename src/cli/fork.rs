@@ -13,11 +13,11 @@ use clap::Args;
 use serde_json::Value;
 
 use super::error::{print_line, CliError, CliResult, ExitCodeExt};
-use super::exit;
-use crate::queue::QueueDir;
-use crate::store::current_work::{CurrentWork, StartPoint, StoredOutput};
+use super::{exit, format};
+use crate::queue::{QueueDir, QueueReader};
+use crate::store::current_work::StartPoint;
 use crate::store::events::Event;
-use crate::store::{CheckpointStore, FileStorage, Storage};
+use crate::store::{CheckpointStore, FileStorage, IterationCheckpoint, Storage};
 use crate::task::{random_suffix, Task};
 use crate::task_id::TaskId;
 
@@ -45,69 +45,23 @@ pub fn run(queue: &Path, args: ForkArgs) -> CliResult {
 }
 
 fn fork(queue: &Path, args: &ForkArgs) -> CliResult<TaskId> {
-    let usage = CliError::usage;
     let failure = CliError::failure;
-    let id = super::view::task_id_arg(&args.id).exit_code(exit::USAGE)?;
+    let id = format::task_id_arg(&args.id).exit_code(exit::USAGE)?;
     let patch: Option<Value> = args
         .patch
         .as_deref()
         .map(serde_json::from_str)
         .transpose()
-        .map_err(|e| usage(format!("--patch is not JSON: {e}")))?;
+        .map_err(|e| CliError::usage(format!("--patch is not JSON: {e}")))?;
+    let reader = QueueReader::open(queue);
     let storage = FileStorage::new(queue);
-    let read = |key: String| {
-        storage
-            .get(&key)
-            .map_err(|e| failure(format!("reading {}: {e}", queue.join(&key).display())))
-    };
-
-    let task_bytes = read(QueueDir::task_key(&id))?.ok_or_else(|| {
-        failure(format!(
-            "queue {} has no task {:?}",
-            queue.display(),
-            args.id
-        ))
-    })?;
-    let mut task = Task::parse_stored(&task_bytes)
-        .map_err(|e| failure(format!("{}: {e}", QueueDir::task_key(&id))))?;
-
-    let new_id = match &args.new_id {
-        Some(new_id) => TaskId::parse(new_id.as_str()).map_err(|e| usage(format!("--as: {e}")))?,
-        None => TaskId::generate(&id, &random_suffix()),
-    };
-    for key in [
-        QueueDir::task_key(&new_id),
-        QueueDir::done_key(&new_id),
-        QueueDir::failed_key(&new_id),
-        format!("inbox/{new_id}.json"),
-    ] {
-        if read(key.clone())?.is_some() {
-            return Err(usage(format!(
-                "a task with id {new_id:?} already exists ({key})"
-            )));
-        }
-    }
-
+    let mut task = source_task(&reader, queue, &args.id)?;
+    let new_id = new_task_id(&storage, queue, &id, args)?;
     let checkpoints = CheckpointStore::with_storage(std::sync::Arc::new(storage.clone()));
-    let mut checkpoint = match args.generation {
-        Some(generation) => checkpoints
-            .generation(&id, generation)
-            .map_err(|e| failure(e.to_string()))?,
-        None => checkpoints
-            .latest(&id)
-            .map_err(|e| failure(e.to_string()))?
-            .map(|loaded| loaded.checkpoint)
-            .ok_or_else(|| failure(format!("task {:?} has no checkpoint to fork from", args.id)))?,
-    };
+    let mut checkpoint = source_checkpoint(&reader, args, &task)?;
     let from_generation = checkpoint.generation;
     let phase_index = checkpoint.phase_index;
-    if task.phases.get(phase_index).map(|p| p.name.as_str()) != Some(checkpoint.phase.as_str()) {
-        return Err(failure(format!(
-            "checkpoint generation {from_generation} of {:?} is for phase {:?} (index {phase_index}), which the task does not have",
-            args.id, checkpoint.phase
-        )));
-    }
-    let earlier_outputs = earlier_outputs(queue, &storage, &id, &task, phase_index)?;
+    let earlier_outputs = earlier_outputs(&reader, &args.id, &task, phase_index)?;
 
     if let Some(patch) = &patch {
         json_patch::merge(&mut checkpoint.partial_results, patch);
@@ -133,7 +87,7 @@ fn fork(queue: &Path, args: &ForkArgs) -> CliResult<TaskId> {
         .map_err(|e| failure(format!("writing {}: {e}", StartPoint::key(&new_id))))?;
 
     task.id = Some(new_id.clone());
-    let inbox_key = format!("inbox/{new_id}.json");
+    let inbox_key = QueueDir::inbox_key(&new_id);
     storage
         .put(&inbox_key, &task.to_json_bytes(), None)
         .map_err(|e| failure(format!("writing {}: {e}", queue.join(&inbox_key).display())))?;
@@ -149,11 +103,82 @@ fn fork(queue: &Path, args: &ForkArgs) -> CliResult<TaskId> {
     Ok(new_id)
 }
 
+/// The definition of the task to fork.
+fn source_task(reader: &QueueReader, queue: &Path, id: &str) -> CliResult<Task> {
+    let task_bytes = reader
+        .definition_bytes(id)
+        .map_err(|e| {
+            CliError::failure(format!(
+                "reading {}: {e}",
+                reader.dir().task_file(id).display()
+            ))
+        })?
+        .ok_or_else(|| {
+            CliError::failure(format!("queue {} has no task {id:?}", queue.display()))
+        })?;
+    Task::parse_stored(&task_bytes)
+        .map_err(|e| CliError::failure(format!("{}: {e}", QueueDir::task_key(id))))
+}
+
+/// `--as`, or a new id made from the old one; refused when the queue has it already.
+fn new_task_id(
+    storage: &FileStorage,
+    queue: &Path,
+    id: &TaskId,
+    args: &ForkArgs,
+) -> CliResult<TaskId> {
+    let new_id = match &args.new_id {
+        Some(new_id) => {
+            TaskId::parse(new_id.as_str()).map_err(|e| CliError::usage(format!("--as: {e}")))?
+        }
+        None => TaskId::generate(id, &random_suffix()),
+    };
+    for key in QueueDir::keys_of_id(&new_id) {
+        let found = storage.get(&key).map_err(|e| {
+            CliError::failure(format!("reading {}: {e}", queue.join(&key).display()))
+        })?;
+        if found.is_some() {
+            return Err(CliError::usage(format!(
+                "a task with id {new_id:?} already exists ({key})"
+            )));
+        }
+    }
+    Ok(new_id)
+}
+
+/// The checkpoint to start from (`--gen`, or the latest), checked to be of a phase the task
+/// has.
+fn source_checkpoint(
+    reader: &QueueReader,
+    args: &ForkArgs,
+    task: &Task,
+) -> CliResult<IterationCheckpoint> {
+    let failure = CliError::failure;
+    let checkpoints = reader.checkpoints();
+    let checkpoint = match args.generation {
+        Some(generation) => checkpoints
+            .generation(&args.id, generation)
+            .map_err(|e| failure(e.to_string()))?,
+        None => checkpoints
+            .latest(&args.id)
+            .map_err(|e| failure(e.to_string()))?
+            .map(|loaded| loaded.checkpoint)
+            .ok_or_else(|| failure(format!("task {:?} has no checkpoint to fork from", args.id)))?,
+    };
+    let phase_index = checkpoint.phase_index;
+    if task.phases.get(phase_index).map(|p| p.name.as_str()) != Some(checkpoint.phase.as_str()) {
+        return Err(failure(format!(
+            "checkpoint generation {} of {:?} is for phase {:?} (index {phase_index}), which the task does not have",
+            checkpoint.generation, args.id, checkpoint.phase
+        )));
+    }
+    Ok(checkpoint)
+}
+
 /// The outputs of the phases before `phase_index`: from the task's record if it has finished,
 /// else from `current_work.json`.
 fn earlier_outputs(
-    queue: &Path,
-    storage: &FileStorage,
+    reader: &QueueReader,
     id: &str,
     task: &Task,
     phase_index: usize,
@@ -165,40 +190,13 @@ fn earlier_outputs(
     if needed.is_empty() {
         return Ok(BTreeMap::new());
     }
-    let mut found: BTreeMap<String, Value> = BTreeMap::new();
-    for key in [QueueDir::done_key(id), QueueDir::failed_key(id)] {
-        if let Ok(Some(bytes)) = storage.get(&key) {
-            let record: Value = serde_json::from_slice(&bytes).unwrap_or_default();
-            if let Some(Value::Object(outputs)) = record.get("phase_outputs") {
-                found.extend(outputs.iter().map(|(k, v)| (k.clone(), v.clone())));
-            }
-        }
-    }
-    if let Ok(Some(bytes)) = storage.get(QueueDir::CURRENT_WORK_KEY) {
-        if let Ok(work) = serde_json::from_slice::<CurrentWork>(&bytes) {
-            if let Some(entry) = work.get(id) {
-                for (name, stored) in &entry.phase_outputs {
-                    let value = match stored {
-                        StoredOutput::Inline(value) => Some(value.clone()),
-                        StoredOutput::File(key) => storage
-                            .get(key)
-                            .ok()
-                            .flatten()
-                            .and_then(|b| serde_json::from_slice(&b).ok()),
-                    };
-                    if let Some(value) = value {
-                        found.entry(name.clone()).or_insert(value);
-                    }
-                }
-            }
-        }
-    }
+    let mut found = reader.phase_outputs(id);
     let mut outputs = BTreeMap::new();
     for name in needed {
         let value = found.remove(name).ok_or_else(|| {
             CliError::failure(format_args!(
                 "the output of phase {name:?} of {id:?} is not available in {} (the new task needs it as input)",
-                queue.display()
+                reader.root().display()
             ))
         })?;
         outputs.insert(name.to_string(), value);

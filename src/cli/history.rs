@@ -6,7 +6,6 @@
 //! row says `none` (`null` in `--json`), with its iteration and phase as the file gives them.
 
 use std::path::Path;
-use std::sync::Arc;
 
 use chrono::Utc;
 use clap::Args;
@@ -15,8 +14,9 @@ use serde_json::{json, Value};
 use super::checkpoint::decode_lenient;
 use super::error::{print, CliError, CliResult, ExitCodeExt};
 use super::exit;
-use super::view;
-use crate::store::{decode_checkpoint, CheckpointStore, FileStorage, GenerationInfo};
+use super::format;
+use crate::queue::QueueReader;
+use crate::store::{decode_checkpoint, GenerationInfo};
 
 #[derive(Debug, Args)]
 #[command(after_help = "\
@@ -43,8 +43,8 @@ struct Row {
 
 impl Row {
     /// The row of one file: cairn's checkpoint, else possibly one of the Python pattern.
-    fn read(root: &Path, info: GenerationInfo) -> Row {
-        let bytes = std::fs::read(root.join(&info.key)).ok();
+    fn read(reader: &QueueReader, info: GenerationInfo) -> Row {
+        let bytes = reader.read_key(&info.key);
         let decoded = bytes
             .as_deref()
             .and_then(|bytes| decode_checkpoint(bytes).ok())
@@ -90,27 +90,27 @@ impl Row {
 }
 
 pub fn run(queue: &Path, args: HistoryArgs) -> CliResult {
-    let id = view::task_id_arg(&args.id).exit_code(exit::USAGE)?;
-    let root = std::path::absolute(queue).unwrap_or_else(|_| queue.to_path_buf());
-    let store = CheckpointStore::with_storage(Arc::new(FileStorage::new(&root)));
-    let history = view::quietly(|| store.history(&id)).map_err(|e| {
+    let id = format::task_id_arg(&args.id).exit_code(exit::USAGE)?;
+    let reader = QueueReader::open(queue);
+    let root = reader.root();
+    let history = reader.history(&id).map_err(|e| {
         CliError::failure(format_args!(
             "task {:?} in queue {}: {e}",
             args.id,
             root.display()
         ))
     })?;
-    if history.is_empty() && !view::task_exists(&root, &id) {
+    if history.is_empty() && !reader.task_exists(&id) {
         return Err(CliError::failure(format_args!(
             "queue {} has no task {:?} and no checkpoint of it in {}",
             root.display(),
             args.id,
-            root.join("incremental").display()
+            reader.dir().checkpoint_dir().display()
         )));
     }
     let rows: Vec<Row> = history
         .into_iter()
-        .map(|info| Row::read(&root, info))
+        .map(|info| Row::read(&reader, info))
         .collect();
     if rows.is_empty() && !args.json {
         eprintln!(
@@ -120,10 +120,10 @@ pub fn run(queue: &Path, args: HistoryArgs) -> CliResult {
     }
     let text = if args.json {
         let document = json!({
-            "version": view::JSON_VERSION,
+            "version": format::JSON_VERSION,
             "queue": root.display().to_string(),
             "task_id": args.id,
-            "generations": rows.iter().enumerate().map(|(i, row)| row_json(&root, i == 0, row)).collect::<Vec<_>>(),
+            "generations": rows.iter().enumerate().map(|(i, row)| row_json(&reader, i == 0, row)).collect::<Vec<_>>(),
         });
         let mut text = serde_json::to_string_pretty(&document).unwrap_or_default();
         text.push('\n');
@@ -134,17 +134,17 @@ pub fn run(queue: &Path, args: HistoryArgs) -> CliResult {
     print(&text)
 }
 
-fn row_json(root: &Path, latest: bool, row: &Row) -> Value {
+fn row_json(reader: &QueueReader, latest: bool, row: &Row) -> Value {
     let info = &row.info;
     json!({
         "generation": row.generation,
         "latest": latest,
-        "file": root.join(&info.key).display().to_string(),
+        "file": reader.path_of_key(&info.key).display().to_string(),
         "bytes": info.bytes,
         "iteration": info.iteration_count,
         "phase": row.phase,
         "phase_index": row.phase_index,
-        "written_at": info.last_checkpoint_at.map(view::rfc3339),
+        "written_at": info.last_checkpoint_at.map(format::rfc3339),
         "error": info.error,
     })
 }
@@ -165,17 +165,17 @@ fn table(rows: &[Row]) -> String {
                     .unwrap_or_else(dash),
                 row.phase.clone().unwrap_or_else(dash),
                 info.last_checkpoint_at
-                    .map(view::rfc3339)
+                    .map(format::rfc3339)
                     .unwrap_or_else(dash),
                 info.last_checkpoint_at
-                    .map(|at| view::short_duration((now - at).num_seconds().max(0) as u64))
+                    .map(|at| format::short_duration((now - at).num_seconds().max(0) as u64))
                     .unwrap_or_else(dash),
-                view::format_bytes(info.bytes).replace(' ', ""),
+                format::format_bytes(info.bytes).replace(' ', ""),
                 info.error.clone().unwrap_or_else(dash),
             ]
         })
         .collect();
-    view::render_table(
+    format::render_table(
         &["GEN", "ITER", "PHASE", "WRITTEN", "AGE", "SIZE", "ERROR"],
         &cells,
     )

@@ -7,16 +7,15 @@ mod completions;
 mod control;
 pub mod error;
 mod fork;
+mod format;
 mod history;
 mod prune;
 mod python_json;
-mod queue_fs;
 mod run;
 mod show;
 mod status;
 mod submit;
 mod validate;
-mod view;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;

@@ -1,8 +1,7 @@
 //! `cairn show ID [--json]`: one task in full — its definition, each phase with its output or
 //! progress, attempts, errors, and the timeline of its event journal (`runs/<id>/events.jsonl`).
 
-use std::fs;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use chrono::{DateTime, Utc};
 use clap::Args;
@@ -10,10 +9,11 @@ use serde_json::{json, Map, Value};
 
 use super::error::{print, CliError, CliResult, ExitCodeExt};
 use super::exit;
+use super::format;
 use super::status::{iter_cell, phase_cell};
-use super::view::{self, TaskView};
-use crate::store::current_work::{PhaseTiming, StoredOutput};
-use crate::store::journal::{self, JournalEvent};
+use crate::queue::{DaemonInfo, QueueDir, QueueReader, TaskView};
+use crate::store::current_work::PhaseTiming;
+use crate::store::journal::JournalEvent;
 use crate::store::task_state::TaskState;
 use crate::task::PhaseKind;
 use crate::task_id::TaskId;
@@ -43,85 +43,92 @@ struct PhaseRow {
 }
 
 pub fn run(queue: &Path, args: ShowArgs) -> CliResult {
-    let id = view::task_id_arg(&args.id).exit_code(exit::USAGE)?;
-    let root = std::path::absolute(queue).unwrap_or_else(|_| queue.to_path_buf());
-    let Some(task) = find(&root, &id) else {
+    let id = format::task_id_arg(&args.id).exit_code(exit::USAGE)?;
+    let reader = QueueReader::open(queue);
+    let Some(task) = find(&reader, &id) else {
         return Err(CliError::failure(format_args!(
-            "queue {} has no task {:?} (no tasks/{id}.json, done/{id}.json, failed/{id}.json, \
-             entry in current_work.json nor rejected inbox/{id}.json); `cairn status --all` lists \
-             the tasks",
-            root.display(),
+            "queue {} has no task {:?} ({}); `cairn status --all` lists the tasks",
+            reader.root().display(),
             args.id,
-            id = args.id
+            reader.places_of(&id),
         )));
     };
     for warning in &task.warnings {
         eprintln!("warning: {warning}");
     }
-    let daemon = view::daemon_info(&root);
-    let timeline = match journal::read(&root, &id) {
+    let daemon = reader.daemon();
+    let timeline = match reader.journal(&id) {
         Ok(events) => events,
         Err(e) => {
             eprintln!(
                 "warning: reading {}: {e}",
-                journal::journal_path(&root, &id).display()
+                reader.journal_file(&id).display()
             );
             Vec::new()
         }
     };
-    let phases = phase_rows(&root, &task);
-    let earlier = earlier_failures(&root, &id);
-    let logs = log_files(&root, &task.id);
+    let details = Details {
+        phases: &phase_rows(&reader, &task),
+        earlier: &reader.earlier_failures(&id),
+        logs: &reader.log_files(&task.id),
+        timeline: &timeline,
+    };
     let now = Utc::now();
     let text = if args.json {
-        let document = json!({
-            "version": view::JSON_VERSION,
-            "queue": root.display().to_string(),
-            "daemon": daemon.to_json(),
-            "id": task.id,
-            "state": task.state.as_str(),
-            "status": task.to_json(now),
-            "definition": task.task.as_ref().map(|t| serde_json::to_value(t).unwrap_or(Value::Null)),
-            "phases": phases.iter().map(phase_json).collect::<Vec<_>>(),
-            "attempts": task.attempts,
-            "failed_attempts": task.failed_attempts,
-            "error": task.error,
-            "record": task.record.as_ref().map(|r| r.value.clone()),
-            "earlier_failures": earlier,
-            "logs": logs.iter().map(|(path, bytes)| json!({"path": path.display().to_string(), "bytes": bytes})).collect::<Vec<_>>(),
-            "timeline": timeline,
-        });
-        let mut text = serde_json::to_string_pretty(&document).unwrap_or_default();
-        text.push('\n');
-        text
+        document(&reader, &task, daemon, &details, now)
     } else {
-        let details = Details {
-            phases: &phases,
-            earlier: &earlier,
-            logs: &logs,
-            timeline: &timeline,
-        };
-        human(&root, &task, daemon, &details, now)
+        human(&reader, &task, daemon, &details, now)
     };
     print(&text)
 }
 
+/// The `--json` document (see docs/cli.md).
+fn document(
+    reader: &QueueReader,
+    task: &TaskView,
+    daemon: DaemonInfo,
+    lists: &Details,
+    now: DateTime<Utc>,
+) -> String {
+    let document = json!({
+        "version": format::JSON_VERSION,
+        "queue": reader.root().display().to_string(),
+        "daemon": format::daemon_json(daemon),
+        "id": task.id,
+        "state": task.state.as_str(),
+        "status": format::task_json(task, now),
+        "definition": task.task.as_ref().map(|t| serde_json::to_value(t).unwrap_or(Value::Null)),
+        "phases": lists.phases.iter().map(phase_json).collect::<Vec<_>>(),
+        "attempts": task.attempts,
+        "failed_attempts": task.failed_attempts,
+        "error": task.error,
+        "record": task.record.as_ref().map(|r| r.value.clone()),
+        "earlier_failures": lists.earlier,
+        "logs": lists.logs.iter().map(|(path, bytes)| json!({"path": path.display().to_string(), "bytes": bytes})).collect::<Vec<_>>(),
+        "timeline": lists.timeline,
+    });
+    let mut text = serde_json::to_string_pretty(&document).unwrap_or_default();
+    text.push('\n');
+    text
+}
+
 /// The task with this id; else the latest rejection of the inbox file of this name (others
 /// are named on stderr).
-fn find(root: &Path, id: &TaskId) -> Option<TaskView> {
-    if let Some(task) = view::load_task(root, id) {
+fn find(reader: &QueueReader, id: &TaskId) -> Option<TaskView> {
+    if let Some(task) = reader.task(id) {
         return Some(task);
     }
-    let rejections = view::rejections_of(root, id);
+    let rejections = reader.rejections_of(id);
     let (latest, older) = rejections.split_first()?;
     if !older.is_empty() {
         eprintln!(
-            "note: inbox/{id} was rejected {} times; this is the latest, the others are {}",
+            "note: {} was rejected {} times; this is the latest, the others are {}",
+            QueueDir::inbox_name_key(id),
             rejections.len(),
             older.join(", ")
         );
     }
-    view::load_task(root, &TaskId::parse(latest.as_str()).ok()?)
+    reader.task(&TaskId::parse(latest.as_str()).ok()?)
 }
 
 fn phase_json(row: &PhaseRow) -> Value {
@@ -132,14 +139,14 @@ fn phase_json(row: &PhaseRow) -> Value {
         "state": row.state.as_str(),
         "iteration": row.iteration,
         "total": row.total,
-        "started_at": row.started_at.map(view::rfc3339),
-        "finished_at": row.finished_at.map(view::rfc3339),
+        "started_at": row.started_at.map(format::rfc3339),
+        "finished_at": row.finished_at.map(format::rfc3339),
         "output": row.output,
     })
 }
 
 /// The task's phases: from its definition, else (definition lost) from its record's timings.
-fn phase_rows(root: &Path, task: &TaskView) -> Vec<PhaseRow> {
+fn phase_rows(reader: &QueueReader, task: &TaskView) -> Vec<PhaseRow> {
     let timings: Vec<PhaseTiming> = match (&task.entry, &task.record) {
         (Some(entry), _) if task.state.is_in_flight() => entry.phases.clone(),
         (_, Some(record)) => {
@@ -173,7 +180,7 @@ fn phase_rows(root: &Path, task: &TaskView) -> Vec<PhaseRow> {
             let is_done = state == PhaseState::Done;
             let is_current = Some(index) == current && !is_done;
             let output = if is_done {
-                phase_output(root, task, &name)
+                phase_output(reader, task, &name)
             } else {
                 None
             };
@@ -248,21 +255,14 @@ fn definition_total(task: &TaskView, index: usize) -> Option<u64> {
 }
 
 /// A finished phase's output, from the entry in flight or the record.
-fn phase_output(root: &Path, task: &TaskView, name: &str) -> Option<Value> {
+fn phase_output(reader: &QueueReader, task: &TaskView, name: &str) -> Option<Value> {
     if task.state.is_in_flight() {
-        return match task.entry.as_ref()?.phase_outputs.get(name)? {
-            StoredOutput::Inline(value) => Some(value.clone()),
-            StoredOutput::File(key) => {
-                let path = root.join(key);
-                match fs::read(&path)
-                    .map_err(|e| e.to_string())
-                    .and_then(|b| serde_json::from_slice(&b).map_err(|e| e.to_string()))
-                {
-                    Ok(value) => Some(value),
-                    Err(e) => Some(json!({"unreadable": format!("{}: {e}", path.display())})),
-                }
-            }
-        };
+        let stored = task.entry.as_ref()?.phase_outputs.get(name)?;
+        return Some(
+            reader
+                .stored_output(stored)
+                .unwrap_or_else(|e| json!({"unreadable": e.to_string()})),
+        );
     }
     task.record
         .as_ref()?
@@ -272,23 +272,9 @@ fn phase_output(root: &Path, task: &TaskView, name: &str) -> Option<Value> {
         .cloned()
 }
 
-/// The stderr logs of a task's commands (`runs/<id>/<index>-<phase>.log`), with their sizes.
-fn log_files(root: &Path, id: &str) -> Vec<(std::path::PathBuf, u64)> {
-    let dir = root.join("runs").join(id);
-    view::list_names(&dir)
-        .into_iter()
-        .filter(|name| name.ends_with(".log"))
-        .filter_map(|name| {
-            let path = dir.join(name);
-            let bytes = fs::metadata(&path).ok()?.len();
-            Some((path, bytes))
-        })
-        .collect()
-}
-
 /// Where to read what the commands printed on stderr.
-fn logs_section(root: &Path, id: &str, logs: &[(std::path::PathBuf, u64)]) -> String {
-    let mut out = format!("\nlogs  {}\n", root.join("runs").join(id).display());
+fn logs_section(reader: &QueueReader, id: &str, logs: &[(PathBuf, u64)]) -> String {
+    let mut out = format!("\nlogs  {}\n", reader.run_dir(id).display());
     if logs.is_empty() {
         out.push_str("  (none yet)\n");
     }
@@ -296,20 +282,10 @@ fn logs_section(root: &Path, id: &str, logs: &[(std::path::PathBuf, u64)]) -> St
         out.push_str(&format!(
             "  {}  {}\n",
             path.display(),
-            view::format_bytes(*bytes)
+            format::format_bytes(*bytes)
         ));
     }
     out
-}
-
-/// Records of earlier failures that `cairn retry` archived as `runs/<id>/failed-*.json`.
-fn earlier_failures(root: &Path, id: &str) -> Vec<Value> {
-    let dir = root.join("runs").join(id);
-    view::list_names(&dir)
-        .into_iter()
-        .filter(|n| n.starts_with("failed-") && n.ends_with(".json"))
-        .filter_map(|n| serde_json::from_slice(&fs::read(dir.join(n)).ok()?).ok())
-        .collect()
 }
 
 /// What `show` lists below a task's summary.
@@ -317,49 +293,63 @@ fn earlier_failures(root: &Path, id: &str) -> Vec<Value> {
 struct Details<'a> {
     phases: &'a [PhaseRow],
     earlier: &'a [Value],
-    logs: &'a [(std::path::PathBuf, u64)],
+    logs: &'a [(PathBuf, u64)],
     timeline: &'a [JournalEvent],
 }
 
 fn human(
-    root: &Path,
+    reader: &QueueReader,
     task: &TaskView,
-    daemon: view::DaemonInfo,
+    daemon: DaemonInfo,
     lists: &Details,
     now: DateTime<Utc>,
 ) -> String {
-    let Details {
-        phases,
-        earlier,
-        logs,
-        timeline,
-    } = *lists;
     let mut out = String::new();
     let mut field = |name: &str, value: String| {
         out.push_str(&format!("{name:<12}{value}\n"));
     };
     field("task", task.id.clone());
-    field("queue", root.display().to_string());
+    field("queue", reader.root().display().to_string());
     let state = match &task.state {
-        s if s.is_in_flight() => format!("{} (daemon {})", s.as_str(), daemon.describe()),
+        s if s.is_in_flight() => format!(
+            "{} (daemon {})",
+            s.as_str(),
+            format::describe_daemon(daemon)
+        ),
         s => s.as_str().to_string(),
     };
     field("state", state);
     if task.state.is_rejected() {
-        let record = task.record.as_ref().map(|r| &r.value);
-        let get = |key: &str| {
-            record
-                .and_then(|r| r.get(key))
-                .and_then(Value::as_str)
-                .unwrap_or("-")
-                .to_string()
-        };
-        field("file", get("file"));
-        field("reason", get("reason"));
-        field("input", get("input"));
-        field("rejected", get("rejected_at"));
+        rejection_fields(task, &mut field);
         return out;
     }
+    progress_fields(task, now, &mut field);
+    out.push_str(&definition_section(task));
+    out.push_str(&phases_section(lists.phases));
+    out.push_str(&earlier_section(lists.earlier));
+    out.push_str(&logs_section(reader, &task.id, lists.logs));
+    out.push_str(&timeline_section(reader, &task.id, lists.timeline));
+    out
+}
+
+/// What a rejection record says about the file it refused.
+fn rejection_fields(task: &TaskView, field: &mut impl FnMut(&str, String)) {
+    let record = task.record.as_ref().map(|r| &r.value);
+    let get = |key: &str| {
+        record
+            .and_then(|r| r.get(key))
+            .and_then(Value::as_str)
+            .unwrap_or("-")
+            .to_string()
+    };
+    field("file", get("file"));
+    field("reason", get("reason"));
+    field("input", get("input"));
+    field("rejected", get("rejected_at"));
+}
+
+/// Phase, iteration, rate, cost, runs, checkpoint, record and error of a task.
+fn progress_fields(task: &TaskView, now: DateTime<Utc>, field: &mut impl FnMut(&str, String)) {
     let kind = task
         .kind
         .map(|k| format!(", {}", k.as_str()))
@@ -369,25 +359,11 @@ fn human(
     if let Some(rate) = task.rate_per_min {
         let eta = task
             .eta_seconds
-            .map(|s| format!(", ETA {}", view::short_duration(s)))
+            .map(|s| format!(", ETA {}", format::short_duration(s)))
             .unwrap_or_default();
-        field("rate", format!("{}{eta}", view::format_rate(rate)));
+        field("rate", format!("{}{eta}", format::format_rate(rate)));
     }
-    let lost = match task.lost_cost_estimate {
-        Some(estimate) => format!(
-            " committed, +{} estimated for {} iteration(s) in flight when the daemon died",
-            view::format_cost(estimate),
-            task.lost_iterations
-        ),
-        None => String::new(),
-    };
-    field(
-        "cost",
-        match (task.cost, task.lost_cost_estimate) {
-            (None, None) => "-".into(),
-            (cost, _) => format!("{}{lost}", view::format_cost(cost.unwrap_or(0.0))),
-        },
-    );
+    field("cost", cost_field(task));
     // Every start counts as a run (resumes after a stop, pause or crash too); only failed
     // attempts count against `retry.max_attempts`, so the two are shown apart.
     let allowed = task
@@ -407,23 +383,42 @@ fn human(
         "checkpoint",
         match (task.last_checkpoint_at, &task.checkpoint) {
             (Some(at), cp) => {
-                let age = view::short_duration((now - at).num_seconds().max(0) as u64);
+                let age = format::short_duration((now - at).num_seconds().max(0) as u64);
                 let generation = cp
                     .as_ref()
                     .map(|cp| format!(", generation {}", cp.generation))
                     .unwrap_or_default();
-                format!("{} ({age} ago){generation}", view::rfc3339(at))
+                format!("{} ({age} ago){generation}", format::rfc3339(at))
             }
             _ => "-".into(),
         },
     );
     if let Some(record) = &task.record {
-        let at = record.at.map(view::rfc3339).unwrap_or("-".into());
+        let at = record.at.map(format::rfc3339).unwrap_or("-".into());
         field("finished", format!("{at} ({})", record.path.display()));
     }
     field("error", task.error.clone().unwrap_or("-".into()));
+}
 
-    out.push_str(&format!("\ndefinition  {}\n", task.definition_key));
+/// The committed cost, and the estimate for iterations lost to crashes apart.
+fn cost_field(task: &TaskView) -> String {
+    let lost = match task.lost_cost_estimate {
+        Some(estimate) => format!(
+            " committed, +{} estimated for {} iteration(s) in flight when the daemon died",
+            format::format_cost(estimate),
+            task.lost_iterations
+        ),
+        None => String::new(),
+    };
+    match (task.cost, task.lost_cost_estimate) {
+        (None, None) => "-".into(),
+        (cost, _) => format!("{}{lost}", format::format_cost(cost.unwrap_or(0.0))),
+    }
+}
+
+/// The task's definition, pretty-printed.
+fn definition_section(task: &TaskView) -> String {
+    let mut out = format!("\ndefinition  {}\n", task.definition_key);
     match &task.task {
         Some(def) => {
             let pretty = serde_json::to_string_pretty(def).unwrap_or_default();
@@ -433,8 +428,12 @@ fn human(
         }
         None => out.push_str("  (missing)\n"),
     }
+    out
+}
 
-    out.push_str("\nphases\n");
+/// One row per phase.
+fn phases_section(phases: &[PhaseRow]) -> String {
+    let mut out = "\nphases\n".to_string();
     let rows: Vec<Vec<String>> = phases
         .iter()
         .map(|p| {
@@ -454,32 +453,42 @@ fn human(
             ]
         })
         .collect();
-    let table = view::render_table(&["#", "NAME", "KIND", "STATE", "ITER", "OUTPUT"], &rows);
+    let table = format::render_table(&["#", "NAME", "KIND", "STATE", "ITER", "OUTPUT"], &rows);
     for line in table.lines() {
         out.push_str(&format!("  {line}\n"));
     }
+    out
+}
 
-    if !earlier.is_empty() {
-        out.push_str("\nearlier failures (retried)\n");
-        for record in earlier {
-            out.push_str(&format!(
-                "  {}  {}  {}\n",
-                record["failed_at"].as_str().unwrap_or("-"),
-                record["status"].as_str().unwrap_or("-"),
-                record["error"].as_str().unwrap_or("-"),
-            ));
-        }
+/// Earlier failures that `cairn retry` archived (nothing when there are none).
+fn earlier_section(earlier: &[Value]) -> String {
+    if earlier.is_empty() {
+        return String::new();
     }
+    let mut out = "\nearlier failures (retried)\n".to_string();
+    for record in earlier {
+        out.push_str(&format!(
+            "  {}  {}  {}\n",
+            record["failed_at"].as_str().unwrap_or("-"),
+            record["status"].as_str().unwrap_or("-"),
+            record["error"].as_str().unwrap_or("-"),
+        ));
+    }
+    out
+}
 
-    out.push_str(&logs_section(root, &task.id, logs));
-    out.push_str(&format!("\ntimeline  runs/{}/events.jsonl\n", task.id));
+/// The task's journal, one event a line.
+fn timeline_section(reader: &QueueReader, id: &str, timeline: &[JournalEvent]) -> String {
+    let journal = reader.journal_file(id);
+    let journal = journal.strip_prefix(reader.root()).unwrap_or(&journal);
+    let mut out = format!("\ntimeline  {}\n", journal.display());
     if timeline.is_empty() {
         out.push_str("  (no events)\n");
     }
     for entry in timeline {
         out.push_str(&format!(
             "  {}  {:<20}  {}\n",
-            view::rfc3339(entry.at),
+            format::rfc3339(entry.at),
             entry.event.name(),
             details(&entry.event.details())
         ));

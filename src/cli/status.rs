@@ -13,7 +13,8 @@ use clap::Args;
 use serde_json::{json, Value};
 
 use super::error::{print, CliError, CliResult};
-use super::view::{self, LoadOptions, QueueView, TaskView};
+use super::format;
+use crate::queue::{LoadOptions, QueueReader, QueueView, TaskView};
 use crate::store::current_work::ActiveStatus;
 use crate::store::task_state::TaskState;
 
@@ -59,13 +60,13 @@ pub struct StatusArgs {
 const RECENT_REJECTED: usize = 3;
 
 pub fn run(queue: &Path, args: StatusArgs) -> CliResult {
-    if !queue.is_dir() {
+    let reader = QueueReader::open(queue);
+    if !reader.exists() {
         return Err(CliError::failure(format_args!(
             "queue {} does not exist (use --queue DIR or CAIRN_QUEUE)",
             queue.display()
         )));
     }
-    let queue = &std::path::absolute(queue).unwrap_or_else(|_| queue.to_path_buf());
     let options = LoadOptions {
         rejected: if args.all {
             usize::MAX
@@ -74,9 +75,9 @@ pub fn run(queue: &Path, args: StatusArgs) -> CliResult {
         },
     };
     if args.watch {
-        return watch(queue, options, args.json);
+        return watch(&reader, options, args.json);
     }
-    let view = view::load(queue, options);
+    let view = reader.status(options);
     let text = if args.json {
         let mut text = serde_json::to_string_pretty(&to_json(&view)).unwrap_or_default();
         text.push('\n');
@@ -85,14 +86,14 @@ pub fn run(queue: &Path, args: StatusArgs) -> CliResult {
         table(&view)
     };
     print(&text)?;
-    let unreadable = unreadable_queue(&view);
+    let unreadable = view.current_work_problem.as_ref();
     for warning in &view.warnings {
         if Some(warning) != unreadable {
             eprintln!("warning: {warning}");
         }
     }
     if !args.json {
-        notes(&view);
+        notes(&reader, &view);
     }
     match unreadable {
         Some(problem) => Err(CliError::failure(problem)),
@@ -100,16 +101,8 @@ pub fn run(queue: &Path, args: StatusArgs) -> CliResult {
     }
 }
 
-/// `current_work.json` could not be read: what is in flight is unknown, and the table may be
-/// wrong, so the command fails after printing it.
-fn unreadable_queue(view: &QueueView) -> Option<&String> {
-    view.warnings
-        .iter()
-        .find(|w| w.contains("current_work.json"))
-}
-
 /// Hints on stderr, for people: rejected files not listed, tasks that wait for a daemon.
-fn notes(view: &QueueView) {
+fn notes(reader: &QueueReader, view: &QueueView) {
     let listed = view.tasks.iter().filter(|t| t.state.is_rejected()).count();
     if view.rejected > listed {
         eprintln!(
@@ -149,7 +142,7 @@ fn notes(view: &QueueView) {
         eprintln!(
             "note: {} file(s) in {} wait for a daemon to take them",
             view.inbox,
-            view.root.join("inbox").display()
+            reader.dir().inbox().display()
         );
     }
 }
@@ -157,19 +150,19 @@ fn notes(view: &QueueView) {
 /// The `--json` document (see docs/cli.md).
 pub fn to_json(view: &QueueView) -> Value {
     json!({
-        "version": view::JSON_VERSION,
+        "version": format::JSON_VERSION,
         "queue": view.root.display().to_string(),
-        "daemon": view.daemon.to_json(),
+        "daemon": format::daemon_json(view.daemon),
         "inbox": view.inbox,
         "rejected": view.rejected,
-        "tasks": view.tasks.iter().map(|t| t.to_json(view.now)).collect::<Vec<_>>(),
+        "tasks": view.tasks.iter().map(|t| format::task_json(t, view.now)).collect::<Vec<_>>(),
     })
 }
 
 /// The human table: a header and one line per task.
 pub fn table(view: &QueueView) -> String {
     let rows: Vec<Vec<String>> = view.tasks.iter().map(|t| row(t, view)).collect();
-    view::render_table(&COLUMNS, &rows)
+    format::render_table(&COLUMNS, &rows)
 }
 
 fn row(task: &TaskView, view: &QueueView) -> Vec<String> {
@@ -180,14 +173,14 @@ fn row(task: &TaskView, view: &QueueView) -> Vec<String> {
         phase_cell(task),
         iter_cell(task),
         task.rate_per_min
-            .map(view::format_rate)
+            .map(format::format_rate)
             .unwrap_or_else(dash),
         task.eta_seconds
-            .map(view::short_duration)
+            .map(format::short_duration)
             .unwrap_or_else(dash),
-        view::cost_cell(task).unwrap_or_else(dash),
+        format::cost_cell(task).unwrap_or_else(dash),
         task.checkpoint_age(view.now)
-            .map(|age| format!("{} ago", view::short_duration(age)))
+            .map(|age| format!("{} ago", format::short_duration(age)))
             .unwrap_or_else(dash),
     ]
 }
@@ -212,7 +205,7 @@ pub fn iter_cell(task: &TaskView) -> String {
 }
 
 /// Redraw every second until Ctrl-C/SIGTERM or a closed pipe.
-fn watch(queue: &Path, options: LoadOptions, as_json: bool) -> CliResult {
+fn watch(reader: &QueueReader, options: LoadOptions, as_json: bool) -> CliResult {
     let stop = Arc::new(AtomicBool::new(false));
     for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         signal_hook::flag::register(signal, Arc::clone(&stop))
@@ -220,9 +213,9 @@ fn watch(queue: &Path, options: LoadOptions, as_json: bool) -> CliResult {
     }
     let terminal = std::io::IsTerminal::is_terminal(&std::io::stdout());
     if terminal && !as_json {
-        bars::watch(queue, options, &stop)
+        bars::watch(reader, options, &stop)
     } else {
-        plain_watch(queue, options, as_json, &stop)
+        plain_watch(reader, options, as_json, &stop)
     }
 }
 
@@ -241,10 +234,15 @@ fn tick(started: Instant, stop: &AtomicBool) -> bool {
 /// Not a terminal: a block (time, daemon, table) or a JSON line every second.
 /// A reader that goes away (`| head`) ends it through the broken-pipe error, which
 /// `cli::main` takes as the normal end of a pipe.
-fn plain_watch(queue: &Path, options: LoadOptions, as_json: bool, stop: &AtomicBool) -> CliResult {
+fn plain_watch(
+    reader: &QueueReader,
+    options: LoadOptions,
+    as_json: bool,
+    stop: &AtomicBool,
+) -> CliResult {
     loop {
         let started = Instant::now();
-        let view = view::load(queue, options);
+        let view = reader.status(options);
         let text = if as_json {
             let mut line = serde_json::to_string(&to_json(&view)).unwrap_or_default();
             line.push('\n');
@@ -252,8 +250,8 @@ fn plain_watch(queue: &Path, options: LoadOptions, as_json: bool, stop: &AtomicB
         } else {
             format!(
                 "{}  daemon {}\n{}\n",
-                view::rfc3339(view.now),
-                view.daemon.describe(),
+                format::rfc3339(view.now),
+                format::describe_daemon(view.daemon),
                 table(&view)
             )
         };
@@ -267,7 +265,6 @@ fn plain_watch(queue: &Path, options: LoadOptions, as_json: bool, stop: &AtomicB
 /// The terminal view: a header line and one progress bar per task.
 mod bars {
     use std::collections::HashMap;
-    use std::path::Path;
     use std::sync::atomic::AtomicBool;
     use std::time::Instant;
 
@@ -275,20 +272,21 @@ mod bars {
 
     use super::{iter_cell, phase_cell, tick};
     use crate::cli::error::CliResult;
-    use crate::cli::view::{self, LoadOptions, QueueView, TaskView};
+    use crate::cli::format;
+    use crate::queue::{LoadOptions, QueueReader, QueueView, TaskView};
 
-    pub fn watch(queue: &Path, options: LoadOptions, stop: &AtomicBool) -> CliResult {
+    pub fn watch(reader: &QueueReader, options: LoadOptions, stop: &AtomicBool) -> CliResult {
         let multi = MultiProgress::with_draw_target(ProgressDrawTarget::stdout());
         let header = multi.add(ProgressBar::new_spinner());
         header.set_style(ProgressStyle::with_template("{msg}").expect("a valid template"));
         let mut task_bars: HashMap<String, (ProgressBar, bool)> = HashMap::new();
         loop {
             let started = Instant::now();
-            let view = view::load(queue, options);
+            let view = reader.status(options);
             header.set_message(format!(
                 "queue {}  daemon {}  {} task(s)  {}   (Ctrl-C to quit)",
                 view.root.display(),
-                view.daemon.describe(),
+                format::describe_daemon(view.daemon),
                 view.tasks.len(),
                 view.now.format("%H:%M:%S"),
             ));
@@ -362,16 +360,16 @@ mod bars {
         bar.set_position(task.iteration.unwrap_or(0));
         let mut parts = vec![iter_cell(task)];
         if let Some(rate) = task.rate_per_min {
-            parts.push(view::format_rate(rate));
+            parts.push(format::format_rate(rate));
         }
         if let Some(eta) = task.eta_seconds {
-            parts.push(format!("ETA {}", view::short_duration(eta)));
+            parts.push(format!("ETA {}", format::short_duration(eta)));
         }
-        if let Some(cost) = view::cost_cell(task) {
+        if let Some(cost) = format::cost_cell(task) {
             parts.push(format!("cost {cost}"));
         }
         if let Some(age) = task.checkpoint_age(view.now) {
-            parts.push(format!("checkpoint {} ago", view::short_duration(age)));
+            parts.push(format!("checkpoint {} ago", format::short_duration(age)));
         }
         if let Some(error) = &task.error {
             if !task.state.is_done() {

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use clap::Args;
 
 use super::error::{print_line, CliError, CliResult};
-use crate::queue::QueueDir;
+use crate::queue::{QueueDir, QueueReader};
 use crate::store::{FileStorage, Storage};
 use crate::task::{random_suffix, Task, MAX_TASK_FILE_BYTES};
 use crate::task_id::TaskId;
@@ -46,13 +46,8 @@ pub fn run(queue: &Path, args: SubmitArgs) -> CliResult {
         queue_dir.create_all()?;
     }
     let storage = FileStorage::new(queue);
-    let inbox_key = format!("inbox/{id}.json");
-    for key in [
-        QueueDir::task_key(&id),
-        QueueDir::done_key(&id),
-        QueueDir::failed_key(&id),
-        inbox_key.clone(),
-    ] {
+    let inbox_key = QueueDir::inbox_key(&id);
+    for key in QueueDir::keys_of_id(&id) {
         match storage.get(&key) {
             Ok(None) => {}
             Ok(Some(_)) => {
@@ -95,14 +90,15 @@ fn tell_what_next(queue: &Path, id: &str) {
     } else {
         format!("cairn --queue {}", shown.display())
     };
-    let daemon = if super::view::daemon_info(queue).running {
+    let reader = QueueReader::open(queue);
+    let daemon = if reader.daemon().running {
         "its daemon takes it within a second".to_string()
     } else {
         format!("no daemon runs on this queue: `{cairn} run` starts one")
     };
     eprintln!(
         "submitted {id} to {}; {daemon}; follow it with `{cairn} status` or `{cairn} show {id}`",
-        shown.join("inbox").display()
+        reader.dir().inbox().display()
     );
 }
 

@@ -569,6 +569,57 @@ fn generation_info(
     }
 }
 
+/// What a name in `incremental/` is, by the rules the store names its files with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CheckpointFileName<'a> {
+    /// `<id>.json.gz`: a task's latest checkpoint.
+    Latest { task_id: &'a str },
+    /// `<id>.<gen>.json.gz`: an older generation.
+    Older { task_id: &'a str, generation: u64 },
+}
+
+impl CheckpointFileName<'_> {
+    /// The task the file belongs to.
+    pub fn task_id(&self) -> &str {
+        match self {
+            CheckpointFileName::Latest { task_id } | CheckpointFileName::Older { task_id, .. } => {
+                task_id
+            }
+        }
+    }
+}
+
+impl CheckpointStore {
+    /// The directory, relative to the queue root, that holds the checkpoint files.
+    pub const DIR: &'static str = INCREMENTAL_DIR;
+
+    /// What the file `name` in [`DIR`](Self::DIR) is; `None` for a name the store never
+    /// writes (another suffix, a hidden or temp file).
+    pub fn parse_file_name(name: &str) -> Option<CheckpointFileName<'_>> {
+        if name.starts_with('.') {
+            return None;
+        }
+        let stem = name.strip_suffix(CHECKPOINT_SUFFIX)?;
+        Some(match split_generation(name) {
+            Some((task_id, generation)) => CheckpointFileName::Older {
+                task_id,
+                generation,
+            },
+            None => CheckpointFileName::Latest { task_id: stem },
+        })
+    }
+
+    /// The key of a task's latest checkpoint file.
+    pub fn latest_file_key(task_id: &str) -> String {
+        latest_key(task_id)
+    }
+
+    /// The key of an older generation's file.
+    pub fn generation_file_key(task_id: &str, generation: u64) -> String {
+        generation_key(task_id, generation)
+    }
+}
+
 /// `incremental/<id>.json.gz`
 fn latest_key(task_id: &str) -> String {
     format!("{INCREMENTAL_DIR}/{task_id}{CHECKPOINT_SUFFIX}")

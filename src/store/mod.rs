@@ -35,7 +35,8 @@ pub use checkpoint::{
     decode_checkpoint, encode_checkpoint, CheckpointError, IterationCheckpoint, FORMAT_VERSION,
 };
 pub use checkpoint_store::{
-    CheckpointStore, GenerationInfo, LoadedCheckpoint, SavedCheckpoint, StoreError,
+    CheckpointFileName, CheckpointStore, GenerationInfo, LoadedCheckpoint, SavedCheckpoint,
+    StoreError,
 };
 #[cfg(feature = "test-doubles")]
 pub use faulty::{FaultMode, FaultyFileOps};

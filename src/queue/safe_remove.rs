@@ -10,7 +10,7 @@ use std::ffi::OsStr;
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
-use std::path::{Component, Path};
+use std::path::{Component, Path, PathBuf};
 
 use nix::dir::Dir;
 use nix::errno::Errno;
@@ -18,7 +18,22 @@ use nix::fcntl::{openat, AtFlags, OFlag};
 use nix::sys::stat::{fstatat, Mode, SFlag};
 use nix::unistd::{unlinkat, UnlinkatFlags};
 
-use crate::queue::SUBDIRS;
+use super::SUBDIRS;
+
+/// Why a queue was not opened for removals; each names the directory.
+#[derive(Debug, thiserror::Error)]
+pub enum UnsafeQueueError {
+    #[error("cannot open the queue {}: {source}", root.display())]
+    Open { root: PathBuf, source: Errno },
+    #[error("{}: {source}", path.display())]
+    Stat { path: PathBuf, source: Errno },
+    #[error(
+        "{} is {what}; a queue's directories must be real directories (whoever can write the \
+         queue could point it anywhere), so nothing is touched",
+        path.display()
+    )]
+    NotARealDirectory { path: PathBuf, what: &'static str },
+}
 
 /// An opened queue root whose directories were checked to be real directories.
 #[derive(Debug)]
@@ -30,15 +45,24 @@ impl OpenedQueue {
     /// Open `root` (the path the user gave, links in it followed: that is their choice) and
     /// refuse it if one of its directories is a symbolic link or not a directory. The error
     /// names the directory and says why.
-    pub fn open(root: &Path) -> anyhow::Result<OpenedQueue> {
+    pub fn open(root: &Path) -> Result<OpenedQueue, UnsafeQueueError> {
         let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC;
-        let fd = nix::fcntl::open(root, flags, Mode::empty())
-            .map_err(|e| anyhow::anyhow!("cannot open the queue {}: {e}", root.display()))?;
+        let fd = nix::fcntl::open(root, flags, Mode::empty()).map_err(|source| {
+            UnsafeQueueError::Open {
+                root: root.to_path_buf(),
+                source,
+            }
+        })?;
         for dir in SUBDIRS {
             let stat = match fstatat(&fd, dir, AtFlags::AT_SYMLINK_NOFOLLOW) {
                 Ok(stat) => stat,
                 Err(Errno::ENOENT) => continue,
-                Err(e) => anyhow::bail!("{}: {e}", root.join(dir).display()),
+                Err(source) => {
+                    return Err(UnsafeQueueError::Stat {
+                        path: root.join(dir),
+                        source,
+                    })
+                }
             };
             let kind = SFlag::from_bits_truncate(stat.st_mode) & SFlag::S_IFMT;
             if kind != SFlag::S_IFDIR {
@@ -47,11 +71,10 @@ impl OpenedQueue {
                 } else {
                     "not a directory"
                 };
-                anyhow::bail!(
-                    "{} is {what}; a queue's directories must be real directories (whoever can \
-                     write the queue could point it anywhere), so nothing is touched",
-                    root.join(dir).display()
-                );
+                return Err(UnsafeQueueError::NotARealDirectory {
+                    path: root.join(dir),
+                    what,
+                });
             }
         }
         Ok(OpenedQueue { root: fd })
@@ -149,25 +172,6 @@ fn remove_tree(parent: &impl AsFd, name: &OsStr) -> io::Result<()> {
     Ok(())
 }
 
-/// A small file's bytes, or `None` unless it is a regular file (not a link, FIFO or device) of
-/// at most `cap` bytes: reading never blocks and never runs away.
-pub fn read_regular(path: &Path, cap: u64) -> Option<Vec<u8>> {
-    use std::io::Read;
-    use std::os::unix::fs::OpenOptionsExt;
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK | nix::libc::O_NOCTTY)
-        .open(path)
-        .ok()?;
-    let meta = file.metadata().ok()?;
-    if !meta.is_file() || meta.len() > cap {
-        return None;
-    }
-    let mut bytes = Vec::new();
-    file.take(cap).read_to_end(&mut bytes).ok()?;
-    Some(bytes)
-}
-
 #[cfg(test)]
 mod tests {
     use super::OpenedQueue;
@@ -189,7 +193,8 @@ mod tests {
         std::os::unix::fs::symlink(&outside, root.join("runs")).unwrap();
         assert!(opened.remove(Path::new("runs/t2")).is_err());
         assert!(outside.join("t2").is_dir(), "removed through a link");
-        let refused = OpenedQueue::open(&root).unwrap_err().to_string();
+        let refused = OpenedQueue::open(&root).unwrap_err();
+        let refused = refused.to_string();
         assert!(refused.contains("is a symbolic link"), "{refused}");
     }
 

@@ -1,0 +1,504 @@
+//! The read model of a queue: what the operator commands (`status`, `show`, `history`,
+//! `checkpoint`, `prune`, `fork`, `submit`) and the benches know about a queue, read from its
+//! files without a daemon and without writing anything.
+//!
+//! [`QueueReader`] is opened on a queue directory and answers: the tasks and where each stands
+//! ([`QueueView`], [`TaskView`]), a task's definition, record, progress, checkpoints (through
+//! the [`CheckpointStore`]) and journal, the rejections of files dropped into the inbox, and
+//! whether a daemon holds the queue ([`DaemonInfo`]). Formatting is the caller's.
+
+mod files;
+mod liveness;
+mod paths;
+mod rate;
+mod record;
+mod task_view;
+#[cfg(test)]
+mod tests;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use chrono::{DateTime, Utc};
+use serde_json::Value;
+
+pub use liveness::{daemon_info, DaemonInfo};
+pub use rate::rate_from_events;
+pub use record::{Record, RecordError};
+pub use task_view::TaskView;
+
+pub(crate) use files::{disk_size, json_stems, list_names, mtime, newest_mtime, read_regular};
+
+use crate::queue::QueueDir;
+use crate::store::current_work::{CurrentWork, StartPoint, StoredOutput};
+use crate::store::journal::{self, JournalEvent};
+use crate::store::{
+    CheckpointStore, FileStorage, GenerationInfo, IterationCheckpoint, LoadedCheckpoint, StoreError,
+};
+use crate::task::Task;
+use crate::task_id::TaskId;
+use files::quietly;
+use task_view::{rejected_view, submitted_view, task_view, Listing};
+
+/// How many inbox files `status` reads to list submitted tasks; beyond that they are only
+/// counted, so that a large drop does not make every status query read all of it.
+const INBOX_READ_LIMIT: usize = 1000;
+
+/// `current_work.json` could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum CurrentWorkError {
+    #[error("{} cannot be read: {source}", path.display())]
+    Json {
+        path: PathBuf,
+        source: serde_json::Error,
+    },
+    #[error("reading {}: {source}", path.display())]
+    Io { path: PathBuf, source: io::Error },
+}
+
+/// A phase output kept in a file that could not be read.
+#[derive(Debug, thiserror::Error)]
+#[error("{}: {why}", path.display())]
+pub struct OutputError {
+    pub path: PathBuf,
+    pub why: String,
+}
+
+/// A whole queue, as read at `now`.
+#[derive(Debug)]
+pub struct QueueView {
+    pub root: PathBuf,
+    pub now: DateTime<Utc>,
+    pub daemon: DaemonInfo,
+    /// In flight first, then pending, finished and rejected; by id within each.
+    pub tasks: Vec<TaskView>,
+    /// Task files in `inbox/` not taken yet.
+    pub inbox: usize,
+    /// Files rejected at intake (`failed/rejected-*.json`), listed in `tasks` or not.
+    pub rejected: usize,
+    /// Files that could not be read (each names the file and why).
+    pub warnings: Vec<String>,
+    /// Why `current_work.json` could not be read (also among `warnings`): what is in flight
+    /// is unknown.
+    pub current_work_problem: Option<String>,
+}
+
+/// What to read besides the basics.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct LoadOptions {
+    /// How many rejected intake files (`failed/rejected-*.json`) to list, the most recent ones
+    /// (`usize::MAX`: all).
+    pub rejected: usize,
+}
+
+/// A reader of one queue directory; it never writes and never takes the queue's lock.
+#[derive(Debug, Clone)]
+pub struct QueueReader {
+    dir: QueueDir,
+    store: CheckpointStore,
+}
+
+impl QueueReader {
+    /// A reader of the queue at `root` (made absolute, so that what it names is unambiguous).
+    pub fn open(root: &Path) -> QueueReader {
+        let root = std::path::absolute(root).unwrap_or_else(|_| root.to_path_buf());
+        QueueReader {
+            store: CheckpointStore::with_storage(Arc::new(FileStorage::new(&root))),
+            dir: QueueDir::new(root),
+        }
+    }
+
+    pub fn dir(&self) -> &QueueDir {
+        &self.dir
+    }
+
+    pub fn root(&self) -> &Path {
+        self.dir.root()
+    }
+
+    /// Whether the queue directory exists.
+    pub fn exists(&self) -> bool {
+        self.root().is_dir()
+    }
+
+    /// The path of a storage key, for messages and for reading a file the store named.
+    pub fn path_of_key(&self, key: &str) -> PathBuf {
+        self.root().join(key)
+    }
+
+    /// Whether a daemon holds the queue, and its pid.
+    pub fn daemon(&self) -> DaemonInfo {
+        daemon_info(&self.dir)
+    }
+
+    /// The tasks in flight (missing file: nothing in flight).
+    pub fn current_work(&self) -> Result<CurrentWork, CurrentWorkError> {
+        let path = self.dir.current_work_file();
+        match fs::read(&path) {
+            Ok(bytes) => serde_json::from_slice(&bytes)
+                .map_err(|source| CurrentWorkError::Json { path, source }),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(CurrentWork::default()),
+            Err(source) => Err(CurrentWorkError::Io { path, source }),
+        }
+    }
+
+    /// The `retry_of` stamps in `current_work.json`, read from its JSON so that this reader
+    /// does not depend on the field's type.
+    fn retry_of(&self) -> HashMap<String, DateTime<Utc>> {
+        let Ok(bytes) = fs::read(self.dir.current_work_file()) else {
+            return HashMap::new();
+        };
+        let Ok(value) = serde_json::from_slice::<Value>(&bytes) else {
+            return HashMap::new();
+        };
+        let entries = value["active_tasks"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        entries
+            .iter()
+            .filter_map(|entry| {
+                let id = entry["task_id"].as_str()?;
+                let at = DateTime::parse_from_rfc3339(entry["retry_of"].as_str()?).ok()?;
+                Some((id.to_string(), at.with_timezone(&Utc)))
+            })
+            .collect()
+    }
+
+    /// Read the whole queue.
+    pub fn status(&self, options: LoadOptions) -> QueueView {
+        let now = Utc::now();
+        // The store logs unusable checkpoints; they are reported here instead, once per view.
+        let listing = quietly(|| Listing::read(self));
+        let mut warnings = listing.warnings.clone();
+        let (ids, mut rejected) = self.known_ids(&listing.work);
+        let mut tasks: Vec<TaskView> = quietly(|| {
+            ids.iter()
+                .filter_map(|name| TaskId::parse(name.as_str()).ok())
+                .map(|id| task_view(&listing, &id))
+                .collect()
+        });
+        // A file in the inbox whose id is taken already will be rejected, not run.
+        tasks.extend(
+            self.inbox_tasks()
+                .into_iter()
+                .filter(|(_, task)| !ids.contains(task.id().as_str()))
+                .map(|(name, task)| submitted_view(self, &name, task)),
+        );
+        let rejected_count = rejected.len();
+        // Most recent first; ties (same time) by name.
+        rejected
+            .sort_by(|(a_stem, a), (b_stem, b)| b.at.cmp(&a.at).then_with(|| a_stem.cmp(b_stem)));
+        tasks.extend(
+            rejected
+                .into_iter()
+                .take(options.rejected)
+                .map(|(stem, record)| rejected_view(&stem, record)),
+        );
+        tasks.sort_by(|a, b| {
+            record::rank(&a.state)
+                .cmp(&record::rank(&b.state))
+                .then_with(|| a.id.cmp(&b.id))
+        });
+        for task in &tasks {
+            warnings.extend(task.warnings.iter().cloned());
+        }
+        QueueView {
+            root: self.root().to_path_buf(),
+            now,
+            daemon: listing.daemon,
+            tasks,
+            inbox: self.inbox_count(),
+            rejected: rejected_count,
+            warnings,
+            current_work_problem: listing.work_problem.clone(),
+        }
+    }
+
+    /// The ids of accepted, finished and in-flight tasks, and the rejection records apart.
+    fn known_ids(&self, work: &CurrentWork) -> (BTreeSet<String>, Vec<(String, Record)>) {
+        let mut ids: BTreeSet<String> = BTreeSet::new();
+        ids.extend(json_stems(&self.dir.tasks()));
+        ids.extend(json_stems(&self.dir.done_dir()));
+        let mut rejected = Vec::new();
+        for stem in json_stems(&self.dir.failed_dir()) {
+            if let Some(record) = self.rejection(&stem) {
+                rejected.push((stem, record));
+                continue;
+            }
+            ids.insert(stem);
+        }
+        ids.extend(work.active_tasks.iter().map(|t| t.task_id.to_string()));
+        (ids, rejected)
+    }
+
+    /// The record `failed/<stem>.json` if it is a rejection. A task may be named rejected-x
+    /// too: its record says which it is.
+    fn rejection(&self, stem: &str) -> Option<Record> {
+        if !stem.starts_with("rejected-") {
+            return None;
+        }
+        Record::read(&self.dir.failed_file(stem))
+            .ok()
+            .filter(Record::is_rejection)
+    }
+
+    /// Entries in `inbox/` not taken yet (hidden and temp files left out).
+    fn inbox_count(&self) -> usize {
+        list_names(&self.dir.inbox())
+            .iter()
+            .filter(|name| !name.starts_with('.') && !name.ends_with(".tmp"))
+            .count()
+    }
+
+    /// One task, by id (rejected records included); `None` when the queue knows no such task.
+    pub fn task(&self, id: &TaskId) -> Option<TaskView> {
+        let listing = quietly(|| Listing::read(self));
+        let known = self.dir.task_file(id).exists()
+            || self.dir.done_file(id).exists()
+            || self.dir.failed_file(id).exists()
+            || listing.work.get(id).is_some();
+        if !known {
+            return self
+                .inbox_tasks()
+                .into_iter()
+                .find(|(_, task)| task.id() == id)
+                .map(|(name, task)| submitted_view(self, &name, task));
+        }
+        if let Ok(record) = Record::read(&self.dir.failed_file(id)) {
+            if record.is_rejection() {
+                return Some(rejected_view(id, record));
+            }
+        }
+        let mut view = quietly(|| task_view(&listing, id));
+        view.warnings.splice(0..0, listing.warnings);
+        Some(view)
+    }
+
+    /// Where [`task`](Self::task) looks for a task, for a message saying it found none.
+    pub fn places_of(&self, id: &str) -> String {
+        let in_root = |path: PathBuf| {
+            path.strip_prefix(self.root())
+                .map(|p| p.display().to_string())
+                .unwrap_or_default()
+        };
+        format!(
+            "no {}, {}, {}, entry in {} nor rejected {}",
+            QueueDir::task_key(id),
+            QueueDir::done_key(id),
+            QueueDir::failed_key(id),
+            in_root(self.dir.current_work_file()),
+            QueueDir::inbox_key(id),
+        )
+    }
+
+    /// The task files waiting in `inbox/` that name their id (as `cairn submit` writes them),
+    /// by file name. Files without an id get one only when the daemon takes them; files that
+    /// do not parse will be rejected: neither is listed.
+    pub fn inbox_tasks(&self) -> Vec<(String, Task)> {
+        let inbox = self.dir.inbox();
+        list_names(&inbox)
+            .into_iter()
+            .filter(|name| !name.starts_with('.') && name.ends_with(".json"))
+            .take(INBOX_READ_LIMIT)
+            .filter_map(|name| {
+                let path = inbox.join(&name);
+                // Only regular files, and not a huge one: the daemon will refuse those anyway.
+                let meta = fs::symlink_metadata(&path).ok()?;
+                if !meta.is_file() || meta.len() > crate::task::MAX_TASK_FILE_BYTES {
+                    return None;
+                }
+                let task = Task::parse(&fs::read(&path).ok()?).ok()?;
+                task.id.is_some().then_some((name, task))
+            })
+            .collect()
+    }
+
+    /// Is a task with this id waiting in `inbox/` (as `cairn submit` names it, or inside a
+    /// file named otherwise)?
+    pub fn in_inbox(&self, id: &str) -> bool {
+        self.inbox_tasks().iter().any(|(_, task)| task.id() == id)
+    }
+
+    /// The ids named by every task file waiting in `inbox/`, read without following links and
+    /// without blocking (a fork's task, say).
+    pub fn inbox_ids(&self) -> Vec<String> {
+        let inbox = self.dir.inbox();
+        list_names(&inbox)
+            .into_iter()
+            .filter_map(|name| {
+                let bytes = read_regular(&inbox.join(name), crate::task::MAX_TASK_FILE_BYTES)?;
+                let value: Value = serde_json::from_slice(&bytes).ok()?;
+                value["id"].as_str().map(str::to_string)
+            })
+            .collect()
+    }
+
+    /// Does the queue have any file of this task (definition, record, entry or checkpoint)?
+    pub fn task_exists(&self, id: &str) -> bool {
+        self.dir.task_file(id).exists()
+            || self.dir.done_file(id).exists()
+            || self.dir.failed_file(id).exists()
+            || self
+                .path_of_key(&CheckpointStore::latest_file_key(id))
+                .exists()
+            || self.current_work().is_ok_and(|work| work.get(id).is_some())
+    }
+
+    /// The names of the rejection records (`failed/rejected-*.json`) of files that were
+    /// dropped as `inbox/<file>` or `inbox/<file>.json`, the most recent first: a person knows
+    /// the file name, not the suffix intake gave the record.
+    pub fn rejections_of(&self, file: &str) -> Vec<String> {
+        let wanted = QueueDir::inbox_names(file);
+        let mut found: Vec<(Option<DateTime<Utc>>, String)> = json_stems(&self.dir.failed_dir())
+            .into_iter()
+            .filter_map(|stem| {
+                let record = self.rejection(&stem)?;
+                let named = record.value["file"].as_str()?;
+                wanted
+                    .iter()
+                    .any(|w| w == named)
+                    .then_some((record.at, stem))
+            })
+            .collect();
+        found.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(&b.1)));
+        found.into_iter().map(|(_, stem)| stem).collect()
+    }
+
+    /// A task's definition as accepted (`tasks/<id>.json`); `None` when there is none.
+    pub fn definition_bytes(&self, id: &str) -> io::Result<Option<Vec<u8>>> {
+        match fs::read(self.dir.task_file(id)) {
+            Ok(bytes) => Ok(Some(bytes)),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The phase a pending task starts at: 0, or a fork's start point.
+    fn start_phase(&self, id: &str) -> usize {
+        fs::read(self.path_of_key(&StartPoint::key(id)))
+            .ok()
+            .and_then(|bytes| serde_json::from_slice::<Value>(&bytes).ok())
+            .and_then(|v| v["phase_index"].as_u64())
+            .unwrap_or(0) as usize
+    }
+
+    /// The outputs of finished phases the queue still has for a task: from its records, then
+    /// (for those not there) from its entry in `current_work.json`.
+    pub fn phase_outputs(&self, id: &str) -> BTreeMap<String, Value> {
+        let mut found: BTreeMap<String, Value> = BTreeMap::new();
+        for path in [self.dir.done_file(id), self.dir.failed_file(id)] {
+            if let Ok(bytes) = fs::read(path) {
+                let record: Value = serde_json::from_slice(&bytes).unwrap_or_default();
+                if let Some(Value::Object(outputs)) = record.get("phase_outputs") {
+                    found.extend(outputs.iter().map(|(k, v)| (k.clone(), v.clone())));
+                }
+            }
+        }
+        if let Ok(work) = self.current_work() {
+            if let Some(entry) = work.get(id) {
+                for (name, stored) in &entry.phase_outputs {
+                    if let Ok(value) = self.stored_output(stored) {
+                        found.entry(name.clone()).or_insert(value);
+                    }
+                }
+            }
+        }
+        found
+    }
+
+    /// A phase output as `current_work.json` holds it: inline, or in a file of the queue.
+    pub fn stored_output(&self, stored: &StoredOutput) -> Result<Value, OutputError> {
+        let key = match stored {
+            StoredOutput::Inline(value) => return Ok(value.clone()),
+            StoredOutput::File(key) => key,
+        };
+        let path = self.path_of_key(key);
+        let failed = |why: String| OutputError {
+            path: path.clone(),
+            why,
+        };
+        if !is_plain_key(key) {
+            return Err(failed("not a file inside the queue".into()));
+        }
+        let bytes = fs::read(&path).map_err(|e| failed(e.to_string()))?;
+        serde_json::from_slice(&bytes).map_err(|e| failed(e.to_string()))
+    }
+
+    /// A task's journal file, `runs/<id>/events.jsonl`.
+    pub fn journal_file(&self, id: &str) -> PathBuf {
+        journal::journal_path(self.root(), id)
+    }
+
+    /// A task's whole journal (torn lines skipped).
+    pub fn journal(&self, id: &str) -> io::Result<Vec<JournalEvent>> {
+        journal::read(self.root(), id)
+    }
+
+    /// A task's working directory, `runs/<id>/`.
+    pub fn run_dir(&self, id: &str) -> PathBuf {
+        self.dir.run_dir(id)
+    }
+
+    /// The stderr logs of a task's commands (`runs/<id>/<index>-<phase>.log`), with sizes.
+    pub fn log_files(&self, id: &str) -> Vec<(PathBuf, u64)> {
+        let dir = self.run_dir(id);
+        list_names(&dir)
+            .into_iter()
+            .filter(|name| name.ends_with(".log"))
+            .filter_map(|name| {
+                let path = dir.join(name);
+                let bytes = fs::metadata(&path).ok()?.len();
+                Some((path, bytes))
+            })
+            .collect()
+    }
+
+    /// Records of earlier failures that `cairn retry` archived as `runs/<id>/failed-*.json`.
+    pub fn earlier_failures(&self, id: &str) -> Vec<Value> {
+        let dir = self.run_dir(id);
+        list_names(&dir)
+            .into_iter()
+            .filter(|n| n.starts_with("failed-") && n.ends_with(".json"))
+            .filter_map(|n| serde_json::from_slice(&fs::read(dir.join(n)).ok()?).ok())
+            .collect()
+    }
+
+    /// The queue's checkpoint store (reading only).
+    pub fn checkpoints(&self) -> &CheckpointStore {
+        &self.store
+    }
+
+    /// Every checkpoint file of a task, newest first (the store's warnings silenced: callers
+    /// report each file's error themselves).
+    pub fn history(&self, id: &str) -> Result<Vec<GenerationInfo>, StoreError> {
+        quietly(|| self.store.history(id))
+    }
+
+    /// The newest checkpoint of a task that decodes, with the files skipped on the way.
+    pub fn latest_checkpoint(&self, id: &str) -> Result<Option<LoadedCheckpoint>, StoreError> {
+        quietly(|| self.store.latest(id))
+    }
+
+    /// One generation of a task's checkpoint.
+    pub fn checkpoint_generation(
+        &self,
+        id: &str,
+        generation: u64,
+    ) -> Result<IterationCheckpoint, StoreError> {
+        quietly(|| self.store.generation(id, generation))
+    }
+
+    /// The bytes of a file the store named by key (`None` when it cannot be read).
+    pub fn read_key(&self, key: &str) -> Option<Vec<u8>> {
+        fs::read(self.path_of_key(key)).ok()
+    }
+}
+
+/// A storage key that stays inside the queue.
+fn is_plain_key(key: &str) -> bool {
+    !key.starts_with('/') && key.split('/').all(|part| part != ".." && !part.is_empty())
+}
