@@ -71,7 +71,7 @@ pub fn run(queue: &Path, action: Action, args: ControlArgs) -> CliResult {
     let key = control::submit(&storage, &request).map_err(|e| {
         CliError::failure(format_args!(
             "writing the request into {}: {e}",
-            reader.dir().control().display()
+            QueueDir::new(queue).control().display()
         ))
     })?;
     let verb = action.as_str();

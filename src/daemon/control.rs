@@ -1,11 +1,19 @@
 //! Operator requests (`cairn pause|resume|cancel|retry`), taken from `control/` and applied to
 //! the scheduler's state; and where a new task's first attempt starts (a fork's start point).
 
-use super::*;
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use super::{runner_blocking, Scheduler};
 use crate::queue::control::{self, ControlAction, ControlRequest};
+use crate::queue::QueueDir;
+use crate::runner::RunContext;
+use crate::store::current_work::{ActiveStatus, ActiveTask};
 use crate::store::current_work::{StartPoint, StoredOutput};
 use crate::store::events::Event;
 use crate::store::records::{FailedRecord, RecordStatus};
+use crate::task::Task;
+use crate::task_id::TaskId;
 
 impl Scheduler {
     /// Apply and remove every request waiting in `control/`, oldest first. A request for a
@@ -73,8 +81,23 @@ impl Scheduler {
         let action = request.action;
         tracing::info!(task_id = %id, action = action.as_str(), "control request");
         let in_flight = self.ctx.work.update(|w| w.get(id).cloned());
-        match request.action {
-            ControlAction::Pause | ControlAction::Cancel if self.running_ids.contains(id) => {
+        let standing = if self.running_ids.contains(id) {
+            Standing::Running
+        } else if let Some(entry) = &in_flight {
+            Standing::InFlight {
+                status: entry.status,
+                suspect: entry.suspect,
+            }
+        } else if self.pending.iter().any(|(_, _, p)| p == id) && self.tasks.contains_key(id) {
+            Standing::Pending
+        } else {
+            Standing::Unknown
+        };
+        let steer = decide_control(request.action, standing, self.tasks.contains_key(id));
+        match steer {
+            Steer::Refuse(why) => self.refuse(id, action, why),
+            Steer::Nothing => {}
+            Steer::Signal => {
                 // The runner stops at its next iteration boundary (pause) or at once (cancel);
                 // attempt_finished records the outcome.
                 let control = self.ctx.control(id);
@@ -90,29 +113,28 @@ impl Scheduler {
                 };
                 self.ctx.journal(id, event);
             }
-            ControlAction::Pause => {
-                let Some(mut entry) = in_flight.or_else(|| self.queued_entry(id)) else {
-                    return self.refuse(id, action, "it is neither pending nor in flight");
-                };
-                if entry.status == ActiveStatus::Paused {
+            Steer::Pause | Steer::Resume | Steer::Cancel => {
+                let Some(entry) = in_flight.or_else(|| self.queued_entry(id)) else {
                     return;
-                }
-                self.unqueue(id);
+                };
+                self.steer_entry(steer, entry).await;
+            }
+            Steer::Retry => self.retry(id).await,
+        }
+    }
+
+    /// Carry out a pause, resume or cancel of a task that is not running.
+    async fn steer_entry(&mut self, steer: Steer, mut entry: ActiveTask) {
+        let id = entry.task_id.clone();
+        match steer {
+            Steer::Pause => {
+                self.unqueue(&id);
                 entry.status = ActiveStatus::Paused;
                 self.ctx.work.update(|w| w.upsert(entry));
-                self.ctx.journal(
-                    id,
-                    Event::Paused {
-                        phase: None,
-                        iterations: None,
-                    },
-                );
-                self.persist().await;
+                let (phase, iterations) = (None, None);
+                self.ctx.journal(&id, Event::Paused { phase, iterations });
             }
-            ControlAction::Resume => {
-                let Some(mut entry) = in_flight.filter(|e| e.status == ActiveStatus::Paused) else {
-                    return self.refuse(id, action, "it is not paused");
-                };
+            Steer::Resume => {
                 entry.status = ActiveStatus::Interrupted;
                 // A crash suspect paused before its trial is still to be tried alone.
                 let queue = if entry.suspect {
@@ -122,41 +144,29 @@ impl Scheduler {
                 };
                 queue.push_back(id.clone());
                 self.ctx.work.update(|w| w.upsert(entry));
-                self.ctx.journal(id, Event::Resumed {});
-                self.persist().await;
+                self.ctx.journal(&id, Event::Resumed {});
             }
-            ControlAction::Cancel => {
-                let Some(entry) = in_flight.or_else(|| self.queued_entry(id)) else {
-                    return self.refuse(id, action, "it is neither pending nor in flight");
+            Steer::Cancel => {
+                let Some(task) = self.tasks.get(&id).cloned() else {
+                    return;
                 };
-                let Some(task) = self.tasks.get(id).cloned() else {
-                    return self.refuse(id, action, "its definition is not loaded");
-                };
-                self.unqueue(id);
-                self.record_failure(
-                    &task,
-                    entry,
-                    "cancelled by an operator".into(),
-                    RecordStatus::Cancelled,
-                )
-                .await;
-                self.tasks.remove(id);
-                self.persist().await;
+                self.unqueue(&id);
+                let error = "cancelled by an operator".to_string();
+                self.record_failure(&task, entry, error, RecordStatus::Cancelled)
+                    .await;
+                self.tasks.remove(&id);
             }
-            ControlAction::Retry => self.retry(id).await,
+            Steer::Refuse(_) | Steer::Nothing | Steer::Signal | Steer::Retry => return,
         }
+        self.persist().await;
     }
 
     fn refuse(&self, id: &str, action: ControlAction, why: &str) {
         let verb = action.as_str();
         tracing::warn!(task_id = id, "cannot {verb} task {id}: {why}");
-        self.ctx.journal(
-            id,
-            Event::ControlRefused {
-                action,
-                reason: why.to_string(),
-            },
-        );
+        let reason = why.to_string();
+        self.ctx
+            .journal(id, Event::ControlRefused { action, reason });
     }
 
     /// A new entry for a task that is pending (accepted, never started), if it is.
@@ -185,10 +195,10 @@ impl Scheduler {
     /// checkpoint with its attempts counted afresh. The entry is written before the record is
     /// archived (`retry_of` tells recovery which of the two is current).
     async fn retry(&mut self, id: &TaskId) {
+        let retry = ControlAction::Retry;
         let storage = Arc::clone(&self.ctx.storage);
         let key = QueueDir::failed_key(id);
         let get_key = key.clone();
-        let retry = ControlAction::Retry;
         let record = match runner_blocking(move || storage.get(&get_key)).await {
             Ok(Some(bytes)) => match serde_json::from_slice::<FailedRecord>(&bytes) {
                 Ok(record) => record,
@@ -200,11 +210,8 @@ impl Scheduler {
             Err(e) => return self.refuse(id, retry, &format!("reading {key}: {e}")),
         };
         if !record.status.is_retryable() {
-            return self.refuse(
-                id,
-                retry,
-                &format!("its record's status is {:?}", record.status.as_str()),
-            );
+            let status = record.status.as_str();
+            return self.refuse(id, retry, &format!("its record's status is {status:?}"));
         }
         let task = match self.read_task(id).await {
             Ok(task) => Arc::new(task),
@@ -235,11 +242,12 @@ impl Scheduler {
         self.archive_failure(id, &record).await;
         self.tasks.insert(id.clone(), task);
         self.resume.push_back(id.clone());
+        let (previous_status, phase) = (record.status, record.phase);
         self.ctx.journal(
             id,
             Event::Retried {
-                previous_status: record.status,
-                phase: record.phase,
+                previous_status,
+                phase,
             },
         );
     }
@@ -259,8 +267,72 @@ impl Scheduler {
         })
         .await;
         if let Err(e) = moved {
-            tracing::error!(task_id = id, "cannot archive the failed record: {e}");
+            tracing::error!(task_id = %id, "cannot archive the failed record: {e}");
         }
+    }
+}
+
+/// Where a task named by a control request stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Standing {
+    /// An attempt of it runs now.
+    Running,
+    /// It has an entry in `current_work` (interrupted, paused, waiting for a retry) and no
+    /// attempt running.
+    InFlight { status: ActiveStatus, suspect: bool },
+    /// Accepted, never started.
+    Pending,
+    /// Neither: finished, failed, or never seen.
+    Unknown,
+}
+
+/// What a control request does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Steer {
+    /// Tell the running attempt (its pause or cancel token): it stops at its next boundary or at
+    /// once, and `attempt_finished` records how it ended.
+    Signal,
+    /// Take it out of every line and hold it until `cairn resume`.
+    Pause,
+    /// Put it back in line (with the suspects if it is one).
+    Resume,
+    /// Record it cancelled.
+    Cancel,
+    /// Bring its failed record back (see [`Scheduler::retry`], which checks the record).
+    Retry,
+    /// Nothing to do: it is so already.
+    Nothing,
+    /// The request does not apply, for this reason.
+    Refuse(&'static str),
+}
+
+/// What a control request does to a task, from where the task stands and whether its
+/// definition is loaded. Pure.
+pub(super) fn decide_control(
+    action: ControlAction,
+    standing: Standing,
+    definition_loaded: bool,
+) -> Steer {
+    const NOT_THERE: &str = "it is neither pending nor in flight";
+    let paused = |status| status == ActiveStatus::Paused;
+    match (action, standing) {
+        (ControlAction::Retry, _) => Steer::Retry,
+        (ControlAction::Pause | ControlAction::Cancel, Standing::Running) => Steer::Signal,
+        (ControlAction::Pause | ControlAction::Cancel, Standing::Unknown) => {
+            Steer::Refuse(NOT_THERE)
+        }
+        (ControlAction::Pause, Standing::InFlight { status, .. }) if paused(status) => {
+            Steer::Nothing
+        }
+        (ControlAction::Pause, _) => Steer::Pause,
+        (ControlAction::Resume, Standing::InFlight { status, .. }) if paused(status) => {
+            Steer::Resume
+        }
+        (ControlAction::Resume, _) => Steer::Refuse("it is not paused"),
+        (ControlAction::Cancel, _) if !definition_loaded => {
+            Steer::Refuse("its definition is not loaded")
+        }
+        (ControlAction::Cancel, _) => Steer::Cancel,
     }
 }
 
@@ -290,4 +362,66 @@ pub(super) fn fresh_entry(ctx: &RunContext, task: &Task) -> ActiveTask {
             .collect();
     }
     entry
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{decide_control, Standing, Steer};
+    use crate::queue::control::ControlAction;
+    use crate::store::current_work::ActiveStatus;
+
+    #[test]
+    fn what_each_request_does() {
+        use ActiveStatus::{Interrupted, Paused, WaitingRetry};
+        use ControlAction::{Cancel, Pause, Resume, Retry};
+        use Standing::{Pending, Running, Unknown};
+        let in_flight = |status| Standing::InFlight {
+            status,
+            suspect: false,
+        };
+        let suspect = |status| Standing::InFlight {
+            status,
+            suspect: true,
+        };
+        let not_there = Steer::Refuse("it is neither pending nor in flight");
+        let not_paused = Steer::Refuse("it is not paused");
+        let not_loaded = Steer::Refuse("its definition is not loaded");
+        // (request, where the task stands, definition loaded) → what it does
+        #[rustfmt::skip]
+        let table = [
+            // A running attempt is told, and stops at its next boundary (pause) or at once.
+            ((Pause,  Running,                   true),  Steer::Signal),
+            ((Cancel, Running,                   true),  Steer::Signal),
+            ((Cancel, Running,                   false), Steer::Signal),
+            // Waiting tasks are paused or cancelled where they wait.
+            ((Pause,  in_flight(Interrupted),    true),  Steer::Pause),
+            ((Pause,  in_flight(WaitingRetry),   true),  Steer::Pause),
+            ((Pause,  Pending,                   true),  Steer::Pause),
+            ((Pause,  in_flight(Paused),         true),  Steer::Nothing),
+            ((Cancel, in_flight(WaitingRetry),   true),  Steer::Cancel),
+            ((Cancel, in_flight(Paused),         true),  Steer::Cancel),
+            ((Cancel, Pending,                   true),  Steer::Cancel),
+            ((Cancel, in_flight(Interrupted),    false), not_loaded),
+            // Only a paused task resumes (a suspect back to its trial, by the flag).
+            ((Resume, in_flight(Paused),         true),  Steer::Resume),
+            ((Resume, suspect(Paused),           true),  Steer::Resume),
+            ((Resume, Running,                   true),  not_paused),
+            ((Resume, in_flight(Interrupted),    true),  not_paused),
+            ((Resume, Pending,                   true),  not_paused),
+            ((Resume, Unknown,                   false), not_paused),
+            // Nothing to pause or cancel.
+            ((Pause,  Unknown,                   false), not_there),
+            ((Cancel, Unknown,                   true),  not_there),
+            // A retry is for a failed record, wherever the task stands.
+            ((Retry,  Unknown,                   false), Steer::Retry),
+            ((Retry,  Running,                   true),  Steer::Retry),
+        ];
+        for ((action, standing, loaded), steer) in table {
+            assert_eq!(
+                decide_control(action, standing, loaded),
+                steer,
+                "{action:?}, {standing:?}, definition loaded {loaded}"
+            );
+        }
+    }
 }

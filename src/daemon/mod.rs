@@ -11,9 +11,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use futures::FutureExt;
-use serde_json::Value;
-use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 
 mod after_attempt;
@@ -30,11 +27,10 @@ mod summary;
 pub use notify::NOTIFY_ENV;
 pub use summary::RunSummary;
 
-use crate::queue::{Intake, LockError, QueueDir, QueueHint, QueueLock, QueueWatcher};
-use crate::runner::{self, AttemptEnd, RunContext, WorkState};
+use crate::queue::{Intake, LockError, QueueDir, QueueHint, QueueLock};
+use crate::runner::{AttemptEnd, RunContext, WorkState};
 use crate::shutdown::Shutdown;
 use crate::store::current_work::{ActiveStatus, ActiveTask};
-use crate::store::records::{to_record_bytes, DoneRecord, FailedRecord};
 use crate::store::{CheckpointStore, FileStorage, Storage};
 use crate::task::Task;
 use crate::task_id::TaskId;
@@ -105,15 +101,54 @@ pub async fn run_with_summary(
     config: DaemonConfig,
     shutdown: Shutdown,
 ) -> Result<(DaemonExit, RunSummary), DaemonError> {
+    let (queue, _lock) = take_queue(&config)?;
+    prepare_queue(queue.root()).await;
+    let storage = open_storage(&config, queue.root());
+    let work = load_work(&queue, &storage)?;
+    let ctx = Arc::new(RunContext {
+        queue: queue.clone(),
+        checkpoints: CheckpointStore::with_storage(Arc::clone(&storage)),
+        storage: Arc::clone(&storage),
+        work: Arc::new(work),
+        shutdown: shutdown.clone(),
+        controls: Default::default(),
+        journal: crate::store::journal::JournalWriter::start(queue.root()),
+        trial_progress: tokio::sync::Notify::new(),
+    });
+    let mut scheduler = Scheduler::new(ctx, config);
+    scheduler.recover().await?;
+    // The queue is locked and what was in flight is lined up again.
+    let status = scheduler.status_line();
+    scheduler.notifier.ready(status);
+    let exit = scheduler.work_until_stopped().await;
+    scheduler.drain().await;
+    let summary = scheduler.close().await;
+    let exit = if shutdown.is_immediate() {
+        DaemonExit::StoppedImmediately
+    } else {
+        exit
+    };
+    Ok((exit, summary))
+}
+
+/// The queue made absolute and created if need be, locked against a second daemon, and
+/// checked to be writable by nobody else.
+fn take_queue(config: &DaemonConfig) -> Result<(QueueDir, QueueLock), DaemonError> {
     let root = std::path::absolute(&config.queue_dir)
         .map_err(|e| DaemonError::Setup(format!("queue {}: {e}", config.queue_dir.display())))?;
     let queue = QueueDir::new(&root);
     queue
         .create_all()
         .map_err(|e| DaemonError::Setup(e.to_string()))?;
-    let _lock = QueueLock::acquire(&queue)?;
+    let lock = QueueLock::acquire(&queue)?;
     crate::queue::check_queue_permissions(&queue).map_err(DaemonError::UnsafeQueue)?;
-    let orphan_root = root.clone();
+    Ok((queue, lock))
+}
+
+/// Kill what a daemon that died left running (so nothing races the tasks about to resume),
+/// and write the worker helpers.
+async fn prepare_queue(root: &std::path::Path) {
+    let orphan_root = root.to_path_buf();
     let orphans = runner_blocking(move || crate::runner::kill_orphans(&orphan_root)).await;
     if orphans > 0 {
         tracing::warn!(
@@ -122,16 +157,20 @@ pub async fn run_with_summary(
         );
     }
     tracing::info!(queue = %root.display(), pid = std::process::id(), "cairn daemon started");
-    let clients_root = root.clone();
+    let clients_root = root.to_path_buf();
     // Not fatal: only tasks whose workers use the helpers need them, and their error names
     // the missing file.
     if let Err(e) = runner_blocking(move || crate::clients::install(&clients_root)).await {
         tracing::error!("writing the worker helpers: {e}");
     }
+}
 
+/// The storage backend (the configured one, else files on the queue), with the temp files a
+/// crash left removed.
+fn open_storage(config: &DaemonConfig, root: &std::path::Path) -> Arc<dyn Storage> {
     let storage: Arc<dyn Storage> = match &config.storage {
         Some(storage) => Arc::clone(storage),
-        None => Arc::new(FileStorage::new(&root)),
+        None => Arc::new(FileStorage::new(root)),
     };
     match storage.remove_temp_files() {
         Ok(removed) if !removed.is_empty() => {
@@ -145,85 +184,18 @@ pub async fn run_with_summary(
         // again before they are written to.
         Err(e) => tracing::error!("cleaning temp files and syncing the queue's directories: {e}"),
     }
-    let work = match WorkState::load(Arc::clone(&storage)) {
-        Ok(work) => work,
-        Err(e) => {
-            return Err(DaemonError::Setup(format!(
-                "{e}; move {} aside to start without it (tasks then restart their phases, their loop checkpoints are kept)",
-                queue.display_key(QueueDir::CURRENT_WORK_KEY)
-            )))
-        }
-    };
-    let ctx = Arc::new(RunContext {
-        queue: queue.clone(),
-        checkpoints: CheckpointStore::with_storage(Arc::clone(&storage)),
-        storage: Arc::clone(&storage),
-        work: Arc::new(work),
-        shutdown: shutdown.clone(),
-        controls: Default::default(),
-        journal: crate::store::journal::JournalWriter::start(&root),
-        trial_progress: tokio::sync::Notify::new(),
-    });
-    let mut scheduler = Scheduler {
-        intake: Arc::new(Mutex::new(Intake::new(queue.clone(), Arc::clone(&storage)))),
-        ctx,
-        config,
-        tasks: HashMap::new(),
-        resume: VecDeque::new(),
-        suspects: VecDeque::new(),
-        on_trial: HashSet::new(),
-        trial_width: 1,
-        pending: BinaryHeap::new(),
-        next_seq: 0,
-        retries: Vec::new(),
-        running: JoinSet::new(),
-        running_ids: HashSet::new(),
-        inbox_deferred: false,
-        scan: None,
-        scan_again: false,
-        intake_retry: intake_retry::IntakeRetry::default(),
-        intake_hints: Vec::new(),
-        notifier: notify::ServiceNotifier::new(),
-        finished: 0,
-        control_deferred: false,
-        control_reported: Default::default(),
-        summary: RunSummary {
-            queue: root.clone(),
-            ..RunSummary::default()
-        },
-    };
-    scheduler.recover().await?;
-    // The queue is locked and what was in flight is lined up again.
-    let status = scheduler.status_line();
-    scheduler.notifier.ready(status);
-    let exit = scheduler.work_until_stopped().await;
-    scheduler.drain().await;
-    let ctx = Arc::clone(&scheduler.ctx);
-    runner_blocking(move || ctx.journal.flush()).await;
-    let mut summary = std::mem::take(&mut scheduler.summary);
-    scheduler.ctx.work.update(|work| {
-        for entry in &work.active_tasks {
-            if entry.status == ActiveStatus::Paused {
-                summary.paused.add(entry.task_id.as_str());
-            } else {
-                summary.unfinished += 1;
-            }
-        }
-    });
-    tracing::info!(
-        done = summary.done.count,
-        failed = summary.failed.count,
-        rejected = summary.rejected.count,
-        paused = summary.paused.count,
-        unfinished = summary.unfinished,
-        "cairn daemon stopped"
-    );
-    let exit = if shutdown.is_immediate() {
-        DaemonExit::StoppedImmediately
-    } else {
-        exit
-    };
-    Ok((exit, summary))
+    storage
+}
+
+/// What was in flight when the last daemon stopped; a damaged file stops the start, saying how
+/// to start without it.
+fn load_work(queue: &QueueDir, storage: &Arc<dyn Storage>) -> Result<WorkState, DaemonError> {
+    WorkState::load(Arc::clone(storage)).map_err(|e| {
+        DaemonError::Setup(format!(
+            "{e}; move {} aside to start without it (tasks then restart their phases, their loop checkpoints are kept)",
+            queue.display_key(QueueDir::CURRENT_WORK_KEY)
+        ))
+    })
 }
 
 pub(crate) struct Scheduler {
@@ -281,6 +253,67 @@ pub(crate) enum AttemptOutcome {
     RecordFailed(String),
     /// Any other end, which the main loop handles.
     Ended(AttemptEnd),
+}
+
+impl Scheduler {
+    /// A scheduler with nothing lined up yet ([`Scheduler::recover`] lines up the queue).
+    fn new(ctx: Arc<RunContext>, config: DaemonConfig) -> Scheduler {
+        let queue = ctx.queue.clone();
+        let intake = Intake::new(queue.clone(), Arc::clone(&ctx.storage));
+        Scheduler {
+            intake: Arc::new(Mutex::new(intake)),
+            ctx,
+            config,
+            tasks: HashMap::new(),
+            resume: VecDeque::new(),
+            suspects: VecDeque::new(),
+            on_trial: HashSet::new(),
+            trial_width: 1,
+            pending: BinaryHeap::new(),
+            next_seq: 0,
+            retries: Vec::new(),
+            running: JoinSet::new(),
+            running_ids: HashSet::new(),
+            inbox_deferred: false,
+            scan: None,
+            scan_again: false,
+            intake_retry: intake_retry::IntakeRetry::default(),
+            intake_hints: Vec::new(),
+            notifier: notify::ServiceNotifier::new(),
+            finished: 0,
+            control_deferred: false,
+            control_reported: Default::default(),
+            summary: RunSummary {
+                queue: queue.root().to_path_buf(),
+                ..RunSummary::default()
+            },
+        }
+    }
+
+    /// After the drain: flush the journals and tell what this run did and what it leaves.
+    async fn close(&mut self) -> RunSummary {
+        let ctx = Arc::clone(&self.ctx);
+        runner_blocking(move || ctx.journal.flush()).await;
+        let mut summary = std::mem::take(&mut self.summary);
+        self.ctx.work.update(|work| {
+            for entry in &work.active_tasks {
+                if entry.status == ActiveStatus::Paused {
+                    summary.paused.add(entry.task_id.as_str());
+                } else {
+                    summary.unfinished += 1;
+                }
+            }
+        });
+        tracing::info!(
+            done = summary.done.count,
+            failed = summary.failed.count,
+            rejected = summary.rejected.count,
+            paused = summary.paused.count,
+            unfinished = summary.unfinished,
+            "cairn daemon stopped"
+        );
+        summary
+    }
 }
 
 fn lock(intake: &Mutex<Intake>) -> std::sync::MutexGuard<'_, Intake> {

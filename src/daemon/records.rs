@@ -1,8 +1,17 @@
 //! Final records: `done/<id>.json` and `failed/<id>.json` (failed, budget-stopped, cancelled).
 
-use super::*;
+use std::sync::Arc;
+
+use chrono::Utc;
+use serde_json::Value;
+
+use super::{runner_blocking, Scheduler};
+use crate::queue::QueueDir;
+use crate::runner::{self, RunContext};
+use crate::store::current_work::ActiveTask;
 use crate::store::events::Event;
-use crate::store::records::RecordStatus;
+use crate::store::records::{to_record_bytes, DoneRecord, FailedRecord, RecordStatus};
+use crate::task::Task;
 
 /// Finish a task whose every phase is done, inside its attempt's future (so the main loop never
 /// waits for these writes): write `done/<id>.json` durably, then drop the task from
@@ -96,33 +105,7 @@ impl Scheduler {
     ) {
         let id = entry.task_id.clone();
         self.summary.add_failed(&id, &status);
-        let (attempts, name) = (entry.attempt, status.as_str());
-        // An operator's cancel is what they asked for, and a budget stop is the task's own
-        // limit: neither is an error of the daemon's or the task's.
-        let event = match status {
-            RecordStatus::Cancelled => {
-                tracing::info!(task_id = %id, runs = attempts, status = name, "task cancelled: {error}");
-                Event::Cancelled {
-                    error: error.clone(),
-                    attempts,
-                }
-            }
-            RecordStatus::BudgetExceeded => {
-                tracing::warn!(task_id = %id, runs = attempts, status = name, "task stopped by its budget: {error}");
-                Event::BudgetStopped {
-                    error: error.clone(),
-                    attempts,
-                }
-            }
-            _ => {
-                tracing::error!(task_id = %id, runs = attempts, failed_attempts = entry.failed_attempts, status = name, "task failed: {error}");
-                Event::Failed {
-                    error: error.clone(),
-                    attempts,
-                }
-            }
-        };
-        self.ctx.journal(&id, event);
+        self.announce_failure(&entry, &error, &status);
         // The record is written even if an earlier phase's output cannot be read back, but
         // it says so: `cairn retry` restores outputs from this record.
         let (outputs, error) = match outputs_by_name(&self.ctx, &entry).await {
@@ -172,6 +155,32 @@ impl Scheduler {
                 tracing::error!(task_id = %id, "{e}");
             }
         }
+    }
+}
+
+impl Scheduler {
+    /// Log and journal a task's end in `failed/` (`status`: "failed", "budget_exceeded",
+    /// "cancelled").
+    fn announce_failure(&self, entry: &ActiveTask, error: &str, status: &RecordStatus) {
+        let id = &entry.task_id;
+        let (attempts, name, error) = (entry.attempt, status.as_str(), error.to_string());
+        // An operator's cancel is what they asked for, and a budget stop is the task's own
+        // limit: neither is an error of the daemon's or the task's.
+        let event = match status {
+            RecordStatus::Cancelled => {
+                tracing::info!(task_id = %id, runs = attempts, status = name, "task cancelled: {error}");
+                Event::Cancelled { error, attempts }
+            }
+            RecordStatus::BudgetExceeded => {
+                tracing::warn!(task_id = %id, runs = attempts, status = name, "task stopped by its budget: {error}");
+                Event::BudgetStopped { error, attempts }
+            }
+            _ => {
+                tracing::error!(task_id = %id, runs = attempts, failed_attempts = entry.failed_attempts, status = name, "task failed: {error}");
+                Event::Failed { error, attempts }
+            }
+        };
+        self.ctx.journal(id, event);
     }
 }
 

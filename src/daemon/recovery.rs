@@ -2,10 +2,22 @@
 //! them first) and the accepted tasks that never started.
 
 use super::crash_blame::{self, Verdict};
-use super::*;
+use std::cmp::Reverse;
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use chrono::{DateTime, Utc};
+
+use super::{lock, runner_blocking, DaemonError, Scheduler};
+use crate::queue::QueueDir;
+use crate::runner::RunContext;
+use crate::store::current_work::{ActiveStatus, ActiveTask};
 use crate::store::events::Event;
 use crate::store::records::FailedRecord;
+use crate::store::Storage;
 use crate::task::PhaseKind;
+use crate::task::Task;
+use crate::task_id::TaskId;
 
 impl Scheduler {
     /// Finish half-done intake, then line up every task that was in flight and every accepted
@@ -106,51 +118,43 @@ impl Scheduler {
             Ok(task) => Arc::new(task),
             Err(error) => {
                 tracing::error!(task_id = %id, "cannot resume: {error}");
-                let task = Task {
-                    id: Some(id.clone()),
-                    priority: 0,
-                    cwd: None,
-                    env: Default::default(),
-                    retry: Default::default(),
-                    budget: None,
-                    phases: Vec::new(),
-                    meta: None,
-                };
-                self.give_up(&Arc::new(task), entry, error.to_string())
-                    .await;
+                let task = Arc::new(unreadable_task(&id));
+                self.give_up(&task, entry, error.to_string()).await;
                 return None;
             }
         };
+        let verdict = if entry.status == ActiveStatus::Running {
+            let progressed = match progressed {
+                Some(progressed) => progressed,
+                None => self.attempt_progressed(&entry).await,
+            };
+            self.count_lost_iterations(&task, &mut entry);
+            Some(self.judge_crash(&task, &mut entry, in_flight, progressed))
+        } else {
+            None
+        };
+        let line = line_up(
+            entry.status,
+            entry.suspect,
+            verdict,
+            entry.next_attempt_at,
+            Utc::now(),
+        );
+        if let Line::Quarantine { crashes_alone } = line {
+            let reason = crash_blame::quarantine_reason(crashes_alone);
+            self.give_up(&task, entry, reason).await;
+            return None;
+        }
+        if entry.status == ActiveStatus::Running {
+            entry.status = ActiveStatus::Interrupted;
+            tracing::info!(task_id = %id, phase = %entry.phase, suspect = entry.suspect, "resuming after a crash");
+        }
         let mut suspect = None;
-        match entry.status {
-            ActiveStatus::Running => {
-                let progressed = match progressed {
-                    Some(progressed) => progressed,
-                    None => self.attempt_progressed(&entry).await,
-                };
-                self.count_lost_iterations(&task, &mut entry);
-                if let Some(reason) = self.judge_crash(&task, &mut entry, in_flight, progressed) {
-                    self.give_up(&task, entry, reason).await;
-                    return None;
-                }
-                entry.status = ActiveStatus::Interrupted;
-                tracing::info!(task_id = %id, phase = %entry.phase, suspect = entry.suspect, "resuming after a crash");
-                if entry.suspect {
-                    suspect = Some((entry.crashes_alone, id.clone()));
-                } else {
-                    self.resume.push_back(id.clone());
-                }
-            }
-            ActiveStatus::Interrupted if entry.suspect => {
-                suspect = Some((entry.crashes_alone, id.clone()));
-            }
-            ActiveStatus::Interrupted => self.resume.push_back(id.clone()),
-            // Paused stays paused until `cairn resume`.
-            ActiveStatus::Paused => {}
-            ActiveStatus::WaitingRetry => {
-                let at = entry.next_attempt_at.unwrap_or_else(Utc::now);
-                self.retries.push((at, id.clone()));
-            }
+        match line {
+            Line::Suspect => suspect = Some((entry.crashes_alone, id.clone())),
+            Line::Resume => self.resume.push_back(id.clone()),
+            Line::Hold | Line::Quarantine { .. } => {}
+            Line::RetryAt(at) => self.retries.push((at, id.clone())),
         }
         self.ctx.work.update(|w| w.upsert(entry));
         self.tasks.insert(id, task);
@@ -184,15 +188,15 @@ impl Scheduler {
 
     /// The daemon died during this task's attempt: a crash is not the task's failure (a power
     /// cut, an OOM kill of something else, an operator's SIGKILL), so it uses up no attempt.
-    /// [`crash_blame::judge`] decides whether it counts against the task. Returns the reason
-    /// to fail it for when the task is taken for the cause of the crashes.
+    /// [`crash_blame::judge`] decides whether it counts against the task; its verdict is
+    /// noted in the entry and the journal.
     fn judge_crash(
         &self,
         task: &Task,
         entry: &mut ActiveTask,
         in_flight: usize,
         progressed: bool,
-    ) -> Option<String> {
+    ) -> Verdict {
         let limit = crash_blame::crash_limit(task);
         let verdict = crash_blame::judge(in_flight, progressed, entry.crashes_alone, limit);
         let (suspect, crashes_alone) = match verdict {
@@ -216,12 +220,7 @@ impl Scheduler {
                 limit,
             },
         );
-        match verdict {
-            Verdict::Quarantined { crashes_alone } => {
-                Some(crash_blame::quarantine_reason(crashes_alone))
-            }
-            _ => None,
-        }
+        verdict
     }
 
     /// The failed record that `entry` was retried from, if it is still in `failed/`.
@@ -302,6 +301,56 @@ impl Scheduler {
         let ctx = Arc::clone(&self.ctx);
         let id = id.clone();
         runner_blocking(move || read_task(&ctx, &id)).await
+    }
+}
+
+/// A stand-in for a task whose definition cannot be read, to record it failed: no phases, the
+/// default policy.
+fn unreadable_task(id: &TaskId) -> Task {
+    Task {
+        id: Some(id.clone()),
+        priority: 0,
+        cwd: None,
+        env: Default::default(),
+        retry: Default::default(),
+        budget: None,
+        phases: Vec::new(),
+        meta: None,
+    }
+}
+
+/// Where an entry of `current_work.json` goes at start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Line {
+    /// Tried alone before anything else starts (see `crash_blame`).
+    Suspect,
+    /// Resumed before new tasks.
+    Resume,
+    /// Paused: held until `cairn resume`.
+    Hold,
+    /// Waiting out its backoff until then.
+    RetryAt(DateTime<Utc>),
+    /// Taken for the cause of repeated crashes: recorded failed, with the reason.
+    Quarantine { crashes_alone: u32 },
+}
+
+/// Where an entry goes at start, from its status and suspect flag as stored, and for an entry
+/// whose attempt the daemon died in, the verdict on that crash. Pure.
+pub(super) fn line_up(
+    status: ActiveStatus,
+    suspect: bool,
+    verdict: Option<Verdict>,
+    next_attempt_at: Option<DateTime<Utc>>,
+    now: DateTime<Utc>,
+) -> Line {
+    match (status, verdict) {
+        (_, Some(Verdict::Quarantined { crashes_alone })) => Line::Quarantine { crashes_alone },
+        (_, Some(Verdict::Suspect { .. } | Verdict::CrashedAlone { .. })) => Line::Suspect,
+        (_, Some(Verdict::Cleared)) => Line::Resume,
+        (ActiveStatus::Paused, None) => Line::Hold,
+        (ActiveStatus::WaitingRetry, None) => Line::RetryAt(next_attempt_at.unwrap_or(now)),
+        (ActiveStatus::Running | ActiveStatus::Interrupted, None) if suspect => Line::Suspect,
+        (ActiveStatus::Running | ActiveStatus::Interrupted, None) => Line::Resume,
     }
 }
 
@@ -416,6 +465,57 @@ impl Prefetched {
             has_record,
             task,
             progressed,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use chrono::{DateTime, TimeZone, Utc};
+
+    use super::{line_up, Line};
+    use crate::daemon::crash_blame::Verdict;
+    use crate::store::current_work::ActiveStatus;
+
+    fn at(hour: u32) -> DateTime<Utc> {
+        Utc.with_ymd_and_hms(2026, 1, 1, hour, 0, 0).unwrap()
+    }
+
+    #[test]
+    fn where_each_entry_goes_at_start() {
+        use ActiveStatus::{Interrupted, Paused, Running, WaitingRetry};
+        use Line::{Hold, Quarantine, Resume, RetryAt, Suspect};
+        let now = at(12);
+        let cleared = Some(Verdict::Cleared);
+        let beside_others = Some(Verdict::Suspect { crashes_alone: 1 });
+        let alone = Some(Verdict::CrashedAlone { crashes_alone: 2 });
+        let convicted = Some(Verdict::Quarantined { crashes_alone: 5 });
+        // (status stored, suspect flag stored, verdict on its crash, next attempt) → line
+        #[rustfmt::skip]
+        let table = [
+            // The daemon died during its attempt: the verdict decides.
+            ((Running,      false, cleared,       None),          Resume),
+            ((Running,      true,  cleared,       None),          Resume),
+            ((Running,      false, beside_others, None),          Suspect),
+            ((Running,      false, alone,         None),          Suspect),
+            ((Running,      true,  convicted,     None),          Quarantine { crashes_alone: 5 }),
+            // Stopped cleanly: a suspect not tried yet stays one.
+            ((Interrupted,  false, None,          None),          Resume),
+            ((Interrupted,  true,  None,          None),          Suspect),
+            // A pause holds, whatever the flag.
+            ((Paused,       true,  None,          None),          Hold),
+            ((Paused,       false, None,          None),          Hold),
+            // A retry keeps its time; one without a time is due now.
+            ((WaitingRetry, false, None,          Some(at(13))),  RetryAt(at(13))),
+            ((WaitingRetry, true,  None,          Some(at(1))),   RetryAt(at(1))),
+            ((WaitingRetry, false, None,          None),          RetryAt(now)),
+        ];
+        for ((status, suspect, verdict, next_attempt_at), line) in table {
+            assert_eq!(
+                line_up(status, suspect, verdict, next_attempt_at, now),
+                line,
+                "{status:?}, suspect {suspect}, {verdict:?}, {next_attempt_at:?}"
+            );
         }
     }
 }

@@ -5,8 +5,20 @@ use std::time::Instant;
 
 use super::control::fresh_entry;
 use super::start_order::{next_to_start, Line, StartFacts};
-use super::*;
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::Utc;
+use futures::FutureExt;
+use tokio::sync::mpsc;
+
+use super::{lock, records, runner_blocking, AttemptOutcome, DaemonExit, Scheduler};
+use crate::queue::{QueueHint, QueueWatcher};
+use crate::runner::{self, AttemptEnd};
+use crate::store::current_work::ActiveStatus;
 use crate::store::events::Event;
+use crate::task::Task;
+use crate::task_id::TaskId;
 
 /// How often the progress of running tasks is written to `current_work.json`.
 const PROGRESS_WRITE_INTERVAL: Duration = Duration::from_secs(2);
@@ -301,12 +313,8 @@ impl Scheduler {
             },
         };
         for task in report.accepted {
-            self.ctx.journal(
-                task.id(),
-                Event::Accepted {
-                    priority: task.priority,
-                },
-            );
+            let priority = task.priority;
+            self.ctx.journal(task.id(), Event::Accepted { priority });
             self.add_pending(task);
         }
         for rejection in report.rejected {
@@ -377,12 +385,8 @@ impl Scheduler {
             };
             if line == Line::Suspects {
                 tracing::info!(task_id = %id, width = self.trial_width, "trying a crash suspect");
-                self.ctx.journal(
-                    &id,
-                    Event::CrashTrialStarted {
-                        width: self.trial_width,
-                    },
-                );
+                let width = self.trial_width;
+                self.ctx.journal(&id, Event::CrashTrialStarted { width });
                 self.on_trial.insert(id);
             }
             self.start_attempt(task);

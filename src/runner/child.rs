@@ -191,44 +191,63 @@ pub async fn run_command(
     let group = group_of(&child);
     let mut stdin = child.stdin.take();
     let mut stdout = child.stdout.take();
-
-    let finished = {
-        let exchange = async {
-            let write = async {
-                if let Some(mut pipe) = stdin.take() {
-                    // A command that does not read its stdin is fine: ignore EPIPE.
-                    let _ = pipe.write_all(&run.stdin).await;
-                }
-            };
-            let read = async {
-                let mut buf = Vec::new();
-                if let Some(pipe) = stdout.as_mut() {
-                    pipe.take(MAX_REPLY_BYTES as u64 + 1)
-                        .read_to_end(&mut buf)
-                        .await?;
-                }
-                io::Result::Ok(buf)
-            };
-            let ((), out) = tokio::join!(write, read);
-            out
-        };
-        let timeout = async {
-            match run.timeout {
-                Some(t) => tokio::time::sleep(t).await,
-                None => std::future::pending().await,
-            }
-        };
-        tokio::select! {
-            out = exchange => Some(out),
-            _ = shutdown.terminating() => None,
-            _ = cancel.cancelled() => None,
-            _ = timeout => {
-                stop_group(group, &mut child, shutdown).await;
-                return Ok(RunEnd::TimedOut);
-            }
+    let timeout = async {
+        match run.timeout {
+            Some(t) => tokio::time::sleep(t).await,
+            None => std::future::pending().await,
         }
     };
-    match finished {
+    let replied = tokio::select! {
+        out = exchange(&mut stdin, &mut stdout, &run.stdin) => Some(out),
+        _ = shutdown.terminating() => None,
+        _ = cancel.cancelled() => None,
+        _ = timeout => {
+            stop_group(group, &mut child, shutdown).await;
+            return Ok(RunEnd::TimedOut);
+        }
+    };
+    let end = settle(replied, &mut child, group, shutdown, cancel).await;
+    // The pipes stay open until the command has exited, as while it was stopped.
+    drop((stdin, stdout));
+    end
+}
+
+/// Write the request on the command's stdin (then close it) while reading its reply, up to
+/// one byte past [`MAX_REPLY_BYTES`].
+async fn exchange(
+    stdin: &mut Option<tokio::process::ChildStdin>,
+    stdout: &mut Option<tokio::process::ChildStdout>,
+    request: &[u8],
+) -> io::Result<Vec<u8>> {
+    let write = async {
+        if let Some(mut pipe) = stdin.take() {
+            // A command that does not read its stdin is fine: ignore EPIPE.
+            let _ = pipe.write_all(request).await;
+        }
+    };
+    let read = async {
+        let mut buf = Vec::new();
+        if let Some(pipe) = stdout.as_mut() {
+            pipe.take(MAX_REPLY_BYTES as u64 + 1)
+                .read_to_end(&mut buf)
+                .await?;
+        }
+        io::Result::Ok(buf)
+    };
+    let ((), out) = tokio::join!(write, read);
+    out
+}
+
+/// How the command ends once its stdout is closed (`replied`), or once a stop or cancel cut
+/// the exchange short (`None`).
+async fn settle(
+    replied: Option<io::Result<Vec<u8>>>,
+    child: &mut tokio::process::Child,
+    group: Option<Pid>,
+    shutdown: &Shutdown,
+    cancel: &CancellationToken,
+) -> Result<RunEnd, RunError> {
+    match replied {
         Some(Ok(out)) if out.len() > MAX_REPLY_BYTES => {
             kill_group(group, Signal::SIGKILL);
             child.wait().await?;
@@ -238,11 +257,11 @@ pub async fn run_command(
             let status = tokio::select! {
                 status = child.wait() => status?,
                 _ = shutdown.terminating() => {
-                    stop_group(group, &mut child, shutdown).await;
+                    stop_group(group, child, shutdown).await;
                     return Ok(RunEnd::Interrupted);
                 }
                 _ = cancel.cancelled() => {
-                    stop_group(group, &mut child, shutdown).await;
+                    stop_group(group, child, shutdown).await;
                     return Ok(RunEnd::Interrupted);
                 }
             };
@@ -257,7 +276,7 @@ pub async fn run_command(
             Err(e.into())
         }
         None => {
-            stop_group(group, &mut child, shutdown).await;
+            stop_group(group, child, shutdown).await;
             Ok(RunEnd::Interrupted)
         }
     }

@@ -20,6 +20,7 @@ pub(crate) use loop_phase::LOOP_SCOPE;
 pub use orphans::kill_orphans;
 pub use work_state::{LoadError, WorkState};
 
+use std::ops::ControlFlow;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -157,123 +158,149 @@ pub enum PhaseEnd {
 /// Run the task from where its `current_work` entry stands to its end (or to a stop/failure).
 /// The entry must exist and carry the attempt number.
 pub async fn run_attempt(ctx: &Arc<RunContext>, task: &Arc<Task>) -> AttemptEnd {
-    let id = task.id();
-    // Off the async thread: creating a directory allocates an inode, which can take a while.
+    if let Err(end) = create_run_dir(ctx, task.id()).await {
+        return end;
+    }
+    loop {
+        let run = match start_phase(ctx, task).await {
+            ControlFlow::Continue(run) => run,
+            ControlFlow::Break(end) => return end,
+        };
+        let result = match run.phase.kind {
+            PhaseKind::Once => once::run(&run).await,
+            PhaseKind::Loop => loop_phase::run(&run).await,
+            PhaseKind::Items => items::run(&run).await,
+            PhaseKind::Worker => worker::run(&run).await,
+        };
+        if let ControlFlow::Break(end) = end_phase(ctx, task, &run, result).await {
+            return end;
+        }
+    }
+}
+
+/// The task's run directory (logs, large outputs, worker pipes), created off the async
+/// thread: creating a directory allocates an inode, which can take a while.
+async fn create_run_dir(ctx: &RunContext, id: &str) -> Result<(), AttemptEnd> {
     let run_dir = ctx.queue.run_dir(id);
     let create_dir = run_dir.clone();
     let created = blocking(move || std::fs::create_dir_all(create_dir))
         .await
         .map_err(|e| e.to_string())
         .and_then(|created| created.map_err(|e| e.to_string()));
-    if let Err(e) = created {
-        return AttemptEnd::Failed {
-            error: format!("creating {}: {e}", run_dir.display()),
+    created.map_err(|e| AttemptEnd::Failed {
+        error: format!("creating {}: {e}", run_dir.display()),
+        counts: false,
+    })
+}
+
+/// The next phase to run, with its inputs, marked started in the task's entry; or how the
+/// attempt ends instead (every phase done, a stop or an operator's request, unreadable
+/// inputs).
+async fn start_phase<'a>(
+    ctx: &'a RunContext,
+    task: &'a Task,
+) -> ControlFlow<AttemptEnd, PhaseRun<'a>> {
+    let id = task.id();
+    let Some(entry) = ctx.work.update(|w| w.get(id).cloned()) else {
+        return ControlFlow::Break(AttemptEnd::Failed {
+            error: format!("internal error: task {id} is not in current_work"),
             counts: false,
-        };
+        });
+    };
+    let index = entry.phase_index;
+    let Some(phase) = task.phases.get(index) else {
+        return ControlFlow::Break(AttemptEnd::Done);
+    };
+    let control = ctx.control(id);
+    if ctx.shutdown.is_stopping() || control.pause.is_cancelled() || control.cancel.is_cancelled() {
+        return ControlFlow::Break(AttemptEnd::Interrupted);
     }
-    loop {
-        let Some(entry) = ctx.work.update(|w| w.get(id).cloned()) else {
-            return AttemptEnd::Failed {
-                error: format!("internal error: task {id} is not in current_work"),
+    let inputs = match load_inputs(ctx, &entry.phase_outputs).await {
+        Ok(inputs) => inputs,
+        Err(error) => {
+            return ControlFlow::Break(AttemptEnd::Failed {
+                error: error.to_string(),
                 counts: false,
-            };
-        };
-        let index = entry.phase_index;
-        let Some(phase) = task.phases.get(index) else {
-            return AttemptEnd::Done;
-        };
-        let control = ctx.control(id);
-        if ctx.shutdown.is_stopping()
-            || control.pause.is_cancelled()
-            || control.cancel.is_cancelled()
-        {
-            return AttemptEnd::Interrupted;
+            })
         }
-        let inputs = match load_inputs(ctx, &entry.phase_outputs).await {
-            Ok(inputs) => inputs,
-            Err(error) => {
-                return AttemptEnd::Failed {
+    };
+    ctx.work.update(|w| {
+        if let Some(e) = w.get_mut(id) {
+            e.phase = phase.name.clone();
+            let started = e
+                .phases
+                .last()
+                .is_some_and(|t| t.name == phase.name && t.finished_at.is_none());
+            if !started {
+                e.phases.push(PhaseTiming {
+                    name: phase.name.clone(),
+                    started_at: Utc::now(),
+                    finished_at: None,
+                    iterations: None,
+                    total: None,
+                });
+            }
+        }
+    });
+    tracing::info!(task_id = %id, phase = %phase.name, attempt = entry.attempt, "phase started");
+    ctx.journal(
+        id,
+        Event::PhaseStarted {
+            phase: phase.name.clone(),
+            phase_index: index,
+            kind: phase.kind,
+            attempt: entry.attempt,
+        },
+    );
+    ControlFlow::Continue(PhaseRun {
+        ctx,
+        task,
+        index,
+        phase,
+        attempt: entry.attempt,
+        inputs,
+        control,
+    })
+}
+
+/// Record a finished phase and go on to the next, or end the attempt as the phase ended.
+async fn end_phase(
+    ctx: &Arc<RunContext>,
+    task: &Task,
+    run: &PhaseRun<'_>,
+    result: Result<PhaseEnd, PhaseError>,
+) -> ControlFlow<AttemptEnd> {
+    let (id, index, phase) = (task.id(), run.index, run.phase);
+    let end = match result {
+        Ok(PhaseEnd::Completed(output)) => {
+            if let Err(error) = finish_phase(ctx, task, index, output).await {
+                return ControlFlow::Break(AttemptEnd::Failed {
                     error: error.to_string(),
                     counts: false,
-                }
+                });
             }
-        };
-        ctx.work.update(|w| {
-            if let Some(e) = w.get_mut(id) {
-                e.phase = phase.name.clone();
-                let started = e
-                    .phases
-                    .last()
-                    .is_some_and(|t| t.name == phase.name && t.finished_at.is_none());
-                if !started {
-                    e.phases.push(PhaseTiming {
-                        name: phase.name.clone(),
-                        started_at: Utc::now(),
-                        finished_at: None,
-                        iterations: None,
-                        total: None,
-                    });
-                }
-            }
-        });
-        tracing::info!(task_id = %id, phase = %phase.name, attempt = entry.attempt, "phase started");
-        ctx.journal(
-            id,
-            Event::PhaseStarted {
-                phase: phase.name.clone(),
-                phase_index: index,
-                kind: phase.kind,
-                attempt: entry.attempt,
-            },
-        );
-        let run = PhaseRun {
-            ctx,
-            task,
-            index,
-            phase,
-            attempt: entry.attempt,
-            inputs,
-            control,
-        };
-        let result = match phase.kind {
-            PhaseKind::Once => once::run(&run).await,
-            PhaseKind::Loop => loop_phase::run(&run).await,
-            PhaseKind::Items => items::run(&run).await,
-            PhaseKind::Worker => worker::run(&run).await,
-        };
-        match result {
-            Ok(PhaseEnd::Completed(output)) => {
-                if let Err(error) = finish_phase(ctx, task, index, output).await {
-                    return AttemptEnd::Failed {
-                        error: error.to_string(),
-                        counts: false,
-                    };
-                }
-                tracing::info!(task_id = %id, phase = %phase.name, "phase finished");
-                ctx.journal(
-                    id,
-                    Event::PhaseFinished {
-                        phase: phase.name.clone(),
-                        phase_index: index,
-                    },
-                );
-            }
-            Ok(PhaseEnd::Interrupted) => return AttemptEnd::Interrupted,
-            Err(PhaseError::Command(error)) => {
-                return AttemptEnd::Failed {
-                    error,
-                    counts: true,
-                }
-            }
-            Err(PhaseError::Transient(error)) => {
-                return AttemptEnd::Failed {
-                    error,
-                    counts: false,
-                }
-            }
-            Err(PhaseError::Budget(reason)) => return AttemptEnd::BudgetStopped { reason },
+            tracing::info!(task_id = %id, phase = %phase.name, "phase finished");
+            ctx.journal(
+                id,
+                Event::PhaseFinished {
+                    phase: phase.name.clone(),
+                    phase_index: index,
+                },
+            );
+            return ControlFlow::Continue(());
         }
-    }
+        Ok(PhaseEnd::Interrupted) => AttemptEnd::Interrupted,
+        Err(PhaseError::Command(error)) => AttemptEnd::Failed {
+            error,
+            counts: true,
+        },
+        Err(PhaseError::Transient(error)) => AttemptEnd::Failed {
+            error,
+            counts: false,
+        },
+        Err(PhaseError::Budget(reason)) => AttemptEnd::BudgetStopped { reason },
+    };
+    ControlFlow::Break(end)
 }
 
 /// Record a phase's output and move the task to its next phase, durably.
