@@ -11,7 +11,9 @@
 //! Data flows one way: [`queue`] intake → [`runner`] → [`store`]; [`cli`] reads the queue
 //! through [`queue::QueueReader`] and starts the daemon.
 
+#[cfg(feature = "cli")]
 pub mod bench;
+#[cfg(feature = "cli")]
 pub mod cli;
 pub mod clients;
 pub mod cost;

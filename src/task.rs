@@ -113,7 +113,9 @@ mod humantime_serde_compat {
     }
 
     pub mod option {
-        use super::*;
+        use serde::{Deserializer, Serializer};
+        use std::time::Duration;
+
         pub fn serialize<S: Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
             match d {
                 Some(d) => super::serialize(d, s),
@@ -499,7 +501,9 @@ pub fn random_suffix() -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use std::time::Duration;
+
+    use super::{PhaseKind, RetryPolicy, Task, TaskError};
 
     fn parse(text: &str) -> Result<Task, TaskError> {
         Task::parse(text.as_bytes())

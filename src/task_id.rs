@@ -52,7 +52,7 @@ impl TaskId {
     }
 
     /// A fresh id for a task that came without one: the file's stem (cleaned up) and a
-    /// suffix of letters and digits (such as [`crate::task::random_suffix`]).
+    /// suffix of letters and digits (a random one, at intake and `cairn submit`).
     pub fn generate(stem: &str, suffix: &str) -> TaskId {
         let clean = |c: char| {
             if c.is_ascii_alphanumeric() || matches!(c, '_' | '-') {
@@ -75,7 +75,7 @@ impl TaskId {
         &self.0
     }
 
-    /// What [`crate::task::Task::id`] answers for a task file that names no id and has not
+    /// What `Task::id` answers for a task file that names no id and has not
     /// been given one yet: `task`, the stem [`TaskId::generate`] uses for a nameless file.
     pub fn unnamed() -> &'static TaskId {
         static UNNAMED: std::sync::OnceLock<TaskId> = std::sync::OnceLock::new();

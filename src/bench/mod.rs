@@ -32,7 +32,9 @@ pub fn round_to(value: f64, decimals: i32) -> f64 {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use std::time::Duration;
+
+    use super::percentile;
 
     #[test]
     fn nearest_rank_percentiles() {

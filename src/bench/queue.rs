@@ -35,11 +35,9 @@ use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{bail, Context};
 use chrono::Utc;
-use clap::Args;
 use serde::Serialize;
 use serde_json::{json, Value};
 
-use super::checkpoint::default_dir;
 use super::{millis, percentile, round_to};
 use crate::queue::QueueDir;
 use crate::store::current_work::{ActiveStatus, ActiveTask, CurrentWork, PhaseTiming};
@@ -47,40 +45,29 @@ use crate::store::journal::{self, Event, JournalEvent};
 use crate::store::{CheckpointStore, FileStorage, LoopCheckpointer, Storage, UnsyncedFileOps};
 use crate::task::Task;
 
-/// Options of `cairn bench queue`.
-#[derive(Debug, Args)]
-pub struct QueueArgs {
+/// What `cairn bench queue` measures, and how (its options, as `cli::bench` parses them).
+#[derive(Debug, Clone)]
+pub struct QueueOptions {
     /// Tasks dropped into the inbox at once for the throughput figure.
-    #[arg(long, default_value_t = 10_000, value_name = "N")]
-    tasks: usize,
+    pub tasks: usize,
     /// Tasks dropped one at a time into an idle daemon for the pickup-latency figure.
-    #[arg(long, default_value_t = 200, value_name = "N")]
-    paced_tasks: usize,
+    pub paced_tasks: usize,
     /// The pause between a paced task being done and the next one being dropped.
-    #[arg(long, default_value = "20ms", value_parser = humantime::parse_duration, value_name = "DURATION")]
-    pace: Duration,
+    pub pace: Duration,
     /// Iterations of the loop-overhead task.
-    #[arg(long, default_value_t = 1_000, value_name = "M")]
-    loop_iterations: u64,
+    pub loop_iterations: u64,
     /// Tasks in flight in current_work.json for the resume figure.
-    #[arg(long, default_value_t = 10_000, value_name = "N")]
-    resume_tasks: usize,
-    /// The daemon's --max-tasks in the throughput, pickup and loop runs (its default is 4).
-    #[arg(long, default_value_t = 4, value_name = "N")]
-    max_tasks: usize,
-    /// The daemon's --max-tasks in the resume run; by default --resume-tasks, since that many
-    /// tasks were running when the daemon was killed.
-    #[arg(long, value_name = "N")]
-    resume_max_tasks: Option<usize>,
-    /// Only these measurements (comma-separated); all of them by default.
-    #[arg(long, value_enum, value_delimiter = ',', value_name = "WHAT")]
-    only: Vec<Measurement>,
-    /// Where run directories are made (the same file system as the queues you care about).
-    #[arg(long, value_name = "DIR", default_value_os_t = default_dir())]
-    dir: PathBuf,
-    /// Keep the run's queues and daemon logs (their directory is printed on stderr).
-    #[arg(long)]
-    keep: bool,
+    pub resume_tasks: usize,
+    /// The daemon's --max-tasks in the throughput, pickup and loop runs.
+    pub max_tasks: usize,
+    /// The daemon's --max-tasks in the resume run (default: `resume_tasks`).
+    pub resume_max_tasks: Option<usize>,
+    /// Only these measurements; all of them when empty.
+    pub only: Vec<Measurement>,
+    /// Where run directories are made.
+    pub dir: PathBuf,
+    /// Keep the run's queues and daemon logs.
+    pub keep: bool,
 }
 
 /// One of the benchmark's measurements.
@@ -110,7 +97,7 @@ const STALL_LIMIT: Duration = Duration::from_secs(120);
 const STOP_LIMIT: Duration = Duration::from_secs(60);
 
 /// Run the queue benchmarks, printing one JSON line per figure.
-pub fn run(args: &QueueArgs) -> anyhow::Result<()> {
+pub fn run(args: &QueueOptions) -> anyhow::Result<()> {
     if args.max_tasks == 0 || args.resume_max_tasks == Some(0) {
         bail!("--max-tasks and --resume-max-tasks must be at least 1");
     }
@@ -747,7 +734,7 @@ impl Daemon {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::from(log_file));
-        for name in crate::daemon::NOTIFY_ENV {
+        for name in crate::runner::NOTIFY_ENV {
             command.env_remove(name);
         }
         command.env_remove("JOURNAL_STREAM");

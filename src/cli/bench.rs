@@ -1,11 +1,13 @@
 //! `cairn bench …`: benchmarks of cairn's real code paths, printing one JSON line per run.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use clap::{Args, Subcommand};
 
 use super::error::{print_line, CliResult};
 use crate::bench::checkpoint::{default_dir, CheckpointBench, Durability};
+use crate::bench::queue::{Measurement, QueueOptions};
 use crate::bench::workload::SizeClass;
 
 #[derive(Debug, Args)]
@@ -22,7 +24,60 @@ enum Bench {
     Checkpoint(CheckpointArgs),
     /// Queue throughput, pickup latency, loop-iteration overhead, resume time and peak memory
     /// of the real daemon.
-    Queue(crate::bench::queue::QueueArgs),
+    Queue(QueueArgs),
+}
+
+/// Options of `cairn bench queue`.
+#[derive(Debug, Args)]
+struct QueueArgs {
+    /// Tasks dropped into the inbox at once for the throughput figure.
+    #[arg(long, default_value_t = 10_000, value_name = "N")]
+    tasks: usize,
+    /// Tasks dropped one at a time into an idle daemon for the pickup-latency figure.
+    #[arg(long, default_value_t = 200, value_name = "N")]
+    paced_tasks: usize,
+    /// The pause between a paced task being done and the next one being dropped.
+    #[arg(long, default_value = "20ms", value_parser = humantime::parse_duration, value_name = "DURATION")]
+    pace: Duration,
+    /// Iterations of the loop-overhead task.
+    #[arg(long, default_value_t = 1_000, value_name = "M")]
+    loop_iterations: u64,
+    /// Tasks in flight in current_work.json for the resume figure.
+    #[arg(long, default_value_t = 10_000, value_name = "N")]
+    resume_tasks: usize,
+    /// The daemon's --max-tasks in the throughput, pickup and loop runs (its default is 4).
+    #[arg(long, default_value_t = 4, value_name = "N")]
+    max_tasks: usize,
+    /// The daemon's --max-tasks in the resume run; by default --resume-tasks, since that many
+    /// tasks were running when the daemon was killed.
+    #[arg(long, value_name = "N")]
+    resume_max_tasks: Option<usize>,
+    /// Only these measurements (comma-separated); all of them by default.
+    #[arg(long, value_enum, value_delimiter = ',', value_name = "WHAT")]
+    only: Vec<Measurement>,
+    /// Where run directories are made (the same file system as the queues you care about).
+    #[arg(long, value_name = "DIR", default_value_os_t = default_dir())]
+    dir: PathBuf,
+    /// Keep the run's queues and daemon logs (their directory is printed on stderr).
+    #[arg(long)]
+    keep: bool,
+}
+
+impl QueueArgs {
+    fn into_options(self) -> QueueOptions {
+        QueueOptions {
+            tasks: self.tasks,
+            paced_tasks: self.paced_tasks,
+            pace: self.pace,
+            loop_iterations: self.loop_iterations,
+            resume_tasks: self.resume_tasks,
+            max_tasks: self.max_tasks,
+            resume_max_tasks: self.resume_max_tasks,
+            only: self.only,
+            dir: self.dir,
+            keep: self.keep,
+        }
+    }
 }
 
 #[derive(Debug, Args)]
@@ -53,7 +108,7 @@ struct CheckpointArgs {
 pub fn run(args: BenchArgs) -> CliResult {
     match args.bench {
         Bench::Checkpoint(args) => checkpoint(args),
-        Bench::Queue(args) => Ok(crate::bench::queue::run(&args)?),
+        Bench::Queue(args) => Ok(crate::bench::queue::run(&args.into_options())?),
     }
 }
 

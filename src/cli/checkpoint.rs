@@ -167,8 +167,9 @@ pub fn decode_lenient(bytes: &[u8]) -> anyhow::Result<PythonJson> {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
     use std::io::Write;
+
+    use super::decode_lenient;
 
     fn gzip(text: &str) -> Vec<u8> {
         let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());

@@ -18,9 +18,7 @@ pub type CliResult<T = ()> = Result<T, CliError>;
 /// the blanket conversion can exist.
 pub struct CliError {
     code: u8,
-    /// `None` when the command has already said why on stderr (a table printed with its
-    /// warnings) and only the exit code remains.
-    error: Option<anyhow::Error>,
+    error: anyhow::Error,
 }
 
 impl CliError {
@@ -28,7 +26,7 @@ impl CliError {
     pub fn new(code: u8, error: impl Into<anyhow::Error>) -> CliError {
         CliError {
             code,
-            error: Some(error.into()),
+            error: error.into(),
         }
     }
 
@@ -47,11 +45,6 @@ impl CliError {
         CliError::new(exit::INVALID_TASK, anyhow::anyhow!("{message}"))
     }
 
-    /// Exit with `code`; what went wrong is already on stderr.
-    pub fn reported(code: u8) -> CliError {
-        CliError { code, error: None }
-    }
-
     /// The exit code this error ends the process with.
     pub fn code(&self) -> u8 {
         self.code
@@ -59,28 +52,25 @@ impl CliError {
 
     /// Did the reader of stdout go away? That is how a pipe ends (`| head`), not a failure.
     pub fn is_broken_pipe(&self) -> bool {
-        self.error.as_ref().is_some_and(|error| {
-            error.chain().any(|cause| {
-                cause
-                    .downcast_ref::<io::Error>()
-                    .is_some_and(|e| e.kind() == io::ErrorKind::BrokenPipe)
-            })
+        self.error.chain().any(|cause| {
+            cause
+                .downcast_ref::<io::Error>()
+                .is_some_and(|e| e.kind() == io::ErrorKind::BrokenPipe)
         })
     }
 
     /// The message printed after `error: `: the error and its causes, each cause left out when
     /// the message already quotes it (the library's errors name their cause in their text).
-    pub fn message(&self) -> Option<String> {
-        let error = self.error.as_ref()?;
-        let mut text = error.to_string();
-        for cause in error.chain().skip(1) {
+    pub fn message(&self) -> String {
+        let mut text = self.error.to_string();
+        for cause in self.error.chain().skip(1) {
             let cause = cause.to_string();
             if !text.contains(&cause) {
                 text.push_str(": ");
                 text.push_str(&cause);
             }
         }
-        Some(text)
+        text
     }
 }
 
@@ -135,15 +125,9 @@ mod tests {
         let io = std::io::Error::other("disk on fire");
         let quoted = anyhow::Error::new(std::io::Error::other("disk on fire"))
             .context("reading x: disk on fire");
-        assert_eq!(
-            CliError::from(quoted).message().as_deref(),
-            Some("reading x: disk on fire")
-        );
+        assert_eq!(CliError::from(quoted).message(), "reading x: disk on fire");
         let chained = anyhow::Error::new(io).context("reading x");
-        assert_eq!(
-            CliError::from(chained).message().as_deref(),
-            Some("reading x: disk on fire")
-        );
+        assert_eq!(CliError::from(chained).message(), "reading x: disk on fire");
     }
 
     #[test]
@@ -157,6 +141,5 @@ mod tests {
             .context("writing to stdout");
         assert!(CliError::from(pipe).is_broken_pipe());
         assert!(!CliError::failure("no such task").is_broken_pipe());
-        assert_eq!(CliError::reported(exit::FAILURE).message(), None);
     }
 }

@@ -17,6 +17,7 @@ mod status;
 mod submit;
 mod validate;
 
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -147,9 +148,8 @@ pub fn main() -> ExitCode {
         // The reader of stdout went away (`cairn status | head -1`): how a pipe ends.
         Err(error) if error.is_broken_pipe() => ExitCode::from(exit::OK),
         Err(error) => {
-            if let Some(message) = error.message() {
-                eprintln!("error: {message}");
-            }
+            // A closed stderr leaves only the exit code to tell; it must not panic.
+            let _ = writeln!(std::io::stderr(), "error: {}", error.message());
             ExitCode::from(error.code())
         }
     }

@@ -38,7 +38,8 @@ pub struct RunArgs {
 /// Run the daemon until it is idle (`--exit-when-idle`) or stopped; `Ok` holds how it ended
 /// as an exit code (0, 6 with `--fail-on-task-failure`, 130 after a second signal).
 pub fn run(queue: &Path, args: RunArgs) -> CliResult<u8> {
-    // One thread: children get PR_SET_PDEATHSIG, which fires when the spawning *thread* exits.
+    // One thread, as `daemon::run` requires: children get PR_SET_PDEATHSIG, which fires when
+    // the spawning *thread* exits.
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

@@ -164,7 +164,7 @@ impl Scheduler {
     fn refuse(&self, id: &str, action: ControlAction, why: &str) {
         let verb = action.as_str();
         tracing::warn!(task_id = id, "cannot {verb} task {id}: {why}");
-        let reason = why.to_string();
+        let (action, reason) = (verb.to_string(), why.to_string());
         self.ctx
             .journal(id, Event::ControlRefused { action, reason });
     }

@@ -24,7 +24,6 @@ mod schedule;
 mod start_order;
 mod summary;
 
-pub use notify::NOTIFY_ENV;
 pub use summary::RunSummary;
 
 use crate::queue::{Intake, LockError, QueueDir, QueueHint, QueueLock};
@@ -86,9 +85,36 @@ pub enum DaemonError {
     /// Someone other than the daemon's user could write the queue (see `queue::permissions`).
     #[error("refusing to run this queue: {0}")]
     UnsafeQueue(#[source] crate::queue::UnsafeQueue),
+    /// [`run`] was called outside a current-thread tokio runtime (see there why it needs one).
+    #[error(
+        "the daemon must run on a current-thread tokio runtime \
+         (tokio::runtime::Builder::new_current_thread), not a {0:?} one: its commands are \
+         killed when the thread that started them exits"
+    )]
+    Runtime(tokio::runtime::RuntimeFlavor),
 }
 
 /// Run the daemon on a queue until it is stopped (or idle, with `exit_when_idle`).
+///
+/// It must be awaited on a **current-thread** tokio runtime, and it refuses any other with
+/// [`DaemonError::Runtime`]: every command it starts gets `PR_SET_PDEATHSIG`, so that it dies
+/// with the daemon, and the kernel sends that signal when the *thread* that started the command
+/// exits, not the process. On a current-thread runtime that thread is the one blocked in
+/// `block_on`, which lives as long as the daemon; a multi-thread runtime may start a command
+/// on a worker thread that ends before it does. `cairn run` builds its runtime this way:
+///
+/// ```no_run
+/// use cairn::daemon::{self, DaemonConfig};
+/// use cairn::shutdown::Shutdown;
+///
+/// let runtime = tokio::runtime::Builder::new_current_thread()
+///     .enable_all()
+///     .build()?;
+/// let config = DaemonConfig::new("queue");
+/// let exit = runtime.block_on(daemon::run(config, Shutdown::new()))?;
+/// println!("the daemon returned: {exit:?}");
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub async fn run(config: DaemonConfig, shutdown: Shutdown) -> Result<DaemonExit, DaemonError> {
     run_with_summary(config, shutdown)
         .await
@@ -96,11 +122,15 @@ pub async fn run(config: DaemonConfig, shutdown: Shutdown) -> Result<DaemonExit,
 }
 
 /// [`run`], also returning what this run did: tasks done, failed and rejected, and what it left
-/// paused or unfinished.
+/// paused or unfinished. The same current-thread runtime is needed.
 pub async fn run_with_summary(
     config: DaemonConfig,
     shutdown: Shutdown,
 ) -> Result<(DaemonExit, RunSummary), DaemonError> {
+    let flavor = tokio::runtime::Handle::current().runtime_flavor();
+    if flavor != tokio::runtime::RuntimeFlavor::CurrentThread {
+        return Err(DaemonError::Runtime(flavor));
+    }
     let (queue, _lock) = take_queue(&config)?;
     prepare_queue(queue.root()).await;
     let storage = open_storage(&config, queue.root());
@@ -327,5 +357,24 @@ async fn runner_blocking<T: Send + 'static>(work: impl FnOnce() -> T + Send + 's
     match crate::runner::spawn_limited(work).await {
         Ok(value) => value,
         Err(e) => std::panic::resume_unwind(e.into_panic()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{run, DaemonConfig, DaemonError};
+    use crate::shutdown::Shutdown;
+
+    /// On a multi-thread runtime the daemon refuses to start, before it touches the queue.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_multi_thread_runtime_is_refused_before_the_queue_is_touched() {
+        let dir = tempfile::tempdir().unwrap();
+        let queue = dir.path().join("queue");
+        let error = run(DaemonConfig::new(&queue), Shutdown::new())
+            .await
+            .expect_err("a multi-thread runtime");
+        assert!(matches!(error, DaemonError::Runtime(_)), "{error}");
+        assert!(error.to_string().contains("current-thread"), "{error}");
+        assert!(!queue.exists(), "the queue was created");
     }
 }

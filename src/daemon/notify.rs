@@ -7,10 +7,6 @@ use std::time::{Duration, Instant};
 
 use sd_notify::NotifyState;
 
-/// The environment variables of the notification protocol, which commands must not inherit
-/// (a task must not be able to speak for the daemon).
-pub const NOTIFY_ENV: [&str; 3] = ["NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID"];
-
 #[derive(Debug)]
 pub(crate) struct ServiceNotifier {
     /// Half the watchdog timeout, when systemd asked for pings.

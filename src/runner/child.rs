@@ -25,6 +25,11 @@ pub const KILL_AFTER: Duration = Duration::from_secs(5);
 /// Largest reply read from a command's stdout.
 pub const MAX_REPLY_BYTES: usize = 64 * 1024 * 1024;
 
+/// The environment variables of systemd's notification protocol, which the daemon speaks
+/// (`daemon::notify`) and commands must not inherit: a task must not be able to speak for the
+/// daemon.
+pub const NOTIFY_ENV: [&str; 3] = ["NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID"];
+
 /// One command run.
 #[derive(Debug)]
 pub struct CommandRun {
@@ -74,7 +79,7 @@ pub fn spawn_in_group(
         .args(args)
         .current_dir(cwd)
         .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
-    for name in crate::daemon::NOTIFY_ENV {
+    for name in NOTIFY_ENV {
         command.env_remove(name);
     }
     command

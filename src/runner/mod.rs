@@ -1,6 +1,6 @@
 //! Running tasks: one attempt of a task, phase by phase, resuming from its checkpoints.
 //!
-//! The scheduler (in [`crate::daemon`]) decides which task runs when and what happens after an
+//! The scheduler (the `daemon` module) decides which task runs when and what happens after an
 //! attempt; this module runs the attempt itself. One file per phase kind; `child` runs commands.
 
 pub mod channel;
@@ -14,8 +14,10 @@ mod work_state;
 mod worker;
 mod worker_supervision;
 
-pub use child::{CommandRun, RunEnd, KILL_AFTER, MAX_REPLY_BYTES};
-/// The scope of loop phases' checkpoints (the queue benchmark builds such checkpoints).
+pub use child::{CommandRun, RunEnd, KILL_AFTER, MAX_REPLY_BYTES, NOTIFY_ENV};
+/// The scope of loop phases' checkpoints (the queue benchmark, part of the `cli` feature,
+/// builds such checkpoints).
+#[cfg(feature = "cli")]
 pub(crate) use loop_phase::LOOP_SCOPE;
 pub use orphans::kill_orphans;
 pub use work_state::{LoadError, WorkState};

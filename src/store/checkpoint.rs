@@ -153,12 +153,16 @@ pub fn decode_checkpoint(bytes: &[u8]) -> Result<IterationCheckpoint, Checkpoint
 
 #[cfg(test)]
 mod tests {
-    use std::io::Write;
+    use std::io::{Read, Write};
 
     use flate2::write::GzEncoder;
     use flate2::Compression;
 
-    use super::*;
+    use chrono::DateTime;
+
+    use super::{
+        decode_checkpoint, encode_checkpoint, CheckpointError, IterationCheckpoint, FORMAT_VERSION,
+    };
 
     fn sample() -> IterationCheckpoint {
         IterationCheckpoint {

@@ -661,7 +661,7 @@ fn validate_task_id(task_id: &str) -> Result<(), StoreError> {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use super::{parse_generation, split_generation, validate_task_id};
 
     #[test]
     fn generation_names_parse_only_for_their_task() {

@@ -12,7 +12,6 @@ use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::{Map, Value};
 
 use super::records::RecordStatus;
-use crate::queue::control::ControlAction;
 use crate::task::PhaseKind;
 use crate::task_id::TaskId;
 
@@ -98,9 +97,11 @@ pub enum Event {
     },
     PauseRequested {},
     CancelRequested {},
-    /// An operator's request that could not be applied, and why.
+    /// An operator's request that could not be applied, and why. `action` is the request's
+    /// (`pause`, `resume`, `cancel`, `retry`: the queue's `ControlAction`, which this layer
+    /// does not import).
     ControlRefused {
-        action: ControlAction,
+        action: String,
         reason: String,
     },
     /// `cairn retry` brought back a finished record.
@@ -187,7 +188,6 @@ mod tests {
     use serde_json::json;
 
     use super::{Event, RecordStatus};
-    use crate::queue::control::ControlAction;
     use crate::task::PhaseKind;
     use crate::task_id::TaskId;
 
@@ -265,7 +265,7 @@ mod tests {
             Event::PauseRequested {},
             Event::CancelRequested {},
             Event::ControlRefused {
-                action: ControlAction::Retry,
+                action: "retry".into(),
                 reason: "it is not paused".into(),
             },
             Event::Retried {
@@ -352,7 +352,7 @@ mod tests {
             ),
             (
                 Event::ControlRefused {
-                    action: ControlAction::Pause,
+                    action: "pause".into(),
                     reason: "why".into(),
                 },
                 json!({"action": "pause", "reason": "why"}),

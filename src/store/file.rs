@@ -437,7 +437,9 @@ impl Storage for FileStorage {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use super::{validate_key, FileStorage};
+    use crate::store::Storage;
+    use std::{fs, io};
 
     #[test]
     fn rejects_keys_that_leave_the_root() {

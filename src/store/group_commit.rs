@@ -75,10 +75,12 @@ impl GroupCommit {
 
 #[cfg(test)]
 mod tests {
+    use std::io;
     use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
     use std::time::Duration;
 
-    use super::*;
+    use super::GroupCommit;
 
     #[test]
     fn a_lone_writer_syncs_itself() {

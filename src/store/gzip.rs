@@ -303,9 +303,9 @@ fn give_back(mut compressor: Compress) {
 
 #[cfg(test)]
 mod tests {
-    use std::io::Read;
+    use std::io::{self, Read};
 
-    use super::*;
+    use super::{gzip, gzip_with, BLOCK_BYTES};
 
     fn gunzip(bytes: &[u8]) -> Vec<u8> {
         let mut decoder = flate2::bufread::GzDecoder::new(bytes);

@@ -110,3 +110,41 @@ fn the_readme_states_the_default_retry_policy() {
         "README: the third attempt waits twice the backoff"
     );
 }
+
+/// A program that embeds the library with `default-features = false` (as the README says)
+/// compiles none of the command line's crates.
+#[test]
+fn the_library_without_default_features_depends_on_no_cli_crate() {
+    let output = Command::new(env!("CARGO"))
+        .args([
+            "tree",
+            "--offline",
+            "--no-default-features",
+            "--edges",
+            "normal",
+        ])
+        .args(["--prefix", "none", "--format", "{p}"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("running cargo tree");
+    assert!(
+        output.status.success(),
+        "cargo tree: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let tree = String::from_utf8_lossy(&output.stdout);
+    let crates: Vec<&str> = tree.lines().filter_map(|l| l.split(' ').next()).collect();
+    assert!(crates.contains(&"cairn"), "{tree}");
+    for cli_crate in [
+        "clap",
+        "clap_complete",
+        "indicatif",
+        "json-patch",
+        "signal-hook",
+        "signal-hook-tokio",
+        "tracing-journald",
+        "tracing-subscriber",
+    ] {
+        assert!(!crates.contains(&cli_crate), "{cli_crate} is built: {tree}");
+    }
+}

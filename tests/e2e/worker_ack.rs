@@ -262,7 +262,8 @@ fn run_in_process(queue: &Path, ops: Arc<FaultyFileOps>) {
     config.exit_when_idle = true;
     config.storage = Some(storage);
     config.rescan_interval = Duration::from_millis(50);
-    let runtime = tokio::runtime::Builder::new_multi_thread()
+    // The daemon needs a current-thread runtime (see `daemon::run`).
+    let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .expect("a runtime");
