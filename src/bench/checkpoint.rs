@@ -1,6 +1,7 @@
 //! `cairn bench checkpoint`: the checkpoint workload of `bench/workload.md` through cairn's real
-//! checkpoint path ([`LoopCheckpointer`] → [`CheckpointStore`] → [`FileStorage`]), the code the
-//! daemon's loop phases run.
+//! checkpoint path ([`Queue::checkpointer`]: a [`LoopCheckpointer`] fenced by the task's lease →
+//! [`CheckpointStore`](crate::store::CheckpointStore) → [`FileStorage`]), the code the daemon's
+//! loop phases run.
 //!
 //! Sequential runs call the checkpointer on one thread, as an embedding program does.
 //! Concurrent runs start every task at once as a tokio task on a multi-thread runtime, and
@@ -15,7 +16,7 @@ use serde::Serialize;
 
 use super::workload::{mean_canonical_bytes, SizeClass, TaskState};
 use super::{millis, percentile, round_to};
-use crate::queue::QueueDir;
+use crate::queue::{Queue, QueueDir};
 use crate::store::{
     CheckpointStore, FileOps, FileStorage, LoopCheckpointer, RealFileOps, Storage, UnsyncedFileOps,
 };
@@ -96,11 +97,15 @@ impl CheckpointBench {
             Durability::None => Arc::new(UnsyncedFileOps),
         };
         let storage = FileStorage::with_ops(&root, ops);
+        // Made durable before the clock starts, so the first save does not sync it.
         let checkpoint_dir = QueueDir::new(&root).checkpoint_dir();
         storage
             .create_dir(CheckpointStore::DIR)
             .with_context(|| format!("creating {}", checkpoint_dir.display()))?;
-        let store = CheckpointStore::with_storage(Arc::new(storage) as Arc<dyn Storage>);
+        // Owned as the daemon owns a queue, so that every checkpoint passes the same lease
+        // check as a loop phase's.
+        let queue = Queue::open_files(&root, Some(Arc::new(storage) as Arc<dyn Storage>))
+            .with_context(|| format!("opening the queue {}", root.display()))?;
 
         let started = Instant::now();
         let samples = if self.raw {
@@ -112,11 +117,12 @@ impl CheckpointBench {
                 self.durability,
             )?
         } else if self.conc == 1 {
-            run_sequential(&store, self.size, iterations)?
+            run_sequential(&queue, self.size, iterations)?
         } else {
-            run_concurrent(&store, self.size, self.conc, iterations)?
+            run_concurrent(&queue, self.size, self.conc, iterations)?
         };
         let wall = started.elapsed();
+        drop(queue);
 
         let result = summarize(self, iterations, samples, wall);
         if !self.keep {
@@ -145,19 +151,21 @@ impl CheckpointBench {
 }
 
 /// One task's loop on this thread: build the state (untimed), checkpoint it (timed).
-fn run_sequential(
-    store: &CheckpointStore,
-    size: SizeClass,
-    iterations: u64,
-) -> anyhow::Result<Vec<Sample>> {
+fn run_sequential(queue: &Queue, size: SizeClass, iterations: u64) -> anyhow::Result<Vec<Sample>> {
     let mut state = TaskState::new(0, size);
-    let mut checkpointer = LoopCheckpointer::new(store.clone(), state.task_id(), "bench");
+    let mut checkpointer = fenced_checkpointer(queue, state.task_id())?;
     let mut samples = Vec::with_capacity(iterations as usize);
     for _ in 0..iterations {
         samples.push(timed_checkpoint(&mut checkpointer, &state)?);
         state.advance();
     }
     Ok(samples)
+}
+
+/// The task's checkpointer as a loop phase gets it: under the task's lease.
+fn fenced_checkpointer(queue: &Queue, task_id: &str) -> anyhow::Result<LoopCheckpointer> {
+    let lease = queue.claim(task_id)?;
+    Ok(queue.checkpointer(&lease, "bench")?)
 }
 
 /// Checkpoint iteration `state.iteration()` as completed, timing the call.
@@ -183,7 +191,7 @@ fn timed_checkpoint(
 /// `conc` tasks started at once; each checkpoint call goes to the blocking pool and a task's
 /// next iteration starts when its call has returned.
 fn run_concurrent(
-    store: &CheckpointStore,
+    queue: &Queue,
     size: SizeClass,
     conc: usize,
     iterations: u64,
@@ -195,11 +203,10 @@ fn run_concurrent(
     runtime.block_on(async {
         let mut tasks = tokio::task::JoinSet::new();
         for task in 0..conc {
-            let store = store.clone();
+            let queue = queue.clone();
             tasks.spawn(async move {
                 let mut state = TaskState::new(task as u64, size);
-                let mut checkpointer =
-                    LoopCheckpointer::new(store, state.task_id().to_owned(), "bench");
+                let mut checkpointer = fenced_checkpointer(&queue, state.task_id())?;
                 let mut samples = Vec::with_capacity(iterations as usize);
                 for _ in 0..iterations {
                     let started = Instant::now();

@@ -5,6 +5,8 @@ mod checkpoint;
 mod clients_path;
 mod completions;
 mod control;
+#[cfg(feature = "postgres")]
+mod db;
 pub mod error;
 mod fork;
 mod format;
@@ -119,6 +121,9 @@ enum Command {
     ClientsPath(clients_path::ClientsPathArgs),
     /// Measure cairn's hot paths and print the figures (one JSON line per run).
     Bench(bench::BenchArgs),
+    /// The PostgreSQL database of a queue shared by several hosts (`db migrate`).
+    #[cfg(feature = "postgres")]
+    Db(db::DbArgs),
 }
 
 /// Parse the command line, run the subcommand, and map the outcome to an exit code.
@@ -176,6 +181,8 @@ fn dispatch(queue: &Path, command: Command) -> CliResult<u8> {
         Command::Completions(args) => completions::run(args).map(done),
         Command::ClientsPath(args) => clients_path::run(queue, args).map(done),
         Command::Bench(args) => bench::run(args).map(done),
+        #[cfg(feature = "postgres")]
+        Command::Db(args) => db::run(args).map(done),
     }
 }
 

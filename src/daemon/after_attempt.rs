@@ -377,7 +377,7 @@ mod tests {
         AttemptOutcome::Recorded(ended_entry())
     }
     fn record_failed() -> AttemptOutcome {
-        AttemptOutcome::RecordFailed("writing done/t.json: disk full".into())
+        AttemptOutcome::RecordFailed("writing the done record of t: disk full".into())
     }
     fn ended(end: AttemptEnd) -> AttemptOutcome {
         AttemptOutcome::Ended(end)
@@ -443,7 +443,7 @@ mod tests {
         let finished = || Decision::Finished(ended_entry());
         let interrupted = || ended(AttemptEnd::Interrupted);
         let done_unrecorded = || ended(AttemptEnd::Done);
-        let disk_full = Some("writing done/t.json: disk full");
+        let disk_full = Some("writing the done record of t: disk full");
         let internal = "internal error: the finished task was not recorded";
         // Failed attempts before this one: None when the task has no entry left. The default
         // policy: 3 attempts, 10 s backoff doubled per failure.

@@ -5,11 +5,9 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use super::{runner_blocking, Scheduler};
-use crate::queue::control::{self, ControlAction, ControlRequest};
-use crate::queue::QueueDir;
+use crate::queue::control::{ControlAction, ControlRequest};
 use crate::runner::RunContext;
-use crate::store::current_work::{ActiveStatus, ActiveTask};
-use crate::store::current_work::{StartPoint, StoredOutput};
+use crate::store::current_work::{ActiveStatus, ActiveTask, StoredOutput};
 use crate::store::events::Event;
 use crate::store::records::{FailedRecord, RecordStatus};
 use crate::task::Task;
@@ -21,34 +19,26 @@ impl Scheduler {
     /// [`Scheduler::may_still_arrive`]), and so do the requests for that task after it.
     pub(super) async fn process_control(&mut self) {
         let queue = self.ctx.queue.clone();
-        let inbox = queue.inbox();
-        let mut reported = std::mem::take(&mut self.control_reported);
         let read = move || {
-            let requests = control::take(&queue, &mut reported);
-            let requests = requests.map(|requests| {
-                // Which of the requested tasks sit in the inbox under the name `cairn submit`
-                // uses (a stat: it neither follows into nor opens what is there).
-                let in_inbox: HashSet<TaskId> = requests
-                    .iter()
-                    .map(|(_, r)| r.task_id.clone())
-                    .filter(|id| inbox.join(format!("{id}.json")).symlink_metadata().is_ok())
-                    .collect();
-                (requests, in_inbox)
-            });
-            (requests, reported)
+            let requests = queue.take_control()?;
+            // Which of the requested tasks still wait to be taken in.
+            let in_inbox: HashSet<TaskId> = requests
+                .iter()
+                .map(|(_, r)| r.task_id.clone())
+                .filter(|id| queue.waiting_in_intake(id))
+                .collect();
+            Ok::<_, crate::queue::QueueError>((requests, in_inbox))
         };
-        let (read, reported) = runner_blocking(read).await;
-        self.control_reported = reported;
-        let (requests, in_inbox) = match read {
+        let (requests, in_inbox) = match runner_blocking(read).await {
             Ok(read) => read,
             Err(e) => {
-                tracing::error!("reading control requests: {e}");
+                tracing::error!("{e}");
                 return;
             }
         };
         self.control_deferred = false;
         let mut deferred: HashSet<TaskId> = HashSet::new();
-        for (key, request) in requests {
+        for (claim, request) in requests {
             // A retry is for a failed record, never a task in the inbox: it waits only behind
             // an earlier request for the same task.
             if deferred.contains(&request.task_id)
@@ -60,10 +50,10 @@ impl Scheduler {
                 continue;
             }
             self.apply_control(request).await;
-            let storage = Arc::clone(&self.ctx.storage);
-            let remove_key = key.clone();
-            if let Err(e) = runner_blocking(move || storage.remove(&remove_key)).await {
-                tracing::error!(request = %key, "cannot remove a handled control request: {e}");
+            let queue = self.ctx.queue.clone();
+            let removed = claim.clone();
+            if let Err(e) = runner_blocking(move || queue.remove_control_claim(&removed)).await {
+                tracing::error!(request = %claim, "cannot remove a handled control request: {e}");
             }
         }
     }
@@ -196,18 +186,11 @@ impl Scheduler {
     /// archived (`retry_of` tells recovery which of the two is current).
     async fn retry(&mut self, id: &TaskId) {
         let retry = ControlAction::Retry;
-        let storage = Arc::clone(&self.ctx.storage);
-        let key = QueueDir::failed_key(id);
-        let get_key = key.clone();
-        let record = match runner_blocking(move || storage.get(&get_key)).await {
-            Ok(Some(bytes)) => match serde_json::from_slice::<FailedRecord>(&bytes) {
-                Ok(record) => record,
-                Err(e) => {
-                    return self.refuse(id, retry, &format!("{key} is not a task record: {e}"))
-                }
-            },
+        let (queue, read_id) = (self.ctx.queue.clone(), id.to_string());
+        let record = match runner_blocking(move || queue.failed_record(&read_id)).await {
+            Ok(Some(record)) => record,
             Ok(None) => return self.refuse(id, retry, "it has not failed or been cancelled"),
-            Err(e) => return self.refuse(id, retry, &format!("reading {key}: {e}")),
+            Err(e) => return self.refuse(id, retry, &e.to_string()),
         };
         if !record.status.is_retryable() {
             let status = record.status.as_str();
@@ -252,22 +235,16 @@ impl Scheduler {
         );
     }
 
-    /// Move a failed record out of `failed/` into the task's run directory.
+    /// Move a failed record out of the records into the task's history.
     pub(super) async fn archive_failure(&self, id: &str, record: &FailedRecord) {
-        let from = self.ctx.queue.root().join(QueueDir::failed_key(id));
-        let to = self.ctx.queue.run_dir(id).join(format!(
-            "failed-{}.json",
-            record.failed_at.format("%Y%m%dT%H%M%S%.3fZ")
-        ));
+        let (queue, id_owned, record) = (self.ctx.queue.clone(), id.to_string(), record.clone());
         let moved = runner_blocking(move || {
-            if let Some(dir) = to.parent() {
-                std::fs::create_dir_all(dir)?;
-            }
-            std::fs::rename(&from, &to)
+            let lease = queue.claim(&id_owned)?;
+            queue.archive_failed(&lease, &record)
         })
         .await;
         if let Err(e) = moved {
-            tracing::error!(task_id = %id, "cannot archive the failed record: {e}");
+            tracing::error!(task_id = id, "cannot archive the failed record: {e}");
         }
     }
 }
@@ -337,21 +314,15 @@ pub(super) fn decide_control(
 }
 
 /// The entry a task starts its first attempt with: at its first phase, or where `cairn fork`
-/// said (`runs/<id>/start.json`). Reads a file: call it off the async thread.
+/// said (its start point). Blocking: call it off the async thread.
 pub(super) fn fresh_entry(ctx: &RunContext, task: &Task) -> ActiveTask {
     let id = task.id();
     let first_phase = task.phases.first().map(|p| p.name.as_str()).unwrap_or("");
     let mut entry = ActiveTask::new(id, first_phase);
-    let start = match ctx.storage.get(&StartPoint::key(id)) {
-        Ok(Some(bytes)) => serde_json::from_slice::<StartPoint>(&bytes)
-            .map_err(|e| tracing::error!(task_id = %id, "ignoring an unreadable start point: {e}"))
-            .ok(),
-        Ok(None) => None,
-        Err(e) => {
-            tracing::error!(task_id = %id, "ignoring an unreadable start point: {e}");
-            None
-        }
-    };
+    let start = ctx.queue.start_point(id).unwrap_or_else(|e| {
+        tracing::error!(task_id = %id, "ignoring an unreadable start point: {e}");
+        None
+    });
     if let Some(start) = start.filter(|s| s.phase_index < task.phases.len()) {
         entry.phase_index = start.phase_index;
         entry.phase = task.phases[start.phase_index].name.clone();

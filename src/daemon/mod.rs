@@ -7,7 +7,7 @@
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, HashSet, VecDeque};
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -26,11 +26,11 @@ mod summary;
 
 pub use summary::RunSummary;
 
-use crate::queue::{Intake, LockError, QueueDir, QueueHint, QueueLock};
+use crate::queue::{LockError, OpenError, Queue, QueueHint};
 use crate::runner::{AttemptEnd, RunContext, WorkState};
 use crate::shutdown::Shutdown;
 use crate::store::current_work::{ActiveStatus, ActiveTask};
-use crate::store::{CheckpointStore, FileStorage, Storage};
+use crate::store::Storage;
 use crate::task::Task;
 use crate::task_id::TaskId;
 
@@ -94,6 +94,16 @@ pub enum DaemonError {
     Runtime(tokio::runtime::RuntimeFlavor),
 }
 
+impl From<OpenError> for DaemonError {
+    fn from(error: OpenError) -> Self {
+        match error {
+            OpenError::Lock(e) => DaemonError::Lock(e),
+            OpenError::Setup(e) => DaemonError::Setup(e),
+            OpenError::Unsafe(e) => DaemonError::UnsafeQueue(e),
+        }
+    }
+}
+
 /// Run the daemon on a queue until it is stopped (or idle, with `exit_when_idle`).
 ///
 /// It must be awaited on a **current-thread** tokio runtime, and it refuses any other with
@@ -131,18 +141,16 @@ pub async fn run_with_summary(
     if flavor != tokio::runtime::RuntimeFlavor::CurrentThread {
         return Err(DaemonError::Runtime(flavor));
     }
-    let (queue, _lock) = take_queue(&config)?;
-    prepare_queue(queue.root()).await;
-    let storage = open_storage(&config, queue.root());
-    let work = load_work(&queue, &storage)?;
+    // Owned (its lock held) for as long as the queue lives.
+    let queue = Queue::open_files(&config.queue_dir, config.storage.clone())?;
+    prepare_queue(&queue).await;
+    clean_after_crash(&queue);
+    let work = load_work(&queue)?;
     let ctx = Arc::new(RunContext {
-        queue: queue.clone(),
-        checkpoints: CheckpointStore::with_storage(Arc::clone(&storage)),
-        storage: Arc::clone(&storage),
+        queue,
         work: Arc::new(work),
         shutdown: shutdown.clone(),
         controls: Default::default(),
-        journal: crate::store::journal::JournalWriter::start(queue.root()),
         trial_progress: tokio::sync::Notify::new(),
     });
     let mut scheduler = Scheduler::new(ctx, config);
@@ -161,25 +169,12 @@ pub async fn run_with_summary(
     Ok((exit, summary))
 }
 
-/// The queue made absolute and created if need be, locked against a second daemon, and
-/// checked to be writable by nobody else.
-fn take_queue(config: &DaemonConfig) -> Result<(QueueDir, QueueLock), DaemonError> {
-    let root = std::path::absolute(&config.queue_dir)
-        .map_err(|e| DaemonError::Setup(format!("queue {}: {e}", config.queue_dir.display())))?;
-    let queue = QueueDir::new(&root);
-    queue
-        .create_all()
-        .map_err(|e| DaemonError::Setup(e.to_string()))?;
-    let lock = QueueLock::acquire(&queue)?;
-    crate::queue::check_queue_permissions(&queue).map_err(DaemonError::UnsafeQueue)?;
-    Ok((queue, lock))
-}
-
 /// Kill what a daemon that died left running (so nothing races the tasks about to resume),
 /// and write the worker helpers.
-async fn prepare_queue(root: &std::path::Path) {
-    let orphan_root = root.to_path_buf();
-    let orphans = runner_blocking(move || crate::runner::kill_orphans(&orphan_root)).await;
+async fn prepare_queue(queue: &Queue) {
+    let root = queue.root().to_path_buf();
+    let runs_dir = queue.runs_dir();
+    let orphans = runner_blocking(move || crate::runner::kill_orphans(&runs_dir)).await;
     if orphans > 0 {
         tracing::warn!(
             count = orphans,
@@ -195,14 +190,9 @@ async fn prepare_queue(root: &std::path::Path) {
     }
 }
 
-/// The storage backend (the configured one, else files on the queue), with the temp files a
-/// crash left removed.
-fn open_storage(config: &DaemonConfig, root: &std::path::Path) -> Arc<dyn Storage> {
-    let storage: Arc<dyn Storage> = match &config.storage {
-        Some(storage) => Arc::clone(storage),
-        None => Arc::new(FileStorage::new(root)),
-    };
-    match storage.remove_temp_files() {
+/// Remove what writes a crash cut short left behind, before anything is read.
+fn clean_after_crash(queue: &Queue) {
+    match queue.clean_after_crash() {
         Ok(removed) if !removed.is_empty() => {
             tracing::info!(
                 count = removed.len(),
@@ -214,16 +204,15 @@ fn open_storage(config: &DaemonConfig, root: &std::path::Path) -> Arc<dyn Storag
         // again before they are written to.
         Err(e) => tracing::error!("cleaning temp files and syncing the queue's directories: {e}"),
     }
-    storage
 }
 
-/// What was in flight when the last daemon stopped; a damaged file stops the start, saying how
-/// to start without it.
-fn load_work(queue: &QueueDir, storage: &Arc<dyn Storage>) -> Result<WorkState, DaemonError> {
-    WorkState::load(Arc::clone(storage)).map_err(|e| {
+/// What was in flight when the last daemon stopped; a damaged work state stops the start,
+/// saying how to start without it.
+fn load_work(queue: &Queue) -> Result<WorkState, DaemonError> {
+    WorkState::load(queue.clone()).map_err(|e| {
         DaemonError::Setup(format!(
             "{e}; move {} aside to start without it (tasks then restart their phases, their loop checkpoints are kept)",
-            queue.display_key(QueueDir::CURRENT_WORK_KEY)
+            queue.work_state_name()
         ))
     })
 }
@@ -231,7 +220,6 @@ fn load_work(queue: &QueueDir, storage: &Arc<dyn Storage>) -> Result<WorkState, 
 pub(crate) struct Scheduler {
     ctx: Arc<RunContext>,
     config: DaemonConfig,
-    intake: Arc<Mutex<Intake>>,
     /// Definitions of the tasks this daemon knows to be unfinished.
     tasks: HashMap<TaskId, Arc<Task>>,
     /// Tasks that were in flight: they go before new ones.
@@ -266,9 +254,6 @@ pub(crate) struct Scheduler {
     /// Control requests wait in `control/` for a task still in the inbox: look again as soon
     /// as a scan has taken tasks in, before any of them starts.
     control_deferred: bool,
-    /// Control entries already logged as impossible to take or remove, so that one bad entry
-    /// costs one log line, not one a round.
-    control_reported: HashSet<String>,
     /// What this run did, for the closing summary.
     summary: RunSummary,
 }
@@ -288,10 +273,8 @@ pub(crate) enum AttemptOutcome {
 impl Scheduler {
     /// A scheduler with nothing lined up yet ([`Scheduler::recover`] lines up the queue).
     fn new(ctx: Arc<RunContext>, config: DaemonConfig) -> Scheduler {
-        let queue = ctx.queue.clone();
-        let intake = Intake::new(queue.clone(), Arc::clone(&ctx.storage));
+        let records = ctx.queue.record_locations();
         Scheduler {
-            intake: Arc::new(Mutex::new(intake)),
             ctx,
             config,
             tasks: HashMap::new(),
@@ -312,9 +295,8 @@ impl Scheduler {
             notifier: notify::ServiceNotifier::new(),
             finished: 0,
             control_deferred: false,
-            control_reported: Default::default(),
             summary: RunSummary {
-                queue: queue.root().to_path_buf(),
+                records,
                 ..RunSummary::default()
             },
         }
@@ -323,7 +305,7 @@ impl Scheduler {
     /// After the drain: flush the journals and tell what this run did and what it leaves.
     async fn close(&mut self) -> RunSummary {
         let ctx = Arc::clone(&self.ctx);
-        runner_blocking(move || ctx.journal.flush()).await;
+        runner_blocking(move || ctx.queue.flush_events()).await;
         let mut summary = std::mem::take(&mut self.summary);
         self.ctx.work.update(|work| {
             for entry in &work.active_tasks {
@@ -344,12 +326,6 @@ impl Scheduler {
         );
         summary
     }
-}
-
-fn lock(intake: &Mutex<Intake>) -> std::sync::MutexGuard<'_, Intake> {
-    intake
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// Run blocking file work off the async thread; a panic there is re-raised here.

@@ -1,4 +1,5 @@
-//! Final records: `done/<id>.json` and `failed/<id>.json` (failed, budget-stopped, cancelled).
+//! Final records: done, and failed (failed, budget-stopped, cancelled), written through the
+//! queue's owner under the task's lease.
 
 use std::sync::Arc;
 
@@ -6,27 +7,28 @@ use chrono::Utc;
 use serde_json::Value;
 
 use super::{runner_blocking, Scheduler};
-use crate::queue::QueueDir;
+use crate::queue::{Lease, TaskRecord};
 use crate::runner::{self, RunContext};
 use crate::store::current_work::ActiveTask;
 use crate::store::events::Event;
-use crate::store::records::{to_record_bytes, DoneRecord, FailedRecord, RecordStatus};
+use crate::store::records::{DoneRecord, FailedRecord, RecordStatus};
 use crate::task::Task;
 
 /// Finish a task whose every phase is done, inside its attempt's future (so the main loop never
-/// waits for these writes): write `done/<id>.json` durably, then drop the task from
-/// `current_work`. The record is durable before the entry can leave the file. Returns the entry
-/// as it ended.
+/// waits for these writes): write the done record durably under the attempt's `lease`, then
+/// drop the task from `current_work`. The record is durable before the entry can leave the
+/// file. Returns the entry as it ended.
 pub(super) async fn record_done(
     ctx: &Arc<RunContext>,
     task: &Task,
+    lease: &Lease,
 ) -> Result<ActiveTask, RecordError> {
     let id = task.id();
     let entry = ctx
         .work
         .update(|w| w.get(id).cloned())
         .ok_or_else(|| RecordError::NotInFlight(id.to_string()))?;
-    write_done(ctx, task, &entry).await?;
+    write_done(ctx, task, &entry, lease).await?;
     ctx.work.update(|w| w.remove(id));
     // Dropping the entry from the file is no durability step (a restart drops an entry whose
     // task has a record), so the task's slot is freed without waiting for it; the write joins
@@ -48,15 +50,16 @@ pub(super) enum RecordError {
     NotInFlight(String),
     #[error("{0}")]
     Outputs(#[from] runner::StateError),
-    #[error("writing {key}: {source}")]
-    Write {
-        key: String,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Write(#[from] crate::queue::QueueError),
 }
 
-async fn write_done(ctx: &RunContext, task: &Task, entry: &ActiveTask) -> Result<(), RecordError> {
+async fn write_done(
+    ctx: &RunContext,
+    task: &Task,
+    entry: &ActiveTask,
+    lease: &Lease,
+) -> Result<(), RecordError> {
     let outputs = outputs_by_name(ctx, entry).await?;
     let result = task
         .phases
@@ -79,12 +82,10 @@ async fn write_done(ctx: &RunContext, task: &Task, entry: &ActiveTask) -> Result
         lost_cost_estimate: entry.lost_cost_estimate(),
         phases: entry.phases.clone(),
     };
-    put_record(
-        ctx,
-        QueueDir::done_key(&entry.task_id),
-        to_record_bytes(&record),
-    )
-    .await
+    let (queue, lease) = (ctx.queue.clone(), lease.clone());
+    runner_blocking(move || queue.finish(&lease, &TaskRecord::Done(record)))
+        .await
+        .map_err(RecordError::Write)
 }
 
 impl Scheduler {
@@ -94,8 +95,9 @@ impl Scheduler {
             .await
     }
 
-    /// Write `failed/<id>.json` with `status` (failed, cancelled, budget_exceeded) and drop the
-    /// task from current_work.
+    /// Write the task's failed record with `status` ("failed", "budget_exceeded",
+    /// "cancelled") and drop the task from current_work. No attempt of it runs: the record is
+    /// written under a fresh claim.
     pub(super) async fn record_failure(
         &mut self,
         task: &Arc<Task>,
@@ -140,13 +142,13 @@ impl Scheduler {
             phase_outputs: outputs,
             phases: entry.phases.clone(),
         };
-        match put_record(
-            &self.ctx,
-            QueueDir::failed_key(&id),
-            to_record_bytes(&record),
-        )
-        .await
-        {
+        let (queue, claim_id) = (self.ctx.queue.clone(), id.clone());
+        let written = runner_blocking(move || {
+            let lease = queue.claim(&claim_id)?;
+            queue.finish(&lease, &TaskRecord::Failed(record))
+        })
+        .await;
+        match written {
             Ok(()) => {
                 self.ctx.work.update(|w| w.remove(&id));
             }
@@ -192,12 +194,4 @@ async fn outputs_by_name(
         Value::Object(map) => Ok(map.into_iter().collect()),
         _ => Ok(Default::default()),
     }
-}
-
-async fn put_record(ctx: &RunContext, key: String, bytes: Vec<u8>) -> Result<(), RecordError> {
-    let storage = Arc::clone(&ctx.storage);
-    let put_key = key.clone();
-    runner_blocking(move || storage.put(&put_key, &bytes, None))
-        .await
-        .map_err(|source| RecordError::Write { key, source })
 }

@@ -8,13 +8,12 @@ use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 
-use super::{lock, runner_blocking, DaemonError, Scheduler};
-use crate::queue::QueueDir;
+use super::{runner_blocking, DaemonError, Scheduler};
+use crate::queue::Queue;
 use crate::runner::RunContext;
 use crate::store::current_work::{ActiveStatus, ActiveTask};
 use crate::store::events::Event;
 use crate::store::records::FailedRecord;
-use crate::store::Storage;
 use crate::task::PhaseKind;
 use crate::task::Task;
 use crate::task_id::TaskId;
@@ -23,8 +22,8 @@ impl Scheduler {
     /// Finish half-done intake, then line up every task that was in flight and every accepted
     /// task that has not started, in that order.
     pub(super) async fn recover(&mut self) -> Result<(), DaemonError> {
-        let intake = Arc::clone(&self.intake);
-        let recovered = runner_blocking(move || lock(&intake).recover_claims()).await;
+        let queue = self.ctx.queue.clone();
+        let recovered = runner_blocking(move || queue.recover_intake()).await;
         // Accepted tasks are loaded from tasks/ below; only a failure needs saying here.
         if let Some(e) = recovered.error {
             tracing::error!("finishing interrupted intake: {e}");
@@ -37,11 +36,11 @@ impl Scheduler {
         let in_flight: HashSet<TaskId> = entries.iter().map(|e| e.task_id.clone()).collect();
         let ctx = Arc::clone(&self.ctx);
         let (records, prefetched) = runner_blocking(move || {
-            let records = Records::list(ctx.storage.as_ref());
-            // One listing of incremental/ for every task in flight, instead of one per task at
-            // its first save (quadratic with thousands of tasks resuming at once).
+            let records = Records::list(&ctx.queue);
+            // One read of every checkpoint generation for every task in flight, instead of one
+            // per task at its first save (quadratic with thousands of tasks resuming at once).
             let in_flight = entries.iter().map(|entry| entry.task_id.as_str());
-            if let Err(e) = ctx.checkpoints.learn_generations_on_disk(in_flight) {
+            if let Err(e) = ctx.queue.learn_generations(in_flight) {
                 tracing::warn!("{e}; each task's first checkpoint save lists the directory itself");
             }
             let prefetched: Vec<Prefetched> = entries
@@ -223,13 +222,13 @@ impl Scheduler {
         verdict
     }
 
-    /// The failed record that `entry` was retried from, if it is still in `failed/`.
+    /// The failed record that `entry` was retried from, if it is still among the records.
     async fn retried_record(&self, entry: &ActiveTask) -> Option<FailedRecord> {
         let retry_of = entry.retry_of?;
-        let storage = Arc::clone(&self.ctx.storage);
-        let key = QueueDir::failed_key(&entry.task_id);
-        let bytes = runner_blocking(move || storage.get(&key)).await.ok()??;
-        let record: FailedRecord = serde_json::from_slice(&bytes).ok()?;
+        let (queue, id) = (self.ctx.queue.clone(), entry.task_id.clone());
+        let record = runner_blocking(move || queue.failed_record(&id))
+            .await
+            .ok()??;
         (record.failed_at == retry_of).then_some(record)
     }
 
@@ -246,17 +245,16 @@ impl Scheduler {
         records: &Records,
         in_flight: &HashSet<TaskId>,
     ) -> Result<(), DaemonError> {
-        let storage = Arc::clone(&self.ctx.storage);
-        let names = runner_blocking(move || storage.list("tasks"))
+        let queue = self.ctx.queue.clone();
+        let accepted = runner_blocking(move || queue.accepted_ids())
             .await
-            .map_err(|e| DaemonError::Setup(format!("listing tasks/: {e}")))?;
-        let ids: Vec<TaskId> = names
-            .iter()
-            .filter_map(|name| name.strip_suffix(".json"))
-            .filter(|id| !self.tasks.contains_key(*id) && !in_flight.contains(*id))
+            .map_err(|e| DaemonError::Setup(e.to_string()))?;
+        let ids: Vec<TaskId> = accepted
+            .into_iter()
+            .filter(|id| !self.tasks.contains_key(id.as_str()) && !in_flight.contains(id.as_str()))
             .filter_map(|id| {
-                TaskId::parse(id)
-                    .map_err(|e| tracing::error!("skipping tasks/{id}.json: task id {e}"))
+                TaskId::parse(id.as_str())
+                    .map_err(|e| tracing::error!("skipping accepted task {id:?}: task id {e}"))
                     .ok()
             })
             .collect();
@@ -265,17 +263,11 @@ impl Scheduler {
         let found = runner_blocking(move || {
             let mut found = Vec::new();
             for id in ids {
-                if records.has(ctx.storage.as_ref(), &id) {
+                if records.has(&ctx.queue, &id) {
                     continue;
                 }
                 match read_task(&ctx, &id) {
-                    Ok(task) => {
-                        let accepted =
-                            std::fs::metadata(ctx.queue.tasks().join(format!("{id}.json")))
-                                .and_then(|m| m.modified())
-                                .ok();
-                        found.push((accepted, task));
-                    }
+                    Ok(task) => found.push((ctx.queue.accepted_at(&id), task)),
                     Err(error) => tracing::error!(task_id = %id, "skipping task: {error}"),
                 }
             }
@@ -297,9 +289,9 @@ impl Scheduler {
         self.tasks.insert(id, Arc::new(task));
     }
 
-    pub(super) async fn read_task(&self, id: &TaskId) -> Result<Task, DefinitionError> {
+    pub(super) async fn read_task(&self, id: &str) -> Result<Task, DefinitionError> {
         let ctx = Arc::clone(&self.ctx);
-        let id = id.clone();
+        let id = id.to_string();
         runner_blocking(move || read_task(&ctx, &id)).await
     }
 }
@@ -354,40 +346,12 @@ pub(super) fn line_up(
     }
 }
 
-/// Why a task's definition cannot be read back from `tasks/<id>.json`.
-#[derive(Debug, thiserror::Error)]
-pub(super) enum DefinitionError {
-    #[error("reading {key}: {source}")]
-    Unreadable {
-        key: String,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("its definition {key} is missing")]
-    Missing { key: String },
-    #[error("{key}: {source}")]
-    Invalid {
-        key: String,
-        #[source]
-        source: crate::task::TaskError,
-    },
-}
+/// Why a task's definition cannot be read back (the owner's error names what and why).
+pub(super) type DefinitionError = crate::queue::QueueError;
 
-/// A task's definition from `tasks/<id>.json`. Blocking.
-fn read_task(ctx: &RunContext, id: &TaskId) -> Result<Task, DefinitionError> {
-    let key = QueueDir::task_key(id);
-    let bytes = ctx
-        .storage
-        .get(&key)
-        .map_err(|source| DefinitionError::Unreadable {
-            key: key.clone(),
-            source,
-        })?
-        .ok_or_else(|| DefinitionError::Missing { key: key.clone() })?;
-    let mut task =
-        Task::parse_stored(&bytes).map_err(|source| DefinitionError::Invalid { key, source })?;
-    task.id = Some(id.clone());
-    Ok(task)
+/// An accepted task's definition. Blocking.
+fn read_task(ctx: &RunContext, id: &str) -> Result<Task, DefinitionError> {
+    ctx.queue.task(id)
 }
 
 /// Did the attempt recorded in `entry` finish a phase or write a checkpoint? Blocking.
@@ -395,7 +359,7 @@ fn attempt_progressed(ctx: &RunContext, entry: &ActiveTask) -> bool {
     if entry.phase_index > entry.attempt_started_phase {
         return true;
     }
-    match ctx.checkpoints.latest(&entry.task_id) {
+    match ctx.queue.latest_checkpoint(&entry.task_id) {
         Ok(Some(loaded)) => {
             loaded.checkpoint.attempt == entry.attempt
                 && loaded.checkpoint.phase_index == entry.phase_index
@@ -404,41 +368,31 @@ fn attempt_progressed(ctx: &RunContext, entry: &ActiveTask) -> bool {
     }
 }
 
-/// Which tasks have a final record, from one listing of `done/` and one of `failed/`, instead
-/// of reading each task's record files to learn whether they exist.
+/// Which tasks have a final record, from one read of them all, instead of looking up each
+/// task's record to learn whether it exists.
 #[derive(Debug, Clone)]
 struct Records {
-    /// `None` when a listing failed: each task is then looked up on its own.
-    names: Option<(HashSet<String>, HashSet<String>)>,
+    /// `None` when the read failed: each task is then looked up on its own.
+    ids: Option<HashSet<String>>,
 }
 
 impl Records {
     /// Blocking.
-    fn list(storage: &dyn Storage) -> Records {
-        let listed = storage.list("done").and_then(|done| {
-            let failed = storage.list("failed")?;
-            Ok((done.into_iter().collect(), failed.into_iter().collect()))
-        });
-        match listed {
-            Ok(names) => Records { names: Some(names) },
+    fn list(queue: &Queue) -> Records {
+        match queue.finished_ids() {
+            Ok(ids) => Records { ids: Some(ids) },
             Err(e) => {
-                tracing::warn!("listing done/ and failed/: {e}; looking up each task instead");
-                Records { names: None }
+                tracing::warn!("{e}; looking up each task's record instead");
+                Records { ids: None }
             }
         }
     }
 
-    /// Whether `done/<id>.json` or `failed/<id>.json` exists. Blocking.
-    fn has(&self, storage: &dyn Storage, id: &str) -> bool {
-        match &self.names {
-            Some((done, failed)) => {
-                let name = format!("{id}.json");
-                done.contains(&name) || failed.contains(&name)
-            }
-            None => {
-                matches!(storage.get(&QueueDir::done_key(id)), Ok(Some(_)))
-                    || matches!(storage.get(&QueueDir::failed_key(id)), Ok(Some(_)))
-            }
+    /// Whether the task has a final record. Blocking.
+    fn has(&self, queue: &Queue, id: &str) -> bool {
+        match &self.ids {
+            Some(ids) => ids.contains(id),
+            None => queue.has_record(id).unwrap_or(false),
         }
     }
 }
@@ -456,7 +410,7 @@ struct Prefetched {
 impl Prefetched {
     /// Blocking.
     fn read(ctx: &RunContext, records: &Records, entry: ActiveTask) -> Prefetched {
-        let has_record = records.has(ctx.storage.as_ref(), &entry.task_id);
+        let has_record = records.has(&ctx.queue, &entry.task_id);
         let task = read_task(ctx, &entry.task_id);
         let progressed = (!has_record && task.is_ok() && entry.status == ActiveStatus::Running)
             .then(|| attempt_progressed(ctx, &entry));

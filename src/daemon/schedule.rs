@@ -12,7 +12,7 @@ use chrono::Utc;
 use futures::FutureExt;
 use tokio::sync::mpsc;
 
-use super::{lock, records, runner_blocking, AttemptOutcome, DaemonExit, Scheduler};
+use super::{records, runner_blocking, AttemptOutcome, DaemonExit, Scheduler};
 use crate::queue::{QueueHint, QueueWatcher};
 use crate::runner::{self, AttemptEnd};
 use crate::store::current_work::ActiveStatus;
@@ -79,17 +79,16 @@ impl Scheduler {
         DaemonExit::Stopped
     }
 
-    /// Watch `inbox/` and `control/`, so that a new task or request is seen at once rather than
+    /// Watch for submissions and control requests, so that a new task or request is seen at once rather than
     /// at the next periodic scan.
     fn watch_queue(&self) -> MainLoop {
-        let (watcher, hints) =
-            match QueueWatcher::start(&self.ctx.queue.inbox(), &self.ctx.queue.control()) {
-                Ok((watcher, hints)) => (Some(watcher), hints),
-                Err(e) => {
-                    tracing::warn!("cannot watch the queue ({e}); relying on periodic scans");
-                    (None, mpsc::unbounded_channel().1)
-                }
-            };
+        let (watcher, hints) = match self.ctx.queue.watch() {
+            Ok((watcher, hints)) => (Some(watcher), hints),
+            Err(e) => {
+                tracing::warn!("cannot watch the queue ({e}); relying on periodic scans");
+                (None, mpsc::unbounded_channel().1)
+            }
+        };
         MainLoop {
             watcher,
             hints,
@@ -283,17 +282,9 @@ impl Scheduler {
         }
         self.scan_again = false;
         let hints = std::mem::take(&mut self.intake_hints);
-        let intake = Arc::clone(&self.intake);
+        let queue = self.ctx.queue.clone();
         self.scan = Some(tokio::task::spawn_blocking(move || {
-            let mut intake = lock(&intake);
-            for hint in hints {
-                match hint {
-                    QueueHint::InboxComplete(name) => intake.hint_complete(name),
-                    QueueHint::InboxWriting(name) => intake.hint_writing(name),
-                    QueueHint::InboxChanged | QueueHint::Control => {}
-                }
-            }
-            intake.scan_batch(INTAKE_BATCH)
+            queue.scan_intake(hints, INTAKE_BATCH)
         }));
     }
 
@@ -426,6 +417,18 @@ impl Scheduler {
         self.running_ids.insert(id.clone());
         let ctx = Arc::clone(&self.ctx);
         self.running.spawn(async move {
+            // The task's lease: every write of this attempt is fenced by it.
+            let (queue, claim_id) = (ctx.queue.clone(), id.clone());
+            let lease = match runner_blocking(move || queue.claim(&claim_id)).await {
+                Ok(lease) => lease,
+                Err(e) => {
+                    let end = AttemptEnd::Failed {
+                        error: format!("cannot claim the task: {e}"),
+                        counts: false,
+                    };
+                    return (id, AttemptOutcome::Ended(end));
+                }
+            };
             if fresh {
                 // Where a new task starts (a fork's start point) is read off the async thread.
                 // Its entry exists only from then on, so no write of current_work.json can
@@ -455,7 +458,7 @@ impl Scheduler {
                 };
                 return (id, AttemptOutcome::Ended(end));
             }
-            let end = std::panic::AssertUnwindSafe(runner::run_attempt(&ctx, &task))
+            let end = std::panic::AssertUnwindSafe(runner::run_attempt(&ctx, &task, &lease))
                 .catch_unwind()
                 .await
                 .unwrap_or_else(|_| AttemptEnd::Failed {
@@ -465,7 +468,7 @@ impl Scheduler {
             // A finished task is recorded here, off the main loop: its writes then overlap
             // with other tasks' work instead of holding up the whole scheduler.
             let outcome = match end {
-                AttemptEnd::Done => match records::record_done(&ctx, &task).await {
+                AttemptEnd::Done => match records::record_done(&ctx, &task, &lease).await {
                     Ok(entry) => AttemptOutcome::Recorded(Box::new(entry)),
                     Err(error) => AttemptOutcome::RecordFailed(error.to_string()),
                 },

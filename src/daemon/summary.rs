@@ -1,8 +1,8 @@
 //! What one run of the daemon did, for the closing summary of `cairn run` and its exit code.
 
 use std::fmt::Write;
-use std::path::PathBuf;
 
+use crate::queue::RecordLocations;
 use crate::store::records::RecordStatus;
 
 /// Names kept per kind of outcome; beyond this, only the count (a service may run for months).
@@ -38,11 +38,11 @@ impl Tally {
 /// Tasks that ended, and files rejected, while this daemon ran; and what it left for later.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RunSummary {
-    /// The queue directory, absolute.
-    pub queue: PathBuf,
-    /// Tasks that finished (`done/<id>.json`).
+    /// Where the records of the queue are.
+    pub records: RecordLocations,
+    /// Tasks that finished (with a done record).
     pub done: Tally,
-    /// Tasks that ended in `failed/<id>.json`: `failed`, or `cancelled` and `budget_exceeded`
+    /// Tasks that ended with a failed record: `failed`, or `cancelled` and `budget_exceeded`
     /// (named as `id (status)`).
     pub failed: Tally,
     /// Inbox files refused at intake, by their record's name (`rejected-<stem>-<suffix>`).
@@ -55,7 +55,7 @@ pub struct RunSummary {
 }
 
 impl RunSummary {
-    /// Note a task that ended in `failed/` with `status`.
+    /// Note a task that ended with a failed record of `status`.
     pub fn add_failed(&mut self, id: &str, status: &RecordStatus) {
         if *status == RecordStatus::Failed {
             self.failed.add(id);
@@ -82,22 +82,24 @@ impl RunSummary {
             let _ = write!(out, ", {} unfinished", self.unfinished);
         }
         out.push('\n');
-        let queue = self.queue.display();
+        let records = &self.records;
         if self.done.count > 0 {
-            let _ = writeln!(out, "  results:  {queue}/done/<id>.json");
+            let _ = writeln!(out, "  results:  {}", records.done);
         }
         if self.failed.count > 0 {
             let _ = writeln!(
                 out,
-                "  failed:   {} in {queue}/failed/; `cairn show ID` tells why",
-                self.failed.listed()
+                "  failed:   {} in {}; `cairn show ID` tells why",
+                self.failed.listed(),
+                records.failed
             );
         }
         if self.rejected.count > 0 {
             let _ = writeln!(
                 out,
-                "  rejected: {} in {queue}/failed/",
-                self.rejected.listed()
+                "  rejected: {} in {}",
+                self.rejected.listed(),
+                records.failed
             );
         }
         if self.paused.count > 0 {
@@ -119,14 +121,23 @@ impl RunSummary {
 
 #[cfg(test)]
 mod tests {
-    use super::{RecordStatus, RunSummary};
+    use super::RunSummary;
+    use crate::queue::RecordLocations;
+    use crate::store::records::RecordStatus;
+
+    fn summary() -> RunSummary {
+        RunSummary {
+            records: RecordLocations {
+                done: "/q/d/<id>.json".into(),
+                failed: "/q/f/".into(),
+            },
+            ..RunSummary::default()
+        }
+    }
 
     #[test]
     fn names_each_outcome_and_where_it_is() {
-        let mut summary = RunSummary {
-            queue: "/q".into(),
-            ..RunSummary::default()
-        };
+        let mut summary = summary();
         summary.done.add("a");
         summary.done.add("b");
         summary.add_failed("c", &RecordStatus::Failed);
@@ -137,19 +148,16 @@ mod tests {
         assert_eq!(
             summary.render(),
             "this run: 2 done, 2 failed, 1 rejected, 1 paused\n\
-             \x20 results:  /q/done/<id>.json\n\
-             \x20 failed:   c, d (cancelled) in /q/failed/; `cairn show ID` tells why\n\
-             \x20 rejected: rejected-x-1a2b3c in /q/failed/\n\
+             \x20 results:  /q/d/<id>.json\n\
+             \x20 failed:   c, d (cancelled) in /q/f/; `cairn show ID` tells why\n\
+             \x20 rejected: rejected-x-1a2b3c in /q/f/\n\
              \x20 paused:   e; they stay paused until `cairn resume ID`\n"
         );
     }
 
     #[test]
     fn a_clean_run_fails_nothing_and_long_lists_keep_only_their_first_names() {
-        let mut summary = RunSummary {
-            queue: "/q".into(),
-            ..RunSummary::default()
-        };
+        let mut summary = summary();
         for i in 0..12 {
             summary.done.add(i.to_string());
             summary.paused.add(i.to_string());

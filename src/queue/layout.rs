@@ -58,6 +58,11 @@ impl QueueDir {
         self.root.join("tasks")
     }
 
+    /// Every task's directory of logs and scratch files.
+    pub fn runs(&self) -> PathBuf {
+        self.root.join("runs")
+    }
+
     pub fn lock_file(&self) -> PathBuf {
         self.root.join(".lock")
     }
@@ -88,6 +93,15 @@ impl QueueDir {
     }
 
     pub const CURRENT_WORK_KEY: &'static str = "current_work.json";
+
+    /// Storage directory of accepted task definitions.
+    pub const TASKS_DIR: &'static str = "tasks";
+
+    /// Storage directory of finished tasks' records.
+    pub const DONE_DIR: &'static str = "done";
+
+    /// Storage directory of failed tasks' (and rejected files') records.
+    pub const FAILED_DIR: &'static str = "failed";
 
     /// A path inside the queue, for messages.
     pub fn display_key(&self, key: &str) -> String {

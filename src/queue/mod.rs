@@ -3,21 +3,31 @@
 //! through ([`QueueReader`], which also tells whether a daemon holds the queue), and what
 //! `prune` may remove with the removal itself ([`QueuePruner`]).
 
+pub mod backend;
 pub mod control;
+mod file_backend;
 mod intake;
 mod layout;
+pub mod lease;
 mod lock;
+mod owner;
 #[cfg(test)]
 mod path_literals;
 mod permissions;
+#[cfg(feature = "postgres")]
+pub mod postgres;
 mod prune;
 pub mod read;
 mod safe_remove;
 mod watch;
 
+pub use backend::{ControlClaim, LoadError, QueueBackend, QueueError, TaskRecord};
+pub use file_backend::FileBackend;
 pub use intake::{Intake, IntakeReport, Rejection};
 pub use layout::{QueueDir, SUBDIRS};
+pub use lease::{Lease, LeaseLost, OwnerLease};
 pub use lock::{LockError, QueueLock};
+pub use owner::{OpenError, Queue, RecordLocations};
 pub use permissions::{
     check_queue_permissions, check_submitter, check_task_file, RefusedFile, UnsafeQueue,
 };

@@ -13,18 +13,29 @@ pub(super) struct PhaseCheckpointer<'r, 'a> {
     run: &'r PhaseRun<'a>,
     /// Lent to the blocking pool during each call.
     inner: Option<LoopCheckpointer>,
+    /// Why there is no checkpointer: the task's lease no longer held when the phase began.
+    refused: Option<String>,
 }
 
 impl<'r, 'a> PhaseCheckpointer<'r, 'a> {
     pub fn new(run: &'r PhaseRun<'a>, scope: &str) -> Self {
-        let inner =
-            LoopCheckpointer::new(run.ctx.checkpoints.clone(), run.task.id().as_str(), scope)
-                .phase(run.phase.name.clone(), run.index)
-                .attempt(run.attempt)
-                .every(run.phase.checkpoint_every());
-        PhaseCheckpointer {
-            run,
-            inner: Some(inner),
+        // Fenced by the task's lease: a save is refused once the lease is lost.
+        match run.ctx.queue.checkpointer(run.lease, scope) {
+            Ok(checkpointer) => PhaseCheckpointer {
+                run,
+                inner: Some(
+                    checkpointer
+                        .phase(run.phase.name.clone(), run.index)
+                        .attempt(run.attempt)
+                        .every(run.phase.checkpoint_every()),
+                ),
+                refused: None,
+            },
+            Err(e) => PhaseCheckpointer {
+                run,
+                inner: None,
+                refused: Some(format!("checkpoint: {e}")),
+            },
         }
     }
 
@@ -33,9 +44,9 @@ impl<'r, 'a> PhaseCheckpointer<'r, 'a> {
         work: impl FnOnce(&mut LoopCheckpointer) -> Result<T, StoreError> + Send + 'static,
     ) -> Result<T, PhaseError> {
         let Some(mut checkpointer) = self.inner.take() else {
-            return Err(PhaseError::Transient(
-                "internal error: the checkpointer was lost".into(),
-            ));
+            return Err(PhaseError::Transient(self.refused.clone().unwrap_or_else(
+                || "internal error: the checkpointer was lost".into(),
+            )));
         };
         checkpointer.set_cost(self.run.cost());
         let (checkpointer, result, saved) = blocking(move || {

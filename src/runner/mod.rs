@@ -20,7 +20,7 @@ pub use child::{CommandRun, RunEnd, KILL_AFTER, MAX_REPLY_BYTES, NOTIFY_ENV};
 #[cfg(feature = "cli")]
 pub(crate) use loop_phase::LOOP_SCOPE;
 pub use orphans::kill_orphans;
-pub use work_state::{LoadError, WorkState};
+pub use work_state::WorkState;
 
 use std::ops::ControlFlow;
 use std::path::PathBuf;
@@ -29,13 +29,13 @@ use std::sync::Arc;
 use chrono::Utc;
 use serde_json::{Map, Value};
 
-use crate::queue::QueueDir;
+use crate::queue::{Lease, Queue, QueueError};
 use tokio_util::sync::CancellationToken;
 
 use crate::shutdown::Shutdown;
 use crate::store::current_work::{PhaseTiming, Progress, StoredOutput, INLINE_OUTPUT_LIMIT};
 use crate::store::events::Event;
-use crate::store::{CheckpointStore, Storage, StoreError};
+use crate::store::StoreError;
 use crate::task::{Phase, PhaseKind, Task};
 
 /// An operator's requests for one running task (`cairn pause` / `cairn cancel`).
@@ -50,16 +50,13 @@ pub struct TaskControl {
 /// What every running task shares.
 #[derive(Debug)]
 pub struct RunContext {
-    /// The queue, with an absolute root (commands run in it by default).
-    pub queue: QueueDir,
-    pub storage: Arc<dyn Storage>,
-    pub checkpoints: CheckpointStore,
+    /// The queue's owner: every read and write of the queue goes through it. Its root is
+    /// absolute (commands run in it by default).
+    pub queue: Queue,
     pub work: Arc<WorkState>,
     pub shutdown: Shutdown,
     /// Operator requests for the tasks running now, by task id.
     pub controls: std::sync::Mutex<std::collections::HashMap<String, TaskControl>>,
-    /// Appends to the tasks' event journals off the async thread.
-    pub journal: crate::store::journal::JournalWriter,
     /// Signalled when a crash suspect shows progress, so the scheduler can end its trial and
     /// start the next one at once instead of at its next tick.
     pub trial_progress: tokio::sync::Notify,
@@ -83,9 +80,10 @@ impl RunContext {
             .remove(task_id)
     }
 
-    /// Append to the task's event journal (see [`crate::store::journal`]).
+    /// Append to the task's event journal (see [`crate::store::journal`]); never waits for
+    /// the disk.
     pub fn journal(&self, task_id: &str, event: Event) {
-        self.journal.append(task_id, event);
+        self.queue.append_event(task_id, event);
     }
 }
 
@@ -126,24 +124,9 @@ pub enum StateError {
     Blocking(#[from] PhaseError),
     #[error("{0}")]
     Encode(#[source] serde_json::Error),
-    #[error("writing {key}: {source}")]
-    Write {
-        key: String,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("reading {key}: {source}")]
-    Read {
-        key: String,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("reading {key}: {source}")]
-    Decode {
-        key: String,
-        #[source]
-        source: serde_json::Error,
-    },
+    /// The queue's owner could not write or read it (the message names what).
+    #[error(transparent)]
+    Queue(#[from] QueueError),
     #[error("the output of phase {phase:?} ({key}) is missing")]
     MissingOutput { phase: String, key: String },
     #[error("{0}")]
@@ -157,14 +140,14 @@ pub enum PhaseEnd {
     Interrupted,
 }
 
-/// Run the task from where its `current_work` entry stands to its end (or to a stop/failure).
-/// The entry must exist and carry the attempt number.
-pub async fn run_attempt(ctx: &Arc<RunContext>, task: &Arc<Task>) -> AttemptEnd {
+/// Run the task from where its `current_work` entry stands to its end (or to a stop/failure),
+/// writing under `lease`. The entry must exist and carry the attempt number.
+pub async fn run_attempt(ctx: &Arc<RunContext>, task: &Arc<Task>, lease: &Lease) -> AttemptEnd {
     if let Err(end) = create_run_dir(ctx, task.id()).await {
         return end;
     }
     loop {
-        let run = match start_phase(ctx, task).await {
+        let run = match start_phase(ctx, task, lease).await {
             ControlFlow::Continue(run) => run,
             ControlFlow::Break(end) => return end,
         };
@@ -183,14 +166,13 @@ pub async fn run_attempt(ctx: &Arc<RunContext>, task: &Arc<Task>) -> AttemptEnd 
 /// The task's run directory (logs, large outputs, worker pipes), created off the async
 /// thread: creating a directory allocates an inode, which can take a while.
 async fn create_run_dir(ctx: &RunContext, id: &str) -> Result<(), AttemptEnd> {
-    let run_dir = ctx.queue.run_dir(id);
-    let create_dir = run_dir.clone();
-    let created = blocking(move || std::fs::create_dir_all(create_dir))
+    let (queue, id) = (ctx.queue.clone(), id.to_string());
+    let created = blocking(move || queue.create_run_dir(&id))
         .await
         .map_err(|e| e.to_string())
-        .and_then(|created| created.map_err(|e| e.to_string()));
-    created.map_err(|e| AttemptEnd::Failed {
-        error: format!("creating {}: {e}", run_dir.display()),
+        .and_then(|created| created.map(drop).map_err(|e| e.to_string()));
+    created.map_err(|error| AttemptEnd::Failed {
+        error,
         counts: false,
     })
 }
@@ -201,6 +183,7 @@ async fn create_run_dir(ctx: &RunContext, id: &str) -> Result<(), AttemptEnd> {
 async fn start_phase<'a>(
     ctx: &'a RunContext,
     task: &'a Task,
+    lease: &'a Lease,
 ) -> ControlFlow<AttemptEnd, PhaseRun<'a>> {
     let id = task.id();
     let Some(entry) = ctx.work.update(|w| w.get(id).cloned()) else {
@@ -262,6 +245,7 @@ async fn start_phase<'a>(
         attempt: entry.attempt,
         inputs,
         control,
+        lease,
     })
 }
 
@@ -275,7 +259,7 @@ async fn end_phase(
     let (id, index, phase) = (task.id(), run.index, run.phase);
     let end = match result {
         Ok(PhaseEnd::Completed(output)) => {
-            if let Err(error) = finish_phase(ctx, task, index, output).await {
+            if let Err(error) = finish_phase(ctx, task, run.lease, index, output).await {
                 return ControlFlow::Break(AttemptEnd::Failed {
                     error: error.to_string(),
                     counts: false,
@@ -309,6 +293,7 @@ async fn end_phase(
 async fn finish_phase(
     ctx: &Arc<RunContext>,
     task: &Task,
+    lease: &Lease,
     index: usize,
     output: Value,
 ) -> Result<(), StateError> {
@@ -317,16 +302,9 @@ async fn finish_phase(
     let stored = if bytes.len() <= INLINE_OUTPUT_LIMIT {
         StoredOutput::Inline(output)
     } else {
-        let key = QueueDir::phase_output_key(&id, index);
-        let storage = Arc::clone(&ctx.storage);
-        let put_key = key.clone();
-        blocking(move || storage.put(&put_key, &bytes, None))
-            .await?
-            .map_err(|source| StateError::Write {
-                key: key.clone(),
-                source,
-            })?;
-        StoredOutput::File(key)
+        let (queue, lease) = (ctx.queue.clone(), lease.clone());
+        let reference = blocking(move || queue.put_output(&lease, index, &bytes)).await??;
+        StoredOutput::File(reference)
     };
     let next = task.phases.get(index + 1).map(|p| p.name.clone());
     ctx.work.update(|w| {
@@ -365,22 +343,14 @@ pub async fn load_inputs(
         let value = match stored {
             StoredOutput::Inline(value) => value.clone(),
             StoredOutput::File(key) => {
-                let storage = Arc::clone(&ctx.storage);
-                let get_key = key.clone();
-                let bytes = blocking(move || storage.get(&get_key))
-                    .await?
-                    .map_err(|source| StateError::Read {
-                        key: key.clone(),
-                        source,
-                    })?
+                let queue = ctx.queue.clone();
+                let reference = key.clone();
+                blocking(move || queue.read_output(&reference))
+                    .await??
                     .ok_or_else(|| StateError::MissingOutput {
                         phase: name.clone(),
                         key: key.clone(),
-                    })?;
-                serde_json::from_slice(&bytes).map_err(|source| StateError::Decode {
-                    key: key.clone(),
-                    source,
-                })?
+                    })?
             }
         };
         inputs.insert(name.clone(), value);
@@ -394,6 +364,8 @@ pub async fn load_inputs(
 pub(crate) fn checkpoint_error(e: StoreError) -> PhaseError {
     match e {
         StoreError::Io { .. } => PhaseError::Transient(format!("checkpoint storage: {e}")),
+        // The lease was lost: stop without using up an attempt; nothing was written.
+        StoreError::Fenced { .. } => PhaseError::Transient(format!("checkpoint: {e}")),
         other => PhaseError::Command(format!("checkpoint: {other}")),
     }
 }
@@ -450,6 +422,8 @@ pub(crate) struct PhaseRun<'a> {
     pub attempt: u32,
     pub inputs: Value,
     pub control: TaskControl,
+    /// The task's lease: every write of this phase is fenced by it.
+    pub lease: &'a Lease,
 }
 
 impl PhaseRun<'_> {

@@ -10,10 +10,10 @@ use std::path::Path;
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 
-/// Kill every process left from an earlier daemon of the queue at `queue_root`; returns how
-/// many were killed.
-pub fn kill_orphans(queue_root: &Path) -> usize {
-    let marker = format!("CAIRN_RUN_DIR={}/", queue_root.join("runs").display());
+/// Kill every process left from an earlier daemon of the queue whose run directories are under
+/// `runs_dir` (`Queue::runs_dir`); returns how many were killed.
+pub fn kill_orphans(runs_dir: &Path) -> usize {
+    let marker = format!("CAIRN_RUN_DIR={}/", runs_dir.display());
     let me = std::process::id();
     let mut killed = 0;
     // An orphan may start another process between the scan and the kill: scan again until a

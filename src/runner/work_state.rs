@@ -10,9 +10,8 @@ use std::sync::{Arc, Mutex};
 
 use chrono::Utc;
 
-use crate::queue::QueueDir;
-use crate::store::current_work::{CurrentWork, CURRENT_WORK_VERSION};
-use crate::store::Storage;
+use crate::queue::{LoadError, Queue, QueueError};
+use crate::store::current_work::CurrentWork;
 
 /// Shared by the scheduler and every running task; each change is followed by [`persist`].
 ///
@@ -25,53 +24,19 @@ pub struct WorkState {
     /// Serializes writers, so the file on disk only moves forward. An async lock: callers
     /// waiting for the writer wait as futures, not as blocked threads.
     writer: tokio::sync::Mutex<Writer>,
-    storage: Arc<dyn Storage>,
-}
-
-/// Why `current_work.json` could not be read.
-#[derive(Debug, thiserror::Error)]
-pub enum LoadError {
-    #[error("reading {key}: {source}")]
-    Io { key: String, source: std::io::Error },
-    #[error("{key} is not a valid current_work file: {source}")]
-    Corrupt {
-        key: String,
-        source: serde_json::Error,
-    },
-    #[error("{key} has version {found}; this cairn reads version {CURRENT_WORK_VERSION}")]
-    Version { key: String, found: u32 },
+    /// The owner it is read from and written through.
+    queue: Queue,
 }
 
 impl WorkState {
-    /// Read `current_work.json` (a missing file is an empty queue).
-    pub fn load(storage: Arc<dyn Storage>) -> Result<WorkState, LoadError> {
-        let key = QueueDir::CURRENT_WORK_KEY.to_string();
-        let bytes = storage.get(&key).map_err(|source| LoadError::Io {
-            key: key.clone(),
-            source,
-        })?;
-        let work = match bytes {
-            None => CurrentWork::default(),
-            Some(bytes) => {
-                let work: CurrentWork =
-                    serde_json::from_slice(&bytes).map_err(|source| LoadError::Corrupt {
-                        key: key.clone(),
-                        source,
-                    })?;
-                if work.version != CURRENT_WORK_VERSION {
-                    return Err(LoadError::Version {
-                        key,
-                        found: work.version,
-                    });
-                }
-                work
-            }
-        };
+    /// Read the work state through the queue's owner (a new queue has none). Blocking.
+    pub fn load(queue: Queue) -> Result<WorkState, LoadError> {
+        let work = queue.load_work()?;
         Ok(WorkState {
             work: Mutex::new(work),
             requested: AtomicU64::new(0),
             writer: tokio::sync::Mutex::new(Writer::default()),
-            storage,
+            queue,
         })
     }
 
@@ -106,17 +71,15 @@ impl WorkState {
         // whichever thread's malloc arena the write ran.
         self.update(|work| {
             work.updated_at = Utc::now();
-            buffer.clear();
-            serde_json::to_writer_pretty(&mut *buffer, &*work)
+            self.queue.encode_work(work, buffer)
         })?;
-        self.storage
-            .put(QueueDir::CURRENT_WORK_KEY, buffer, None)
-            .map_err(|e| {
-                std::io::Error::new(
-                    e.kind(),
-                    format!("writing {}: {e}", QueueDir::CURRENT_WORK_KEY),
-                )
-            })?;
+        self.queue.write_work_state(buffer).map_err(|e| {
+            let kind = match &e {
+                QueueError::Io { source, .. } => source.kind(),
+                _ => std::io::ErrorKind::Other,
+            };
+            std::io::Error::new(kind, e.to_string())
+        })?;
         Ok(covers)
     }
 

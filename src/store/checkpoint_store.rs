@@ -86,6 +86,15 @@ pub enum StoreError {
     /// A loop's state could not be converted to or from JSON.
     #[error("the loop state could not be converted to or from JSON: {0}")]
     State(#[source] serde_json::Error),
+    /// The writer's [`WriteFence`](super::WriteFence) refused the write (its lease on the task
+    /// was lost): nothing was written, and the writer must stop writing for the task.
+    #[error("{reason}")]
+    Fenced {
+        /// The task whose checkpoint was refused.
+        task_id: String,
+        /// Why, as the fence gave it.
+        reason: String,
+    },
 }
 
 /// What one durable checkpoint write did.

@@ -22,8 +22,19 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::value::RawValue;
 
+use std::sync::Arc;
+
 use super::checkpoint::{IterationCheckpoint, FORMAT_VERSION};
 use super::checkpoint_store::{CheckpointStore, SavedCheckpoint, StoreError};
+
+/// Asked before every checkpoint write: may this writer still write for the task? The
+/// daemon's checkpointers carry one backed by the task's lease (`queue::Lease`), so a writer
+/// that lost its lease writes nothing. Called on the hot path: it must neither allocate nor
+/// block when the write may go ahead.
+pub trait WriteFence: Send + Sync + std::fmt::Debug {
+    /// `Ok` when the write may go ahead; otherwise why not.
+    fn check(&self) -> Result<(), StoreError>;
+}
 
 /// Writes one loop's iteration checkpoints through a [`CheckpointStore`].
 ///
@@ -54,6 +65,8 @@ pub struct LoopCheckpointer {
     last_saved: Option<SavedCheckpoint>,
     /// The iteration count of the last checkpoint committed (written, or found by resume).
     last_written: Option<u64>,
+    /// Checked before every write (none: the caller owns the store alone).
+    fence: Option<Arc<dyn WriteFence>>,
 }
 
 impl LoopCheckpointer {
@@ -77,7 +90,15 @@ impl LoopCheckpointer {
             cost: None,
             last_saved: None,
             last_written: None,
+            fence: None,
         }
+    }
+
+    /// Check `fence` before every write: a refused write returns its error and writes
+    /// nothing (the iteration stays pending, as after any failed write).
+    pub fn fenced(mut self, fence: Arc<dyn WriteFence>) -> Self {
+        self.fence = Some(fence);
+        self
     }
 
     /// The phase this loop runs in (name and position in the task).
@@ -132,7 +153,7 @@ impl LoopCheckpointer {
         iteration_count: u64,
         state: &S,
     ) -> Result<bool, StoreError> {
-        if iteration_count % self.every == 0 {
+        if iteration_count.is_multiple_of(self.every) {
             self.save_now(self.envelope(iteration_count, state, false, None))?;
             Ok(true)
         } else {
@@ -193,6 +214,9 @@ impl LoopCheckpointer {
 
     /// Write `cp` durably and remember it as the last write.
     fn save<S: Serialize>(&mut self, cp: &mut IterationCheckpoint<S>) -> Result<(), StoreError> {
+        if let Some(fence) = &self.fence {
+            fence.check()?;
+        }
         let saved = self.store.save_with_info(cp)?;
         self.last_saved = Some(saved);
         self.last_written = Some(cp.iteration_count);

@@ -1,9 +1,10 @@
 //! The checkpoint store: everything cairn keeps on disk goes through here.
 //!
 //! Two layers:
-//! - [`Storage`] is the backend seam: durable key → bytes objects (keys are paths relative to the
-//!   queue root, such as `incremental/t1.json.gz`). [`FileStorage`] is the file backend; a
-//!   database backend would implement the same trait without touching the runner.
+//! - [`Storage`] is the file backend's object layer: durable key → bytes objects (keys are paths
+//!   relative to the queue root, such as `incremental/t1.json.gz`), with no precondition. The
+//!   daemon does not call it: it goes through the queue's owner (`queue::Queue`), whose
+//!   backend seam (`queue::QueueBackend`) fences every write with the task's lease.
 //! - [`CheckpointStore`] is the checkpoint format on top of it: gzip JSON iteration checkpoints
 //!   with generations, the one implementation the daemon and embedding programs share.
 //!
@@ -43,7 +44,7 @@ pub use faulty::{FaultMode, FaultyFileOps};
 pub use file::FileStorage;
 pub(crate) use file_ops::TEMP_SUFFIX;
 pub use file_ops::{FileOps, RealFileOps, TempFile, UnsyncedFileOps};
-pub use loop_checkpointer::LoopCheckpointer;
+pub use loop_checkpointer::{LoopCheckpointer, WriteFence};
 #[cfg(feature = "test-doubles")]
 pub use power_loss::PowerLossFileOps;
 

@@ -6,6 +6,8 @@
 //! Each test reads as its scenario; the plumbing lives here. Nothing waits a fixed time for a
 //! state: [`wait_until`] polls with a generous deadline and says what it waited for.
 
+#[cfg(feature = "postgres")]
+pub mod postgres;
 mod side_file;
 mod temp_files;
 

@@ -27,6 +27,8 @@ mod intake;
 mod items;
 mod numbers;
 mod operator;
+#[cfg(feature = "postgres")]
+mod postgres_leases;
 mod service;
 mod spawn_exhaustion;
 mod stop_resume;

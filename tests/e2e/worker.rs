@@ -229,7 +229,7 @@ fn a_worker_with_checkpoint_every_3_keeps_its_last_iteration_on_a_stop() {
         logged_iterations(&side_lines(&side), "end").len() >= 4
     });
     assert!(
-        seen.iter().all(|n| n % 3 == 0),
+        seen.iter().all(|n| n.is_multiple_of(3)),
         "a checkpoint written between the scheduled ones: {seen:?}"
     );
     daemon.signal(SIGTERM);

@@ -1,0 +1,54 @@
+//! `cairn db migrate --db URL`: create or upgrade cairn's schema in a PostgreSQL database,
+//! for operators who apply schema changes themselves rather than at a daemon's start.
+
+use clap::{Args, Subcommand};
+
+use super::error::{print_line, CliError, CliResult};
+use crate::queue::postgres::PgQueue;
+
+#[derive(Debug, Args)]
+pub struct DbArgs {
+    #[command(subcommand)]
+    command: DbCommand,
+}
+
+#[derive(Debug, Subcommand)]
+enum DbCommand {
+    /// Create or upgrade cairn's schema (idempotent; safe while daemons start).
+    Migrate(MigrateArgs),
+}
+
+#[derive(Debug, Args)]
+struct MigrateArgs {
+    /// The database: a postgresql:// URL or libpq's key=value form (sslmode is honoured).
+    #[arg(
+        long,
+        env = "CAIRN_DATABASE_URL",
+        value_name = "URL",
+        hide_env_values = true
+    )]
+    db: String,
+}
+
+pub fn run(args: DbArgs) -> CliResult {
+    let DbCommand::Migrate(args) = args.command;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| CliError::failure(format_args!("cannot start the runtime: {e}")))?;
+    let migrated = runtime.block_on(async {
+        let queue = PgQueue::connect_with_pool_size(&args.db, 1)?;
+        queue.migrate().await
+    })?;
+    if migrated.applied_any() {
+        print_line(format_args!(
+            "cairn schema migrated from version {} to {}",
+            migrated.from, migrated.to
+        ))
+    } else {
+        print_line(format_args!(
+            "cairn schema already at version {}",
+            migrated.to
+        ))
+    }
+}

@@ -1,0 +1,236 @@
+//! The backend seam of the queue's owner: what a backend (files today, PostgreSQL next) must do,
+//! and the atomicity and fencing each operation promises.
+//!
+//! The daemon never calls a backend directly: it goes through [`Queue`](super::Queue), which
+//! adds the local directory (logs, scratch) and the async hand-off. Every operation is
+//! blocking: callers run it on the blocking pool, as the file work always was.
+//!
+//! # Fencing
+//!
+//! A backend gives an [`OwnerLease`] when it is opened (the file backend: the queue's `flock`
+//! taken) and a [`Lease`] for each task it lets the owner [`claim`](QueueBackend::claim).
+//! Every write *for a task* takes that task's lease and must write nothing unless the lease is
+//! still current, checked **in the same atomic step as the write**:
+//! - files: the `flock` makes this owner the queue's only writer for its whole life, so the
+//!   epoch never changes and a check before the write is enough; a lease given by another
+//!   owner (another queue, an earlier open) or after [`release`](QueueBackend::release) is
+//!   refused with [`LeaseLost`];
+//! - a database: a claim bumps the task's epoch, and each write is one statement whose
+//!   `WHERE` clause (or a `SELECT ... FOR UPDATE` in its transaction) matches
+//!   `task_id = $1 AND lease_epoch = $2 AND lease_owner = $3`; zero rows affected is
+//!   [`QueueError::LeaseLost`], with nothing written.
+//!
+//! Writes that are not for one task (the work-state document, removing a handled control
+//! request) take the [`OwnerLease`] and are refused once it was released.
+
+use std::collections::HashSet;
+use std::fmt;
+use std::io;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use serde_json::Value;
+
+use super::control::ControlRequest;
+use super::lease::{Lease, LeaseLost, OwnerLease};
+use super::{IntakeReport, QueueHint};
+use crate::store::current_work::{CurrentWork, StartPoint, CURRENT_WORK_VERSION};
+use crate::store::events::Event;
+use crate::store::records::{DoneRecord, FailedRecord};
+use crate::store::{CheckpointStore, LoadedCheckpoint, StoreError, WriteFence};
+use crate::task::Task;
+
+/// Why a queue operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum QueueError {
+    /// The write's lease no longer holds: nothing was written.
+    #[error(transparent)]
+    LeaseLost(#[from] LeaseLost),
+    /// The owner's lease on the queue was released: nothing was written.
+    #[error("the queue is no longer owned by this daemon: {what} was not written")]
+    NotOwner { what: String },
+    /// The backend failed; `what` names the object (a file, a row).
+    #[error("{action} {what}: {source}")]
+    Io {
+        action: &'static str,
+        what: String,
+        #[source]
+        source: io::Error,
+    },
+    /// The object exists but cannot be used.
+    #[error("{what}: {problem}")]
+    Unreadable { what: String, problem: String },
+    /// A task's definition is missing.
+    #[error("its definition {what} is missing")]
+    MissingDefinition { what: String },
+    /// A checkpoint operation failed.
+    #[error(transparent)]
+    Checkpoint(#[from] StoreError),
+}
+
+/// Why the work state could not be read at start.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error("reading {key}: {source}")]
+    Io { key: String, source: io::Error },
+    #[error("{key} is not a valid current_work file: {source}")]
+    Corrupt {
+        key: String,
+        source: serde_json::Error,
+    },
+    #[error("{key} has version {found}; this cairn reads version {CURRENT_WORK_VERSION}")]
+    Version { key: String, found: u32 },
+}
+
+/// A task's final record.
+#[derive(Debug, Clone)]
+pub enum TaskRecord {
+    Done(DoneRecord),
+    Failed(FailedRecord),
+}
+
+/// A control request the owner claimed and has yet to apply; [`QueueBackend::remove_control`]
+/// removes it once applied.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ControlClaim(pub(crate) String);
+
+impl fmt::Display for ControlClaim {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// The operations of one queue backend. See the module docs for the fencing contract; each
+/// method's docs give its atomicity.
+pub trait QueueBackend: Send + Sync + fmt::Debug {
+    // ---- Ownership ----
+
+    /// The ownership this backend was opened with.
+    fn owner(&self) -> &OwnerLease;
+
+    /// Claim `task_id` to run it: its lease. Files: always this owner's, epoch constant.
+    /// A database: `UPDATE ... SET lease_epoch = lease_epoch + 1, lease_owner = $me,
+    /// lease_expires = now() + $lease WHERE task_id = $1 AND (lease_owner = $me OR
+    /// lease_expires < now())` (expiry by the database's clock), returning the new epoch;
+    /// a task leased by a live other owner is [`QueueError::LeaseLost`].
+    fn claim(&self, task_id: &str) -> Result<Lease, QueueError>;
+
+    /// Extend `lease` (a database: one statement for all of an owner's leases, every lease/6).
+    /// `Err(LeaseLost)` means another owner may run the task now: stop its commands.
+    fn renew(&self, lease: &Lease) -> Result<(), QueueError>;
+
+    /// End the ownership: every lease under it is refused from now on (a database hands the
+    /// leases back so that another owner takes the tasks over at once).
+    fn release(&self);
+
+    // ---- Start ----
+
+    /// Remove what writes cut short by a crash left behind, and make durable what an earlier
+    /// process left visible but not durable. Returns what was removed, for the log. Called once
+    /// at start, before anything is read.
+    fn clean_after_crash(&self) -> io::Result<Vec<String>>;
+
+    /// The work state as last written (empty for a new queue).
+    fn load_work(&self) -> Result<CurrentWork, LoadError>;
+
+    /// Finish intake a crash interrupted (run once at start); processing twice yields the same.
+    fn recover_intake(&self) -> IntakeReport;
+
+    // ---- Intake ----
+
+    /// Accept up to `limit` complete submissions: each accepted task's definition is durable
+    /// before its submission is gone, exactly once whatever the crash.
+    fn scan_intake(&self, hints: Vec<QueueHint>, limit: usize) -> IntakeReport;
+
+    /// Whether a submission of `task_id` waits to be accepted (its requests then wait too).
+    fn waiting_in_intake(&self, task_id: &str) -> bool;
+
+    // ---- Reads ----
+
+    /// An accepted task's definition.
+    fn task(&self, task_id: &str) -> Result<Task, QueueError>;
+
+    /// Ids of every accepted task (finished or not).
+    fn accepted_ids(&self) -> Result<Vec<String>, QueueError>;
+
+    /// When `task_id` was accepted, when known (orders the pending tasks at start).
+    fn accepted_at(&self, task_id: &str) -> Option<SystemTime>;
+
+    /// Ids that have a final record, in one read (at start, for every task at once).
+    fn finished_ids(&self) -> Result<HashSet<String>, QueueError>;
+
+    /// Whether `task_id` has a final record.
+    fn has_record(&self, task_id: &str) -> Result<bool, QueueError>;
+
+    /// `task_id`'s failed (or cancelled, budget-stopped) record, if it has one.
+    fn failed_record(&self, task_id: &str) -> Result<Option<FailedRecord>, QueueError>;
+
+    /// Where a new task starts instead of its first phase (`cairn fork`), if set.
+    fn start_point(&self, task_id: &str) -> Result<Option<StartPoint>, QueueError>;
+
+    /// A large phase output by the reference [`put_output`](QueueBackend::put_output) gave.
+    fn read_output(&self, reference: &str) -> Result<Option<Value>, QueueError>;
+
+    /// The checkpoints (reads, and the file format the fenced writes use).
+    fn checkpoints(&self) -> &CheckpointStore;
+
+    /// The newest checkpoint of `task_id` that decodes.
+    fn latest_checkpoint(&self, task_id: &str) -> Result<Option<LoadedCheckpoint>, QueueError> {
+        Ok(self.checkpoints().latest(task_id)?)
+    }
+
+    // ---- Writes ----
+
+    /// Encode the work state for [`write_work`](QueueBackend::write_work). Called under the
+    /// caller's lock on `work` (so it must not block); the write happens outside it.
+    fn encode_work(&self, work: &CurrentWork, buffer: &mut Vec<u8>) -> serde_json::Result<()>;
+
+    /// Durably write the encoded work state (phase, outputs, attempt and crash accounting of
+    /// every task in flight): atomic (a reader sees the old or the new state) and durable when
+    /// `Ok`. Files: one document replaced whole under the owner lease. A database: one row per
+    /// entry, each written only while its task's lease holds (entries whose lease was lost are
+    /// skipped and reported).
+    fn write_work(&self, owner: &OwnerLease, encoded: &[u8]) -> Result<(), QueueError>;
+
+    /// Durably store a phase output too large for the work state, atomically; returns the
+    /// reference to keep in the state. Fenced by `lease`.
+    fn put_output(
+        &self,
+        lease: &Lease,
+        phase_index: usize,
+        bytes: &[u8],
+    ) -> Result<String, QueueError>;
+
+    /// Durably write the task's final record, atomically, fenced by `lease`. Exactly one record
+    /// per task: the caller removes the task from the work state afterwards (a restart drops an
+    /// entry whose task has a record). A database does both, and ends the lease, in one
+    /// transaction.
+    fn finish(&self, lease: &Lease, record: &TaskRecord) -> Result<(), QueueError>;
+
+    /// Move a failed record out of the way before the task is retried (`cairn retry`), keeping
+    /// it in the task's history. Fenced by `lease`. The retry's entry is written before (its
+    /// `retry_of` tells recovery which of the two is current).
+    fn archive_failed(&self, lease: &Lease, record: &FailedRecord) -> Result<(), QueueError>;
+
+    /// A fence for the checkpoint writes of one phase under `lease`, checked before each save
+    /// (see [`WriteFence`]). Checking must not allocate or block.
+    fn checkpoint_fence(&self, lease: &Lease) -> Result<Arc<dyn WriteFence>, QueueError>;
+
+    // ---- Control requests ----
+
+    /// Claim every waiting control request and read each claim, oldest first. A bad entry is
+    /// removed (or, if it cannot be, logged once) and never holds up the others.
+    fn take_control(&self) -> Result<Vec<(ControlClaim, ControlRequest)>, QueueError>;
+
+    /// Remove a request once it is applied (a missing one is not an error).
+    fn remove_control(&self, owner: &OwnerLease, claim: &ControlClaim) -> Result<(), QueueError>;
+
+    // ---- Events ----
+
+    /// Append to the task's event journal: a log, not state; never fails the caller and never
+    /// waits for the disk.
+    fn append_event(&self, task_id: &str, event: Event);
+
+    /// Wait until every event appended so far is written.
+    fn flush_events(&self);
+}

@@ -1,0 +1,376 @@
+//! The file backend: a queue directory owned through its `flock` (see `queue/README.md` for the
+//! layout). Every write goes through [`Storage`] (temp file, fsync, rename, directory fsync),
+//! as before the owner existed; the owner adds the lease check in front of each.
+
+use std::collections::HashSet;
+use std::io;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::SystemTime;
+
+use serde_json::Value;
+
+use super::backend::{ControlClaim, LoadError, QueueBackend, QueueError, TaskRecord};
+use super::control::{self, ControlRequest};
+use super::lease::{Lease, OwnerLease};
+use super::{Intake, IntakeReport, QueueDir, QueueHint, QueueLock};
+use crate::store::current_work::{CurrentWork, StartPoint, CURRENT_WORK_VERSION};
+use crate::store::events::Event;
+use crate::store::journal::JournalWriter;
+use crate::store::records::{to_record_bytes, FailedRecord};
+use crate::store::{CheckpointStore, Storage, StoreError, WriteFence};
+use crate::task::Task;
+use crate::task_id::TaskId;
+
+/// The file backend's one epoch: the `flock` is held for the owner's whole life, so no other
+/// writer can ever claim a task of this queue meanwhile.
+const FLOCK_EPOCH: u64 = 1;
+
+/// A queue directory owned by this process (its lock is held while this lives).
+#[derive(Debug)]
+pub struct FileBackend {
+    dir: QueueDir,
+    storage: Arc<dyn Storage>,
+    checkpoints: CheckpointStore,
+    owner: OwnerLease,
+    intake: Mutex<Intake>,
+    /// Control entries already logged as impossible to take or remove, so that one bad entry
+    /// costs one log line, not one a round.
+    control_reported: Mutex<HashSet<String>>,
+    journal: JournalWriter,
+    /// Dropped last: the lock outlives every write above.
+    _lock: QueueLock,
+}
+
+fn locked<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl FileBackend {
+    /// Own the queue at `dir` (absolute), holding `lock`, writing through `storage`.
+    pub(crate) fn new(dir: QueueDir, lock: QueueLock, storage: Arc<dyn Storage>) -> FileBackend {
+        FileBackend {
+            checkpoints: CheckpointStore::with_storage(Arc::clone(&storage)),
+            owner: OwnerLease::new(FLOCK_EPOCH),
+            intake: Mutex::new(Intake::new(dir.clone(), Arc::clone(&storage))),
+            control_reported: Mutex::default(),
+            journal: JournalWriter::start(dir.root()),
+            storage,
+            dir,
+            _lock: lock,
+        }
+    }
+
+    /// Refuse a write under `lease` unless it is this owner's and the owner still holds.
+    fn fence(&self, lease: &Lease) -> Result<(), QueueError> {
+        Ok(self.owner.check(lease)?)
+    }
+
+    fn put(&self, key: &str, bytes: &[u8]) -> Result<(), QueueError> {
+        self.storage
+            .put(key, bytes, None)
+            .map_err(|source| QueueError::Io {
+                action: "writing",
+                what: key.to_string(),
+                source,
+            })
+    }
+
+    fn get(&self, key: &str) -> Result<Option<Vec<u8>>, QueueError> {
+        self.storage.get(key).map_err(|source| QueueError::Io {
+            action: "reading",
+            what: key.to_string(),
+            source,
+        })
+    }
+
+    fn list(&self, dir: &str) -> Result<Vec<String>, QueueError> {
+        self.storage.list(dir).map_err(|source| QueueError::Io {
+            action: "listing",
+            what: format!("{dir}/"),
+            source,
+        })
+    }
+}
+
+impl QueueBackend for FileBackend {
+    fn owner(&self) -> &OwnerLease {
+        &self.owner
+    }
+
+    fn claim(&self, task_id: &str) -> Result<Lease, QueueError> {
+        let lease = self.owner.lease(task_id, FLOCK_EPOCH);
+        self.fence(&lease)?;
+        Ok(lease)
+    }
+
+    fn renew(&self, lease: &Lease) -> Result<(), QueueError> {
+        self.fence(lease)
+    }
+
+    fn release(&self) {
+        self.owner.release();
+    }
+
+    fn clean_after_crash(&self) -> io::Result<Vec<String>> {
+        self.storage.remove_temp_files()
+    }
+
+    fn load_work(&self) -> Result<CurrentWork, LoadError> {
+        let key = QueueDir::CURRENT_WORK_KEY.to_string();
+        let bytes = self.storage.get(&key).map_err(|source| LoadError::Io {
+            key: key.clone(),
+            source,
+        })?;
+        let Some(bytes) = bytes else {
+            return Ok(CurrentWork::default());
+        };
+        let work: CurrentWork =
+            serde_json::from_slice(&bytes).map_err(|source| LoadError::Corrupt {
+                key: key.clone(),
+                source,
+            })?;
+        if work.version != CURRENT_WORK_VERSION {
+            return Err(LoadError::Version {
+                key,
+                found: work.version,
+            });
+        }
+        Ok(work)
+    }
+
+    fn recover_intake(&self) -> IntakeReport {
+        locked(&self.intake).recover_claims()
+    }
+
+    fn scan_intake(&self, hints: Vec<QueueHint>, limit: usize) -> IntakeReport {
+        let mut intake = locked(&self.intake);
+        for hint in hints {
+            match hint {
+                QueueHint::InboxComplete(name) => intake.hint_complete(name),
+                QueueHint::InboxWriting(name) => intake.hint_writing(name),
+                QueueHint::InboxChanged | QueueHint::Control => {}
+            }
+        }
+        intake.scan_batch(limit)
+    }
+
+    fn waiting_in_intake(&self, task_id: &str) -> bool {
+        // The name `cairn submit` uses; a stat neither follows into nor opens what is there.
+        self.dir
+            .inbox()
+            .join(format!("{task_id}.json"))
+            .symlink_metadata()
+            .is_ok()
+    }
+
+    fn task(&self, task_id: &str) -> Result<Task, QueueError> {
+        let key = QueueDir::task_key(task_id);
+        let bytes = self
+            .get(&key)?
+            .ok_or_else(|| QueueError::MissingDefinition { what: key.clone() })?;
+        let mut task = Task::parse_stored(&bytes).map_err(|e| QueueError::Unreadable {
+            what: key,
+            problem: e.to_string(),
+        })?;
+        // The id names the file just read, so it is one; a name that is not is refused.
+        task.id = Some(TaskId::parse(task_id).map_err(|e| QueueError::Unreadable {
+            what: QueueDir::task_key(task_id),
+            problem: format!("task id {e}"),
+        })?);
+        Ok(task)
+    }
+
+    fn accepted_ids(&self) -> Result<Vec<String>, QueueError> {
+        let names = self.list(QueueDir::TASKS_DIR)?;
+        Ok(names
+            .iter()
+            .filter_map(|name| name.strip_suffix(".json"))
+            .map(str::to_string)
+            .collect())
+    }
+
+    fn accepted_at(&self, task_id: &str) -> Option<SystemTime> {
+        std::fs::metadata(self.dir.root().join(QueueDir::task_key(task_id)))
+            .and_then(|m| m.modified())
+            .ok()
+    }
+
+    fn finished_ids(&self) -> Result<HashSet<String>, QueueError> {
+        let mut ids = HashSet::new();
+        for dir in [QueueDir::DONE_DIR, QueueDir::FAILED_DIR] {
+            for name in self.list(dir)? {
+                if let Some(id) = name.strip_suffix(".json") {
+                    ids.insert(id.to_string());
+                }
+            }
+        }
+        Ok(ids)
+    }
+
+    fn has_record(&self, task_id: &str) -> Result<bool, QueueError> {
+        Ok(self.get(&QueueDir::done_key(task_id))?.is_some()
+            || self.get(&QueueDir::failed_key(task_id))?.is_some())
+    }
+
+    fn failed_record(&self, task_id: &str) -> Result<Option<FailedRecord>, QueueError> {
+        let key = QueueDir::failed_key(task_id);
+        let Some(bytes) = self.get(&key)? else {
+            return Ok(None);
+        };
+        serde_json::from_slice(&bytes)
+            .map(Some)
+            .map_err(|e| QueueError::Unreadable {
+                what: key,
+                problem: format!("not a task record: {e}"),
+            })
+    }
+
+    fn start_point(&self, task_id: &str) -> Result<Option<StartPoint>, QueueError> {
+        let key = StartPoint::key(task_id);
+        let Some(bytes) = self.get(&key)? else {
+            return Ok(None);
+        };
+        serde_json::from_slice(&bytes)
+            .map(Some)
+            .map_err(|e| QueueError::Unreadable {
+                what: key,
+                problem: e.to_string(),
+            })
+    }
+
+    fn read_output(&self, reference: &str) -> Result<Option<Value>, QueueError> {
+        let Some(bytes) = self.get(reference)? else {
+            return Ok(None);
+        };
+        serde_json::from_slice(&bytes)
+            .map(Some)
+            .map_err(|e| QueueError::Unreadable {
+                what: format!("reading {reference}"),
+                problem: e.to_string(),
+            })
+    }
+
+    fn checkpoints(&self) -> &CheckpointStore {
+        &self.checkpoints
+    }
+
+    fn encode_work(&self, work: &CurrentWork, buffer: &mut Vec<u8>) -> serde_json::Result<()> {
+        buffer.clear();
+        serde_json::to_writer_pretty(&mut *buffer, work)
+    }
+
+    fn write_work(&self, owner: &OwnerLease, encoded: &[u8]) -> Result<(), QueueError> {
+        if !self.owner.holds(owner) {
+            return Err(QueueError::NotOwner {
+                what: QueueDir::CURRENT_WORK_KEY.to_string(),
+            });
+        }
+        self.put(QueueDir::CURRENT_WORK_KEY, encoded)
+    }
+
+    fn put_output(
+        &self,
+        lease: &Lease,
+        phase_index: usize,
+        bytes: &[u8],
+    ) -> Result<String, QueueError> {
+        self.fence(lease)?;
+        let key = QueueDir::phase_output_key(lease.task_id(), phase_index);
+        self.put(&key, bytes)?;
+        Ok(key)
+    }
+
+    fn finish(&self, lease: &Lease, record: &TaskRecord) -> Result<(), QueueError> {
+        self.fence(lease)?;
+        let (key, bytes) = match record {
+            TaskRecord::Done(done) => (QueueDir::done_key(lease.task_id()), to_record_bytes(done)),
+            TaskRecord::Failed(failed) => (
+                QueueDir::failed_key(lease.task_id()),
+                to_record_bytes(failed),
+            ),
+        };
+        self.put(&key, &bytes)
+    }
+
+    fn archive_failed(&self, lease: &Lease, record: &FailedRecord) -> Result<(), QueueError> {
+        self.fence(lease)?;
+        let id = lease.task_id();
+        let from = self.dir.root().join(QueueDir::failed_key(id));
+        let to = self.dir.run_dir(id).join(format!(
+            "failed-{}.json",
+            record.failed_at.format("%Y%m%dT%H%M%S%.3fZ")
+        ));
+        let moved = std::fs::create_dir_all(self.dir.run_dir(id))
+            .and_then(|()| std::fs::rename(&from, &to));
+        moved.map_err(|source| QueueError::Io {
+            action: "archiving",
+            what: from.display().to_string(),
+            source,
+        })
+    }
+
+    fn checkpoint_fence(&self, lease: &Lease) -> Result<Arc<dyn WriteFence>, QueueError> {
+        self.fence(lease)?;
+        Ok(Arc::new(LeaseFence {
+            owner: self.owner.clone(),
+            lease: lease.clone(),
+        }))
+    }
+
+    fn take_control(&self) -> Result<Vec<(ControlClaim, ControlRequest)>, QueueError> {
+        let mut reported = locked(&self.control_reported);
+        let requests =
+            control::take(&self.dir, &mut reported).map_err(|source| QueueError::Io {
+                action: "reading",
+                what: "control requests".to_string(),
+                source,
+            })?;
+        Ok(requests
+            .into_iter()
+            .map(|(key, request)| (ControlClaim(key), request))
+            .collect())
+    }
+
+    fn remove_control(&self, owner: &OwnerLease, claim: &ControlClaim) -> Result<(), QueueError> {
+        if !self.owner.holds(owner) {
+            return Err(QueueError::NotOwner {
+                what: claim.to_string(),
+            });
+        }
+        self.storage
+            .remove(&claim.0)
+            .map_err(|source| QueueError::Io {
+                action: "removing",
+                what: claim.to_string(),
+                source,
+            })
+    }
+
+    fn append_event(&self, task_id: &str, event: Event) {
+        self.journal.append(task_id, event);
+    }
+
+    fn flush_events(&self) {
+        self.journal.flush();
+    }
+}
+
+/// The checkpoint fence of one task's phase: the owner still holds and the lease is its.
+#[derive(Debug)]
+struct LeaseFence {
+    owner: OwnerLease,
+    lease: Lease,
+}
+
+impl WriteFence for LeaseFence {
+    fn check(&self) -> Result<(), StoreError> {
+        self.owner
+            .check(&self.lease)
+            .map_err(|lost| StoreError::Fenced {
+                task_id: lost.task_id.clone(),
+                reason: lost.to_string(),
+            })
+    }
+}

@@ -1,0 +1,169 @@
+//! [`Queue`]: the one owner of a queue, at the level of what the daemon does. Submissions are
+//! taken in, tasks claimed (a [`Lease`] each), their checkpoints, phase state, outputs and
+//! records written under that lease, control requests taken and events appended, all through
+//! one [`QueueBackend`]. Nothing outside this module names a queue file or builds a key.
+//!
+//! A `Queue` derefs to its backend for the operations it passes on unchanged; the ones that
+//! need the owner's lease or the local directory are its own.
+
+use std::io;
+use std::ops::Deref;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use tokio::sync::mpsc::UnboundedReceiver;
+
+use super::backend::{ControlClaim, QueueBackend, QueueError};
+use super::file_backend::FileBackend;
+use super::lease::Lease;
+use super::{LockError, QueueDir, QueueHint, QueueLock, QueueWatcher};
+use crate::store::{FileStorage, LoopCheckpointer, Storage};
+
+/// Why a queue could not be opened for owning.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    /// Another daemon owns it.
+    #[error(transparent)]
+    Lock(#[from] LockError),
+    /// Its directories could not be made or found.
+    #[error("{0}")]
+    Setup(String),
+    /// Someone other than the owner's user could write it (see `queue::permissions`).
+    #[error("refusing to run this queue: {0}")]
+    Unsafe(#[from] super::UnsafeQueue),
+}
+
+/// Where a person finds the final records, for messages.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RecordLocations {
+    /// A done task's record, with `<id>` for its id.
+    pub done: String,
+    /// The directory of failed tasks' and rejected files' records.
+    pub failed: String,
+}
+
+impl RecordLocations {
+    /// The records of the queue directory at `root`.
+    pub fn of_queue_dir(root: &Path) -> RecordLocations {
+        RecordLocations {
+            done: format!("{}/<id>.json", root.join(QueueDir::DONE_DIR).display()),
+            failed: format!("{}/", root.join(QueueDir::FAILED_DIR).display()),
+        }
+    }
+}
+
+/// The owner of one queue: a backend, and the local directory that holds the commands'
+/// logs, scratch files and helpers. Cheap to clone (clones share the backend).
+#[derive(Debug, Clone)]
+pub struct Queue {
+    backend: Arc<dyn QueueBackend>,
+    /// This host's directory (absolute).
+    local: QueueDir,
+}
+
+impl Deref for Queue {
+    type Target = dyn QueueBackend;
+
+    fn deref(&self) -> &Self::Target {
+        self.backend.as_ref()
+    }
+}
+
+impl Queue {
+    /// Own the queue directory at `root`: create its directories, take its lock (held while
+    /// the returned queue lives) and check that nobody else may write it. `storage` replaces
+    /// the file storage (tests pass a fault-injecting one).
+    pub fn open_files(root: &Path, storage: Option<Arc<dyn Storage>>) -> Result<Queue, OpenError> {
+        let root = std::path::absolute(root)
+            .map_err(|e| OpenError::Setup(format!("queue {}: {e}", root.display())))?;
+        let dir = QueueDir::new(&root);
+        dir.create_all()
+            .map_err(|e| OpenError::Setup(e.to_string()))?;
+        let lock = QueueLock::acquire(&dir)?;
+        super::check_queue_permissions(&dir).map_err(OpenError::Unsafe)?;
+        let storage = storage.unwrap_or_else(|| Arc::new(FileStorage::new(&root)));
+        Ok(Queue {
+            backend: Arc::new(FileBackend::new(dir.clone(), lock, storage)),
+            local: dir,
+        })
+    }
+
+    /// An owner on any backend, with `local` as this host's directory.
+    pub fn with_backend(backend: Arc<dyn QueueBackend>, local: QueueDir) -> Queue {
+        Queue { backend, local }
+    }
+
+    /// This host's queue directory (commands run in it by default).
+    pub fn root(&self) -> &Path {
+        self.local.root()
+    }
+
+    /// A task's directory of logs and scratch files (it may not exist yet).
+    pub fn run_dir(&self, task_id: &str) -> PathBuf {
+        self.local.run_dir(task_id)
+    }
+
+    /// The directory holding every task's [`run_dir`](Queue::run_dir).
+    pub fn runs_dir(&self) -> PathBuf {
+        self.local.runs()
+    }
+
+    /// Create a task's run directory if it is missing; returns it. Blocking.
+    pub fn create_run_dir(&self, task_id: &str) -> io::Result<PathBuf> {
+        let dir = self.run_dir(task_id);
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| io::Error::new(e.kind(), format!("creating {}: {e}", dir.display())))?;
+        Ok(dir)
+    }
+
+    /// Watch for submissions and control requests.
+    pub fn watch(&self) -> notify::Result<(QueueWatcher, UnboundedReceiver<QueueHint>)> {
+        QueueWatcher::start(&self.local.inbox(), &self.local.control())
+    }
+
+    /// Where a person finds the final records.
+    pub fn record_locations(&self) -> RecordLocations {
+        RecordLocations::of_queue_dir(self.root())
+    }
+
+    /// The name of the work state, for messages (the file to move aside).
+    pub fn work_state_name(&self) -> String {
+        self.local.display_key(QueueDir::CURRENT_WORK_KEY)
+    }
+
+    /// Durably write the encoded work state as this queue's owner.
+    pub fn write_work_state(&self, encoded: &[u8]) -> Result<(), QueueError> {
+        self.backend.write_work(self.backend.owner(), encoded)
+    }
+
+    /// Remove a control request once applied, as this queue's owner.
+    pub fn remove_control_claim(&self, claim: &ControlClaim) -> Result<(), QueueError> {
+        self.backend.remove_control(self.backend.owner(), claim)
+    }
+
+    /// A checkpointer for one phase of the task `lease` is on, fenced by it: each save is
+    /// refused (and writes nothing) once the lease no longer holds.
+    pub fn checkpointer(&self, lease: &Lease, scope: &str) -> Result<LoopCheckpointer, QueueError> {
+        let fence = self.backend.checkpoint_fence(lease)?;
+        Ok(
+            LoopCheckpointer::new(self.backend.checkpoints().clone(), lease.task_id(), scope)
+                .fenced(fence),
+        )
+    }
+
+    /// Learn the checkpoint generations of the tasks in flight in one read (at start), so that
+    /// their first saves need not list them one by one.
+    pub fn learn_generations<'a>(
+        &self,
+        task_ids: impl IntoIterator<Item = &'a str>,
+    ) -> Result<(), QueueError> {
+        Ok(self
+            .backend
+            .checkpoints()
+            .learn_generations_on_disk(task_ids)?)
+    }
+}
+
+#[cfg(test)]
+#[path = "owner_tests.rs"]
+mod tests;

@@ -1,0 +1,119 @@
+//! Connecting: the connection string, optional TLS, and the pool the queue's statements share.
+
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+use tokio_postgres::config::SslMode;
+use tokio_postgres_rustls::MakeRustlsConnect;
+
+use super::error::PgError;
+
+/// Connections one daemon keeps: its statements are short and never span a running command,
+/// so a few serve many tasks.
+pub const DEFAULT_POOL_SIZE: usize = 4;
+
+/// How long a statement waits for a pooled connection before failing; a daemon retries.
+const POOL_WAIT: Duration = Duration::from_secs(30);
+
+/// The shared queue in one PostgreSQL database, as one process sees it.
+///
+/// Cloning is cheap; clones share the pool. `instance` tells this process apart from another
+/// daemon registered under the same node name.
+#[derive(Clone)]
+pub struct PgQueue {
+    pub(super) pool: Pool,
+    pub(super) config: tokio_postgres::Config,
+    pub(super) tls: MakeRustlsConnect,
+    pub(super) instance: i64,
+}
+
+impl std::fmt::Debug for PgQueue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgQueue")
+            .field("hosts", &self.config.get_hosts())
+            .field("dbname", &self.config.get_dbname())
+            .field("instance", &self.instance)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PgQueue {
+    /// A queue on the database named by `url` (a `postgresql://` URL or libpq's `key=value`
+    /// form), with [`DEFAULT_POOL_SIZE`] connections. Connects lazily: a database that is down
+    /// is reported by the first statement.
+    ///
+    /// TLS follows the URL's `sslmode`: `disable` never uses it; `prefer` (the default) and
+    /// `require` use it over TCP when the server offers it, verifying the server's
+    /// certificate against the system's roots (`SSL_CERT_FILE` / `SSL_CERT_DIR` point
+    /// elsewhere). Unix sockets never use TLS.
+    pub fn connect(url: &str) -> Result<Self, PgError> {
+        Self::connect_with_pool_size(url, DEFAULT_POOL_SIZE)
+    }
+
+    /// [`PgQueue::connect`] with `pool_size` connections at most.
+    pub fn connect_with_pool_size(url: &str, pool_size: usize) -> Result<Self, PgError> {
+        let mut config = tokio_postgres::Config::from_str(url).map_err(PgError::InvalidUrl)?;
+        if config.get_application_name().is_none() {
+            config.application_name("cairn");
+        }
+        let tls = tls_connector(config.get_ssl_mode())?;
+        let manager = Manager::from_config(
+            config.clone(),
+            tls.clone(),
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(manager)
+            .max_size(pool_size.max(1))
+            .wait_timeout(Some(POOL_WAIT))
+            .runtime(deadpool_postgres::Runtime::Tokio1)
+            .build()
+            .map_err(PgError::Pool)?;
+        Ok(PgQueue {
+            pool,
+            config,
+            tls,
+            instance: fastrand::i64(1..),
+        })
+    }
+
+    /// A pooled connection.
+    pub(super) async fn client(&self) -> Result<deadpool_postgres::Object, PgError> {
+        self.pool.get().await.map_err(PgError::Connect)
+    }
+
+    /// The database's schema version (0: cairn never migrated it).
+    pub async fn schema_version(&self) -> Result<i32, PgError> {
+        let client = self.client().await?;
+        super::schema::current_version(&client).await
+    }
+
+    /// Bring the database's schema up to this cairn's version (see [`super::schema`]).
+    pub async fn migrate(&self) -> Result<super::Migrated, PgError> {
+        let mut client = self.client().await?;
+        super::schema::migrate(&mut client).await
+    }
+}
+
+/// rustls with the ring provider and the system's root certificates (none are needed when
+/// TLS is disabled).
+fn tls_connector(mode: SslMode) -> Result<MakeRustlsConnect, PgError> {
+    let mut roots = rustls::RootCertStore::empty();
+    if mode != SslMode::Disable {
+        let found = rustls_native_certs::load_native_certs();
+        for error in &found.errors {
+            tracing::warn!(%error, "could not load a system root certificate");
+        }
+        roots.add_parsable_certificates(found.certs);
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(PgError::Tls)?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    Ok(MakeRustlsConnect::new(config))
+}

@@ -1,0 +1,76 @@
+//! Why a PostgreSQL queue operation failed.
+
+use crate::store::CheckpointError;
+
+/// Errors of the PostgreSQL backend.
+#[derive(Debug, thiserror::Error)]
+pub enum PgError {
+    /// A fenced write found the lease no longer held: it expired (by the database's clock), was
+    /// released, or another daemon took the task over with a newer epoch. Nothing was written;
+    /// the caller must stop working on the task.
+    #[error(
+        "lease lost on task {task_id:?} (node {node:?}, epoch {epoch}): it expired or another \
+         daemon took the task over; nothing was written"
+    )]
+    LeaseLost {
+        task_id: String,
+        node: String,
+        epoch: i64,
+    },
+    /// The connection string does not parse.
+    #[error("invalid database URL: {0}")]
+    InvalidUrl(#[source] tokio_postgres::Error),
+    /// TLS could not be set up for the connection.
+    #[error("setting up TLS for the database connection: {0}")]
+    Tls(#[source] rustls::Error),
+    /// The connection pool could not be set up.
+    #[error("setting up the database connection pool: {0}")]
+    Pool(#[source] deadpool_postgres::BuildError),
+    /// No connection could be had from the pool (the database is down or refuses us).
+    #[error("connecting to the database: {0}")]
+    Connect(#[source] deadpool_postgres::PoolError),
+    /// A statement failed; `action` says what it was doing.
+    #[error("{action}: {source}")]
+    Query {
+        action: &'static str,
+        #[source]
+        source: tokio_postgres::Error,
+    },
+    /// The database's schema was migrated by a newer cairn.
+    #[error(
+        "the database's cairn schema is at version {found}, newer than this cairn's \
+         {supported}: upgrade cairn on this host"
+    )]
+    SchemaTooNew { found: i32, supported: i32 },
+    /// Another live daemon registered under the same node name.
+    #[error(
+        "node name {node:?} is in use by another running daemon: give each daemon its own \
+         name (--node)"
+    )]
+    NodeNameInUse { node: String },
+    /// The task id cannot be stored.
+    #[error("invalid task id {task_id:?}: {reason}")]
+    InvalidTaskId {
+        task_id: String,
+        #[source]
+        reason: crate::task_id::InvalidName,
+    },
+    /// The checkpoint could not be encoded; nothing was written.
+    #[error("encoding the checkpoint of task {task_id:?}: {source}")]
+    Encode {
+        task_id: String,
+        #[source]
+        source: CheckpointError,
+    },
+}
+
+/// Name what a failed statement was doing.
+pub(super) trait During<T> {
+    fn during(self, action: &'static str) -> Result<T, PgError>;
+}
+
+impl<T> During<T> for Result<T, tokio_postgres::Error> {
+    fn during(self, action: &'static str) -> Result<T, PgError> {
+        self.map_err(|source| PgError::Query { action, source })
+    }
+}

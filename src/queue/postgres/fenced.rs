@@ -1,0 +1,311 @@
+//! Writes under a lease: each checks, in the same statement, that the lease is still held
+//! (same node, same epoch, not expired by the database's clock) and writes nothing otherwise,
+//! returning [`PgError::LeaseLost`]. A daemon that froze past its lease can therefore never
+//! overwrite the work of the node that took its task over.
+//!
+//! Each statement starts with the `fence` CTE, an `UPDATE` of the task's row: it takes the
+//! row's lock, so a claim of the same task waits for the write to commit (or the write waits
+//! for the claim, and then finds the epoch raised).
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+
+use super::connect::PgQueue;
+use super::error::{During, PgError};
+use super::lease::Lease;
+use crate::store::{encode_checkpoint, IterationCheckpoint, FORMAT_VERSION};
+
+/// The lease check every fenced statement starts with; `$1` task, `$2` node, `$3` epoch.
+/// `extra` adds assignments (`, crash_count = 0`).
+macro_rules! fenced {
+    ($extra:literal, $rest:literal) => {
+        concat!(
+            "WITH fence AS (
+                UPDATE cairn_tasks SET updated_at = now()",
+            $extra,
+            " WHERE id = $1 AND lease_node = $2 AND lease_epoch = $3
+                  AND state = 'running' AND lease_expires_at > now()
+                RETURNING id
+            ) ",
+            $rest
+        )
+    };
+}
+
+/// Store checkpoint generation `$4` (`$5` bytes, `$6` iterations) and drop the generations
+/// older than the `$7` kept besides it. A committed checkpoint is progress: the crash count
+/// starts again.
+const SAVE_CHECKPOINT: &str = fenced!(
+    ", crash_count = 0",
+    ", saved AS (
+        INSERT INTO cairn_checkpoints (task_id, generation, bytes, iteration_count, lease_epoch)
+        SELECT id, $4, $5, $6, $3 FROM fence
+        RETURNING generation
+    ), pruned AS (
+        DELETE FROM cairn_checkpoints
+        WHERE task_id = $1 AND generation < $4 - $7 AND EXISTS (SELECT 1 FROM saved)
+    )
+    SELECT generation FROM saved"
+);
+
+/// Replace the task's phase-level state with `$4` (JSON text). (Set in the fence itself: a
+/// statement must not update one row twice.)
+const SAVE_PHASE_STATE: &str = fenced!(", phase_state = $4::text::json", "SELECT id FROM fence");
+
+/// Store the output `$6` (JSON text) of phase `$5` at index `$4`. A finished phase is progress.
+const SAVE_OUTPUT: &str = fenced!(
+    ", crash_count = 0",
+    ", saved AS (
+        INSERT INTO cairn_outputs (task_id, phase_index, phase, output, lease_epoch)
+        SELECT id, $4, $5, $6::text::json, $3 FROM fence
+        ON CONFLICT (task_id, phase_index) DO UPDATE
+        SET phase = EXCLUDED.phase, output = EXCLUDED.output, lease_epoch = EXCLUDED.lease_epoch
+        RETURNING task_id
+    )
+    SELECT task_id FROM saved"
+);
+
+/// Append the event `$4` (JSON text) to the task's journal.
+const APPEND_EVENT: &str = fenced!(
+    "",
+    ", saved AS (
+        INSERT INTO cairn_events (task_id, node, lease_epoch, event)
+        SELECT id, $2, $3, $4::text::json FROM fence
+        RETURNING task_id
+    )
+    SELECT task_id FROM saved"
+);
+
+/// End the task in state `$4` with record `$6` (JSON text, status `$5`), and end the lease.
+const FINISH: &str = fenced!(
+    ", state = $4, lease_node = NULL, lease_expires_at = NULL, crash_count = 0",
+    ", saved AS (
+        INSERT INTO cairn_records (task_id, status, record, lease_epoch)
+        SELECT id, $5, $6::text::json, $3 FROM fence
+        RETURNING task_id
+    )
+    SELECT task_id FROM saved"
+);
+
+/// Hand the task back for a later attempt, not claimed for `$4` seconds (a retry's backoff);
+/// `$5` clears the crash count (the attempt ended while its daemon lived).
+const REQUEUE: &str = fenced!(
+    ", state = 'queued', lease_node = NULL, lease_expires_at = NULL,
+       not_before = now() + $4::float8 * interval '1 second',
+       crash_count = CASE WHEN $5 THEN 0 ELSE crash_count END",
+    "SELECT id FROM fence"
+);
+
+/// Hold the task (an operator's pause): not claimed until resumed.
+const PAUSE: &str = fenced!(
+    ", state = 'paused', lease_node = NULL, lease_expires_at = NULL, crash_count = 0",
+    "SELECT id FROM fence"
+);
+
+/// How a task ended, for its final state and record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    Done,
+    Failed,
+    /// Stopped by its budget (state `failed`, status `budget_exceeded`).
+    BudgetExceeded,
+    Cancelled,
+}
+
+impl Outcome {
+    /// The task's final state in `cairn_tasks`.
+    fn state(self) -> &'static str {
+        match self {
+            Outcome::Done => "done",
+            Outcome::Failed | Outcome::BudgetExceeded => "failed",
+            Outcome::Cancelled => "cancelled",
+        }
+    }
+
+    /// The record's status, as in the file queue's records.
+    pub fn status(self) -> &'static str {
+        match self {
+            Outcome::Done => "done",
+            Outcome::Failed => "failed",
+            Outcome::BudgetExceeded => "budget_exceeded",
+            Outcome::Cancelled => "cancelled",
+        }
+    }
+}
+
+/// One stored checkpoint generation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredCheckpoint {
+    pub generation: u64,
+    /// The gzip bytes, exactly as a checkpoint file holds them (`decode_checkpoint` reads them).
+    pub bytes: Vec<u8>,
+    pub iteration_count: u64,
+    /// The epoch of the lease it was written under.
+    pub lease_epoch: i64,
+    pub written_at: DateTime<Utc>,
+}
+
+impl PgQueue {
+    /// Durably store `cp` as the task's next checkpoint generation, keeping
+    /// `keep_generations` older ones. Sets `cp.generation`, `cp.format_version` and
+    /// `cp.last_checkpoint_at` as the file store does. Returns the generation. The lease
+    /// counts the generations, so a task's saves go through one `Lease` value (a stale clone
+    /// would reuse a number, and its save fail on the generation's key).
+    pub async fn save_checkpoint<S: Serialize>(
+        &self,
+        lease: &mut Lease,
+        cp: &mut IterationCheckpoint<S>,
+        keep_generations: u32,
+    ) -> Result<u64, PgError> {
+        let generation = lease.last_generation + 1;
+        cp.generation = u64::try_from(generation).unwrap_or(1);
+        cp.format_version = FORMAT_VERSION;
+        cp.last_checkpoint_at = Utc::now();
+        let bytes = encode_checkpoint(cp).map_err(|source| PgError::Encode {
+            task_id: cp.task_id.clone(),
+            source,
+        })?;
+        let iterations = i64::try_from(cp.iteration_count).unwrap_or(i64::MAX);
+        let keep = i64::from(keep_generations);
+        self.fenced_write(
+            lease,
+            SAVE_CHECKPOINT,
+            &[&generation, &bytes, &iterations, &keep],
+            "saving a checkpoint",
+        )
+        .await?;
+        lease.last_generation = generation;
+        Ok(cp.generation)
+    }
+
+    /// Replace the task's phase-level state (JSON text).
+    pub async fn save_phase_state(&self, lease: &Lease, state_json: &str) -> Result<(), PgError> {
+        self.fenced_write(
+            lease,
+            SAVE_PHASE_STATE,
+            &[&state_json],
+            "saving the phase state",
+        )
+        .await
+    }
+
+    /// Store a finished phase's output (JSON text).
+    pub async fn save_output(
+        &self,
+        lease: &Lease,
+        phase_index: u32,
+        phase: &str,
+        output_json: &str,
+    ) -> Result<(), PgError> {
+        let index = i32::try_from(phase_index).unwrap_or(i32::MAX);
+        self.fenced_write(
+            lease,
+            SAVE_OUTPUT,
+            &[&index, &phase, &output_json],
+            "saving a phase output",
+        )
+        .await
+    }
+
+    /// Append an event (JSON text) to the task's journal.
+    pub async fn append_event(&self, lease: &Lease, event_json: &str) -> Result<(), PgError> {
+        self.fenced_write(lease, APPEND_EVENT, &[&event_json], "appending an event")
+            .await
+    }
+
+    /// End the task with its final record (JSON text); the lease ends with it.
+    pub async fn finish(
+        &self,
+        lease: &Lease,
+        outcome: Outcome,
+        record_json: &str,
+    ) -> Result<(), PgError> {
+        self.fenced_write(
+            lease,
+            FINISH,
+            &[&outcome.state(), &outcome.status(), &record_json],
+            "finishing the task",
+        )
+        .await
+    }
+
+    /// End the lease and queue the task again, claimable once `after` has passed (by the
+    /// database's clock): a failed attempt waiting for its backoff, or an attempt given back.
+    /// `clear_crash_count` when the attempt's end shows the task did not kill its daemon.
+    pub async fn requeue(
+        &self,
+        lease: &Lease,
+        after: Duration,
+        clear_crash_count: bool,
+    ) -> Result<(), PgError> {
+        self.fenced_write(
+            lease,
+            REQUEUE,
+            &[&after.as_secs_f64(), &clear_crash_count],
+            "queueing the task again",
+        )
+        .await
+    }
+
+    /// End the lease and hold the task until it is resumed.
+    pub async fn pause(&self, lease: &Lease) -> Result<(), PgError> {
+        self.fenced_write(lease, PAUSE, &[], "pausing the task")
+            .await
+    }
+
+    /// Run a `fenced!` statement with the lease as `$1..$3` and `params` after them.
+    async fn fenced_write(
+        &self,
+        lease: &Lease,
+        statement: &str,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+        action: &'static str,
+    ) -> Result<(), PgError> {
+        let client = self.client().await?;
+        let mut all: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> =
+            vec![&lease.task_id, &lease.node, &lease.epoch];
+        all.extend_from_slice(params);
+        let written = client.query_opt(statement, &all).await.during(action)?;
+        match written {
+            Some(_) => Ok(()),
+            None => Err(PgError::LeaseLost {
+                task_id: lease.task_id.clone(),
+                node: lease.node.clone(),
+                epoch: lease.epoch,
+            }),
+        }
+    }
+
+    /// The task's stored checkpoint generations, newest first.
+    pub async fn checkpoints(&self, task_id: &str) -> Result<Vec<StoredCheckpoint>, PgError> {
+        let client = self.client().await?;
+        let rows = client
+            .query(
+                "SELECT generation, bytes, iteration_count, lease_epoch, written_at
+                 FROM cairn_checkpoints WHERE task_id = $1 ORDER BY generation DESC",
+                &[&task_id],
+            )
+            .await
+            .during("reading checkpoints")?;
+        Ok(rows
+            .iter()
+            .map(|row| StoredCheckpoint {
+                generation: u64::try_from(row.get::<_, i64>(0)).unwrap_or(0),
+                bytes: row.get(1),
+                iteration_count: u64::try_from(row.get::<_, i64>(2)).unwrap_or(0),
+                lease_epoch: row.get(3),
+                written_at: row.get(4),
+            })
+            .collect())
+    }
+
+    /// The task's newest stored checkpoint.
+    pub async fn latest_checkpoint(
+        &self,
+        task_id: &str,
+    ) -> Result<Option<StoredCheckpoint>, PgError> {
+        Ok(self.checkpoints(task_id).await?.into_iter().next())
+    }
+}

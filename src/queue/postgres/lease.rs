@@ -1,0 +1,239 @@
+//! Leases: claiming tasks, renewing, releasing, and registering the node that holds them.
+//!
+//! A claim raises the task's `lease_epoch`; every later write for the task names the epoch it
+//! holds and is refused once another claim raised it (see [`super::fenced`]). Expiry is
+//! judged by the database's `now()` alone. A lease that expired is lost for good: renewing
+//! skips it, and another node (or this one) may claim the task again, which counts a crash
+//! against the task.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+
+use super::connect::PgQueue;
+use super::error::{During, PgError};
+
+/// The right to write for one task, until `expires_at` (by the database's clock) or until
+/// another claim raises the epoch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lease {
+    pub task_id: String,
+    pub node: String,
+    /// The fencing token: every write for the task checks it in the same statement.
+    pub epoch: i64,
+    /// When the lease ends unless renewed (the database's clock).
+    pub expires_at: DateTime<Utc>,
+    /// The newest checkpoint generation stored for the task, so a save numbers the next one
+    /// without asking (only the lease holder writes checkpoints).
+    pub(super) last_generation: i64,
+}
+
+impl Lease {
+    /// The newest checkpoint generation stored for the task (0: none).
+    pub fn last_generation(&self) -> u64 {
+        u64::try_from(self.last_generation).unwrap_or(0)
+    }
+}
+
+/// A task this node now holds.
+#[derive(Debug, Clone)]
+pub struct ClaimedTask {
+    pub lease: Lease,
+    /// The task file as submitted.
+    pub definition: String,
+    /// True when the task was taken over from a lease that expired (its holder died, froze or
+    /// lost the database): a crash, counted in `crash_count`.
+    pub taken_over: bool,
+    /// Expired leases in a row, with no checkpoint or clean release in between.
+    pub crash_count: i32,
+    /// At this many the task is taken for the cause of the crashes.
+    pub crash_limit: i32,
+}
+
+impl ClaimedTask {
+    /// Whether the task is to be quarantined (recorded failed under this lease with the
+    /// reason) instead of run: its holders died `crash_limit` times in a row while it ran.
+    pub fn must_quarantine(&self) -> bool {
+        self.crash_count >= self.crash_limit
+    }
+}
+
+/// A lease [`PgQueue::renew_all`] extended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RenewedLease {
+    pub task_id: String,
+    pub epoch: i64,
+    pub expires_at: DateTime<Utc>,
+}
+
+/// Claim up to `$2` tasks for node `$1` for `$3` seconds: queued ones whose backoff is over,
+/// and running ones whose lease expired (a crash: counted). Expired leases go first (work in
+/// flight resumes before new work), then by priority and age. `SKIP LOCKED` lets daemons
+/// claiming at once take different tasks instead of queueing behind each other's locks.
+const CLAIM: &str = "
+WITH candidate AS (
+    SELECT id, state = 'running' AS expired
+    FROM cairn_tasks
+    WHERE (state = 'queued' AND (not_before IS NULL OR not_before <= now()))
+       OR (state = 'running' AND lease_expires_at <= now())
+    ORDER BY state = 'running' DESC, priority DESC, submitted_at, id
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE cairn_tasks t
+SET state = 'running',
+    lease_node = $1,
+    lease_epoch = t.lease_epoch + 1,
+    lease_expires_at = now() + $3::float8 * interval '1 second',
+    crash_count = t.crash_count + CASE WHEN c.expired THEN 1 ELSE 0 END,
+    not_before = NULL,
+    updated_at = now()
+FROM candidate c
+WHERE t.id = c.id
+RETURNING t.id, t.lease_epoch, t.lease_expires_at, t.definition::text, c.expired,
+          t.crash_count, t.crash_limit";
+
+/// Extend every unexpired lease of node `$1` by `$2` seconds, and note the node alive.
+const RENEW_ALL: &str = "
+WITH seen AS (
+    UPDATE cairn_nodes SET last_seen_at = now() WHERE name = $1
+)
+UPDATE cairn_tasks
+SET lease_expires_at = now() + $2::float8 * interval '1 second'
+WHERE lease_node = $1 AND state = 'running' AND lease_expires_at > now()
+RETURNING id, lease_epoch, lease_expires_at";
+
+/// Hand back every task of node `$1`: queued again at once, crash count cleared (a clean stop
+/// is not a crash). The epoch stays; the next claim raises it.
+const RELEASE_ALL: &str = "
+UPDATE cairn_tasks
+SET state = 'queued', lease_node = NULL, lease_expires_at = NULL, crash_count = 0,
+    updated_at = now()
+WHERE lease_node = $1 AND state = 'running'
+RETURNING id";
+
+/// Register node `$1` (instance `$2`), unless another instance renewed under that name less
+/// than `$3` seconds ago.
+const REGISTER_NODE: &str = "
+INSERT INTO cairn_nodes (name, instance) VALUES ($1, $2)
+ON CONFLICT (name) DO UPDATE
+SET instance = $2, started_at = now(), last_seen_at = now()
+WHERE cairn_nodes.instance = $2
+   OR cairn_nodes.last_seen_at <= now() - $3::float8 * interval '1 second'
+RETURNING name";
+
+/// The newest checkpoint generation of each of the tasks in `$1`.
+const LAST_GENERATIONS: &str = "
+SELECT task_id, max(generation) FROM cairn_checkpoints
+WHERE task_id = ANY($1) GROUP BY task_id";
+
+impl PgQueue {
+    /// Register `node` as this process's name. Refused with [`PgError::NodeNameInUse`] when
+    /// another process under that name was seen within the last `lease`.
+    pub async fn register_node(&self, node: &str, lease: Duration) -> Result<(), PgError> {
+        let client = self.client().await?;
+        let row = client
+            .query_opt(
+                REGISTER_NODE,
+                &[&node, &self.instance, &lease.as_secs_f64()],
+            )
+            .await
+            .during("registering the node")?;
+        match row {
+            Some(_) => Ok(()),
+            None => Err(PgError::NodeNameInUse {
+                node: node.to_owned(),
+            }),
+        }
+    }
+
+    /// Claim up to `max` tasks for `node`, each leased for `lease`.
+    pub async fn claim(
+        &self,
+        node: &str,
+        max: u32,
+        lease: Duration,
+    ) -> Result<Vec<ClaimedTask>, PgError> {
+        let client = self.client().await?;
+        let rows = client
+            .query(CLAIM, &[&node, &i64::from(max), &lease.as_secs_f64()])
+            .await
+            .during("claiming tasks")?;
+        let mut claimed: Vec<ClaimedTask> = rows
+            .iter()
+            .map(|row| ClaimedTask {
+                lease: Lease {
+                    task_id: row.get(0),
+                    node: node.to_owned(),
+                    epoch: row.get(1),
+                    expires_at: row.get(2),
+                    last_generation: 0,
+                },
+                definition: row.get(3),
+                taken_over: row.get(4),
+                crash_count: row.get(5),
+                crash_limit: row.get(6),
+            })
+            .collect();
+        if claimed.is_empty() {
+            return Ok(claimed);
+        }
+        // Read after the claim committed: a write of the previous holder that got in before
+        // the claim is visible now, and none can land after it.
+        let ids: Vec<&str> = claimed.iter().map(|c| c.lease.task_id.as_str()).collect();
+        let generations: HashMap<String, i64> = client
+            .query(LAST_GENERATIONS, &[&ids])
+            .await
+            .during("reading the claimed tasks' checkpoint generations")?
+            .iter()
+            .map(|row| (row.get(0), row.get(1)))
+            .collect();
+        for task in &mut claimed {
+            task.lease.last_generation = generations.get(&task.lease.task_id).copied().unwrap_or(0);
+        }
+        Ok(claimed)
+    }
+
+    /// Extend, in one statement, every lease of `node` that has not expired yet, to `lease`
+    /// from now. Returns the leases renewed: a lease the caller holds that is missing here is
+    /// lost, and its commands must be stopped.
+    pub async fn renew_all(
+        &self,
+        node: &str,
+        lease: Duration,
+    ) -> Result<Vec<RenewedLease>, PgError> {
+        let client = self.client().await?;
+        let rows = client
+            .query(RENEW_ALL, &[&node, &lease.as_secs_f64()])
+            .await
+            .during("renewing leases")?;
+        Ok(rows
+            .iter()
+            .map(|row| RenewedLease {
+                task_id: row.get(0),
+                epoch: row.get(1),
+                expires_at: row.get(2),
+            })
+            .collect())
+    }
+
+    /// Hand back every task `node` holds (a clean stop, after flushing), so that other nodes
+    /// take them at once instead of after expiry; wakes the listeners. Returns their ids.
+    pub async fn release_all(&self, node: &str) -> Result<Vec<String>, PgError> {
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.during("starting the release")?;
+        let released: Vec<String> = tx
+            .query(RELEASE_ALL, &[&node])
+            .await
+            .during("releasing leases")?
+            .iter()
+            .map(|row| row.get(0))
+            .collect();
+        if !released.is_empty() {
+            super::listen::notify_work(&tx, "").await?;
+        }
+        tx.commit().await.during("committing the release")?;
+        Ok(released)
+    }
+}

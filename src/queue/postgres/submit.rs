@@ -1,0 +1,83 @@
+//! Submitting tasks: one row per task id, whoever submits it and however often.
+
+use super::connect::PgQueue;
+use super::error::{During, PgError};
+
+/// A task to submit.
+#[derive(Debug, Clone, Copy)]
+pub struct NewTask<'a> {
+    /// A valid task id (see `task_id::TaskId`).
+    pub id: &'a str,
+    pub priority: i32,
+    /// Expired leases in a row after which the task is quarantined (the file queue's rule:
+    /// `retry.max_attempts + 2`).
+    pub crash_limit: u32,
+    /// The task file, JSON text, stored verbatim.
+    pub definition: &'a str,
+}
+
+/// What [`PgQueue::submit`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Submitted {
+    /// The task is new and queued; listeners were notified.
+    Queued,
+    /// A task with this id exists already; nothing changed. (A file dropped into two hosts'
+    /// inboxes, or taken twice after a crash, is one task.)
+    AlreadyThere,
+}
+
+const INSERT_TASK: &str = "
+INSERT INTO cairn_tasks (id, priority, crash_limit, definition)
+VALUES ($1, $2, $3, $4::text::json)
+ON CONFLICT (id) DO NOTHING
+RETURNING id";
+
+impl PgQueue {
+    /// Queue a task, exactly once per id.
+    pub async fn submit(&self, task: &NewTask<'_>) -> Result<Submitted, PgError> {
+        crate::task_id::TaskId::parse(task.id).map_err(|reason| PgError::InvalidTaskId {
+            task_id: task.id.to_owned(),
+            reason,
+        })?;
+        let crash_limit = i32::try_from(task.crash_limit).unwrap_or(i32::MAX);
+        let mut client = self.client().await?;
+        let tx = client
+            .transaction()
+            .await
+            .during("starting the submission")?;
+        let inserted = tx
+            .query_opt(
+                INSERT_TASK,
+                &[&task.id, &task.priority, &crash_limit, &task.definition],
+            )
+            .await
+            .during("submitting a task")?;
+        if inserted.is_none() {
+            return Ok(Submitted::AlreadyThere);
+        }
+        super::listen::notify_work(&tx, task.id).await?;
+        tx.commit().await.during("committing the submission")?;
+        Ok(Submitted::Queued)
+    }
+
+    /// Queue a paused task again (an operator's resume); wakes the listeners. False when the
+    /// task is not paused.
+    pub async fn resume_paused(&self, task_id: &str) -> Result<bool, PgError> {
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.during("starting the resume")?;
+        let resumed = tx
+            .execute(
+                "UPDATE cairn_tasks SET state = 'queued', updated_at = now()
+                 WHERE id = $1 AND state = 'paused'",
+                &[&task_id],
+            )
+            .await
+            .during("resuming a task")?;
+        if resumed == 0 {
+            return Ok(false);
+        }
+        super::listen::notify_work(&tx, task_id).await?;
+        tx.commit().await.during("committing the resume")?;
+        Ok(true)
+    }
+}
