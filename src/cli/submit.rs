@@ -41,6 +41,9 @@ pub fn run(queue: &Path, args: SubmitArgs) -> CliResult {
             shown.display()
         )));
     }
+    // A task with env (tokens) must not go where every user may read it.
+    let adds_env = (!task.env.is_empty()).then_some(args.file.as_path());
+    super::refuse_exposed_queue(queue, adds_env)?;
     // The inbox of a new queue is created; an existing one is left as its owner set it up.
     if !queue_dir.inbox().is_dir() {
         queue_dir.create_all()?;

@@ -302,7 +302,7 @@ impl QueueBackend for FileBackend {
             "failed-{}.json",
             record.failed_at.format("%Y%m%dT%H%M%S%.3fZ")
         ));
-        let moved = std::fs::create_dir_all(self.dir.run_dir(id))
+        let moved = crate::store::modes::create_dir_all(&self.dir.run_dir(id))
             .and_then(|()| std::fs::rename(&from, &to));
         moved.map_err(|source| QueueError::Io {
             action: "archiving",

@@ -5,7 +5,6 @@
 //! orphan doing the same work. The daemon runs on a single-threaded runtime, which matters here:
 //! the death signal fires when the *thread* that spawned the child exits.
 
-use std::fs::OpenOptions;
 use std::io::{self, Write};
 use std::path::PathBuf;
 use std::process::{ExitStatus, Stdio};
@@ -131,10 +130,7 @@ fn spawn_error(program: &str, cwd: &std::path::Path, error: io::Error) -> io::Er
 
 /// Open a command's log for appending and write its header line.
 pub fn open_log(path: &std::path::Path, header: &str) -> io::Result<std::fs::File> {
-    let mut log = OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(path)
+    let mut log = crate::store::modes::open_append(path)
         .map_err(|e| io::Error::new(e.kind(), format!("opening log {}: {e}", path.display())))?;
     writeln!(log, "{header}")?;
     Ok(log)

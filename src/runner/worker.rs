@@ -139,7 +139,8 @@ fn launch(
             "{{\"iteration\":{count},\"state\":{}}}\n",
             serde_json::to_string(state).unwrap_or_else(|_| "null".into())
         );
-        std::fs::write(&resume_path, line).map_err(|e| transient("writing the resume file", e))?;
+        crate::store::modes::write_file(&resume_path, line.as_bytes())
+            .map_err(|e| transient("writing the resume file", e))?;
         env.push(("CAIRN_RESUME".into(), resume_path.display().to_string()));
     } else if let Err(e) = std::fs::remove_file(&resume_path) {
         if e.kind() != std::io::ErrorKind::NotFound {

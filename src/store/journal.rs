@@ -13,7 +13,6 @@
 //! thread must not wait for the file system. Each event is stamped when it happens, not when
 //! its line reaches the file.
 
-use std::fs::OpenOptions;
 use std::io::{self, BufRead, Write};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
@@ -59,14 +58,10 @@ fn write_line(queue_root: &Path, task_id: &str, line: &[u8]) {
     let path = journal_path(queue_root, task_id);
     let write = || -> io::Result<()> {
         if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir)?;
+            super::modes::create_dir_all(dir)?;
         }
         // One write call per line, so concurrent appends never interleave.
-        OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&path)?
-            .write_all(line)
+        super::modes::open_append(&path)?.write_all(line)
     };
     if let Err(e) = write() {
         // The name is worked out only here: the line is all the writer keeps.

@@ -27,6 +27,7 @@ mod group_commit;
 mod gzip;
 pub mod journal;
 mod loop_checkpointer;
+pub mod modes;
 #[cfg(feature = "test-doubles")]
 mod power_loss;
 pub mod records;

@@ -29,6 +29,7 @@ mod numbers;
 mod operator;
 #[cfg(feature = "postgres")]
 mod postgres_leases;
+mod queue_modes;
 mod service;
 mod spawn_exhaustion;
 mod stop_resume;

@@ -7,7 +7,7 @@
 //! the [`CheckpointStore`]) and journal, the rejections of files dropped into the inbox, and
 //! whether a daemon holds the queue ([`DaemonInfo`]). Formatting is the caller's.
 
-mod files;
+pub(crate) mod files;
 mod liveness;
 mod paths;
 mod rate;
