@@ -58,7 +58,10 @@ pub struct QueueOptions {
     pub loop_iterations: u64,
     /// Tasks in flight in current_work.json for the resume figure.
     pub resume_tasks: usize,
-    /// The daemon's --max-tasks in the throughput, pickup and loop runs.
+    /// One-command tasks run by cairn and by pueue (when installed) side by side.
+    pub side_by_side_tasks: usize,
+    /// The daemon's --max-tasks (and pueue's parallelism) in the throughput, pickup, loop and
+    /// side-by-side runs.
     pub max_tasks: usize,
     /// The daemon's --max-tasks in the resume run (default: `resume_tasks`).
     pub resume_max_tasks: Option<usize>,
@@ -77,6 +80,8 @@ pub enum Measurement {
     Pickup,
     Loop,
     Resume,
+    /// cairn and pueue (when installed) on the same one-command tasks, same parallelism.
+    SideBySide,
 }
 
 /// The command of the one-phase tasks: `true` prints nothing, and a `once` phase takes empty
@@ -119,6 +124,9 @@ pub fn run(args: &QueueOptions) -> anyhow::Result<()> {
                 print_line(&line)?;
             }
         }
+        if wanted(Measurement::SideBySide) {
+            bench.side_by_side(args.side_by_side_tasks)?;
+        }
         if wanted(Measurement::Resume) {
             let max_tasks = args.resume_max_tasks.unwrap_or(args.resume_tasks.max(1));
             print_line(&bench.resume(args.resume_tasks, max_tasks)?)?;
@@ -157,6 +165,8 @@ fn fresh_root(dir: &Path) -> anyhow::Result<PathBuf> {
 pub struct ThroughputLine {
     bench: &'static str,
     what: &'static str,
+    #[serde(rename = "impl")]
+    implementation: &'static str,
     tasks: usize,
     max_tasks: usize,
     command: String,
@@ -248,7 +258,32 @@ impl QueueBench {
     }
 
     fn throughput(&self, tasks: usize) -> anyhow::Result<ThroughputLine> {
-        let (queue, staging) = self.prepare("throughput")?;
+        self.throughput_as("throughput", tasks)
+    }
+
+    /// The cairn line, then pueue's (or why there is none), of the same tasks run
+    /// `max_tasks` at a time.
+    fn side_by_side(&self, tasks: usize) -> anyhow::Result<()> {
+        let mut cairn = self.throughput_as("side_by_side", tasks)?;
+        cairn.implementation = "cairn";
+        print_line(&cairn)?;
+        let Some(pueue) = super::pueue::find() else {
+            eprintln!(
+                "side_by_side: pueue is not installed (no `pueue` and `pueued` on the PATH; \
+                 `cargo install pueue` installs them): only cairn was measured"
+            );
+            return print_line(&serde_json::json!({
+                "bench": "queue", "what": "side_by_side", "impl": "pueue",
+                "skipped": "pueue and pueued not found on the PATH",
+            }));
+        };
+        let dir = self.root.join("side_by_side").join("pueue");
+        let line = super::pueue::run(pueue, &dir, tasks, self.max_tasks, &ONCE_COMMAND.join(" "))?;
+        print_line(&line)
+    }
+
+    fn throughput_as(&self, what: &'static str, tasks: usize) -> anyhow::Result<ThroughputLine> {
+        let (queue, staging) = self.prepare(what)?;
         let mut daemon = Daemon::start(&queue, self.max_tasks, None)?;
         warm_up(&mut daemon, &queue, &staging)?;
         let ids: Vec<String> = (0..tasks).map(|i| format!("t{i:06}")).collect();
@@ -275,7 +310,8 @@ impl QueueBench {
         let elapsed = last_done.duration_since(started).unwrap_or_default();
         Ok(ThroughputLine {
             bench: "queue",
-            what: "throughput",
+            what,
+            implementation: "cairn",
             tasks,
             max_tasks: self.max_tasks,
             command: ONCE_COMMAND.join(" "),
@@ -711,6 +747,24 @@ fn check_resumed(queue: &Path, id: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The peak resident memory so far (`VmHWM`) of process `pid`, in MiB.
+pub(super) fn peak_rss_mib(pid: i32) -> anyhow::Result<f64> {
+    let path = format!("/proc/{pid}/status");
+    let status = fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
+    let kib = status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmHWM:"))
+        .and_then(|rest| {
+            rest.trim()
+                .trim_end_matches("kB")
+                .trim()
+                .parse::<f64>()
+                .ok()
+        })
+        .with_context(|| format!("{path} has no VmHWM line"))?;
+    Ok(round_to(kib / 1024.0, 1))
+}
+
 /// A `cairn run` child process on a queue, its stderr in `daemon.log` beside the queue.
 struct Daemon {
     child: Child,
@@ -763,20 +817,7 @@ impl Daemon {
 
     /// The daemon's peak resident memory so far (`VmHWM`), in MiB.
     fn peak_rss_mib(&self) -> anyhow::Result<f64> {
-        let path = format!("/proc/{}/status", self.pid());
-        let status = fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
-        let kib = status
-            .lines()
-            .find_map(|line| line.strip_prefix("VmHWM:"))
-            .and_then(|rest| {
-                rest.trim()
-                    .trim_end_matches("kB")
-                    .trim()
-                    .parse::<f64>()
-                    .ok()
-            })
-            .with_context(|| format!("{path} has no VmHWM line"))?;
-        Ok(round_to(kib / 1024.0, 1))
+        peak_rss_mib(self.pid())
     }
 
     /// SIGTERM, and wait for a clean exit ([`STOP_LIMIT`] at most: a daemon that does not

@@ -6,6 +6,7 @@
 pub mod channel;
 mod checkpointing;
 mod child;
+pub mod exec_trampoline;
 mod items;
 mod loop_phase;
 mod once;
@@ -14,6 +15,7 @@ mod work_state;
 mod worker;
 mod worker_supervision;
 
+pub use child::{spawn_in_group_via, SpawnPath};
 pub use child::{CommandRun, RunEnd, KILL_AFTER, MAX_REPLY_BYTES, NOTIFY_ENV};
 /// The scope of loop phases' checkpoints (the queue benchmark, part of the `cli` feature,
 /// builds such checkpoints).
@@ -151,11 +153,13 @@ pub async fn run_attempt(ctx: &Arc<RunContext>, task: &Arc<Task>, lease: &Lease)
             ControlFlow::Continue(run) => run,
             ControlFlow::Break(end) => return end,
         };
+        // Each kind's future is boxed: inline, every task in flight would hold as much memory
+        // as the largest kind needs (with thousands in flight, most of the daemon's heap).
         let result = match run.phase.kind {
-            PhaseKind::Once => once::run(&run).await,
-            PhaseKind::Loop => loop_phase::run(&run).await,
-            PhaseKind::Items => items::run(&run).await,
-            PhaseKind::Worker => worker::run(&run).await,
+            PhaseKind::Once => Box::pin(once::run(&run)).await,
+            PhaseKind::Loop => Box::pin(loop_phase::run(&run)).await,
+            PhaseKind::Items => Box::pin(items::run(&run)).await,
+            PhaseKind::Worker => Box::pin(worker::run(&run)).await,
         };
         if let ControlFlow::Break(end) = end_phase(ctx, task, &run, result).await {
             return end;

@@ -32,6 +32,7 @@ mod postgres_leases;
 mod queue_modes;
 mod service;
 mod spawn_exhaustion;
+mod spawn_path;
 mod stop_resume;
 mod strace;
 mod systemd_units;
