@@ -352,6 +352,20 @@ impl Task {
 impl Phase {
     fn validate(&self, index: usize, earlier: &HashSet<&str>) -> Result<(), TaskError> {
         let at = |field: &str| format!("phases[{index}].{field}");
+        self.validate_name_and_run(&at, earlier)?;
+        self.validate_fields_fit_kind(&at)?;
+        if self.kind == PhaseKind::Items {
+            self.validate_item_source(&at, earlier)?;
+        }
+        self.validate_ranges(&at)
+    }
+
+    /// A unique name and a program to run.
+    fn validate_name_and_run(
+        &self,
+        at: &dyn Fn(&str) -> String,
+        earlier: &HashSet<&str>,
+    ) -> Result<(), TaskError> {
         if let Err(problem) = check_name(&self.name, 64) {
             return Err(TaskError::new(at("name"), problem.to_string()));
         }
@@ -370,6 +384,12 @@ impl Phase {
         if self.run.iter().any(|arg| arg.contains('\0')) {
             return Err(TaskError::new(at("run"), "arguments must not contain NUL"));
         }
+        Ok(())
+    }
+
+    /// Fields that only some kinds of phase use appear only in those: a `max_iterations` on a
+    /// `once` phase is a mistake the author should hear about, not a silent no-op.
+    fn validate_fields_fit_kind(&self, at: &dyn Fn(&str) -> String) -> Result<(), TaskError> {
         let only_for = |field: &str, present: bool, kinds: &[PhaseKind]| {
             if present && !kinds.contains(&self.kind) {
                 let names: Vec<&str> = kinds.iter().map(|k| k.as_str()).collect();
@@ -400,25 +420,31 @@ impl Phase {
             "heartbeat_timeout",
             self.heartbeat_timeout.is_some(),
             &[Worker],
-        )?;
-        if self.kind == Items {
-            match (&self.items, &self.items_from) {
-                (Some(_), None) => {}
-                (None, Some(from)) if !earlier.contains(from.as_str()) => {
-                    return Err(TaskError::new(
-                        at("items_from"),
-                        format!("{from:?} is not the name of an earlier phase"),
-                    ))
-                }
-                (None, Some(_)) => {}
-                _ => {
-                    return Err(TaskError::new(
-                        at("items"),
-                        "an items phase needs exactly one of `items` (a list) and `items_from` (an earlier phase)",
-                    ))
-                }
-            }
+        )
+    }
+
+    /// An items phase takes its list from exactly one place: `items`, or an earlier phase.
+    fn validate_item_source(
+        &self,
+        at: &dyn Fn(&str) -> String,
+        earlier: &HashSet<&str>,
+    ) -> Result<(), TaskError> {
+        match (&self.items, &self.items_from) {
+            (Some(_), None) => Ok(()),
+            (None, Some(from)) if !earlier.contains(from.as_str()) => Err(TaskError::new(
+                at("items_from"),
+                format!("{from:?} is not the name of an earlier phase"),
+            )),
+            (None, Some(_)) => Ok(()),
+            _ => Err(TaskError::new(
+                at("items"),
+                "an items phase needs exactly one of `items` (a list) and `items_from` (an earlier phase)",
+            )),
         }
+    }
+
+    /// Counts and durations that would make the phase never run or never end.
+    fn validate_ranges(&self, at: &dyn Fn(&str) -> String) -> Result<(), TaskError> {
         if self.concurrency == Some(0) {
             return Err(TaskError::new(at("concurrency"), "must be at least 1"));
         }

@@ -193,6 +193,13 @@ mod tests {
 
     /// One of every variant, with the fields a writer fills in.
     fn every_event() -> Vec<Event> {
+        let mut events = attempt_events();
+        events.extend(steering_and_final_events());
+        events
+    }
+
+    /// The events of an attempt as it runs, is stopped or crashes.
+    fn attempt_events() -> Vec<Event> {
         let phase = || "p".to_string();
         let error = || "boom".to_string();
         vec![
@@ -262,6 +269,14 @@ mod tests {
                 lost_cost_estimate: None,
             },
             Event::CrashTrialStarted { width: 2 },
+        ]
+    }
+
+    /// The events of operators' requests, forks and a task's end.
+    fn steering_and_final_events() -> Vec<Event> {
+        let phase = || "p".to_string();
+        let error = || "boom".to_string();
+        vec![
             Event::PauseRequested {},
             Event::CancelRequested {},
             Event::ControlRefused {
