@@ -41,7 +41,7 @@ use serde_json::{json, Value};
 use super::{millis, percentile, round_to};
 use crate::queue::QueueDir;
 use crate::store::current_work::{ActiveStatus, ActiveTask, CurrentWork, PhaseTiming};
-use crate::store::journal::{self, JournalEvent};
+use crate::store::journal::{self, Event, JournalEvent};
 use crate::store::{CheckpointStore, FileStorage, LoopCheckpointer, Storage, UnsyncedFileOps};
 use crate::task::Task;
 
@@ -303,8 +303,8 @@ impl QueueBench {
         let mut last_done = started;
         for (id, renamed) in ids.iter().zip(&dropped) {
             let events = TaskEvents::read(&queue, id)?;
-            pickups.push(since(*renamed, events.last("phase_started", id)?));
-            last_done = last_done.max(events.last("done", id)?);
+            pickups.push(since(*renamed, events.last_phase_started(id)?));
+            last_done = last_done.max(events.last_done(id)?);
         }
         pickups.sort_unstable();
         let elapsed = last_done.duration_since(started).unwrap_or_default();
@@ -342,9 +342,12 @@ impl QueueBench {
         daemon.stop()?;
         for (id, renamed) in &dropped {
             let events = TaskEvents::read(&queue, id)?;
-            accepts.push(since(*renamed, events.last("accepted", id)?));
-            pickups.push(since(*renamed, events.last("phase_started", id)?));
-            dones.push(since(*renamed, events.last("done", id)?));
+            accepts.push(since(
+                *renamed,
+                events.last("accepted", id, |e| matches!(e, Event::Accepted { .. }))?,
+            ));
+            pickups.push(since(*renamed, events.last_phase_started(id)?));
+            dones.push(since(*renamed, events.last_done(id)?));
         }
         for list in [&mut accepts, &mut pickups, &mut dones] {
             list.sort_unstable();
@@ -389,8 +392,10 @@ impl QueueBench {
             wait_for_record(&mut daemon, &queue, &id)?;
             let events = TaskEvents::read(&queue, &id)?;
             let wall = events
-                .last("phase_finished", &id)?
-                .duration_since(events.last("phase_started", &id)?)
+                .last("phase_finished", &id, |e| {
+                    matches!(e, Event::PhaseFinished { .. })
+                })?
+                .duration_since(events.last_phase_started(&id)?)
                 .unwrap_or_default();
             walls.push((id, every, wall));
         }
@@ -439,10 +444,10 @@ impl QueueBench {
         let mut all_done = spawned_at;
         for id in &ids {
             let events = TaskEvents::read(&queue, id)?;
-            let resumed = events.last("phase_started", id)?;
+            let resumed = events.last_phase_started(id)?;
             first_resumed = Some(first_resumed.map_or(resumed, |f| f.min(resumed)));
             all_resumed = all_resumed.max(resumed);
-            all_done = all_done.max(events.last("done", id)?);
+            all_done = all_done.max(events.last_done(id)?);
             check_resumed(&queue, id)?;
         }
         let after = |t: SystemTime| millis(t.duration_since(spawned_at).unwrap_or_default());
@@ -580,14 +585,29 @@ impl TaskEvents {
             .with_context(|| format!("reading {}", journal::journal_path(queue, id).display()))
     }
 
-    /// When the last `event` was recorded.
-    fn last(&self, event: &str, id: &str) -> anyhow::Result<SystemTime> {
+    /// When the last event of a kind (`name` for the error) was recorded.
+    fn last(
+        &self,
+        name: &str,
+        id: &str,
+        of_kind: fn(&Event) -> bool,
+    ) -> anyhow::Result<SystemTime> {
         self.0
             .iter()
             .rev()
-            .find(|e| e.event == event)
+            .find(|e| of_kind(&e.event))
             .map(|e| SystemTime::from(e.at))
-            .with_context(|| format!("task {id}'s journal has no {event:?} event"))
+            .with_context(|| format!("task {id}'s journal has no {name:?} event"))
+    }
+
+    fn last_phase_started(&self, id: &str) -> anyhow::Result<SystemTime> {
+        self.last("phase_started", id, |e| {
+            matches!(e, Event::PhaseStarted { .. })
+        })
+    }
+
+    fn last_done(&self, id: &str) -> anyhow::Result<SystemTime> {
+        self.last("done", id, |e| matches!(e, Event::Done { .. }))
     }
 }
 
@@ -676,7 +696,7 @@ fn build_crashed_queue(queue: &Path, ids: &[String]) -> anyhow::Result<u64> {
         checkpointer
             .checkpoint(1, &json!({"resumable": true}))
             .with_context(|| format!("checkpointing {id}"))?;
-        let mut entry = ActiveTask::new(id, "spin");
+        let mut entry = ActiveTask::new(task.id(), "spin");
         entry.attempt = 1;
         entry.status = ActiveStatus::Running;
         entry.iterations = 1;

@@ -14,10 +14,12 @@ use super::control::{self, ControlRequest};
 use super::lease::{Lease, OwnerLease};
 use super::{Intake, IntakeReport, QueueDir, QueueHint, QueueLock};
 use crate::store::current_work::{CurrentWork, StartPoint, CURRENT_WORK_VERSION};
+use crate::store::events::Event;
 use crate::store::journal::JournalWriter;
 use crate::store::records::{to_record_bytes, FailedRecord};
 use crate::store::{CheckpointStore, Storage, StoreError, WriteFence};
 use crate::task::Task;
+use crate::task_id::TaskId;
 
 /// The file backend's one epoch: the `flock` is held for the owner's whole life, so no other
 /// writer can ever claim a task of this queue meanwhile.
@@ -172,7 +174,11 @@ impl QueueBackend for FileBackend {
             what: key,
             problem: e.to_string(),
         })?;
-        task.id = Some(task_id.to_string());
+        // The id names the file just read, so it is one; a name that is not is refused.
+        task.id = Some(TaskId::parse(task_id).map_err(|e| QueueError::Unreadable {
+            what: QueueDir::task_key(task_id),
+            problem: format!("task id {e}"),
+        })?);
         Ok(task)
     }
 
@@ -342,8 +348,8 @@ impl QueueBackend for FileBackend {
             })
     }
 
-    fn append_event(&self, task_id: &str, event: &str, details: Value) {
-        self.journal.append(task_id, event, details);
+    fn append_event(&self, task_id: &str, event: Event) {
+        self.journal.append(task_id, event);
     }
 
     fn flush_events(&self) {

@@ -36,6 +36,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::shutdown::Shutdown;
 use crate::store::current_work::{PhaseTiming, Progress, StoredOutput, INLINE_OUTPUT_LIMIT};
+use crate::store::events::Event;
 use crate::store::StoreError;
 use crate::task::{Phase, PhaseKind, Task};
 
@@ -83,8 +84,8 @@ impl RunContext {
 
     /// Append to the task's event journal (see [`crate::store::journal`]); never waits for
     /// the disk.
-    pub fn journal(&self, task_id: &str, event: &str, details: Value) {
-        self.queue.append_event(task_id, event, details);
+    pub fn journal(&self, task_id: &str, event: Event) {
+        self.queue.append_event(task_id, event);
     }
 }
 
@@ -230,11 +231,15 @@ async fn start_phase<'a>(
             }
         }
     });
-    tracing::info!(task_id = id, phase = %phase.name, attempt = entry.attempt, "phase started");
+    tracing::info!(task_id = %id, phase = %phase.name, attempt = entry.attempt, "phase started");
     ctx.journal(
         id,
-        "phase_started",
-        serde_json::json!({"phase": phase.name, "phase_index": index, "kind": phase.kind.as_str(), "attempt": entry.attempt}),
+        Event::PhaseStarted {
+            phase: phase.name.clone(),
+            phase_index: index,
+            kind: phase.kind,
+            attempt: entry.attempt,
+        },
     );
     ControlFlow::Continue(PhaseRun {
         ctx,
@@ -264,11 +269,13 @@ async fn end_phase(
                     counts: false,
                 });
             }
-            tracing::info!(task_id = id, phase = %phase.name, "phase finished");
+            tracing::info!(task_id = %id, phase = %phase.name, "phase finished");
             ctx.journal(
                 id,
-                "phase_finished",
-                serde_json::json!({"phase": phase.name, "phase_index": index}),
+                Event::PhaseFinished {
+                    phase: phase.name.clone(),
+                    phase_index: index,
+                },
             );
             return ControlFlow::Continue(());
         }
