@@ -247,25 +247,8 @@ impl Scheduler {
                 failed_attempts,
                 then,
             } => {
-                tracing::warn!(task_id = %id, attempt = entry.attempt, "attempt failed: {error}");
-                self.ctx.journal(
-                    &id,
-                    Event::AttemptFailed {
-                        attempt: entry.attempt,
-                        error: error.clone(),
-                        counts,
-                    },
-                );
-                entry.failed_attempts = failed_attempts;
-                match then {
-                    AfterFailure::Retry(retry) => {
-                        self.schedule_retry(&mut entry, error, retry, true)
-                    }
-                    AfterFailure::GiveUp => {
-                        self.give_up(task, entry, error).await;
-                        self.tasks.remove(&id);
-                    }
-                }
+                self.attempt_failed(task, entry, error, counts, failed_attempts, then)
+                    .await
             }
             Decision::Cancel => {
                 self.record_failure(
@@ -282,23 +265,58 @@ impl Scheduler {
                     .await;
                 self.tasks.remove(&id);
             }
-            Decision::Pause => {
-                entry.status = ActiveStatus::Paused;
-                tracing::info!(task_id = %id, phase = %entry.phase, iterations = entry.iterations, "task paused");
-                let (phase, iterations) = (Some(entry.phase.clone()), Some(entry.iterations));
-                self.ctx.journal(&id, Event::Paused { phase, iterations });
-                self.ctx.work.update(|w| w.upsert(entry));
-            }
-            Decision::LeaveForResume => {
-                entry.status = ActiveStatus::Interrupted;
-                tracing::info!(task_id = %id, phase = %entry.phase, iterations = entry.iterations, "task interrupted");
-                let (phase, iterations) = (entry.phase.clone(), entry.iterations);
-                self.ctx
-                    .journal(&id, Event::Interrupted { phase, iterations });
-                self.ctx.work.update(|w| w.upsert(entry));
-            }
+            Decision::Pause => self.hold(entry, ActiveStatus::Paused),
+            Decision::LeaveForResume => self.hold(entry, ActiveStatus::Interrupted),
         }
         self.persist().await;
+    }
+
+    /// A failed attempt: journal it, count it, then retry after the backoff or give up.
+    async fn attempt_failed(
+        &mut self,
+        task: &Arc<Task>,
+        mut entry: ActiveTask,
+        error: String,
+        counts: bool,
+        failed_attempts: u32,
+        then: AfterFailure,
+    ) {
+        let id = task.id().clone();
+        tracing::warn!(task_id = %id, attempt = entry.attempt, "attempt failed: {error}");
+        self.ctx.journal(
+            &id,
+            Event::AttemptFailed {
+                attempt: entry.attempt,
+                error: error.clone(),
+                counts,
+            },
+        );
+        entry.failed_attempts = failed_attempts;
+        match then {
+            AfterFailure::Retry(retry) => self.schedule_retry(&mut entry, error, retry, true),
+            AfterFailure::GiveUp => {
+                self.give_up(task, entry, error).await;
+                self.tasks.remove(&id);
+            }
+        }
+    }
+
+    /// Keep the task in flight without running it: paused by an operator, or interrupted by a
+    /// stop and resumed at the next start.
+    fn hold(&mut self, mut entry: ActiveTask, status: ActiveStatus) {
+        entry.status = status;
+        let id = entry.task_id.clone();
+        let (phase, iterations) = (entry.phase.clone(), entry.iterations);
+        if status == ActiveStatus::Paused {
+            tracing::info!(task_id = %id, phase = %phase, iterations, "task paused");
+            let (phase, iterations) = (Some(phase), Some(iterations));
+            self.ctx.journal(&id, Event::Paused { phase, iterations });
+        } else {
+            tracing::info!(task_id = %id, phase = %phase, iterations, "task interrupted");
+            self.ctx
+                .journal(&id, Event::Interrupted { phase, iterations });
+        }
+        self.ctx.work.update(|w| w.upsert(entry));
     }
 
     /// A task done and recorded leaves the scheduler.
