@@ -9,7 +9,7 @@
 
 use std::collections::BTreeMap;
 use std::io::{self, Write};
-use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 /// The helpers, as `(path under clients/, contents)`.
@@ -43,11 +43,8 @@ pub fn install(queue_root: &Path) -> io::Result<PathBuf> {
             continue;
         }
         let parent = path.parent().unwrap_or(&dir);
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o755)
-            .create(parent)
-            .map_err(|e| named(e, "creating", parent))?;
+        // Modes like the rest of the queue (0750, 0640), whatever the umask.
+        crate::store::modes::create_dir_all(parent).map_err(|e| named(e, "creating", parent))?;
         // Named like the store's temp files, so a start after a crash removes a leftover one.
         let mut temp = tempfile::Builder::new()
             .prefix(".")
@@ -57,7 +54,9 @@ pub fn install(queue_root: &Path) -> io::Result<PathBuf> {
         temp.write_all(contents.as_bytes())
             .and_then(|()| {
                 temp.as_file()
-                    .set_permissions(std::fs::Permissions::from_mode(0o644))
+                    .set_permissions(std::fs::Permissions::from_mode(
+                        crate::store::modes::FILE_MODE,
+                    ))
             })
             .map_err(|e| named(e, "writing", &path))?;
         temp.persist(&path)

@@ -23,5 +23,6 @@ pub mod runner;
 pub mod shutdown;
 pub mod store;
 pub mod task;
+pub mod task_id;
 
 pub use store::{CheckpointStore, IterationCheckpoint, LoopCheckpointer};

@@ -11,10 +11,10 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::task_id::{check_name, TaskId};
+
 /// Largest task file cairn accepts; larger files are rejected unread.
 pub const MAX_TASK_FILE_BYTES: u64 = 1024 * 1024;
-/// Longest task id.
-pub const MAX_ID_LEN: usize = 128;
 
 /// A task as written by a user (and, with its id filled in, as kept in `tasks/<id>.json`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -22,7 +22,7 @@ pub const MAX_ID_LEN: usize = 128;
 pub struct Task {
     /// Names the task's files; generated at intake when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub id: Option<String>,
+    pub id: Option<TaskId>,
     /// Higher runs first among pending tasks.
     #[serde(default)]
     pub priority: i32,
@@ -289,9 +289,11 @@ impl Task {
         bytes
     }
 
-    /// The id, which intake always fills in before the task runs.
-    pub fn id(&self) -> &str {
-        self.id.as_deref().unwrap_or("")
+    /// The id. Intake (and `cairn submit`, `cairn fork`) fill it in before a task is accepted,
+    /// so every task the daemon holds has one; a task read from a file that has none, not
+    /// named yet, answers [`TaskId::unnamed`].
+    pub fn id(&self) -> &TaskId {
+        self.id.as_ref().unwrap_or_else(|| TaskId::unnamed())
     }
 
     /// Problems that do not make the task invalid but will likely make it fail, for `validate`
@@ -311,9 +313,6 @@ impl Task {
 
     /// Check everything the types alone do not.
     pub fn validate(&self) -> Result<(), TaskError> {
-        if let Some(id) = &self.id {
-            validate_id(id).map_err(|p| TaskError::new("id", p.to_string()))?;
-        }
         if let Some(budget) = &self.budget {
             if !(budget.max_cost.is_finite() && budget.max_cost >= 0.0) {
                 return Err(TaskError::new(
@@ -353,7 +352,21 @@ impl Task {
 impl Phase {
     fn validate(&self, index: usize, earlier: &HashSet<&str>) -> Result<(), TaskError> {
         let at = |field: &str| format!("phases[{index}].{field}");
-        if let Err(problem) = validate_name(&self.name, 64) {
+        self.validate_name_and_run(&at, earlier)?;
+        self.validate_fields_fit_kind(&at)?;
+        if self.kind == PhaseKind::Items {
+            self.validate_item_source(&at, earlier)?;
+        }
+        self.validate_ranges(&at)
+    }
+
+    /// A unique name and a program to run.
+    fn validate_name_and_run(
+        &self,
+        at: &dyn Fn(&str) -> String,
+        earlier: &HashSet<&str>,
+    ) -> Result<(), TaskError> {
+        if let Err(problem) = check_name(&self.name, 64) {
             return Err(TaskError::new(at("name"), problem.to_string()));
         }
         if earlier.contains(self.name.as_str()) {
@@ -371,6 +384,12 @@ impl Phase {
         if self.run.iter().any(|arg| arg.contains('\0')) {
             return Err(TaskError::new(at("run"), "arguments must not contain NUL"));
         }
+        Ok(())
+    }
+
+    /// Fields that only some kinds of phase use appear only in those: a `max_iterations` on a
+    /// `once` phase is a mistake the author should hear about, not a silent no-op.
+    fn validate_fields_fit_kind(&self, at: &dyn Fn(&str) -> String) -> Result<(), TaskError> {
         let only_for = |field: &str, present: bool, kinds: &[PhaseKind]| {
             if present && !kinds.contains(&self.kind) {
                 let names: Vec<&str> = kinds.iter().map(|k| k.as_str()).collect();
@@ -401,25 +420,31 @@ impl Phase {
             "heartbeat_timeout",
             self.heartbeat_timeout.is_some(),
             &[Worker],
-        )?;
-        if self.kind == Items {
-            match (&self.items, &self.items_from) {
-                (Some(_), None) => {}
-                (None, Some(from)) if !earlier.contains(from.as_str()) => {
-                    return Err(TaskError::new(
-                        at("items_from"),
-                        format!("{from:?} is not the name of an earlier phase"),
-                    ))
-                }
-                (None, Some(_)) => {}
-                _ => {
-                    return Err(TaskError::new(
-                        at("items"),
-                        "an items phase needs exactly one of `items` (a list) and `items_from` (an earlier phase)",
-                    ))
-                }
-            }
+        )
+    }
+
+    /// An items phase takes its list from exactly one place: `items`, or an earlier phase.
+    fn validate_item_source(
+        &self,
+        at: &dyn Fn(&str) -> String,
+        earlier: &HashSet<&str>,
+    ) -> Result<(), TaskError> {
+        match (&self.items, &self.items_from) {
+            (Some(_), None) => Ok(()),
+            (None, Some(from)) if !earlier.contains(from.as_str()) => Err(TaskError::new(
+                at("items_from"),
+                format!("{from:?} is not the name of an earlier phase"),
+            )),
+            (None, Some(_)) => Ok(()),
+            _ => Err(TaskError::new(
+                at("items"),
+                "an items phase needs exactly one of `items` (a list) and `items_from` (an earlier phase)",
+            )),
         }
+    }
+
+    /// Counts and durations that would make the phase never run or never end.
+    fn validate_ranges(&self, at: &dyn Fn(&str) -> String) -> Result<(), TaskError> {
         if self.concurrency == Some(0) {
             return Err(TaskError::new(at("concurrency"), "must be at least 1"));
         }
@@ -495,86 +520,6 @@ fn check_shape(bytes: &[u8]) -> Result<(), TaskError> {
     Ok(())
 }
 
-/// Task ids name files, so they are restricted to `[A-Za-z0-9._-]{1,128}`; they may not start with
-/// `.` (hidden and temp files) nor end in `.<digits>` (checkpoint generations are named
-/// `<id>.<generation>.json.gz`, which would make such ids ambiguous).
-pub fn validate_id(id: &str) -> Result<(), InvalidName> {
-    validate_name(id, MAX_ID_LEN)?;
-    if let Some((_, tail)) = id.rsplit_once('.') {
-        if !tail.is_empty() && tail.bytes().all(|b| b.is_ascii_digit()) {
-            return Err(InvalidName::GenerationSuffix {
-                id: id.to_string(),
-                tail: tail.to_string(),
-            });
-        }
-    }
-    Ok(())
-}
-
-/// Why a task id or a phase name is refused; the text reads after the field it is about
-/// (`task id "a/b" contains '/'; ...`).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum InvalidName {
-    #[error("must not be empty")]
-    Empty,
-    #[error("is {len} characters, longer than {max}")]
-    TooLong { len: usize, max: usize },
-    #[error("{name:?} contains {bad:?}; only letters, digits, '.', '_' and '-' are allowed")]
-    Character { name: String, bad: char },
-    #[error("{name:?} must not start with '.'")]
-    LeadingDot { name: String },
-    #[error("{id:?} ends in '.{tail}', which cairn reserves for checkpoint generations")]
-    GenerationSuffix { id: String, tail: String },
-}
-
-fn validate_name(name: &str, max_len: usize) -> Result<(), InvalidName> {
-    if name.is_empty() {
-        return Err(InvalidName::Empty);
-    }
-    if name.len() > max_len {
-        return Err(InvalidName::TooLong {
-            len: name.len(),
-            max: max_len,
-        });
-    }
-    if let Some(bad) = name
-        .chars()
-        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')))
-    {
-        return Err(InvalidName::Character {
-            name: name.to_string(),
-            bad,
-        });
-    }
-    if name.starts_with('.') {
-        return Err(InvalidName::LeadingDot {
-            name: name.to_string(),
-        });
-    }
-    Ok(())
-}
-
-/// A fresh id for a task that came without one: the file's stem (cleaned up) and a random suffix.
-pub fn generate_id(stem: &str, suffix: &str) -> String {
-    let mut base: String = stem
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || matches!(c, '_' | '-') {
-                c
-            } else {
-                '-'
-            }
-        })
-        .collect();
-    let base_trimmed = base.trim_matches('-');
-    base = if base_trimmed.is_empty() {
-        "task".to_string()
-    } else {
-        base_trimmed.chars().take(100).collect()
-    };
-    format!("{base}-{suffix}")
-}
-
 /// A short random suffix for generated names.
 pub fn random_suffix() -> String {
     format!("{:06x}", fastrand::u32(..0x100_0000))
@@ -584,7 +529,7 @@ pub fn random_suffix() -> String {
 mod tests {
     use std::time::Duration;
 
-    use super::{generate_id, validate_id, PhaseKind, RetryPolicy, Task, TaskError};
+    use super::{PhaseKind, RetryPolicy, Task, TaskError};
 
     fn parse(text: &str) -> Result<Task, TaskError> {
         Task::parse(text.as_bytes())
@@ -651,23 +596,14 @@ mod tests {
     }
 
     #[test]
-    fn ids_that_could_escape_or_collide_are_refused() {
-        for bad in [
-            "",
-            ".",
-            "..",
-            "../x",
-            "a/b",
-            ".hidden",
-            "x.3",
-            "a b",
-            &"x".repeat(129),
-        ] {
-            assert!(validate_id(bad).is_err(), "{bad:?} was accepted");
+    fn a_task_file_with_a_bad_id_is_refused_at_its_id() {
+        for bad in ["../x", "x.3", ""] {
+            let text = format!(r#"{{"id":{bad:?},"phases":[{{"name":"p","run":["x"]}}]}}"#);
+            let err = parse(&text).unwrap_err();
+            assert_eq!(err.field.as_deref(), Some("id"), "{bad:?}: {err}");
         }
-        for good in ["lit-review-42", "a.b", "run_2", "v1.2a", "X"] {
-            assert!(validate_id(good).is_ok(), "{good:?} was refused");
-        }
+        let ok = parse(r#"{"id":"a.b","phases":[{"name":"p","run":["x"]}]}"#).unwrap();
+        assert_eq!(ok.id(), "a.b");
     }
 
     #[test]
@@ -712,14 +648,6 @@ mod tests {
         assert_eq!(policy.delay_after(2), Duration::from_secs(20));
         assert_eq!(policy.delay_after(4), Duration::from_secs(60));
         assert_eq!(policy.delay_after(100), Duration::from_secs(60));
-    }
-
-    #[test]
-    fn generated_ids_are_valid() {
-        for stem in ["report", "my report.v2", "...", "x.3"] {
-            let id = generate_id(stem, "abc123");
-            assert!(validate_id(&id).is_ok(), "{id}");
-        }
     }
 
     #[test]

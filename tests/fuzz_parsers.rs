@@ -38,7 +38,8 @@ use std::time::{Duration, Instant};
 use cairn::queue::control::ControlRequest;
 use cairn::runner::channel::{parse_message, Message};
 use cairn::store::{decode_checkpoint, encode_checkpoint, IterationCheckpoint, FORMAT_VERSION};
-use cairn::task::{validate_id, Task, MAX_TASK_FILE_BYTES};
+use cairn::task::{Task, MAX_TASK_FILE_BYTES};
+use cairn::task_id::TaskId;
 use proptest::prelude::*;
 use proptest::sample::Index;
 use serde_json::Value;
@@ -570,7 +571,7 @@ fn task_checked(bytes: &[u8]) -> Result<(), String> {
         panic!("accepted a task that does not validate ({e}): {input:?}");
     }
     if let Some(id) = &task.id {
-        if let Err(e) = validate_id(id) {
+        if let Err(e) = TaskId::parse(id.as_str()) {
             panic!("accepted the id {id:?} ({e}): {input:?}");
         }
     }
@@ -674,7 +675,7 @@ fn control_checked(bytes: &[u8]) -> Result<(), String> {
     })
     .map_err(|e| e.to_string())?;
     let input = String::from_utf8_lossy(bytes);
-    if let Err(e) = validate_id(&request.task_id) {
+    if let Err(e) = TaskId::parse(request.task_id.as_str()) {
         panic!(
             "accepted the task id {:?} ({e}): {input:?}",
             request.task_id

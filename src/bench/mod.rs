@@ -5,7 +5,9 @@
 //! (`bench/workload.md` defines the line for checkpoints).
 
 pub mod checkpoint;
+pub mod pueue;
 pub mod queue;
+pub mod spawn;
 pub mod workload;
 
 use std::time::Duration;

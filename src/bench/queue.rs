@@ -41,7 +41,7 @@ use serde_json::{json, Value};
 use super::{millis, percentile, round_to};
 use crate::queue::QueueDir;
 use crate::store::current_work::{ActiveStatus, ActiveTask, CurrentWork, PhaseTiming};
-use crate::store::journal::{self, JournalEvent};
+use crate::store::journal::{self, Event, JournalEvent};
 use crate::store::{CheckpointStore, FileStorage, LoopCheckpointer, Storage, UnsyncedFileOps};
 use crate::task::Task;
 
@@ -58,7 +58,10 @@ pub struct QueueOptions {
     pub loop_iterations: u64,
     /// Tasks in flight in current_work.json for the resume figure.
     pub resume_tasks: usize,
-    /// The daemon's --max-tasks in the throughput, pickup and loop runs.
+    /// One-command tasks run by cairn and by pueue (when installed) side by side.
+    pub side_by_side_tasks: usize,
+    /// The daemon's --max-tasks (and pueue's parallelism) in the throughput, pickup, loop and
+    /// side-by-side runs.
     pub max_tasks: usize,
     /// The daemon's --max-tasks in the resume run (default: `resume_tasks`).
     pub resume_max_tasks: Option<usize>,
@@ -77,6 +80,8 @@ pub enum Measurement {
     Pickup,
     Loop,
     Resume,
+    /// cairn and pueue (when installed) on the same one-command tasks, same parallelism.
+    SideBySide,
 }
 
 /// The command of the one-phase tasks: `true` prints nothing, and a `once` phase takes empty
@@ -119,6 +124,9 @@ pub fn run(args: &QueueOptions) -> anyhow::Result<()> {
                 print_line(&line)?;
             }
         }
+        if wanted(Measurement::SideBySide) {
+            bench.side_by_side(args.side_by_side_tasks)?;
+        }
         if wanted(Measurement::Resume) {
             let max_tasks = args.resume_max_tasks.unwrap_or(args.resume_tasks.max(1));
             print_line(&bench.resume(args.resume_tasks, max_tasks)?)?;
@@ -157,6 +165,8 @@ fn fresh_root(dir: &Path) -> anyhow::Result<PathBuf> {
 pub struct ThroughputLine {
     bench: &'static str,
     what: &'static str,
+    #[serde(rename = "impl")]
+    implementation: &'static str,
     tasks: usize,
     max_tasks: usize,
     command: String,
@@ -248,7 +258,32 @@ impl QueueBench {
     }
 
     fn throughput(&self, tasks: usize) -> anyhow::Result<ThroughputLine> {
-        let (queue, staging) = self.prepare("throughput")?;
+        self.throughput_as("throughput", tasks)
+    }
+
+    /// The cairn line, then pueue's (or why there is none), of the same tasks run
+    /// `max_tasks` at a time.
+    fn side_by_side(&self, tasks: usize) -> anyhow::Result<()> {
+        let mut cairn = self.throughput_as("side_by_side", tasks)?;
+        cairn.implementation = "cairn";
+        print_line(&cairn)?;
+        let Some(pueue) = super::pueue::find() else {
+            eprintln!(
+                "side_by_side: pueue is not installed (no `pueue` and `pueued` on the PATH; \
+                 `cargo install pueue` installs them): only cairn was measured"
+            );
+            return print_line(&serde_json::json!({
+                "bench": "queue", "what": "side_by_side", "impl": "pueue",
+                "skipped": "pueue and pueued not found on the PATH",
+            }));
+        };
+        let dir = self.root.join("side_by_side").join("pueue");
+        let line = super::pueue::run(pueue, &dir, tasks, self.max_tasks, &ONCE_COMMAND.join(" "))?;
+        print_line(&line)
+    }
+
+    fn throughput_as(&self, what: &'static str, tasks: usize) -> anyhow::Result<ThroughputLine> {
+        let (queue, staging) = self.prepare(what)?;
         let mut daemon = Daemon::start(&queue, self.max_tasks, None)?;
         warm_up(&mut daemon, &queue, &staging)?;
         let ids: Vec<String> = (0..tasks).map(|i| format!("t{i:06}")).collect();
@@ -268,14 +303,15 @@ impl QueueBench {
         let mut last_done = started;
         for (id, renamed) in ids.iter().zip(&dropped) {
             let events = TaskEvents::read(&queue, id)?;
-            pickups.push(since(*renamed, events.last("phase_started", id)?));
-            last_done = last_done.max(events.last("done", id)?);
+            pickups.push(since(*renamed, events.last_phase_started(id)?));
+            last_done = last_done.max(events.last_done(id)?);
         }
         pickups.sort_unstable();
         let elapsed = last_done.duration_since(started).unwrap_or_default();
         Ok(ThroughputLine {
             bench: "queue",
-            what: "throughput",
+            what,
+            implementation: "cairn",
             tasks,
             max_tasks: self.max_tasks,
             command: ONCE_COMMAND.join(" "),
@@ -306,9 +342,12 @@ impl QueueBench {
         daemon.stop()?;
         for (id, renamed) in &dropped {
             let events = TaskEvents::read(&queue, id)?;
-            accepts.push(since(*renamed, events.last("accepted", id)?));
-            pickups.push(since(*renamed, events.last("phase_started", id)?));
-            dones.push(since(*renamed, events.last("done", id)?));
+            accepts.push(since(
+                *renamed,
+                events.last("accepted", id, |e| matches!(e, Event::Accepted { .. }))?,
+            ));
+            pickups.push(since(*renamed, events.last_phase_started(id)?));
+            dones.push(since(*renamed, events.last_done(id)?));
         }
         for list in [&mut accepts, &mut pickups, &mut dones] {
             list.sort_unstable();
@@ -353,8 +392,10 @@ impl QueueBench {
             wait_for_record(&mut daemon, &queue, &id)?;
             let events = TaskEvents::read(&queue, &id)?;
             let wall = events
-                .last("phase_finished", &id)?
-                .duration_since(events.last("phase_started", &id)?)
+                .last("phase_finished", &id, |e| {
+                    matches!(e, Event::PhaseFinished { .. })
+                })?
+                .duration_since(events.last_phase_started(&id)?)
                 .unwrap_or_default();
             walls.push((id, every, wall));
         }
@@ -403,10 +444,10 @@ impl QueueBench {
         let mut all_done = spawned_at;
         for id in &ids {
             let events = TaskEvents::read(&queue, id)?;
-            let resumed = events.last("phase_started", id)?;
+            let resumed = events.last_phase_started(id)?;
             first_resumed = Some(first_resumed.map_or(resumed, |f| f.min(resumed)));
             all_resumed = all_resumed.max(resumed);
-            all_done = all_done.max(events.last("done", id)?);
+            all_done = all_done.max(events.last_done(id)?);
             check_resumed(&queue, id)?;
         }
         let after = |t: SystemTime| millis(t.duration_since(spawned_at).unwrap_or_default());
@@ -544,14 +585,29 @@ impl TaskEvents {
             .with_context(|| format!("reading {}", journal::journal_path(queue, id).display()))
     }
 
-    /// When the last `event` was recorded.
-    fn last(&self, event: &str, id: &str) -> anyhow::Result<SystemTime> {
+    /// When the last event of a kind (`name` for the error) was recorded.
+    fn last(
+        &self,
+        name: &str,
+        id: &str,
+        of_kind: fn(&Event) -> bool,
+    ) -> anyhow::Result<SystemTime> {
         self.0
             .iter()
             .rev()
-            .find(|e| e.event == event)
+            .find(|e| of_kind(&e.event))
             .map(|e| SystemTime::from(e.at))
-            .with_context(|| format!("task {id}'s journal has no {event:?} event"))
+            .with_context(|| format!("task {id}'s journal has no {name:?} event"))
+    }
+
+    fn last_phase_started(&self, id: &str) -> anyhow::Result<SystemTime> {
+        self.last("phase_started", id, |e| {
+            matches!(e, Event::PhaseStarted { .. })
+        })
+    }
+
+    fn last_done(&self, id: &str) -> anyhow::Result<SystemTime> {
+        self.last("done", id, |e| matches!(e, Event::Done { .. }))
     }
 }
 
@@ -640,7 +696,7 @@ fn build_crashed_queue(queue: &Path, ids: &[String]) -> anyhow::Result<u64> {
         checkpointer
             .checkpoint(1, &json!({"resumable": true}))
             .with_context(|| format!("checkpointing {id}"))?;
-        let mut entry = ActiveTask::new(id, "spin");
+        let mut entry = ActiveTask::new(task.id(), "spin");
         entry.attempt = 1;
         entry.status = ActiveStatus::Running;
         entry.iterations = 1;
@@ -689,6 +745,24 @@ fn check_resumed(queue: &Path, id: &str) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// The peak resident memory so far (`VmHWM`) of process `pid`, in MiB.
+pub(super) fn peak_rss_mib(pid: i32) -> anyhow::Result<f64> {
+    let path = format!("/proc/{pid}/status");
+    let status = fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
+    let kib = status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmHWM:"))
+        .and_then(|rest| {
+            rest.trim()
+                .trim_end_matches("kB")
+                .trim()
+                .parse::<f64>()
+                .ok()
+        })
+        .with_context(|| format!("{path} has no VmHWM line"))?;
+    Ok(round_to(kib / 1024.0, 1))
 }
 
 /// A `cairn run` child process on a queue, its stderr in `daemon.log` beside the queue.
@@ -743,20 +817,7 @@ impl Daemon {
 
     /// The daemon's peak resident memory so far (`VmHWM`), in MiB.
     fn peak_rss_mib(&self) -> anyhow::Result<f64> {
-        let path = format!("/proc/{}/status", self.pid());
-        let status = fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
-        let kib = status
-            .lines()
-            .find_map(|line| line.strip_prefix("VmHWM:"))
-            .and_then(|rest| {
-                rest.trim()
-                    .trim_end_matches("kB")
-                    .trim()
-                    .parse::<f64>()
-                    .ok()
-            })
-            .with_context(|| format!("{path} has no VmHWM line"))?;
-        Ok(round_to(kib / 1024.0, 1))
+        peak_rss_mib(self.pid())
     }
 
     /// SIGTERM, and wait for a clean exit ([`STOP_LIMIT`] at most: a daemon that does not

@@ -25,6 +25,10 @@ enum Bench {
     /// Queue throughput, pickup latency, loop-iteration overhead, resume time and peak memory
     /// of the real daemon.
     Queue(QueueArgs),
+    /// What starting one command costs the daemon's thread, by spawn path (fork with a
+    /// pre-exec hook, or posix_spawn of the exec trampoline), with the process made as large as
+    /// a daemon with thousands of tasks in flight.
+    Spawn(crate::bench::spawn::SpawnArgs),
 }
 
 /// Options of `cairn bench queue`.
@@ -45,7 +49,11 @@ struct QueueArgs {
     /// Tasks in flight in current_work.json for the resume figure.
     #[arg(long, default_value_t = 10_000, value_name = "N")]
     resume_tasks: usize,
-    /// The daemon's --max-tasks in the throughput, pickup and loop runs (its default is 4).
+    /// One-command tasks run by cairn and by pueue (when installed) for the side-by-side figure.
+    #[arg(long, default_value_t = 500, value_name = "N")]
+    side_by_side_tasks: usize,
+    /// The daemon's --max-tasks (and pueue's parallelism) in the throughput, pickup, loop and
+    /// side-by-side runs (its default is 4).
     #[arg(long, default_value_t = 4, value_name = "N")]
     max_tasks: usize,
     /// The daemon's --max-tasks in the resume run; by default --resume-tasks, since that many
@@ -71,6 +79,7 @@ impl QueueArgs {
             pace: self.pace,
             loop_iterations: self.loop_iterations,
             resume_tasks: self.resume_tasks,
+            side_by_side_tasks: self.side_by_side_tasks,
             max_tasks: self.max_tasks,
             resume_max_tasks: self.resume_max_tasks,
             only: self.only,
@@ -109,7 +118,17 @@ pub fn run(args: BenchArgs) -> CliResult {
     match args.bench {
         Bench::Checkpoint(args) => checkpoint(args),
         Bench::Queue(args) => Ok(crate::bench::queue::run(&args.into_options())?),
+        Bench::Spawn(args) => spawn(args),
     }
+}
+
+fn spawn(args: crate::bench::spawn::SpawnArgs) -> CliResult {
+    for result in crate::bench::spawn::run(&args)? {
+        let line = serde_json::to_string(&result)
+            .map_err(|e| anyhow::Error::new(e).context("printing the result"))?;
+        print_line(line)?;
+    }
+    Ok(())
 }
 
 fn checkpoint(args: CheckpointArgs) -> CliResult {

@@ -55,7 +55,7 @@ pub fn run(queue: &Path, args: CheckpointArgs) -> CliResult {
     let reader = QueueReader::open(queue);
     let as_path = PathBuf::from(&args.target);
     let is_path = args.target.contains('/')
-        || format::check_id(&args.target).is_err()
+        || format::task_id_arg(&args.target).is_err()
         || (!reader.task_exists(&args.target) && as_path.is_file());
     let printed = if is_path {
         if args.generation.is_some() {

@@ -9,11 +9,11 @@ use std::time::{Duration, Instant};
 
 use clap::Args;
 
-use super::error::{print_line, CliError, CliResult};
+use super::error::{print_line, CliError, CliResult, ExitCodeExt};
+use super::{exit, format};
 use crate::queue::control::{self, ControlAction, ControlRequest};
 use crate::queue::{QueueDir, QueueReader};
 use crate::store::{FileStorage, Storage};
-use crate::task::validate_id;
 
 /// Which request.
 #[derive(Debug, Clone, Copy)]
@@ -44,7 +44,7 @@ pub fn run(queue: &Path, action: Action, args: ControlArgs) -> CliResult {
         Action::Cancel => ControlAction::Cancel,
         Action::Retry => ControlAction::Retry,
     };
-    validate_id(&args.id).map_err(|problem| CliError::usage(format_args!("task id {problem}")))?;
+    let id = format::task_id_arg(&args.id).exit_code(exit::USAGE)?;
     let storage = FileStorage::new(queue);
     let reader = QueueReader::open(queue);
     // A task still in the inbox is steered too: the daemon holds the request until it has
@@ -67,7 +67,7 @@ pub fn run(queue: &Path, action: Action, args: ControlArgs) -> CliResult {
             )));
         }
     }
-    let request = ControlRequest::new(action, &args.id);
+    let request = ControlRequest::new(action, &id);
     let key = control::submit(&storage, &request).map_err(|e| {
         CliError::failure(format_args!(
             "writing the request into {}: {e}",

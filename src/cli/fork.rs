@@ -12,11 +12,14 @@ use std::path::Path;
 use clap::Args;
 use serde_json::Value;
 
-use super::error::{print_line, CliError, CliResult};
+use super::error::{print_line, CliError, CliResult, ExitCodeExt};
+use super::{exit, format};
 use crate::queue::{QueueDir, QueueReader};
 use crate::store::current_work::StartPoint;
+use crate::store::events::Event;
 use crate::store::{CheckpointStore, FileStorage, IterationCheckpoint, Storage};
-use crate::task::{generate_id, random_suffix, validate_id, Task};
+use crate::task::{random_suffix, Task};
+use crate::task_id::TaskId;
 
 #[derive(Debug, Args)]
 pub struct ForkArgs {
@@ -41,9 +44,9 @@ pub fn run(queue: &Path, args: ForkArgs) -> CliResult {
     print_line(new_id)
 }
 
-fn fork(queue: &Path, args: &ForkArgs) -> CliResult<String> {
+fn fork(queue: &Path, args: &ForkArgs) -> CliResult<TaskId> {
     let failure = CliError::failure;
-    validate_id(&args.id).map_err(|p| CliError::usage(format!("task id {p}")))?;
+    let id = format::task_id_arg(&args.id).exit_code(exit::USAGE)?;
     let patch: Option<Value> = args
         .patch
         .as_deref()
@@ -53,7 +56,7 @@ fn fork(queue: &Path, args: &ForkArgs) -> CliResult<String> {
     let reader = QueueReader::open(queue);
     let storage = FileStorage::new(queue);
     let mut task = source_task(&reader, queue, &args.id)?;
-    let new_id = new_task_id(&storage, queue, args)?;
+    let new_id = new_task_id(&storage, queue, &id, args)?;
     let checkpoints = CheckpointStore::with_storage(std::sync::Arc::new(storage.clone()));
     let mut checkpoint = source_checkpoint(&reader, args, &task)?;
     let from_generation = checkpoint.generation;
@@ -63,7 +66,7 @@ fn fork(queue: &Path, args: &ForkArgs) -> CliResult<String> {
     if let Some(patch) = &patch {
         json_patch::merge(&mut checkpoint.partial_results, patch);
     }
-    checkpoint.task_id = new_id.clone();
+    checkpoint.task_id = new_id.to_string();
     checkpoint.done = false;
     checkpoint.output = None;
     checkpoint.attempt = 0;
@@ -90,9 +93,12 @@ fn fork(queue: &Path, args: &ForkArgs) -> CliResult<String> {
         .map_err(|e| failure(format!("writing {}: {e}", queue.join(&inbox_key).display())))?;
     crate::store::journal::append(
         queue,
-        &args.id,
-        "forked",
-        serde_json::json!({"as": new_id, "generation": from_generation, "patched": patch.is_some()}),
+        &id,
+        Event::Forked {
+            new_id: new_id.clone(),
+            generation: from_generation,
+            patched: patch.is_some(),
+        },
     );
     Ok(new_id)
 }
@@ -115,13 +121,17 @@ fn source_task(reader: &QueueReader, queue: &Path, id: &str) -> CliResult<Task> 
 }
 
 /// `--as`, or a new id made from the old one; refused when the queue has it already.
-fn new_task_id(storage: &FileStorage, queue: &Path, args: &ForkArgs) -> CliResult<String> {
+fn new_task_id(
+    storage: &FileStorage,
+    queue: &Path,
+    id: &TaskId,
+    args: &ForkArgs,
+) -> CliResult<TaskId> {
     let new_id = match &args.new_id {
-        Some(id) => {
-            validate_id(id).map_err(|p| CliError::usage(format!("--as: {p}")))?;
-            id.clone()
+        Some(new_id) => {
+            TaskId::parse(new_id.as_str()).map_err(|e| CliError::usage(format!("--as: {e}")))?
         }
-        None => generate_id(&args.id, &random_suffix()),
+        None => TaskId::generate(id, &random_suffix()),
     };
     for key in QueueDir::keys_of_id(&new_id) {
         let found = storage.get(&key).map_err(|e| {

@@ -155,9 +155,9 @@ pub fn render_table(header: &[&str], rows: &[Vec<String>]) -> String {
 }
 
 /// A task id as given on the command line, checked before it names any file.
-pub fn check_id(id: &str) -> anyhow::Result<()> {
+pub fn task_id_arg(id: &str) -> anyhow::Result<crate::task_id::TaskId> {
     use anyhow::Context;
-    crate::task::validate_id(id).with_context(|| format!("{id:?} is not a task id"))
+    crate::task_id::TaskId::parse(id).with_context(|| format!("{id:?} is not a task id"))
 }
 
 #[cfg(test)]

@@ -90,17 +90,17 @@ impl Row {
 }
 
 pub fn run(queue: &Path, args: HistoryArgs) -> CliResult {
-    format::check_id(&args.id).exit_code(exit::USAGE)?;
+    let id = format::task_id_arg(&args.id).exit_code(exit::USAGE)?;
     let reader = QueueReader::open(queue);
     let root = reader.root();
-    let history = reader.history(&args.id).map_err(|e| {
+    let history = reader.history(&id).map_err(|e| {
         CliError::failure(format_args!(
             "task {:?} in queue {}: {e}",
             args.id,
             root.display()
         ))
     })?;
-    if history.is_empty() && !reader.task_exists(&args.id) {
+    if history.is_empty() && !reader.task_exists(&id) {
         return Err(CliError::failure(format_args!(
             "queue {} has no task {:?} and no checkpoint of it in {}",
             root.display(),

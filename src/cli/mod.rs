@@ -39,7 +39,9 @@ pub mod exit {
     pub const INVALID_TASK: u8 = 3;
     /// The queue is owned by another running daemon.
     pub const QUEUE_LOCKED: u8 = 4;
-    /// The queue's directories are writable by users other than the daemon's (and inbox/'s group).
+    /// The queue's directories are unsafe: writable by users other than the daemon's (and
+    /// inbox/'s group), reachable through a parent others can write, or open to every user while
+    /// they hold tokens.
     pub const UNSAFE_QUEUE: u8 = 5;
     /// `run --fail-on-task-failure`: a task of this run did not end done, or a file was
     /// rejected.
@@ -55,7 +57,9 @@ Exit codes:
   2    bad usage
   3    invalid task file (submit, validate)
   4    the queue is owned by another running daemon (run)
-  5    the queue's directories are writable by other users (run)
+  5    the queue's directories are unsafe: writable by other users, a shared one not
+       sticky, a parent others can write (run), or open to every user while task
+       definitions hold env (run, submit, fork, pause, resume, cancel, retry, prune)
   6    with run --fail-on-task-failure: a task of this run failed, was cancelled or
        stopped by its budget, or a file was rejected
   130  a second SIGINT/SIGTERM stopped the daemon at once, after flushing committed work
@@ -163,6 +167,9 @@ pub fn main() -> ExitCode {
 /// Run the subcommand. `Ok` holds the exit code of a command that did its work: 0, or for
 /// `run` how the daemon ended (6, 130).
 fn dispatch(queue: &Path, command: Command) -> CliResult<u8> {
+    if command.writes_queue() {
+        refuse_exposed_queue(queue, None)?;
+    }
     let done = |()| exit::OK;
     match command {
         Command::Run(args) => run::run(queue, args),
@@ -189,6 +196,33 @@ fn dispatch(queue: &Path, command: Command) -> CliResult<u8> {
 /// Logs go to stderr. Under systemd (stderr is the journal, per `JOURNAL_STREAM`) they go to
 /// the journal natively, keeping levels and fields (`task_id`, `phase`, ...), or, when its
 /// socket is not reachable, to stderr without timestamps, which the journal adds itself.
+impl Command {
+    /// Does the command add to or change a queue (so must not feed one that leaks tokens)?
+    /// `submit` makes its own check, with the task it adds.
+    fn writes_queue(&self) -> bool {
+        matches!(
+            self,
+            Command::Fork(_)
+                | Command::Pause(_)
+                | Command::Resume(_)
+                | Command::Cancel(_)
+                | Command::Retry(_)
+                | Command::Prune(_)
+        )
+    }
+}
+
+/// Refuse (exit 5) a queue every user may enter while it holds, or would receive with the
+/// task file `adding`, a task definition with `env` (see `queue::check_not_exposed`).
+pub fn refuse_exposed_queue(queue: &Path, adding: Option<&Path>) -> CliResult {
+    crate::queue::check_not_exposed(&crate::queue::QueueDir::new(queue), adding).map_err(|e| {
+        error::CliError::new(
+            exit::UNSAFE_QUEUE,
+            anyhow::Error::new(e).context("refusing to write to this queue"),
+        )
+    })
+}
+
 fn init_logging(verbose: u8) {
     use tracing_subscriber::prelude::*;
 

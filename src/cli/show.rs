@@ -11,11 +11,12 @@ use super::error::{print, CliError, CliResult, ExitCodeExt};
 use super::exit;
 use super::format;
 use super::status::{iter_cell, phase_cell};
-use crate::queue::read::State;
 use crate::queue::{DaemonInfo, QueueDir, QueueReader, TaskView};
 use crate::store::current_work::PhaseTiming;
 use crate::store::journal::JournalEvent;
+use crate::store::task_state::TaskState;
 use crate::task::PhaseKind;
+use crate::task_id::TaskId;
 
 #[derive(Debug, Args)]
 #[command(after_help = "The --json document is described in docs/cli.md (\"version\": 1).")]
@@ -33,8 +34,7 @@ struct PhaseRow {
     index: usize,
     name: String,
     kind: Option<PhaseKind>,
-    /// done, the task's state for the phase in flight, pending, or not_run after a failure.
-    state: String,
+    state: PhaseState,
     output: Option<Value>,
     iteration: Option<u64>,
     total: Option<u64>,
@@ -43,33 +43,33 @@ struct PhaseRow {
 }
 
 pub fn run(queue: &Path, args: ShowArgs) -> CliResult {
-    format::check_id(&args.id).exit_code(exit::USAGE)?;
+    let id = format::task_id_arg(&args.id).exit_code(exit::USAGE)?;
     let reader = QueueReader::open(queue);
-    let Some(task) = find(&reader, &args.id) else {
+    let Some(task) = find(&reader, &id) else {
         return Err(CliError::failure(format_args!(
             "queue {} has no task {:?} ({}); `cairn status --all` lists the tasks",
             reader.root().display(),
             args.id,
-            reader.places_of(&args.id),
+            reader.places_of(&id),
         )));
     };
     for warning in &task.warnings {
         eprintln!("warning: {warning}");
     }
     let daemon = reader.daemon();
-    let timeline = match reader.journal(&args.id) {
+    let timeline = match reader.journal(&id) {
         Ok(events) => events,
         Err(e) => {
             eprintln!(
                 "warning: reading {}: {e}",
-                reader.journal_file(&args.id).display()
+                reader.journal_file(&id).display()
             );
             Vec::new()
         }
     };
     let details = Details {
         phases: &phase_rows(&reader, &task),
-        earlier: &reader.earlier_failures(&args.id),
+        earlier: &reader.earlier_failures(&id),
         logs: &reader.log_files(&task.id),
         timeline: &timeline,
     };
@@ -114,7 +114,7 @@ fn document(
 
 /// The task with this id; else the latest rejection of the inbox file of this name (others
 /// are named on stderr).
-fn find(reader: &QueueReader, id: &str) -> Option<TaskView> {
+fn find(reader: &QueueReader, id: &TaskId) -> Option<TaskView> {
     if let Some(task) = reader.task(id) {
         return Some(task);
     }
@@ -128,7 +128,7 @@ fn find(reader: &QueueReader, id: &str) -> Option<TaskView> {
             older.join(", ")
         );
     }
-    reader.task(latest)
+    reader.task(&TaskId::parse(latest.as_str()).ok()?)
 }
 
 fn phase_json(row: &PhaseRow) -> Value {
@@ -136,7 +136,7 @@ fn phase_json(row: &PhaseRow) -> Value {
         "index": row.index,
         "name": row.name,
         "kind": row.kind.map(|k| k.as_str()),
-        "state": row.state,
+        "state": row.state.as_str(),
         "iteration": row.iteration,
         "total": row.total,
         "started_at": row.started_at.map(format::rfc3339),
@@ -177,8 +177,9 @@ fn phase_rows(reader: &QueueReader, task: &TaskView) -> Vec<PhaseRow> {
         .map(|(index, (name, kind))| {
             let timing = timings.iter().rev().find(|t| t.name == name);
             let state = phase_state(task, index, current);
-            let is_current = Some(index) == current && state != "done";
-            let output = if state == "done" {
+            let is_done = state == PhaseState::Done;
+            let is_current = Some(index) == current && !is_done;
+            let output = if is_done {
                 phase_output(reader, task, &name)
             } else {
                 None
@@ -210,14 +211,36 @@ fn phase_rows(reader: &QueueReader, task: &TaskView) -> Vec<PhaseRow> {
         .collect()
 }
 
-fn phase_state(task: &TaskView, index: usize, current: Option<usize>) -> String {
+/// Where one phase of a task stands.
+#[derive(Debug, Clone, PartialEq)]
+enum PhaseState {
+    Done,
+    Pending,
+    /// The phase the task is at: the task's own state.
+    Current(TaskState),
+    /// After the phase that ended the task.
+    NotRun,
+}
+
+impl PhaseState {
+    fn as_str(&self) -> &str {
+        match self {
+            PhaseState::Done => "done",
+            PhaseState::Pending => "pending",
+            PhaseState::Current(state) => state.as_str(),
+            PhaseState::NotRun => "not_run",
+        }
+    }
+}
+
+fn phase_state(task: &TaskView, index: usize, current: Option<usize>) -> PhaseState {
     match (&task.state, current) {
-        (State::Done, _) => "done".into(),
-        (state, _) if state.not_started() => "pending".into(),
-        (_, Some(c)) if index < c => "done".into(),
-        (state, Some(c)) if index == c => state.as_str().to_string(),
-        (state, _) if state.is_in_flight() => "pending".into(),
-        _ => "not_run".into(),
+        (state, _) if state.is_done() => PhaseState::Done,
+        (state, _) if state.not_started() => PhaseState::Pending,
+        (_, Some(c)) if index < c => PhaseState::Done,
+        (state, Some(c)) if index == c => PhaseState::Current(state.clone()),
+        (state, _) if state.is_in_flight() => PhaseState::Pending,
+        _ => PhaseState::NotRun,
     }
 }
 
@@ -296,7 +319,7 @@ fn human(
         s => s.as_str().to_string(),
     };
     field("state", state);
-    if task.state == State::Rejected {
+    if task.state.is_rejected() {
         rejection_fields(task, &mut field);
         return out;
     }
@@ -424,7 +447,7 @@ fn phases_section(phases: &[PhaseRow]) -> String {
                 format!("{}/{}", p.index + 1, phases.len()),
                 p.name.clone(),
                 p.kind.map(|k| k.as_str()).unwrap_or("-").to_string(),
-                p.state.clone(),
+                p.state.as_str().to_string(),
                 iter,
                 p.output.as_ref().map(short_json).unwrap_or("-".into()),
             ]
@@ -462,12 +485,12 @@ fn timeline_section(reader: &QueueReader, id: &str, timeline: &[JournalEvent]) -
     if timeline.is_empty() {
         out.push_str("  (no events)\n");
     }
-    for event in timeline {
+    for entry in timeline {
         out.push_str(&format!(
             "  {}  {:<20}  {}\n",
-            format::rfc3339(event.at),
-            event.event,
-            details(&event.details)
+            format::rfc3339(entry.at),
+            entry.event.name(),
+            details(&entry.event.details())
         ));
     }
     out

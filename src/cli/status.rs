@@ -14,8 +14,9 @@ use serde_json::{json, Value};
 
 use super::error::{print, CliError, CliResult};
 use super::format;
-use crate::queue::read::State;
 use crate::queue::{LoadOptions, QueueReader, QueueView, TaskView};
+use crate::store::current_work::ActiveStatus;
+use crate::store::task_state::TaskState;
 
 /// The columns of the human output, in their fixed order.
 pub const COLUMNS: [&str; 8] = [
@@ -102,11 +103,7 @@ pub fn run(queue: &Path, args: StatusArgs) -> CliResult {
 
 /// Hints on stderr, for people: rejected files not listed, tasks that wait for a daemon.
 fn notes(reader: &QueueReader, view: &QueueView) {
-    let listed = view
-        .tasks
-        .iter()
-        .filter(|t| t.state == State::Rejected)
-        .count();
+    let listed = view.tasks.iter().filter(|t| t.state.is_rejected()).count();
     if view.rejected > listed {
         eprintln!(
             "note: {} file(s) were rejected at intake, the {listed} most recent listed; \
@@ -122,12 +119,12 @@ fn notes(reader: &QueueReader, view: &QueueView) {
     let paused = view
         .tasks
         .iter()
-        .filter(|t| t.state == State::Paused)
+        .filter(|t| t.state == TaskState::InFlight(ActiveStatus::Paused))
         .count();
     let waiting = view
         .tasks
         .iter()
-        .filter(|t| t.state.is_in_flight() || t.state == State::Pending)
+        .filter(|t| t.state.is_in_flight() || t.state == TaskState::Pending)
         .count()
         - paused;
     if waiting > 0 {
@@ -276,7 +273,6 @@ mod bars {
     use super::{iter_cell, phase_cell, tick};
     use crate::cli::error::CliResult;
     use crate::cli::format;
-    use crate::queue::read::State;
     use crate::queue::{LoadOptions, QueueReader, QueueView, TaskView};
 
     pub fn watch(reader: &QueueReader, options: LoadOptions, stop: &AtomicBool) -> CliResult {
@@ -376,7 +372,7 @@ mod bars {
             parts.push(format!("checkpoint {} ago", format::short_duration(age)));
         }
         if let Some(error) = &task.error {
-            if task.state != State::Done {
+            if !task.state.is_done() {
                 let first: String = error
                     .lines()
                     .next()

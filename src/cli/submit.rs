@@ -8,7 +8,8 @@ use clap::Args;
 use super::error::{print_line, CliError, CliResult};
 use crate::queue::{QueueDir, QueueReader};
 use crate::store::{FileStorage, Storage};
-use crate::task::{generate_id, random_suffix, Task, MAX_TASK_FILE_BYTES};
+use crate::task::{random_suffix, Task, MAX_TASK_FILE_BYTES};
+use crate::task_id::TaskId;
 
 #[derive(Debug, Args)]
 #[command(after_help = "\
@@ -28,7 +29,7 @@ pub fn run(queue: &Path, args: SubmitArgs) -> CliResult {
     let (stem, mut task) = read_task_file(&args.file)?;
     let id = task
         .id
-        .get_or_insert_with(|| generate_id(&stem, &random_suffix()))
+        .get_or_insert_with(|| TaskId::generate(&stem, &random_suffix()))
         .clone();
     let queue_dir = QueueDir::new(queue);
     if !queue.is_dir() && !args.create_queue {
@@ -40,6 +41,9 @@ pub fn run(queue: &Path, args: SubmitArgs) -> CliResult {
             shown.display()
         )));
     }
+    // A task with env (tokens) must not go where every user may read it.
+    let adds_env = (!task.env.is_empty()).then_some(args.file.as_path());
+    super::refuse_exposed_queue(queue, adds_env)?;
     // The inbox of a new queue is created; an existing one is left as its owner set it up.
     if !queue_dir.inbox().is_dir() {
         queue_dir.create_all()?;

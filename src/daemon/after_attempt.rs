@@ -11,7 +11,10 @@ use chrono::{DateTime, Utc};
 use super::{AttemptOutcome, Scheduler};
 use crate::runner::AttemptEnd;
 use crate::store::current_work::{ActiveStatus, ActiveTask};
+use crate::store::events::Event;
+use crate::store::records::RecordStatus;
 use crate::task::{RetryPolicy, Task};
+use crate::task_id::TaskId;
 
 /// What the scheduler knows when an attempt's future returns.
 pub(super) struct AttemptFacts<'a> {
@@ -182,7 +185,7 @@ impl Scheduler {
     /// An attempt's future returned: decide what becomes of the task, and do it.
     pub(super) async fn attempt_finished(
         &mut self,
-        joined: Result<(String, AttemptOutcome), tokio::task::JoinError>,
+        joined: Result<(TaskId, AttemptOutcome), tokio::task::JoinError>,
     ) {
         let (id, outcome) = match joined {
             Ok(result) => result,
@@ -218,7 +221,7 @@ impl Scheduler {
         entry: Option<ActiveTask>,
         decision: Decision,
     ) {
-        let id = task.id().to_string();
+        let id = task.id().clone();
         let mut entry = match (&decision, entry) {
             (Decision::Finished(ended), _) => return self.forget_finished(&id, ended),
             (Decision::Gone { error }, _) => {
@@ -244,47 +247,76 @@ impl Scheduler {
                 failed_attempts,
                 then,
             } => {
-                tracing::warn!(task_id = %id, attempt = entry.attempt, "attempt failed: {error}");
-                self.ctx.journal(
-                    &id,
-                    "attempt_failed",
-                    serde_json::json!({"attempt": entry.attempt, "error": error, "counts": counts}),
-                );
-                entry.failed_attempts = failed_attempts;
-                match then {
-                    AfterFailure::Retry(retry) => {
-                        self.schedule_retry(&mut entry, error, retry, true)
-                    }
-                    AfterFailure::GiveUp => {
-                        self.give_up(task, entry, error).await;
-                        self.tasks.remove(&id);
-                    }
-                }
+                self.attempt_failed(task, entry, error, counts, failed_attempts, then)
+                    .await
             }
             Decision::Cancel => {
-                self.record_failure(task, entry, "cancelled by an operator".into(), "cancelled")
-                    .await;
+                self.record_failure(
+                    task,
+                    entry,
+                    "cancelled by an operator".into(),
+                    RecordStatus::Cancelled,
+                )
+                .await;
                 self.tasks.remove(&id);
             }
             Decision::StopForBudget { reason } => {
-                self.record_failure(task, entry, reason, "budget_exceeded")
+                self.record_failure(task, entry, reason, RecordStatus::BudgetExceeded)
                     .await;
                 self.tasks.remove(&id);
             }
-            Decision::Pause => {
-                entry.status = ActiveStatus::Paused;
-                tracing::info!(task_id = %id, phase = %entry.phase, iterations = entry.iterations, "task paused");
-                self.journal_stop(&entry, "paused");
-                self.ctx.work.update(|w| w.upsert(entry));
-            }
-            Decision::LeaveForResume => {
-                entry.status = ActiveStatus::Interrupted;
-                tracing::info!(task_id = %id, phase = %entry.phase, iterations = entry.iterations, "task interrupted");
-                self.journal_stop(&entry, "interrupted");
-                self.ctx.work.update(|w| w.upsert(entry));
-            }
+            Decision::Pause => self.hold(entry, ActiveStatus::Paused),
+            Decision::LeaveForResume => self.hold(entry, ActiveStatus::Interrupted),
         }
         self.persist().await;
+    }
+
+    /// A failed attempt: journal it, count it, then retry after the backoff or give up.
+    async fn attempt_failed(
+        &mut self,
+        task: &Arc<Task>,
+        mut entry: ActiveTask,
+        error: String,
+        counts: bool,
+        failed_attempts: u32,
+        then: AfterFailure,
+    ) {
+        let id = task.id().clone();
+        tracing::warn!(task_id = %id, attempt = entry.attempt, "attempt failed: {error}");
+        self.ctx.journal(
+            &id,
+            Event::AttemptFailed {
+                attempt: entry.attempt,
+                error: error.clone(),
+                counts,
+            },
+        );
+        entry.failed_attempts = failed_attempts;
+        match then {
+            AfterFailure::Retry(retry) => self.schedule_retry(&mut entry, error, retry, true),
+            AfterFailure::GiveUp => {
+                self.give_up(task, entry, error).await;
+                self.tasks.remove(&id);
+            }
+        }
+    }
+
+    /// Keep the task in flight without running it: paused by an operator, or interrupted by a
+    /// stop and resumed at the next start.
+    fn hold(&mut self, mut entry: ActiveTask, status: ActiveStatus) {
+        entry.status = status;
+        let id = entry.task_id.clone();
+        let (phase, iterations) = (entry.phase.clone(), entry.iterations);
+        if status == ActiveStatus::Paused {
+            tracing::info!(task_id = %id, phase = %phase, iterations, "task paused");
+            let (phase, iterations) = (Some(phase), Some(iterations));
+            self.ctx.journal(&id, Event::Paused { phase, iterations });
+        } else {
+            tracing::info!(task_id = %id, phase = %phase, iterations, "task interrupted");
+            self.ctx
+                .journal(&id, Event::Interrupted { phase, iterations });
+        }
+        self.ctx.work.update(|w| w.upsert(entry));
     }
 
     /// A task done and recorded leaves the scheduler.
@@ -292,21 +324,14 @@ impl Scheduler {
         tracing::info!(task_id = %id, runs = ended.attempt, failed_attempts = ended.failed_attempts, "task done");
         self.ctx.journal(
             id,
-            "done",
-            serde_json::json!({"attempts": ended.attempt, "cost": ended.cost}),
+            Event::Done {
+                attempts: ended.attempt,
+                cost: ended.cost,
+            },
         );
         self.tasks.remove(id);
         self.finished += 1;
         self.summary.done.add(id.to_string());
-    }
-
-    /// Journal an attempt stopped at an iteration boundary (`paused`, `interrupted`).
-    fn journal_stop(&self, entry: &ActiveTask, event: &str) {
-        self.ctx.journal(
-            &entry.task_id,
-            event,
-            serde_json::json!({"phase": entry.phase, "iterations": entry.iterations}),
-        );
     }
 
     /// Put the task in line for another attempt at `retry.at`, with `error` as its last one.
@@ -340,6 +365,7 @@ mod tests {
     use crate::runner::AttemptEnd;
     use crate::store::current_work::ActiveTask;
     use crate::task::RetryPolicy;
+    use crate::task_id::TaskId;
 
     /// The operator's requests that arrived while the attempt ran.
     #[derive(Debug, Clone, Copy)]
@@ -360,7 +386,7 @@ mod tests {
     }
 
     fn ended_entry() -> Box<ActiveTask> {
-        let mut entry = ActiveTask::new("t", "last");
+        let mut entry = ActiveTask::new(&TaskId::parse("t").unwrap(), "last");
         entry.started_at = now();
         Box::new(entry)
     }

@@ -8,8 +8,10 @@ use super::{runner_blocking, Scheduler};
 use crate::queue::control::{ControlAction, ControlRequest};
 use crate::runner::RunContext;
 use crate::store::current_work::{ActiveStatus, ActiveTask, StoredOutput};
-use crate::store::records::FailedRecord;
+use crate::store::events::Event;
+use crate::store::records::{FailedRecord, RecordStatus};
 use crate::task::Task;
+use crate::task_id::TaskId;
 
 impl Scheduler {
     /// Apply and remove every request waiting in `control/`, oldest first. A request for a
@@ -20,7 +22,7 @@ impl Scheduler {
         let read = move || {
             let requests = queue.take_control()?;
             // Which of the requested tasks still wait to be taken in.
-            let in_inbox: HashSet<String> = requests
+            let in_inbox: HashSet<TaskId> = requests
                 .iter()
                 .map(|(_, r)| r.task_id.clone())
                 .filter(|id| queue.waiting_in_intake(id))
@@ -35,7 +37,7 @@ impl Scheduler {
             }
         };
         self.control_deferred = false;
-        let mut deferred: HashSet<String> = HashSet::new();
+        let mut deferred: HashSet<TaskId> = HashSet::new();
         for (claim, request) in requests {
             // A retry is for a failed record, never a task in the inbox: it waits only behind
             // an earlier request for the same task.
@@ -58,16 +60,16 @@ impl Scheduler {
 
     /// A task this daemon does not know yet that the intake may still bring: its file is in
     /// the inbox, or a scan of the inbox is under way or due. Its requests wait for it.
-    fn may_still_arrive(&self, id: &str, in_inbox: &HashSet<String>) -> bool {
+    fn may_still_arrive(&self, id: &str, in_inbox: &HashSet<TaskId>) -> bool {
         let known = self.tasks.contains_key(id) || self.ctx.work.update(|w| w.get(id).is_some());
         let intake_busy = self.scan.is_some() || self.scan_again || self.inbox_deferred;
         !known && (intake_busy || in_inbox.contains(id))
     }
 
     async fn apply_control(&mut self, request: ControlRequest) {
-        let id = request.task_id.as_str();
-        let action = request.action.as_str();
-        tracing::info!(task_id = id, action, "control request");
+        let id = &request.task_id;
+        let action = request.action;
+        tracing::info!(task_id = %id, action = action.as_str(), "control request");
         let in_flight = self.ctx.work.update(|w| w.get(id).cloned());
         let standing = if self.running_ids.contains(id) {
             Standing::Running
@@ -89,12 +91,17 @@ impl Scheduler {
                 // The runner stops at its next iteration boundary (pause) or at once (cancel);
                 // attempt_finished records the outcome.
                 let control = self.ctx.control(id);
-                match request.action {
-                    ControlAction::Pause => control.pause.cancel(),
-                    _ => control.cancel.cancel(),
-                }
-                self.ctx
-                    .journal(id, &format!("{action}_requested"), serde_json::json!({}));
+                let event = match request.action {
+                    ControlAction::Pause => {
+                        control.pause.cancel();
+                        Event::PauseRequested {}
+                    }
+                    _ => {
+                        control.cancel.cancel();
+                        Event::CancelRequested {}
+                    }
+                };
+                self.ctx.journal(id, event);
             }
             Steer::Pause | Steer::Resume | Steer::Cancel => {
                 let Some(entry) = in_flight.or_else(|| self.queued_entry(id)) else {
@@ -114,7 +121,8 @@ impl Scheduler {
                 self.unqueue(&id);
                 entry.status = ActiveStatus::Paused;
                 self.ctx.work.update(|w| w.upsert(entry));
-                self.ctx.journal(&id, "paused", serde_json::json!({}));
+                let (phase, iterations) = (None, None);
+                self.ctx.journal(&id, Event::Paused { phase, iterations });
             }
             Steer::Resume => {
                 entry.status = ActiveStatus::Interrupted;
@@ -126,14 +134,15 @@ impl Scheduler {
                 };
                 queue.push_back(id.clone());
                 self.ctx.work.update(|w| w.upsert(entry));
-                self.ctx.journal(&id, "resumed", serde_json::json!({}));
+                self.ctx.journal(&id, Event::Resumed {});
             }
             Steer::Cancel => {
                 let Some(task) = self.tasks.get(&id).cloned() else {
                     return;
                 };
                 self.unqueue(&id);
-                self.record_failure(&task, entry, "cancelled by an operator".into(), "cancelled")
+                let error = "cancelled by an operator".to_string();
+                self.record_failure(&task, entry, error, RecordStatus::Cancelled)
                     .await;
                 self.tasks.remove(&id);
             }
@@ -142,13 +151,12 @@ impl Scheduler {
         self.persist().await;
     }
 
-    fn refuse(&self, id: &str, action: &str, why: &str) {
-        tracing::warn!(task_id = id, "cannot {action} task {id}: {why}");
-        self.ctx.journal(
-            id,
-            "control_refused",
-            serde_json::json!({"action": action, "reason": why}),
-        );
+    fn refuse(&self, id: &str, action: ControlAction, why: &str) {
+        let verb = action.as_str();
+        tracing::warn!(task_id = id, "cannot {verb} task {id}: {why}");
+        let (action, reason) = (verb.to_string(), why.to_string());
+        self.ctx
+            .journal(id, Event::ControlRefused { action, reason });
     }
 
     /// A new entry for a task that is pending (accepted, never started), if it is.
@@ -176,26 +184,21 @@ impl Scheduler {
     /// Bring a failed, cancelled or budget-stopped task back: it resumes from its last
     /// checkpoint with its attempts counted afresh. The entry is written before the record is
     /// archived (`retry_of` tells recovery which of the two is current).
-    async fn retry(&mut self, id: &str) {
+    async fn retry(&mut self, id: &TaskId) {
+        let retry = ControlAction::Retry;
         let (queue, read_id) = (self.ctx.queue.clone(), id.to_string());
         let record = match runner_blocking(move || queue.failed_record(&read_id)).await {
             Ok(Some(record)) => record,
-            Ok(None) => return self.refuse(id, "retry", "it has not failed or been cancelled"),
-            Err(e) => return self.refuse(id, "retry", &e.to_string()),
+            Ok(None) => return self.refuse(id, retry, "it has not failed or been cancelled"),
+            Err(e) => return self.refuse(id, retry, &e.to_string()),
         };
-        if !matches!(
-            record.status.as_str(),
-            "failed" | "cancelled" | "budget_exceeded"
-        ) {
-            return self.refuse(
-                id,
-                "retry",
-                &format!("its record's status is {:?}", record.status),
-            );
+        if !record.status.is_retryable() {
+            let status = record.status.as_str();
+            return self.refuse(id, retry, &format!("its record's status is {status:?}"));
         }
         let task = match self.read_task(id).await {
             Ok(task) => Arc::new(task),
-            Err(e) => return self.refuse(id, "retry", &e.to_string()),
+            Err(e) => return self.refuse(id, retry, &e.to_string()),
         };
         let mut entry = ActiveTask::new(id, &record.phase);
         entry.phase_index = record.phase_index.min(task.phases.len());
@@ -209,7 +212,7 @@ impl Scheduler {
         entry.status = ActiveStatus::Interrupted;
         entry.phases = record.phases.clone();
         // A budget stop is retried with a fresh budget: the operator asked for more.
-        entry.cost = (record.status != "budget_exceeded")
+        entry.cost = (record.status != RecordStatus::BudgetExceeded)
             .then_some(record.cost)
             .flatten();
         entry.last_error = Some(record.error.clone());
@@ -217,15 +220,18 @@ impl Scheduler {
         self.ctx.work.update(|w| w.upsert(entry));
         if let Err(e) = self.ctx.work.persist().await {
             self.ctx.work.update(|w| w.remove(id));
-            return self.refuse(id, "retry", &format!("cannot record the retry: {e}"));
+            return self.refuse(id, retry, &format!("cannot record the retry: {e}"));
         }
         self.archive_failure(id, &record).await;
-        self.tasks.insert(id.to_string(), task);
-        self.resume.push_back(id.to_string());
+        self.tasks.insert(id.clone(), task);
+        self.resume.push_back(id.clone());
+        let (previous_status, phase) = (record.status, record.phase);
         self.ctx.journal(
             id,
-            "retried",
-            serde_json::json!({"previous_status": record.status, "phase": record.phase}),
+            Event::Retried {
+                previous_status,
+                phase,
+            },
         );
     }
 
@@ -314,7 +320,7 @@ pub(super) fn fresh_entry(ctx: &RunContext, task: &Task) -> ActiveTask {
     let first_phase = task.phases.first().map(|p| p.name.as_str()).unwrap_or("");
     let mut entry = ActiveTask::new(id, first_phase);
     let start = ctx.queue.start_point(id).unwrap_or_else(|e| {
-        tracing::error!(task_id = id, "ignoring an unreadable start point: {e}");
+        tracing::error!(task_id = %id, "ignoring an unreadable start point: {e}");
         None
     });
     if let Some(start) = start.filter(|s| s.phase_index < task.phases.len()) {

@@ -107,7 +107,7 @@ pub(crate) fn next_start(waiting: usize, on_trial: usize, width: usize) -> NextS
 
 /// The order in which suspects are tried: fewest crashes alone first (the likely innocent finish
 /// their trial and get going), then in the order given.
-pub(crate) fn trial_order(suspects: &mut [(u32, String)]) {
+pub(crate) fn trial_order<Id>(suspects: &mut [(u32, Id)]) {
     suspects.sort_by_key(|(crashes_alone, _)| *crashes_alone);
 }
 

@@ -32,6 +32,7 @@ use crate::shutdown::Shutdown;
 use crate::store::current_work::{ActiveStatus, ActiveTask};
 use crate::store::Storage;
 use crate::task::Task;
+use crate::task_id::TaskId;
 
 /// How the daemon runs.
 #[derive(Debug, Clone)]
@@ -220,23 +221,23 @@ pub(crate) struct Scheduler {
     ctx: Arc<RunContext>,
     config: DaemonConfig,
     /// Definitions of the tasks this daemon knows to be unfinished.
-    tasks: HashMap<String, Arc<Task>>,
+    tasks: HashMap<TaskId, Arc<Task>>,
     /// Tasks that were in flight: they go before new ones.
-    resume: VecDeque<String>,
+    resume: VecDeque<TaskId>,
     /// Crash suspects waiting to be tried alone, in trial order: they go before everything.
-    suspects: VecDeque<String>,
+    suspects: VecDeque<TaskId>,
     /// Suspects running on trial (nothing starts beside them) until they make progress.
-    on_trial: HashSet<String>,
+    on_trial: HashSet<TaskId>,
     /// How many suspects may be on trial at once (`crash_blame::trial_width`).
     trial_width: usize,
     /// New tasks: highest priority first, then in order of acceptance.
-    pending: BinaryHeap<(i32, Reverse<u64>, String)>,
+    pending: BinaryHeap<(i32, Reverse<u64>, TaskId)>,
     next_seq: u64,
     /// Tasks waiting for their backoff to pass.
-    retries: Vec<(DateTime<Utc>, String)>,
-    running: JoinSet<(String, AttemptOutcome)>,
+    retries: Vec<(DateTime<Utc>, TaskId)>,
+    running: JoinSet<(TaskId, AttemptOutcome)>,
     /// Ids of the tasks with an attempt running now.
-    running_ids: HashSet<String>,
+    running_ids: HashSet<TaskId>,
     /// The last scan left files in the inbox that may still be being written.
     inbox_deferred: bool,
     /// The inbox scan running on the blocking pool.

@@ -10,7 +10,8 @@ use super::{runner_blocking, Scheduler};
 use crate::queue::{Lease, TaskRecord};
 use crate::runner::{self, RunContext};
 use crate::store::current_work::ActiveTask;
-use crate::store::records::{DoneRecord, FailedRecord};
+use crate::store::events::Event;
+use crate::store::records::{DoneRecord, FailedRecord, RecordStatus};
 use crate::task::Task;
 
 /// Finish a task whose every phase is done, inside its attempt's future (so the main loop never
@@ -67,7 +68,7 @@ async fn write_done(
         .unwrap_or(Value::Null);
     let finished_at = Utc::now();
     let record = DoneRecord {
-        status: "done".into(),
+        status: RecordStatus::Done,
         task_id: entry.task_id.clone(),
         result,
         phase_outputs: outputs,
@@ -90,7 +91,8 @@ async fn write_done(
 impl Scheduler {
     /// The task has used up its attempts: record it in failed/ (its checkpoints stay).
     pub(super) async fn give_up(&mut self, task: &Arc<Task>, entry: ActiveTask, error: String) {
-        self.record_failure(task, entry, error, "failed").await
+        self.record_failure(task, entry, error, RecordStatus::Failed)
+            .await
     }
 
     /// Write the task's failed record with `status` ("failed", "budget_exceeded",
@@ -101,11 +103,11 @@ impl Scheduler {
         task: &Arc<Task>,
         entry: ActiveTask,
         error: String,
-        status: &str,
+        status: RecordStatus,
     ) {
         let id = entry.task_id.clone();
-        self.summary.add_failed(&id, status);
-        self.announce_failure(&entry, &error, status);
+        self.summary.add_failed(&id, &status);
+        self.announce_failure(&entry, &error, &status);
         // The record is written even if an earlier phase's output cannot be read back, but
         // it says so: `cairn retry` restores outputs from this record.
         let (outputs, error) = match outputs_by_name(&self.ctx, &entry).await {
@@ -121,7 +123,7 @@ impl Scheduler {
             }
         };
         let record = FailedRecord {
-            status: status.into(),
+            status,
             cost: entry.cost,
             lost_iterations: entry.lost_iterations,
             lost_cost_estimate: entry.lost_cost_estimate(),
@@ -161,31 +163,26 @@ impl Scheduler {
 impl Scheduler {
     /// Log and journal a task's end in `failed/` (`status`: "failed", "budget_exceeded",
     /// "cancelled").
-    fn announce_failure(&self, entry: &ActiveTask, error: &str, status: &str) {
+    fn announce_failure(&self, entry: &ActiveTask, error: &str, status: &RecordStatus) {
         let id = &entry.task_id;
+        let (attempts, name, error) = (entry.attempt, status.as_str(), error.to_string());
         // An operator's cancel is what they asked for, and a budget stop is the task's own
         // limit: neither is an error of the daemon's or the task's.
-        match status {
-            "cancelled" => {
-                tracing::info!(task_id = %id, runs = entry.attempt, status, "task cancelled: {error}")
+        let event = match status {
+            RecordStatus::Cancelled => {
+                tracing::info!(task_id = %id, runs = attempts, status = name, "task cancelled: {error}");
+                Event::Cancelled { error, attempts }
             }
-            "budget_exceeded" => {
-                tracing::warn!(task_id = %id, runs = entry.attempt, status, "task stopped by its budget: {error}")
+            RecordStatus::BudgetExceeded => {
+                tracing::warn!(task_id = %id, runs = attempts, status = name, "task stopped by its budget: {error}");
+                Event::BudgetStopped { error, attempts }
             }
             _ => {
-                tracing::error!(task_id = %id, runs = entry.attempt, failed_attempts = entry.failed_attempts, status, "task failed: {error}")
+                tracing::error!(task_id = %id, runs = attempts, failed_attempts = entry.failed_attempts, status = name, "task failed: {error}");
+                Event::Failed { error, attempts }
             }
-        }
-        let event = if status == "budget_exceeded" {
-            "budget_stopped"
-        } else {
-            status
         };
-        self.ctx.journal(
-            id,
-            event,
-            serde_json::json!({"error": error, "attempts": entry.attempt}),
-        );
+        self.ctx.journal(id, event);
     }
 }
 

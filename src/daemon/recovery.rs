@@ -12,9 +12,11 @@ use super::{runner_blocking, DaemonError, Scheduler};
 use crate::queue::Queue;
 use crate::runner::RunContext;
 use crate::store::current_work::{ActiveStatus, ActiveTask};
+use crate::store::events::Event;
 use crate::store::records::FailedRecord;
 use crate::task::PhaseKind;
 use crate::task::Task;
+use crate::task_id::TaskId;
 
 impl Scheduler {
     /// Finish half-done intake, then line up every task that was in flight and every accepted
@@ -31,7 +33,7 @@ impl Scheduler {
         // thousands of tasks in flight.
         let entries = self.ctx.work.snapshot().active_tasks;
         // Recovery decides about these; none of them is a pending task, whatever it decides.
-        let in_flight: HashSet<String> = entries.iter().map(|e| e.task_id.clone()).collect();
+        let in_flight: HashSet<TaskId> = entries.iter().map(|e| e.task_id.clone()).collect();
         let ctx = Arc::clone(&self.ctx);
         let (records, prefetched) = runner_blocking(move || {
             let records = Records::list(&ctx.queue);
@@ -93,7 +95,7 @@ impl Scheduler {
         &mut self,
         prefetched: Prefetched,
         in_flight: usize,
-    ) -> Option<(u32, String)> {
+    ) -> Option<(u32, TaskId)> {
         let Prefetched {
             mut entry,
             has_record,
@@ -174,13 +176,12 @@ impl Scheduler {
         entry.lost_iterations = entry.lost_iterations.saturating_add(lost);
         self.ctx.journal(
             &entry.task_id,
-            "iterations_lost",
-            serde_json::json!({
-                "phase": entry.phase,
-                "counted": lost,
-                "lost_iterations": entry.lost_iterations,
-                "lost_cost_estimate": entry.lost_cost_estimate(),
-            }),
+            Event::IterationsLost {
+                phase: entry.phase.clone(),
+                counted: lost,
+                lost_iterations: entry.lost_iterations,
+                lost_cost_estimate: entry.lost_cost_estimate(),
+            },
         );
     }
 
@@ -208,16 +209,15 @@ impl Scheduler {
         entry.crashes_alone = crashes_alone;
         self.ctx.journal(
             &entry.task_id,
-            "resumed_after_crash",
-            serde_json::json!({
-                "attempt": entry.attempt,
-                "phase": entry.phase,
-                "progressed": progressed,
-                "tasks_in_flight": in_flight,
-                "verdict": format!("{verdict:?}"),
-                "crashes_alone": crashes_alone,
-                "limit": limit,
-            }),
+            Event::ResumedAfterCrash {
+                attempt: entry.attempt,
+                phase: entry.phase.clone(),
+                progressed,
+                tasks_in_flight: in_flight,
+                verdict: format!("{verdict:?}"),
+                crashes_alone,
+                limit,
+            },
         );
         verdict
     }
@@ -243,15 +243,20 @@ impl Scheduler {
     async fn load_pending(
         &mut self,
         records: &Records,
-        in_flight: &HashSet<String>,
+        in_flight: &HashSet<TaskId>,
     ) -> Result<(), DaemonError> {
         let queue = self.ctx.queue.clone();
         let accepted = runner_blocking(move || queue.accepted_ids())
             .await
             .map_err(|e| DaemonError::Setup(e.to_string()))?;
-        let ids: Vec<String> = accepted
+        let ids: Vec<TaskId> = accepted
             .into_iter()
-            .filter(|id| !self.tasks.contains_key(id) && !in_flight.contains(id))
+            .filter(|id| !self.tasks.contains_key(id.as_str()) && !in_flight.contains(id.as_str()))
+            .filter_map(|id| {
+                TaskId::parse(id.as_str())
+                    .map_err(|e| tracing::error!("skipping accepted task {id:?}: task id {e}"))
+                    .ok()
+            })
             .collect();
         let ctx = Arc::clone(&self.ctx);
         let records = records.clone();
@@ -263,7 +268,7 @@ impl Scheduler {
                 }
                 match read_task(&ctx, &id) {
                     Ok(task) => found.push((ctx.queue.accepted_at(&id), task)),
-                    Err(error) => tracing::error!(task_id = id, "skipping task: {error}"),
+                    Err(error) => tracing::error!(task_id = %id, "skipping task: {error}"),
                 }
             }
             found.sort_by_key(|(accepted, _)| *accepted);
@@ -277,7 +282,7 @@ impl Scheduler {
     }
 
     pub(super) fn add_pending(&mut self, task: Task) {
-        let id = task.id().to_string();
+        let id = task.id().clone();
         self.pending
             .push((task.priority, Reverse(self.next_seq), id.clone()));
         self.next_seq += 1;
@@ -293,9 +298,9 @@ impl Scheduler {
 
 /// A stand-in for a task whose definition cannot be read, to record it failed: no phases, the
 /// default policy.
-fn unreadable_task(id: &str) -> Task {
+fn unreadable_task(id: &TaskId) -> Task {
     Task {
-        id: Some(id.to_string()),
+        id: Some(id.clone()),
         priority: 0,
         cwd: None,
         env: Default::default(),

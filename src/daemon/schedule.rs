@@ -16,7 +16,9 @@ use super::{records, runner_blocking, AttemptOutcome, DaemonExit, Scheduler};
 use crate::queue::{QueueHint, QueueWatcher};
 use crate::runner::{self, AttemptEnd};
 use crate::store::current_work::ActiveStatus;
+use crate::store::events::Event;
 use crate::task::Task;
+use crate::task_id::TaskId;
 
 /// How often the progress of running tasks is written to `current_work.json`.
 const PROGRESS_WRITE_INTERVAL: Duration = Duration::from_secs(2);
@@ -51,7 +53,7 @@ enum Wake {
     Hint(Option<QueueHint>),
     Scanned(Result<crate::queue::IntakeReport, tokio::task::JoinError>),
     Tick,
-    AttemptEnded(Result<(String, AttemptOutcome), tokio::task::JoinError>),
+    AttemptEnded(Result<(TaskId, AttemptOutcome), tokio::task::JoinError>),
     /// A suspect showed progress: its trial is over, the next may start at once.
     TrialProgress,
 }
@@ -302,11 +304,8 @@ impl Scheduler {
             },
         };
         for task in report.accepted {
-            self.ctx.journal(
-                task.id(),
-                "accepted",
-                serde_json::json!({"priority": task.priority}),
-            );
+            let priority = task.priority;
+            self.ctx.journal(task.id(), Event::Accepted { priority });
             self.add_pending(task);
         }
         for rejection in report.rejected {
@@ -377,11 +376,8 @@ impl Scheduler {
             };
             if line == Line::Suspects {
                 tracing::info!(task_id = %id, width = self.trial_width, "trying a crash suspect");
-                self.ctx.journal(
-                    &id,
-                    "crash_trial_started",
-                    serde_json::json!({"width": self.trial_width}),
-                );
+                let width = self.trial_width;
+                self.ctx.journal(&id, Event::CrashTrialStarted { width });
                 self.on_trial.insert(id);
             }
             self.start_attempt(task);
@@ -414,7 +410,7 @@ impl Scheduler {
     }
 
     pub(super) fn start_attempt(&mut self, task: Arc<Task>) {
-        let id = task.id().to_string();
+        let id = task.id().clone();
         let fresh = self.ctx.work.update(|w| w.get(&id).is_none());
         // Requests meant for an earlier attempt do not carry over.
         self.ctx.drop_control(&id);
@@ -453,11 +449,7 @@ impl Scheduler {
                     })
                 })
                 .unwrap_or_default();
-            ctx.journal(
-                &id,
-                "attempt_started",
-                serde_json::json!({"attempt": attempt, "phase": phase}),
-            );
+            ctx.journal(&id, Event::AttemptStarted { attempt, phase });
             // The attempt is on record before any command runs, so a crash is accounted for.
             if let Err(e) = ctx.work.persist().await {
                 let end = AttemptEnd::Failed {
@@ -506,8 +498,10 @@ impl Scheduler {
         for id in &self.running_ids {
             self.ctx.journal(
                 id,
-                "stop_requested",
-                serde_json::json!({"by": "daemon shutdown (SIGINT/SIGTERM or the embedding program)", "stops": how}),
+                Event::StopRequested {
+                    by: "daemon shutdown (SIGINT/SIGTERM or the embedding program)".into(),
+                    stops: how.into(),
+                },
             );
         }
         let grace = tokio::time::sleep(self.config.stop_grace);

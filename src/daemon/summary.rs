@@ -3,6 +3,7 @@
 use std::fmt::Write;
 
 use crate::queue::RecordLocations;
+use crate::store::records::RecordStatus;
 
 /// Names kept per kind of outcome; beyond this, only the count (a service may run for months).
 const LISTED_NAMES: usize = 10;
@@ -55,11 +56,11 @@ pub struct RunSummary {
 
 impl RunSummary {
     /// Note a task that ended with a failed record of `status`.
-    pub fn add_failed(&mut self, id: &str, status: &str) {
-        if status == "failed" {
+    pub fn add_failed(&mut self, id: &str, status: &RecordStatus) {
+        if *status == RecordStatus::Failed {
             self.failed.add(id);
         } else {
-            self.failed.add(format!("{id} ({status})"));
+            self.failed.add(format!("{id} ({})", status.as_str()));
         }
     }
 
@@ -122,6 +123,7 @@ impl RunSummary {
 mod tests {
     use super::RunSummary;
     use crate::queue::RecordLocations;
+    use crate::store::records::RecordStatus;
 
     fn summary() -> RunSummary {
         RunSummary {
@@ -138,8 +140,8 @@ mod tests {
         let mut summary = summary();
         summary.done.add("a");
         summary.done.add("b");
-        summary.add_failed("c", "failed");
-        summary.add_failed("d", "cancelled");
+        summary.add_failed("c", &RecordStatus::Failed);
+        summary.add_failed("d", &RecordStatus::Cancelled);
         summary.rejected.add("rejected-x-1a2b3c");
         summary.paused.add("e");
         assert!(summary.any_failed());

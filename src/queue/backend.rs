@@ -35,6 +35,7 @@ use super::control::ControlRequest;
 use super::lease::{Lease, LeaseLost, OwnerLease};
 use super::{IntakeReport, QueueHint};
 use crate::store::current_work::{CurrentWork, StartPoint, CURRENT_WORK_VERSION};
+use crate::store::events::Event;
 use crate::store::records::{DoneRecord, FailedRecord};
 use crate::store::{
     CheckpointStore, IterationCheckpoint, LoadedCheckpoint, StoreError, WriteFence,
@@ -260,7 +261,7 @@ pub trait QueueBackend: Send + Sync + fmt::Debug {
 
     /// Append to the task's event journal: a log, not state; never fails the caller and never
     /// waits for the disk.
-    fn append_event(&self, task_id: &str, event: &str, details: Value);
+    fn append_event(&self, task_id: &str, event: Event);
 
     /// Wait until every event appended so far is written.
     fn flush_events(&self);

@@ -18,6 +18,7 @@ use serde::{Deserialize, Serialize};
 
 use super::QueueDir;
 use crate::store::Storage;
+use crate::task_id::TaskId;
 
 /// What an operator asks of a task.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -45,15 +46,15 @@ impl ControlAction {
 #[serde(deny_unknown_fields)]
 pub struct ControlRequest {
     pub action: ControlAction,
-    pub task_id: String,
+    pub task_id: TaskId,
     pub requested_at: DateTime<Utc>,
 }
 
 impl ControlRequest {
-    pub fn new(action: ControlAction, task_id: &str) -> Self {
+    pub fn new(action: ControlAction, task_id: &TaskId) -> Self {
         ControlRequest {
             action,
-            task_id: task_id.to_string(),
+            task_id: task_id.clone(),
             requested_at: Utc::now(),
         }
     }
@@ -65,10 +66,9 @@ impl ControlRequest {
         if !value.is_object() {
             return Err(BadRequest::NotAnObject);
         }
-        // Parsed again from the bytes, so that a field given twice is refused.
-        let request: ControlRequest = serde_json::from_slice(bytes).map_err(BadRequest::Json)?;
-        crate::task::validate_id(&request.task_id).map_err(BadRequest::TaskId)?;
-        Ok(request)
+        // Parsed again from the bytes, so that a field given twice is refused (and the id
+        // is checked as it is read).
+        serde_json::from_slice(bytes).map_err(BadRequest::Json)
     }
 }
 
@@ -79,8 +79,6 @@ pub enum BadRequest {
     Json(#[source] serde_json::Error),
     #[error("not a control request: it must be a JSON object")]
     NotAnObject,
-    #[error("task_id: {0}")]
-    TaskId(#[source] crate::task::InvalidName),
     #[error("it is a symbolic link; a request must be a regular file")]
     Symlink,
     #[error("it is {0}; a request must be a regular file")]
@@ -286,6 +284,7 @@ fn read_names(dir: &Path) -> io::Result<Vec<String>> {
 #[cfg(test)]
 mod tests {
     use super::{take, ControlAction, ControlRequest, QueueDir, MAX_REQUEST_BYTES};
+    use crate::task_id::TaskId;
     use std::collections::HashSet;
     use std::fs;
 
@@ -295,7 +294,10 @@ mod tests {
         let queue = QueueDir::new(dir.path());
         queue.create_all().unwrap();
         let control = queue.control();
-        let good = |action| serde_json::to_vec(&ControlRequest::new(action, "t-1")).unwrap();
+        let good = |action| {
+            serde_json::to_vec(&ControlRequest::new(action, &TaskId::parse("t-1").unwrap()))
+                .unwrap()
+        };
         fs::write(control.join("1-pause.json"), good(ControlAction::Pause)).unwrap();
         fs::write(control.join("3-cancel.json"), good(ControlAction::Cancel)).unwrap();
         let mut big = good(ControlAction::Resume);
@@ -331,7 +333,7 @@ mod tests {
 
     #[test]
     fn requests_round_trip_and_bad_ones_are_refused() {
-        let request = ControlRequest::new(ControlAction::Pause, "t-1");
+        let request = ControlRequest::new(ControlAction::Pause, &TaskId::parse("t-1").unwrap());
         let bytes = serde_json::to_vec(&request).unwrap();
         assert_eq!(ControlRequest::parse(&bytes).unwrap(), request);
         assert!(ControlRequest::parse(b"{}").is_err());

@@ -14,12 +14,14 @@ use super::control::{self, ControlRequest};
 use super::lease::{Lease, OwnerLease};
 use super::{Intake, IntakeReport, QueueDir, QueueHint, QueueLock};
 use crate::store::current_work::{CurrentWork, StartPoint, CURRENT_WORK_VERSION};
+use crate::store::events::Event;
 use crate::store::journal::JournalWriter;
 use crate::store::records::{to_record_bytes, FailedRecord};
 use crate::store::{
     CheckpointStore, IterationCheckpoint, LoadedCheckpoint, Storage, StoreError, WriteFence,
 };
 use crate::task::Task;
+use crate::task_id::TaskId;
 
 /// The file backend's one epoch: the `flock` is held for the owner's whole life, so no other
 /// writer can ever claim a task of this queue meanwhile.
@@ -174,7 +176,11 @@ impl QueueBackend for FileBackend {
             what: key,
             problem: e.to_string(),
         })?;
-        task.id = Some(task_id.to_string());
+        // The id names the file just read, so it is one; a name that is not is refused.
+        task.id = Some(TaskId::parse(task_id).map_err(|e| QueueError::Unreadable {
+            what: QueueDir::task_key(task_id),
+            problem: format!("task id {e}"),
+        })?);
         Ok(task)
     }
 
@@ -302,7 +308,7 @@ impl QueueBackend for FileBackend {
             "failed-{}.json",
             record.failed_at.format("%Y%m%dT%H%M%S%.3fZ")
         ));
-        let moved = std::fs::create_dir_all(self.dir.run_dir(id))
+        let moved = crate::store::modes::create_dir_all(&self.dir.run_dir(id))
             .and_then(|()| std::fs::rename(&from, &to));
         moved.map_err(|source| QueueError::Io {
             action: "archiving",
@@ -357,8 +363,8 @@ impl QueueBackend for FileBackend {
             })
     }
 
-    fn append_event(&self, task_id: &str, event: &str, details: Value) {
-        self.journal.append(task_id, event, details);
+    fn append_event(&self, task_id: &str, event: Event) {
+        self.journal.append(task_id, event);
     }
 
     fn flush_events(&self) {

@@ -28,8 +28,10 @@ use std::time::{Duration, SystemTime};
 use serde_json::json;
 
 use super::QueueDir;
+use crate::store::records::RecordStatus;
 use crate::store::Storage;
-use crate::task::{generate_id, random_suffix, Task, TaskError, MAX_TASK_FILE_BYTES};
+use crate::task::{random_suffix, Task, TaskError, MAX_TASK_FILE_BYTES};
+use crate::task_id::TaskId;
 
 /// How long a file must stay unchanged before it is taken without a "closed" hint.
 pub const SETTLE_TIME: Duration = Duration::from_millis(1000);
@@ -371,7 +373,7 @@ impl Intake {
     fn record(&self, outcome: Outcome, report: &mut IntakeReport) {
         match outcome {
             Outcome::Accepted(task) => {
-                tracing::info!(task_id = task.id(), "accepted task");
+                tracing::info!(task_id = %task.id(), "accepted task");
                 report.accepted.push(task);
             }
             Outcome::AlreadyAccepted => {}
@@ -431,7 +433,7 @@ impl Intake {
         let stem = utf8_name.strip_suffix(".json").unwrap_or(utf8_name);
         let id = task
             .id
-            .get_or_insert_with(|| generate_id(stem, suffix))
+            .get_or_insert_with(|| TaskId::generate(stem, suffix))
             .clone();
         let normalized = task.to_json_bytes();
         let task_key = QueueDir::task_key(&id);
@@ -525,7 +527,7 @@ impl Intake {
     ) -> io::Result<Rejection> {
         let record_key = QueueDir::failed_key(&record_name(file, suffix));
         let record = json!({
-            "status": "rejected",
+            "status": RecordStatus::Rejected,
             "file": file,
             "field": error.field,
             "problem": error.problem,
@@ -552,7 +554,7 @@ impl Intake {
 fn record_name(file: &str, suffix: &str) -> String {
     let name = file.strip_prefix("inbox/").unwrap_or(file);
     let stem = name.strip_suffix(".json").unwrap_or(name);
-    format!("rejected-{}", generate_id(stem, suffix))
+    format!("rejected-{}", TaskId::generate(stem, suffix))
 }
 
 /// What is wrong with an entry that is not a regular file, if it is not.
@@ -711,7 +713,7 @@ mod tests {
 
         let report = intake.recover_claims();
         assert!(report.error.is_none(), "{:?}", report.error);
-        let mut ids: Vec<&str> = report.accepted.iter().map(|t| t.id()).collect();
+        let mut ids: Vec<&str> = report.accepted.iter().map(|t| t.id().as_str()).collect();
         ids.sort();
         assert_eq!(ids, ["old-00beef", "report-00abcd"]);
         assert!(!claim_dir.exists());

@@ -29,19 +29,16 @@ impl QueueDir {
         &self.root
     }
 
-    /// Create the queue's directories if they are missing, writable by their owner only
-    /// (whatever the umask); an administrator may then share `inbox/` with a group.
+    /// Create the queue (and its missing parents) and its directories if they are missing,
+    /// `0750` whatever the umask: writable by their owner only, entered by its group, closed to
+    /// everyone else. Existing directories keep their mode, so an administrator may share
+    /// `inbox/` (and `control/`) with a group.
     pub fn create_all(&self) -> io::Result<()> {
-        use std::os::unix::fs::DirBuilderExt;
         for dir in SUBDIRS {
             let path = self.root.join(dir);
-            std::fs::DirBuilder::new()
-                .recursive(true)
-                .mode(0o755)
-                .create(&path)
-                .map_err(|e| {
-                    io::Error::new(e.kind(), format!("creating {}: {e}", path.display()))
-                })?;
+            crate::store::modes::create_dir_all(&path).map_err(|e| {
+                io::Error::new(e.kind(), format!("creating {}: {e}", path.display()))
+            })?;
         }
         Ok(())
     }

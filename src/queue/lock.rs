@@ -5,6 +5,7 @@
 
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, Write};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -52,8 +53,12 @@ impl QueueLock {
             .write(true)
             .create(true)
             .truncate(false)
+            .mode(crate::store::modes::FILE_MODE)
             .open(&path)
             .map_err(io_err)?;
+        // Group readers (`cairn status`) read the daemon's pid from it. Best effort: a lock
+        // file someone else created may not be ours to change, and it holds no secret.
+        let _ = crate::store::modes::fix_new_file(&file);
         let mut lock = match lock_with_patience(file) {
             Ok(lock) => lock,
             Err((mut file, Errno::EWOULDBLOCK)) => {

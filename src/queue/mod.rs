@@ -29,7 +29,8 @@ pub use lease::{Lease, LeaseLost, OwnerLease};
 pub use lock::{LockError, QueueLock};
 pub use owner::{OpenError, Queue, RecordLocations};
 pub use permissions::{
-    check_queue_permissions, check_submitter, check_task_file, RefusedFile, UnsafeQueue,
+    check_not_exposed, check_queue_permissions, check_submitter, check_task_file, RefusedFile,
+    UnsafeQueue,
 };
 pub use prune::{PruneItem, PrunePlan, PruneReason, PruneRules, QueuePruner, PRUNE_GRACE};
 pub use read::{DaemonInfo, LoadOptions, QueueReader, QueueView, TaskView};

@@ -111,7 +111,7 @@ impl Queue {
     /// Create a task's run directory if it is missing; returns it. Blocking.
     pub fn create_run_dir(&self, task_id: &str) -> io::Result<PathBuf> {
         let dir = self.run_dir(task_id);
-        std::fs::create_dir_all(&dir)
+        crate::store::modes::create_dir_all(&dir)
             .map_err(|e| io::Error::new(e.kind(), format!("creating {}: {e}", dir.display())))?;
         Ok(dir)
     }

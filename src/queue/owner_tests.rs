@@ -77,7 +77,10 @@ fn the_work_state_written_by_the_owner_is_the_state_loaded_at_the_next_open() {
     let dir = tempfile::tempdir().unwrap();
     let mut work = CurrentWork::default();
     work.active_tasks
-        .push(crate::store::current_work::ActiveTask::new("t1", "p"));
+        .push(crate::store::current_work::ActiveTask::new(
+            &crate::task_id::TaskId::parse("t1").unwrap(),
+            "p",
+        ));
     {
         let queue = open(&dir);
         assert_eq!(queue.load_work().unwrap().active_tasks, Vec::new());

@@ -6,6 +6,10 @@
 //! queue whose directories are writable by anyone else; at intake it rejects a file owned by a
 //! user who is neither the daemon's user nor a member of the inbox's group, and a file others
 //! may write or that has more than one name.
+//!
+//! Like sshd's `StrictModes`, the checks reach past the queue: a shared directory must be
+//! sticky, each parent of the queue up to `/` must be one that only root or the daemon's user
+//! can change, and a queue open to every user must not hold tokens ([`check_not_exposed`]).
 
 use std::fs::Metadata;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
@@ -51,10 +55,44 @@ pub enum UnsafeQueue {
         group: String,
         mode: u32,
     },
+    #[error("{} is writable by the group {group} (mode {mode:o}) but not sticky, so any member could delete, rename or replace another member's pending file; fix it with: chmod +t {}", .path.display(), .path.display())]
+    SharedNotSticky {
+        path: PathBuf,
+        group: String,
+        mode: u32,
+    },
+    #[error("{}, a parent of the queue, belongs to {owner}, who could move the queue away and put another in its place; the queue's parents must belong to root or to {daemon_user}; fix it with: chown root {} (or move the queue)", .path.display(), .path.display())]
+    ParentForeignOwner {
+        path: PathBuf,
+        owner: String,
+        daemon_user: String,
+    },
+    #[error("{}, a parent of the queue, is writable by {who} (mode {mode:o}) and not sticky, so they could move the queue away and put another in its place; fix it with: chmod go-w {}", .path.display(), .path.display())]
+    ParentWritable {
+        path: PathBuf,
+        who: &'static str,
+        mode: u32,
+    },
+    #[error("{} can be entered by every user (mode {mode:o}) and holds task definitions with env (such as {}): anyone on this host could read their tokens; fix it with: chmod o-rwx {}", .path.display(), .holder.display(), .path.display())]
+    ExposesEnv {
+        path: PathBuf,
+        mode: u32,
+        holder: PathBuf,
+    },
 }
 
-/// Refuse a queue that users other than the daemon's (and the inbox's group) could write to.
+/// Refuse a queue that users other than the daemon's (and the inbox's group) could write to,
+/// change through one of its parents, or read the tokens of: the checks the daemon makes at
+/// start.
 pub fn check_queue_permissions(queue: &QueueDir) -> Result<(), UnsafeQueue> {
+    check_queue_dirs(queue)?;
+    check_parents(queue.root())?;
+    check_not_exposed(queue, None)
+}
+
+/// Each directory of the queue: a real directory of the daemon's user (or root), written by
+/// nobody else, except `inbox/` and `control/`, which a group may write when they are sticky.
+fn check_queue_dirs(queue: &QueueDir) -> Result<(), UnsafeQueue> {
     let me = Uid::effective();
     let check = |path: &Path, group_may_write: bool| -> Result<(), UnsafeQueue> {
         let path_buf = || path.to_path_buf();
@@ -89,6 +127,13 @@ pub fn check_queue_permissions(queue: &QueueDir) -> Result<(), UnsafeQueue> {
                 mode: mode & 0o7777,
             });
         }
+        if mode & 0o020 != 0 && mode & STICKY == 0 {
+            return Err(UnsafeQueue::SharedNotSticky {
+                path: path_buf(),
+                group: group_name(Gid::from_raw(meta.gid())),
+                mode: mode & 0o7777,
+            });
+        }
         Ok(())
     };
     check(queue.root(), false)?;
@@ -99,6 +144,107 @@ pub fn check_queue_permissions(queue: &QueueDir) -> Result<(), UnsafeQueue> {
         check(&queue.root().join(dir), true)?;
     }
     Ok(())
+}
+
+/// The sticky bit: in such a directory only an entry's owner (or the directory's, or root) may
+/// rename or remove it.
+const STICKY: u32 = 0o1000;
+
+/// Each parent of the queue, from its real path up to `/`, must belong to root or the daemon's
+/// user, and be writable by nobody else unless it is sticky (`/tmp`): whoever can rename the
+/// queue's entry in a parent can swap the whole queue for one of theirs. sshd's `StrictModes`
+/// makes this walk for `authorized_keys`; systemd-tmpfiles refuses the same unsafe transitions.
+pub fn check_parents(root: &Path) -> Result<(), UnsafeQueue> {
+    let real = std::fs::canonicalize(root).map_err(|source| UnsafeQueue::Unreadable {
+        path: root.to_path_buf(),
+        source,
+    })?;
+    let me = Uid::effective();
+    for parent in real.ancestors().skip(1) {
+        let meta = std::fs::metadata(parent).map_err(|source| UnsafeQueue::Unreadable {
+            path: parent.to_path_buf(),
+            source,
+        })?;
+        let owner = Uid::from_raw(meta.uid());
+        if owner != me && !owner.is_root() {
+            return Err(UnsafeQueue::ParentForeignOwner {
+                path: parent.to_path_buf(),
+                owner: user_name(owner),
+                daemon_user: user_name(me),
+            });
+        }
+        let mode = meta.mode() & 0o7777;
+        if mode & 0o022 != 0 && mode & STICKY == 0 {
+            let who = if mode & 0o002 != 0 {
+                "every user"
+            } else {
+                "its group"
+            };
+            return Err(UnsafeQueue::ParentWritable {
+                path: parent.to_path_buf(),
+                who,
+                mode,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Refuse a queue that every user may enter while it holds task definitions with `env`
+/// (tokens): the daemon at start, the commands that write to a queue, and `cairn submit` with
+/// the task it is about to add (`adding`, its file's name, when that task has an `env`).
+///
+/// The queue's own directory is the gate: when it is closed to others (no `o+r`, no `o+x`,
+/// as cairn creates it), nothing inside can be reached by them whatever the modes inside (a
+/// hard link to a file inside can only be made by someone who can already reach it). When it
+/// is open, the files that can hold a definition are looked at: `tasks/*.json`,
+/// `inbox/*.json` and the kept bytes of rejected files, `failed/*.input`. Files this user
+/// cannot read are skipped.
+pub fn check_not_exposed(queue: &QueueDir, adding: Option<&Path>) -> Result<(), UnsafeQueue> {
+    let Ok(meta) = std::fs::metadata(queue.root()) else {
+        return Ok(()); // no queue yet: it will be created 0750
+    };
+    let mode = meta.mode() & 0o7777;
+    if mode & 0o005 == 0 {
+        return Ok(());
+    }
+    let holder = match adding {
+        Some(file) => Some(file.to_path_buf()),
+        None => first_definition_with_env(queue),
+    };
+    match holder {
+        Some(holder) => Err(UnsafeQueue::ExposesEnv {
+            path: queue.root().to_path_buf(),
+            mode,
+            holder,
+        }),
+        None => Ok(()),
+    }
+}
+
+/// The first file of the queue that holds a task definition with a non-empty `env`.
+fn first_definition_with_env(queue: &QueueDir) -> Option<PathBuf> {
+    let places = [("tasks", ".json"), ("inbox", ".json"), ("failed", ".input")];
+    places.into_iter().find_map(|(dir, suffix)| {
+        let entries = std::fs::read_dir(queue.root().join(dir)).ok()?;
+        entries.flatten().map(|e| e.path()).find(|path| {
+            path.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.ends_with(suffix))
+                && super::read::files::read_regular(path, crate::task::MAX_TASK_FILE_BYTES)
+                    .is_some_and(|bytes| has_env(&bytes))
+        })
+    })
+}
+
+/// Does this JSON text hold a task definition whose `env` is not empty?
+fn has_env(bytes: &[u8]) -> bool {
+    serde_json::from_slice::<serde_json::Value>(bytes).is_ok_and(|value| {
+        value
+            .get("env")
+            .and_then(|env| env.as_object())
+            .is_some_and(|env| !env.is_empty())
+    })
 }
 
 /// Why intake refuses a task file; the text follows the file's name (`inbox/x.json is ...`).
@@ -201,5 +347,55 @@ fn group_name(gid: Gid) -> String {
     match Group::from_gid(gid) {
         Ok(Some(group)) => format!("{} (gid {gid})", group.name),
         _ => format!("gid {gid}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::fs;
+    use std::os::unix::fs::PermissionsExt;
+
+    use super::{check_not_exposed, has_env, UnsafeQueue};
+    use crate::queue::QueueDir;
+
+    #[test]
+    fn only_a_non_empty_env_object_counts() {
+        assert!(has_env(br#"{"id": "a", "env": {"TOKEN": "x"}}"#));
+        assert!(!has_env(br#"{"id": "a", "env": {}}"#));
+        assert!(!has_env(br#"{"id": "a", "phases": []}"#));
+        assert!(!has_env(br#"{"env": {"TOKEN": "x""#)); // torn: not a definition
+        assert!(!has_env(br#"[{"env": {"TOKEN": "x"}}]"#));
+    }
+
+    #[test]
+    fn the_queue_directory_is_the_gate() {
+        let tmp = tempfile::tempdir().unwrap();
+        let queue = QueueDir::new(tmp.path().join("q"));
+        queue.create_all().unwrap();
+        let chmod = |mode| {
+            fs::set_permissions(queue.root(), fs::Permissions::from_mode(mode)).unwrap();
+        };
+        chmod(0o755);
+        assert!(
+            check_not_exposed(&queue, None).is_ok(),
+            "nothing secret yet"
+        );
+        let kept = queue.root().join("failed/rejected-x-1234.input");
+        fs::write(&kept, br#"{"env": {"TOKEN": "x"}}"#).unwrap();
+        for mode in [0o755, 0o751, 0o754] {
+            chmod(mode);
+            match check_not_exposed(&queue, None) {
+                Err(UnsafeQueue::ExposesEnv { holder, .. }) => assert_eq!(holder, kept),
+                other => panic!("mode {mode:o}: {other:?}"),
+            }
+        }
+        chmod(0o750);
+        assert!(check_not_exposed(&queue, None).is_ok());
+        // A task about to be added counts as well.
+        chmod(0o755);
+        fs::remove_file(&kept).unwrap();
+        let adding = std::path::Path::new("t.json");
+        assert!(check_not_exposed(&queue, Some(adding)).is_err());
+        assert!(check_not_exposed(&queue, None).is_ok());
     }
 }

@@ -149,7 +149,7 @@ impl Planner<'_> {
         let mut protected: BTreeSet<String> = work
             .active_tasks
             .iter()
-            .map(|t| t.task_id.clone())
+            .map(|t| t.task_id.to_string())
             .collect();
         protected.extend(defined.difference(&finished).cloned());
         protected.extend(reader.inbox_ids());

@@ -120,7 +120,7 @@ fn split_queue_name(relative: &Path) -> io::Result<(&OsStr, &OsStr)> {
         b"tasks" | b"done" | b"control" => name_str.ends_with(".json"),
         b"failed" => name_str.ends_with(".json") || name_str.ends_with(".input"),
         b"incremental" => name_str.ends_with(".json.gz"),
-        b"runs" => crate::task::validate_id(name_str).is_ok(),
+        b"runs" => crate::task_id::TaskId::parse(name_str).is_ok(),
         _ => false,
     };
     if !fits || name_str.starts_with('.') {

@@ -2,9 +2,10 @@
 //! store work off the async thread, stamps the task's cost, maps errors to phase errors, and
 //! records every durable write in the task's journal.
 
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use super::{blocking, checkpoint_error, PhaseError, PhaseRun};
+use crate::store::events::Event;
 use crate::store::{IterationCheckpoint, LoopCheckpointer, SavedCheckpoint, StoreError};
 
 /// One phase's checkpoints (`scope` is `loop`, `items` or `worker`).
@@ -76,14 +77,13 @@ impl<'r, 'a> PhaseCheckpointer<'r, 'a> {
         });
         run.ctx.journal(
             run.task.id(),
-            "checkpoint",
-            json!({
-                "phase": run.phase.name,
-                "iteration": saved.iteration_count,
-                "generation": saved.generation,
-                "bytes": saved.bytes,
-                "ms": saved.elapsed.as_secs_f64() * 1000.0,
-            }),
+            Event::Checkpoint {
+                phase: run.phase.name.clone(),
+                iteration: saved.iteration_count,
+                generation: saved.generation,
+                bytes: saved.bytes,
+                ms: saved.elapsed.as_secs_f64() * 1000.0,
+            },
         );
     }
 

@@ -5,7 +5,6 @@
 //! orphan doing the same work. The daemon runs on a single-threaded runtime, which matters here:
 //! the death signal fires when the *thread* that spawned the child exits.
 
-use std::fs::OpenOptions;
 use std::io::{self, Write};
 use std::path::PathBuf;
 use std::process::{ExitStatus, Stdio};
@@ -17,6 +16,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use tokio_util::sync::CancellationToken;
 
+use super::exec_trampoline;
 use crate::shutdown::Shutdown;
 
 /// Time between SIGTERM and SIGKILL when a child is stopped.
@@ -57,9 +57,45 @@ pub enum RunEnd {
     ReplyTooLarge,
 }
 
+/// How a command's process is started.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SpawnPath {
+    /// A full `fork` whose child arms the death signal before `exec` (`pre_exec`): it copies
+    /// the daemon's page tables, so it costs more the larger the daemon.
+    Fork,
+    /// `posix_spawn` of the cairn binary's trampoline, which arms the death signal and `exec`s
+    /// the command (see `exec_trampoline`): independent of the daemon's size.
+    Trampoline,
+}
+
+impl SpawnPath {
+    /// The trampoline when this process is the cairn binary, else the fork.
+    pub fn default_for_process() -> Self {
+        if exec_trampoline::is_default() {
+            SpawnPath::Trampoline
+        } else {
+            SpawnPath::Fork
+        }
+    }
+}
+
 /// Start `argv` as the leader of a new process group that dies with the daemon.
 /// `log` receives stderr (and stdout, when `stdout` is `None`).
 pub fn spawn_in_group(
+    argv: &[String],
+    cwd: &std::path::Path,
+    env: &[(String, String)],
+    log: std::fs::File,
+    stdin: Stdio,
+    stdout: Option<Stdio>,
+) -> io::Result<tokio::process::Child> {
+    let path = SpawnPath::default_for_process();
+    spawn_in_group_via(path, argv, cwd, env, log, stdin, stdout)
+}
+
+/// [`spawn_in_group`] through the given path (the spawn benchmark compares them).
+pub fn spawn_in_group_via(
+    path: SpawnPath,
     argv: &[String],
     cwd: &std::path::Path,
     env: &[(String, String)],
@@ -74,9 +110,29 @@ pub fn spawn_in_group(
         Some(stdout) => stdout,
         None => Stdio::from(log.try_clone()?),
     };
-    let mut command = tokio::process::Command::new(program);
+    let daemon_pid = nix::unistd::getpid();
+    let mut command = match path {
+        SpawnPath::Fork => {
+            let mut command = tokio::process::Command::new(program);
+            command.args(args);
+            arm_death_signal_before_exec(&mut command, daemon_pid);
+            command
+        }
+        SpawnPath::Trampoline => {
+            let resolved = exec_trampoline::resolve_program(program, cwd, env)
+                .map_err(|e| spawn_error(program, cwd, e))?;
+            let mut command = tokio::process::Command::new("/proc/self/exe");
+            command
+                .arg0("cairn")
+                .arg(exec_trampoline::TRAMPOLINE_ARG)
+                .arg(daemon_pid.to_string())
+                .arg(resolved)
+                .arg(program)
+                .args(args);
+            command
+        }
+    };
     command
-        .args(args)
         .current_dir(cwd)
         .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
     for name in NOTIFY_ENV {
@@ -88,7 +144,11 @@ pub fn spawn_in_group(
         .stderr(Stdio::from(log))
         .process_group(0)
         .kill_on_drop(true);
-    let daemon_pid = nix::unistd::getpid();
+    command.spawn().map_err(|e| spawn_error(program, cwd, e))
+}
+
+/// Arm `PR_SET_PDEATHSIG` in the forked child (which makes the spawn a full `fork`).
+fn arm_death_signal_before_exec(command: &mut tokio::process::Command, daemon_pid: Pid) {
     // SAFETY: the closure runs between fork and exec, where another thread may have held the
     // allocator's lock at the fork, so it must not allocate: it only makes async-signal-safe
     // system calls (prctl, getppid) and its errors are bare OS error codes
@@ -105,7 +165,6 @@ pub fn spawn_in_group(
             Ok(())
         });
     }
-    command.spawn().map_err(|e| spawn_error(program, cwd, e))
 }
 
 /// Name what is missing when a spawn fails: `execve` reports a missing working directory and
@@ -131,10 +190,7 @@ fn spawn_error(program: &str, cwd: &std::path::Path, error: io::Error) -> io::Er
 
 /// Open a command's log for appending and write its header line.
 pub fn open_log(path: &std::path::Path, header: &str) -> io::Result<std::fs::File> {
-    let mut log = OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(path)
+    let mut log = crate::store::modes::open_append(path)
         .map_err(|e| io::Error::new(e.kind(), format!("opening log {}: {e}", path.display())))?;
     writeln!(log, "{header}")?;
     Ok(log)

@@ -6,6 +6,7 @@
 pub mod channel;
 mod checkpointing;
 mod child;
+pub mod exec_trampoline;
 mod items;
 mod loop_phase;
 mod once;
@@ -14,6 +15,7 @@ mod work_state;
 mod worker;
 mod worker_supervision;
 
+pub use child::{spawn_in_group_via, SpawnPath};
 pub use child::{CommandRun, RunEnd, KILL_AFTER, MAX_REPLY_BYTES, NOTIFY_ENV};
 /// The scope of loop phases' checkpoints (the queue benchmark, part of the `cli` feature,
 /// builds such checkpoints).
@@ -34,6 +36,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::shutdown::Shutdown;
 use crate::store::current_work::{PhaseTiming, Progress, StoredOutput, INLINE_OUTPUT_LIMIT};
+use crate::store::events::Event;
 use crate::store::StoreError;
 use crate::task::{Phase, PhaseKind, Task};
 
@@ -81,8 +84,8 @@ impl RunContext {
 
     /// Append to the task's event journal (see [`crate::store::journal`]); never waits for
     /// the disk.
-    pub fn journal(&self, task_id: &str, event: &str, details: Value) {
-        self.queue.append_event(task_id, event, details);
+    pub fn journal(&self, task_id: &str, event: Event) {
+        self.queue.append_event(task_id, event);
     }
 }
 
@@ -150,11 +153,13 @@ pub async fn run_attempt(ctx: &Arc<RunContext>, task: &Arc<Task>, lease: &Lease)
             ControlFlow::Continue(run) => run,
             ControlFlow::Break(end) => return end,
         };
+        // Each kind's future is boxed: inline, every task in flight would hold as much memory
+        // as the largest kind needs (with thousands in flight, most of the daemon's heap).
         let result = match run.phase.kind {
-            PhaseKind::Once => once::run(&run).await,
-            PhaseKind::Loop => loop_phase::run(&run).await,
-            PhaseKind::Items => items::run(&run).await,
-            PhaseKind::Worker => worker::run(&run).await,
+            PhaseKind::Once => Box::pin(once::run(&run)).await,
+            PhaseKind::Loop => Box::pin(loop_phase::run(&run)).await,
+            PhaseKind::Items => Box::pin(items::run(&run)).await,
+            PhaseKind::Worker => Box::pin(worker::run(&run)).await,
         };
         if let ControlFlow::Break(end) = end_phase(ctx, task, &run, result).await {
             return end;
@@ -226,11 +231,15 @@ async fn start_phase<'a>(
             }
         }
     });
-    tracing::info!(task_id = id, phase = %phase.name, attempt = entry.attempt, "phase started");
+    tracing::info!(task_id = %id, phase = %phase.name, attempt = entry.attempt, "phase started");
     ctx.journal(
         id,
-        "phase_started",
-        serde_json::json!({"phase": phase.name, "phase_index": index, "kind": phase.kind.as_str(), "attempt": entry.attempt}),
+        Event::PhaseStarted {
+            phase: phase.name.clone(),
+            phase_index: index,
+            kind: phase.kind,
+            attempt: entry.attempt,
+        },
     );
     ControlFlow::Continue(PhaseRun {
         ctx,
@@ -260,11 +269,13 @@ async fn end_phase(
                     counts: false,
                 });
             }
-            tracing::info!(task_id = id, phase = %phase.name, "phase finished");
+            tracing::info!(task_id = %id, phase = %phase.name, "phase finished");
             ctx.journal(
                 id,
-                "phase_finished",
-                serde_json::json!({"phase": phase.name, "phase_index": index}),
+                Event::PhaseFinished {
+                    phase: phase.name.clone(),
+                    phase_index: index,
+                },
             );
             return ControlFlow::Continue(());
         }

@@ -86,7 +86,7 @@ pub(super) async fn run(run: &PhaseRun<'_>) -> Result<PhaseEnd, PhaseError> {
         None => (0, Value::Null),
     };
     let mut launched = launch(run, resumed.is_some(), count, &state)?;
-    tracing::info!(task_id = run.task.id(), phase = %run.phase.name, iteration = count, "worker started");
+    tracing::info!(task_id = %run.task.id(), phase = %run.phase.name, iteration = count, "worker started");
     let worker = WorkerState {
         checkpoints,
         count,
@@ -139,7 +139,8 @@ fn launch(
             "{{\"iteration\":{count},\"state\":{}}}\n",
             serde_json::to_string(state).unwrap_or_else(|_| "null".into())
         );
-        std::fs::write(&resume_path, line).map_err(|e| transient("writing the resume file", e))?;
+        crate::store::modes::write_file(&resume_path, line.as_bytes())
+            .map_err(|e| transient("writing the resume file", e))?;
         env.push(("CAIRN_RESUME".into(), resume_path.display().to_string()));
     } else if let Err(e) = std::fs::remove_file(&resume_path) {
         if e.kind() != std::io::ErrorKind::NotFound {
@@ -246,7 +247,7 @@ async fn conclude(
             Ok(PhaseEnd::Completed(result))
         }
         _ if run.should_stop() => {
-            tracing::info!(task_id = run.task.id(), phase = %run.phase.name, iteration = count, %status, "worker stopped");
+            tracing::info!(task_id = %run.task.id(), phase = %run.phase.name, iteration = count, %status, "worker stopped");
             Ok(PhaseEnd::Interrupted)
         }
         Some(EXIT_RESUME_ME) => Err(PhaseError::Transient(format!(
@@ -276,7 +277,7 @@ async fn handle<'r, 'a>(
     let message = match message {
         Ok(message) => message,
         Err(problem) => {
-            tracing::warn!(task_id = run.task.id(), phase = %run.phase.name, "worker channel: {problem}");
+            tracing::warn!(task_id = %run.task.id(), phase = %run.phase.name, "worker channel: {problem}");
             note_in_log(run, &format!("cairn: ignored a channel line: {problem}"));
             // A helper waiting for its answer must not wait for ever.
             ack.refuse(&problem.to_string());

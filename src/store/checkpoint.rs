@@ -54,8 +54,25 @@ pub struct IterationCheckpoint<S = serde_json::Value> {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub output: Option<serde_json::Value>,
     /// The task's summed cost as of this checkpoint, when its commands report costs.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "finite_cost"
+    )]
     pub cost: Option<f64>,
+}
+
+/// A cost read back must be one a checkpoint can hold: JSON has no infinity, so a number too
+/// large for an `f64` (`1e999`) would parse as infinite and be written back as `null`, a
+/// different checkpoint. Such a file is refused instead.
+fn finite_cost<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Option<f64>, D::Error> {
+    let cost = Option::<f64>::deserialize(deserializer)?;
+    match cost {
+        Some(value) if !value.is_finite() => Err(serde::de::Error::custom(
+            "cost is out of range (larger than a 64-bit float holds)",
+        )),
+        _ => Ok(cost),
+    }
 }
 
 /// Why a checkpoint could not be encoded or decoded.
@@ -163,6 +180,24 @@ mod tests {
     use super::{
         decode_checkpoint, encode_checkpoint, CheckpointError, IterationCheckpoint, FORMAT_VERSION,
     };
+
+    #[test]
+    fn a_cost_too_large_for_a_float_is_refused_not_turned_into_null() {
+        let mut checkpoint = sample();
+        checkpoint.cost = Some(1.5);
+        let encoded = encode_checkpoint(&checkpoint).unwrap();
+        let mut json = String::new();
+        flate2::read::GzDecoder::new(&encoded[..])
+            .read_to_string(&mut json)
+            .unwrap();
+        let json = json.replace("1.5", "1e999");
+        let mut gz = GzEncoder::new(Vec::new(), Compression::default());
+        gz.write_all(json.as_bytes()).unwrap();
+        let err = decode_checkpoint(&gz.finish().unwrap()).unwrap_err();
+        assert!(err.to_string().contains("cost is out of range"), "{err}");
+        // A cost in range still round-trips.
+        assert_eq!(decode_checkpoint(&encoded).unwrap().cost, Some(1.5));
+    }
 
     fn sample() -> IterationCheckpoint {
         IterationCheckpoint {

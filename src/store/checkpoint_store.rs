@@ -23,6 +23,7 @@ use super::checkpoint::{
 };
 use super::file::FileStorage;
 use super::Storage;
+use crate::task_id::TaskId;
 
 /// The directory, relative to the queue root, that holds iteration checkpoints.
 const INCREMENTAL_DIR: &str = "incremental";
@@ -32,9 +33,6 @@ const CHECKPOINT_SUFFIX: &str = ".json.gz";
 
 /// How many older generations are kept besides the latest, unless configured otherwise.
 const DEFAULT_KEEP_GENERATIONS: usize = 3;
-
-/// The longest task id; ids name files, so they stay well below file-name limits.
-const MAX_TASK_ID_LEN: usize = 128;
 
 /// Why a checkpoint operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -83,7 +81,7 @@ pub enum StoreError {
         /// The id as given.
         task_id: String,
         /// What is wrong with it.
-        reason: &'static str,
+        reason: crate::task_id::InvalidName,
     },
     /// A loop's state could not be converted to or from JSON.
     #[error("the loop state could not be converted to or from JSON: {0}")]
@@ -660,33 +658,14 @@ fn split_generation(name: &str) -> Option<(&str, u64)> {
     (generation.to_string() == digits).then_some((task_id, generation))
 }
 
-/// Task ids name files: `[A-Za-z0-9._-]{1,128}`, not starting with `.` (hidden and temp
-/// files) and not ending in `.<digits>` (which would read as another task's generation).
+/// Task ids name checkpoint files: checked as [`TaskId`] checks every id.
 fn validate_task_id(task_id: &str) -> Result<(), StoreError> {
-    let invalid = |reason| {
-        Err(StoreError::InvalidTaskId {
+    TaskId::parse(task_id)
+        .map(drop)
+        .map_err(|reason| StoreError::InvalidTaskId {
             task_id: task_id.to_owned(),
             reason,
         })
-    };
-    if task_id.is_empty() || task_id.len() > MAX_TASK_ID_LEN {
-        return invalid("it must be 1 to 128 characters long");
-    }
-    if !task_id
-        .bytes()
-        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
-    {
-        return invalid("only letters, digits, '.', '_' and '-' are allowed");
-    }
-    if task_id.starts_with('.') {
-        return invalid("it must not start with '.'");
-    }
-    if let Some((_, last)) = task_id.rsplit_once('.') {
-        if !last.is_empty() && last.bytes().all(|b| b.is_ascii_digit()) {
-            return invalid("it must not end in '.' followed by digits");
-        }
-    }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -11,6 +11,8 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::task_id::TaskId;
+
 /// The layout version of `current_work.json`.
 pub const CURRENT_WORK_VERSION: u32 = 1;
 
@@ -84,6 +86,18 @@ pub enum ActiveStatus {
     WaitingRetry,
 }
 
+impl ActiveStatus {
+    /// As `current_work.json` spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ActiveStatus::Running => "running",
+            ActiveStatus::Paused => "paused",
+            ActiveStatus::Interrupted => "interrupted",
+            ActiveStatus::WaitingRetry => "waiting_retry",
+        }
+    }
+}
+
 /// A finished phase's output, inline or in a per-task file (a storage key).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -120,7 +134,7 @@ pub struct PhaseTiming {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ActiveTask {
-    pub task_id: String,
+    pub task_id: TaskId,
     /// Name of the phase to run (or running).
     pub phase: String,
     pub phase_index: usize,
@@ -182,9 +196,9 @@ pub struct ActiveTask {
 
 impl ActiveTask {
     /// A task about to start its first attempt.
-    pub fn new(task_id: &str, first_phase: &str) -> Self {
+    pub fn new(task_id: &TaskId, first_phase: &str) -> Self {
         ActiveTask {
-            task_id: task_id.to_string(),
+            task_id: task_id.clone(),
             phase: first_phase.to_string(),
             phase_index: 0,
             phase_outputs: BTreeMap::new(),

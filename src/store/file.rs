@@ -89,7 +89,7 @@ impl FileStorage {
             .filter(|ancestor| !ancestor.as_os_str().is_empty())
             .collect();
         missing.reverse();
-        fs::create_dir_all(dir)?;
+        super::modes::create_dir_all(dir)?;
         for created in &missing {
             let parent = match created.parent() {
                 Some(parent) if !parent.as_os_str().is_empty() => parent,

@@ -89,16 +89,19 @@ impl FileOps for RealFileOps {
             match OpenOptions::new()
                 .write(true)
                 .create_new(true)
-                .mode(0o644)
+                .mode(super::modes::FILE_MODE)
                 .open(&path)
             {
                 Ok(file) => {
+                    // 0640 whatever the umask (see `modes`); a failure leaves a temp file that
+                    // the next start removes.
+                    super::modes::fix_new_file(&file)?;
                     return Ok(TempFile {
                         file,
                         path,
                         reused: false,
                         previous_len: 0,
-                    })
+                    });
                 }
                 Err(err) if err.kind() == io::ErrorKind::AlreadyExists => {
                     last_collision = Some(err);

@@ -1,11 +1,8 @@
 //! The per-task event journal, `runs/<id>/events.jsonl`: one JSON object per line, appended
 //! by the daemon as it works, read by `cairn show` for a task's timeline.
 //!
-//! Each line is `{"at": "<RFC 3339>", "event": "<name>", ...details}`. Events: `accepted`,
-//! `attempt_started`, `phase_started`, `phase_finished`, `checkpoint` (phase, iteration,
-//! generation, bytes, ms), `attempt_failed`, `stop_requested` (a daemon shutdown), `interrupted`,
-//! `resumed_after_crash`, `pause_requested`, `paused`, `resumed`, `cancel_requested`,
-//! `cancelled`, `control_refused`, `retried`, `forked`, `budget_stopped`, `done`, `failed`.
+//! Each line is `{"at": "<RFC 3339>", "event": "<name>", ...details}`; the events and their
+//! details are the variants of [`Event`].
 //!
 //! The journal is a log, not state: lines are appended with `O_APPEND` and not fsynced, so a
 //! crash may lose its last lines (and tear the very last one, which readers skip). Nothing
@@ -16,22 +13,21 @@
 //! thread must not wait for the file system. Each event is stamped when it happens, not when
 //! its line reaches the file.
 
-use std::fs::OpenOptions;
 use std::io::{self, BufRead, Write};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
-use serde_json::{Map, Value};
 
-/// One journal line.
+pub use super::events::Event;
+
+/// One journal line: when, then what.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct JournalEvent {
     pub at: DateTime<Utc>,
-    pub event: String,
     #[serde(flatten)]
-    pub details: Map<String, Value>,
+    pub event: Event,
 }
 
 /// The journal file of a task.
@@ -39,45 +35,39 @@ pub fn journal_path(queue_root: &Path, task_id: &str) -> PathBuf {
     queue_root.join("runs").join(task_id).join("events.jsonl")
 }
 
-/// Append an event; `details` must be a JSON object (anything else is recorded as `value`).
-/// Failures are logged, never fatal: the journal must not stop the work it describes.
-pub fn append(queue_root: &Path, task_id: &str, event: &str, details: Value) {
-    write_line(queue_root, task_id, event, &encode(event, details));
+/// Append an event, stamped now. Failures are logged, never fatal: the journal must not stop
+/// the work it describes.
+pub fn append(queue_root: &Path, task_id: &str, event: Event) {
+    write_line(queue_root, task_id, &encode(event));
 }
 
 /// One journal line, stamped now.
-fn encode(event: &str, details: Value) -> Vec<u8> {
-    let details = match details {
-        Value::Object(map) => map,
-        Value::Null => Map::new(),
-        other => Map::from_iter([("value".to_string(), other)]),
-    };
+fn encode(event: Event) -> Vec<u8> {
     let entry = JournalEvent {
         at: Utc::now(),
-        event: event.to_string(),
-        details,
+        event,
     };
-    // A map with string keys and a timestamp always serializes.
+    // Plain data with string keys and a timestamp always serializes.
     let mut line = serde_json::to_vec(&entry).unwrap_or_default();
     line.push(b'\n');
     line
 }
 
 /// Append one encoded line to a task's journal; failures are logged.
-fn write_line(queue_root: &Path, task_id: &str, event: &str, line: &[u8]) {
+fn write_line(queue_root: &Path, task_id: &str, line: &[u8]) {
     let path = journal_path(queue_root, task_id);
     let write = || -> io::Result<()> {
         if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir)?;
+            super::modes::create_dir_all(dir)?;
         }
         // One write call per line, so concurrent appends never interleave.
-        OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&path)?
-            .write_all(line)
+        super::modes::open_append(&path)?.write_all(line)
     };
     if let Err(e) = write() {
+        // The name is worked out only here: the line is all the writer keeps.
+        let event = serde_json::from_slice::<JournalEvent>(line)
+            .map(|entry| entry.event.name())
+            .unwrap_or_default();
         tracing::warn!(task_id, event, "cannot append to {}: {e}", path.display());
     }
 }
@@ -86,7 +76,6 @@ fn write_line(queue_root: &Path, task_id: &str, event: &str, line: &[u8]) {
 enum Message {
     Line {
         task_id: String,
-        event: String,
         line: Vec<u8>,
     },
     /// Answer once every line handed over before this is written.
@@ -114,11 +103,7 @@ impl JournalWriter {
             .spawn(move || {
                 for message in receiver {
                     match message {
-                        Message::Line {
-                            task_id,
-                            event,
-                            line,
-                        } => write_line(&root, &task_id, &event, &line),
+                        Message::Line { task_id, line } => write_line(&root, &task_id, &line),
                         Message::Flush(done) => {
                             let _ = done.send(());
                         }
@@ -143,25 +128,18 @@ impl JournalWriter {
     }
 
     /// Append an event (stamped now) to a task's journal; see [`append`].
-    pub fn append(&self, task_id: &str, event: &str, details: Value) {
-        let line = encode(event, details);
+    pub fn append(&self, task_id: &str, event: Event) {
         let message = Message::Line {
             task_id: task_id.to_string(),
-            event: event.to_string(),
-            line,
+            line: encode(event),
         };
         let unsent = match &self.sender {
             Some(sender) => sender.send(message).err().map(|e| e.0),
             None => Some(message),
         };
         // The thread is gone (it cannot be, short of a panic): write here instead.
-        if let Some(Message::Line {
-            task_id,
-            event,
-            line,
-        }) = unsent
-        {
-            write_line(&self.queue_root, &task_id, &event, &line);
+        if let Some(Message::Line { task_id, line }) = unsent {
+            write_line(&self.queue_root, &task_id, &line);
         }
     }
 
@@ -211,32 +189,89 @@ mod tests {
     use std::fs::OpenOptions;
     use std::io::Write;
 
-    use super::{append, journal_path, read, JournalWriter};
-    use serde_json::json;
+    use super::{append, journal_path, read, Event, JournalWriter};
+
+    fn checkpoint(iteration: u64) -> Event {
+        Event::Checkpoint {
+            phase: "p".into(),
+            iteration,
+            generation: iteration,
+            bytes: 120,
+            ms: 0.5,
+        }
+    }
 
     #[test]
     fn events_round_trip_and_torn_lines_are_skipped() {
         let dir = tempfile::tempdir().unwrap();
-        append(
-            dir.path(),
-            "t1",
-            "accepted",
-            json!({"file": "inbox/t1.json"}),
-        );
-        append(
-            dir.path(),
-            "t1",
-            "checkpoint",
-            json!({"iteration": 3, "bytes": 120}),
-        );
+        append(dir.path(), "t1", Event::Accepted { priority: 0 });
+        append(dir.path(), "t1", checkpoint(3));
         let path = journal_path(dir.path(), "t1");
         let mut file = OpenOptions::new().append(true).open(&path).unwrap();
         file.write_all(b"{\"at\": \"2026-").unwrap();
         let events = read(dir.path(), "t1").unwrap();
         assert_eq!(events.len(), 2);
-        assert_eq!(events[0].event, "accepted");
-        assert_eq!(events[1].details["iteration"], json!(3));
+        assert_eq!(events[0].event, Event::Accepted { priority: 0 });
+        assert_eq!(events[1].event, checkpoint(3));
         assert!(read(dir.path(), "other").unwrap().is_empty());
+    }
+
+    /// Lines as cairn wrote them before events had a type still read, each as its variant,
+    /// and a line of an event this version does not know is kept as `Unknown`.
+    #[test]
+    fn an_old_journal_reads() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = journal_path(dir.path(), "t1");
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(
+            &path,
+            concat!(
+                r#"{"at":"2026-11-20T10:00:00.000001Z","event":"accepted","priority":0}"#,
+                "\n",
+                r#"{"at":"2026-11-20T10:00:01Z","event":"phase_started","phase":"sum","phase_index":0,"kind":"loop","attempt":1}"#,
+                "\n",
+                r#"{"at":"2026-11-20T10:00:02Z","event":"checkpoint","phase":"sum","iteration":1,"generation":1,"bytes":93,"ms":0.412345}"#,
+                "\n",
+                r#"{"at":"2026-11-20T10:00:03Z","event":"weather_report","sky":"clear"}"#,
+                "\n",
+                r#"{"at":"2026-11-20T10:00:04Z","event":"done","attempts":1,"cost":null}"#,
+                "\n",
+            ),
+        )
+        .unwrap();
+        let events: Vec<Event> = read(dir.path(), "t1")
+            .unwrap()
+            .into_iter()
+            .map(|e| e.event)
+            .collect();
+        assert_eq!(events.len(), 5);
+        assert_eq!(events[0], Event::Accepted { priority: 0 });
+        assert!(
+            matches!(&events[1], Event::PhaseStarted { phase, attempt: 1, .. } if phase == "sum")
+        );
+        assert!(matches!(events[2], Event::Checkpoint { iteration: 1, ms, .. } if ms == 0.412345));
+        assert!(matches!(&events[3], Event::Unknown { event, .. } if event == "weather_report"));
+        assert_eq!(
+            events[4],
+            Event::Done {
+                attempts: 1,
+                cost: None
+            }
+        );
+    }
+
+    /// A line is written as it was before events had a type: time, name, then the details.
+    #[test]
+    fn lines_keep_their_layout() {
+        let dir = tempfile::tempdir().unwrap();
+        append(dir.path(), "t1", checkpoint(7));
+        let text = std::fs::read_to_string(journal_path(dir.path(), "t1")).unwrap();
+        let (at, rest) = text.split_once(r#"","event""#).unwrap();
+        assert!(at.starts_with(r#"{"at":""#), "{text}");
+        assert_eq!(
+            rest,
+            ":\"checkpoint\",\"phase\":\"p\",\"iteration\":7,\"generation\":7,\"bytes\":120,\"ms\":0.5}\n"
+        );
     }
 
     #[test]
@@ -244,24 +279,31 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let writer = JournalWriter::start(dir.path());
         for i in 0..200 {
-            writer.append("t1", "checkpoint", json!({"iteration": i}));
+            writer.append("t1", checkpoint(i));
         }
-        writer.append("t2", "done", json!({}));
+        let done = Event::Done {
+            attempts: 1,
+            cost: None,
+        };
+        writer.append("t2", done.clone());
         writer.flush();
         let events = read(dir.path(), "t1").unwrap();
         let order: Vec<u64> = events
             .iter()
-            .map(|e| e.details["iteration"].as_u64().unwrap())
+            .map(|e| match e.event {
+                Event::Checkpoint { iteration, .. } => iteration,
+                _ => panic!("not a checkpoint: {e:?}"),
+            })
             .collect();
         assert_eq!(order, (0..200).collect::<Vec<u64>>());
         assert!(events.windows(2).all(|w| w[0].at <= w[1].at));
-        writer.append("t2", "after-flush", json!({}));
+        writer.append("t2", Event::Resumed {});
         drop(writer);
-        let names: Vec<String> = read(dir.path(), "t2")
+        let written: Vec<Event> = read(dir.path(), "t2")
             .unwrap()
             .into_iter()
             .map(|e| e.event)
             .collect();
-        assert_eq!(names, ["done", "after-flush"]);
+        assert_eq!(written, [done, Event::Resumed {}]);
     }
 }

@@ -16,6 +16,7 @@
 mod checkpoint;
 mod checkpoint_store;
 pub mod current_work;
+pub mod events;
 #[cfg(feature = "test-doubles")]
 mod faulty;
 mod file;
@@ -26,9 +27,11 @@ mod group_commit;
 mod gzip;
 pub mod journal;
 mod loop_checkpointer;
+pub mod modes;
 #[cfg(feature = "test-doubles")]
 mod power_loss;
 pub mod records;
+pub mod task_state;
 
 pub use checkpoint::{
     decode_checkpoint, encode_checkpoint, CheckpointError, IterationCheckpoint, FORMAT_VERSION,

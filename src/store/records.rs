@@ -7,13 +7,54 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::current_work::PhaseTiming;
+use crate::task_id::TaskId;
+
+/// How a task ended, as its record's `status` says.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RecordStatus {
+    /// Every phase finished (`done/`).
+    Done,
+    /// Its attempts were used up, or it was quarantined (`failed/`).
+    Failed,
+    /// Stopped by its `budget.max_cost` (`failed/`).
+    BudgetExceeded,
+    /// Cancelled by an operator (`failed/`).
+    Cancelled,
+    /// A file refused at intake (`failed/rejected-*.json`), not a task.
+    Rejected,
+    /// A status this cairn does not know (written by a newer one).
+    #[serde(untagged)]
+    Other(String),
+}
+
+impl RecordStatus {
+    pub fn as_str(&self) -> &str {
+        match self {
+            RecordStatus::Done => "done",
+            RecordStatus::Failed => "failed",
+            RecordStatus::BudgetExceeded => "budget_exceeded",
+            RecordStatus::Cancelled => "cancelled",
+            RecordStatus::Rejected => "rejected",
+            RecordStatus::Other(status) => status,
+        }
+    }
+
+    /// A task's end that `cairn retry` can bring back.
+    pub fn is_retryable(&self) -> bool {
+        matches!(
+            self,
+            RecordStatus::Failed | RecordStatus::Cancelled | RecordStatus::BudgetExceeded
+        )
+    }
+}
 
 /// Written once a task's last phase has finished.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct DoneRecord {
-    /// Always `"done"`.
-    pub status: String,
-    pub task_id: String,
+    /// Always [`RecordStatus::Done`].
+    pub status: RecordStatus,
+    pub task_id: TaskId,
     /// The last phase's output.
     pub result: Value,
     pub phase_outputs: BTreeMap<String, Value>,
@@ -41,8 +82,9 @@ pub struct DoneRecord {
 /// checkpoints are kept).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct FailedRecord {
-    /// `"failed"`, or `"budget_exceeded"`.
-    pub status: String,
+    /// [`RecordStatus::Failed`], [`RecordStatus::BudgetExceeded`] or
+    /// [`RecordStatus::Cancelled`].
+    pub status: RecordStatus,
     /// As in [`DoneRecord`]: the committed cost, and the estimate for lost iterations apart.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cost: Option<f64>,
@@ -50,7 +92,7 @@ pub struct FailedRecord {
     pub lost_iterations: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lost_cost_estimate: Option<f64>,
-    pub task_id: String,
+    pub task_id: TaskId,
     pub error: String,
     /// The phase that failed.
     pub phase: String,
@@ -73,4 +115,27 @@ pub fn to_record_bytes<T: Serialize>(record: &T) -> Vec<u8> {
     let mut bytes = serde_json::to_vec_pretty(record).unwrap_or_default();
     bytes.push(b'\n');
     bytes
+}
+
+#[cfg(test)]
+mod tests {
+    use super::RecordStatus;
+
+    #[test]
+    fn statuses_read_and_write_as_their_names() {
+        for (status, name) in [
+            (RecordStatus::Done, "done"),
+            (RecordStatus::Failed, "failed"),
+            (RecordStatus::BudgetExceeded, "budget_exceeded"),
+            (RecordStatus::Cancelled, "cancelled"),
+            (RecordStatus::Rejected, "rejected"),
+            (RecordStatus::Other("archived".into()), "archived"),
+        ] {
+            let json = serde_json::to_string(&status).unwrap();
+            assert_eq!(json, format!("{name:?}"));
+            assert_eq!(serde_json::from_str::<RecordStatus>(&json).unwrap(), status);
+            assert_eq!(status.as_str(), name);
+        }
+        assert!(serde_json::from_str::<RecordStatus>("3").is_err());
+    }
 }

@@ -14,7 +14,7 @@ mod temp_files;
 use std::collections::BTreeMap;
 use std::fs;
 use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -196,6 +196,10 @@ impl TestQueue {
             .expect("creating a temp dir");
         let root = tmp.path().join("queue");
         fs::create_dir_all(root.join("inbox")).expect("creating the queue's inbox");
+        // Closed to other users, as cairn creates a queue: a queue every user may enter is
+        // refused once it holds a task with `env`.
+        fs::set_permissions(&root, fs::Permissions::from_mode(0o750))
+            .expect("closing the queue to other users");
         TestQueue {
             tmp,
             root,

@@ -22,6 +22,8 @@ fn run_bench(dir: &std::path::Path) -> Vec<Value> {
             "10",
             "--resume-tasks",
             "20",
+            "--side-by-side-tasks",
+            "10",
             "--dir",
         ])
         .arg(dir)
@@ -52,9 +54,21 @@ fn every_measurement_prints_its_line() {
     let dir = tempfile::tempdir().unwrap();
     let lines = run_bench(dir.path());
     let whats: Vec<&str> = lines.iter().map(|l| l["what"].as_str().unwrap()).collect();
-    assert_eq!(whats, ["throughput", "pickup", "loop", "loop", "resume"]);
+    assert_eq!(
+        whats,
+        [
+            "throughput",
+            "pickup",
+            "loop",
+            "loop",
+            "side_by_side",
+            "side_by_side",
+            "resume"
+        ]
+    );
     assert!(lines.iter().all(|l| l["bench"] == "queue"));
-    for line in &lines {
+    // pueue's line says why it was skipped when pueue is not installed.
+    for line in lines.iter().filter(|l| l.get("skipped").is_none()) {
         assert!(num(line, "peak_rss_mib") > 0.0, "{line}");
     }
 
@@ -94,7 +108,18 @@ fn every_measurement_prints_its_line() {
         );
     }
 
-    let resume = &lines[4];
+    let (cairn, peer) = (&lines[4], &lines[5]);
+    assert_eq!(cairn["impl"], "cairn");
+    assert_eq!(cairn["tasks"], 10);
+    assert!(num(cairn, "tasks_s") > 0.0, "{cairn}");
+    assert_eq!(peer["impl"], "pueue");
+    if peer.get("skipped").is_none() {
+        assert_eq!(peer["tasks"], 10);
+        assert_eq!(peer["max_tasks"], 4);
+        assert!(num(peer, "tasks_s") > 0.0, "{peer}");
+    }
+
+    let resume = &lines[6];
     assert_eq!(resume["tasks"], 20);
     assert_eq!(resume["max_tasks"], 20);
     assert!(num(resume, "current_work_bytes") > 0.0);

@@ -17,6 +17,9 @@ const ITERATIONS: u64 = 4;
 /// A loop whose state is the sum of (iteration + 1), logging each run to `runs.txt`.
 fn write_task(queue: &Path) {
     fs::create_dir_all(queue.join("inbox")).unwrap();
+    // Closed to other users: a queue every user may enter is refused while a task has `env`.
+    use std::os::unix::fs::PermissionsExt;
+    fs::set_permissions(queue, fs::Permissions::from_mode(0o750)).unwrap();
     // `state` is a number (or null at first); iteration i adds i + 1.
     let step = r#"read -r request
 state=$(printf '%s' "$request" | sed -n 's/.*"state":\([0-9]*\).*/\1/p')

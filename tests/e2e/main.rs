@@ -30,8 +30,10 @@ mod operator;
 #[cfg(feature = "postgres")]
 mod postgres_backend;
 mod postgres_leases;
+mod queue_modes;
 mod service;
 mod spawn_exhaustion;
+mod spawn_path;
 mod stop_resume;
 mod strace;
 mod systemd_units;

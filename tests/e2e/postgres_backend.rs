@@ -13,6 +13,7 @@ use cairn::queue::{QueueBackend, QueueError, TaskRecord};
 use cairn::store::current_work::{ActiveTask, CurrentWork};
 use cairn::store::records::DoneRecord;
 use cairn::store::IterationCheckpoint;
+use cairn::task_id::TaskId;
 use serde_json::json;
 use tokio::runtime::Runtime;
 
@@ -92,7 +93,7 @@ fn a_checkpoint(id: &str, iterations: u64) -> IterationCheckpoint {
 }
 
 fn work_with(id: &str, iterations: u64) -> Vec<u8> {
-    let mut entry = ActiveTask::new(id, "p");
+    let mut entry = ActiveTask::new(&TaskId::parse(id).unwrap(), "p");
     entry.iterations = iterations;
     let mut work = CurrentWork::default();
     work.upsert(entry);

@@ -185,11 +185,11 @@ fn a_queue_writable_by_others_is_refused() {
         assert!(stderr.contains(what), "{stderr}");
         assert!(stderr.contains(&target.display().to_string()), "{stderr}");
     }
-    // A group-writable inbox is how a queue is shared: accepted.
+    // A group-writable, sticky inbox is how a queue is shared: accepted.
     let queue = TestQueue::new();
     let output = queue.cairn_output(&["run", "--exit-when-idle"], b"");
     assert!(output.status.success());
-    std::fs::set_permissions(queue.path("inbox"), std::fs::Permissions::from_mode(0o2770)).unwrap();
+    std::fs::set_permissions(queue.path("inbox"), std::fs::Permissions::from_mode(0o3770)).unwrap();
     let output = queue.cairn_output(&["run", "--exit-when-idle"], b"");
     assert!(
         output.status.success(),

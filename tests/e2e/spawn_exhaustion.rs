@@ -11,9 +11,23 @@ use serde_json::json;
 fn run_with_failing_forks(queue: &TestQueue, errno: &str, failures: u32) -> String {
     // Without -f only the daemon's main thread is traced: forks are its `clone` calls, while
     // threads are started with `clone3`.
+    // Commands are started with `clone3` through posix_spawn by default, as threads are: the
+    // daemon is asked for the fork path, whose forks are its only `clone` calls.
     let inject = format!("inject=clone:error={errno}:when=1..{failures}");
-    let mut daemon = queue.start_under_strace(
-        &["-qq", "-o", "/dev/null", "-e", "trace=clone", "-e", &inject],
+    let mut daemon = queue.start_wrapped(
+        &[
+            "env",
+            "CAIRN_SPAWN_VIA_FORK=1",
+            "strace",
+            "-qq",
+            "-o",
+            "/dev/null",
+            "-e",
+            "trace=clone",
+            "-e",
+            &inject,
+            "--",
+        ],
         &["--exit-when-idle"],
     );
     let status = daemon.wait_exit(DEADLINE);

@@ -402,6 +402,13 @@ fn sysusers_and_tmpfiles_snippets_build_the_shared_inbox() {
     let cairn_uid = id_in(&etc.join("passwd"), "cairn");
     let cairn_gid = id_in(&etc.join("group"), "cairn");
     let submit_gid = id_in(&etc.join("group"), "cairn-submit");
+    let group = fs::read_to_string(etc.join("group")).unwrap();
+    assert!(
+        group
+            .lines()
+            .any(|l| l.starts_with("cairn-submit:") && l.split(':').nth(3) == Some("cairn")),
+        "cairn should be a member of cairn-submit, to read the 0640 files dropped in inbox/:\n{group}"
+    );
     let passwd = fs::read_to_string(etc.join("passwd")).unwrap();
     assert!(
         passwd.contains(":/var/lib/cairn:"),

@@ -34,12 +34,14 @@ use crate::queue::control::ControlRequest;
 use crate::queue::lease::{Lease, LeaseLost, OwnerLease};
 use crate::queue::{IntakeReport, QueueHint};
 use crate::store::current_work::{ActiveTask, CurrentWork, StartPoint};
+use crate::store::events::Event;
 use crate::store::records::{to_record_bytes, FailedRecord};
 use crate::store::{
     decode_checkpoint, CheckpointStore, IterationCheckpoint, LoadedCheckpoint, StoreError,
     WriteFence,
 };
 use crate::task::Task;
+use crate::task_id::TaskId;
 
 /// Checkpoint generations kept besides the newest, as the file store keeps them.
 const KEEP_GENERATIONS: u32 = 2;
@@ -206,7 +208,7 @@ impl PgBackend {
     /// is gone is skipped (logged): the task's new holder writes it.
     fn write_entries(&self, work: &CurrentWork) -> Result<(), QueueError> {
         for entry in &work.active_tasks {
-            let held = locked(&self.leases).get(&entry.task_id).cloned();
+            let held = locked(&self.leases).get(entry.task_id.as_str()).cloned();
             let Some(held) = held else {
                 tracing::warn!(task_id = %entry.task_id, "not writing the work state of a task this daemon does not hold");
                 continue;
@@ -417,7 +419,11 @@ impl QueueBackend for PgBackend {
             what,
             problem: e.to_string(),
         })?;
-        task.id = Some(task_id.to_string());
+        // The id names the row just read, so it is one; a name that is not is refused.
+        task.id = Some(TaskId::parse(task_id).map_err(|e| QueueError::Unreadable {
+            what: format!("task {task_id} in cairn_tasks"),
+            problem: format!("task id {e}"),
+        })?);
         Ok(task)
     }
 
@@ -640,16 +646,21 @@ impl QueueBackend for PgBackend {
         Ok(())
     }
 
-    fn append_event(&self, task_id: &str, event: &str, details: Value) {
+    fn append_event(&self, task_id: &str, event: Event) {
         let Some(held) = locked(&self.leases).get(task_id).cloned() else {
             tracing::debug!(
                 task_id,
-                event,
                 "an event of a task this daemon does not hold is not journaled"
             );
             return;
         };
-        let json = serde_json::json!({ "event": event, "details": details }).to_string();
+        let json = match serde_json::to_string(&event) {
+            Ok(json) => json,
+            Err(error) => {
+                tracing::warn!(task_id, %error, "an event could not be encoded");
+                return;
+            }
+        };
         let db = self.db.clone();
         let Some(runtime) = self.runtime.as_ref() else {
             return;

@@ -56,7 +56,7 @@ pub enum PgError {
     InvalidTaskId {
         task_id: String,
         #[source]
-        reason: crate::task::InvalidName,
+        reason: crate::task_id::InvalidName,
     },
     /// The checkpoint could not be encoded; nothing was written.
     #[error("encoding the checkpoint of task {task_id:?}: {source}")]

@@ -6,7 +6,7 @@ use super::error::{During, PgError};
 /// A task to submit.
 #[derive(Debug, Clone, Copy)]
 pub struct NewTask<'a> {
-    /// A valid task id (see `task::validate_id`).
+    /// A valid task id (see `task_id::TaskId`).
     pub id: &'a str,
     pub priority: i32,
     /// Expired leases in a row after which the task is quarantined (the file queue's rule:
@@ -35,7 +35,7 @@ RETURNING id";
 impl PgQueue {
     /// Queue a task, exactly once per id.
     pub async fn submit(&self, task: &NewTask<'_>) -> Result<Submitted, PgError> {
-        crate::task::validate_id(task.id).map_err(|reason| PgError::InvalidTaskId {
+        crate::task_id::TaskId::parse(task.id).map_err(|reason| PgError::InvalidTaskId {
             task_id: task.id.to_owned(),
             reason,
         })?;

@@ -7,7 +7,7 @@
 //! the [`CheckpointStore`]) and journal, the rejections of files dropped into the inbox, and
 //! whether a daemon holds the queue ([`DaemonInfo`]). Formatting is the caller's.
 
-mod files;
+pub(crate) mod files;
 mod liveness;
 mod paths;
 mod rate;
@@ -27,7 +27,7 @@ use serde_json::Value;
 
 pub use liveness::{daemon_info, DaemonInfo};
 pub use rate::rate_from_events;
-pub use record::{Record, RecordError, State};
+pub use record::{Record, RecordError};
 pub use task_view::TaskView;
 
 pub(crate) use files::{disk_size, json_stems, list_names, mtime, newest_mtime, read_regular};
@@ -39,6 +39,7 @@ use crate::store::{
     CheckpointStore, FileStorage, GenerationInfo, IterationCheckpoint, LoadedCheckpoint, StoreError,
 };
 use crate::task::Task;
+use crate::task_id::TaskId;
 use files::quietly;
 use task_view::{rejected_view, submitted_view, task_view, Listing};
 
@@ -176,15 +177,15 @@ impl QueueReader {
         let (ids, mut rejected) = self.known_ids(&listing.work);
         let mut tasks: Vec<TaskView> = quietly(|| {
             ids.iter()
-                .filter(|id| crate::task::validate_id(id).is_ok())
-                .map(|id| task_view(&listing, id))
+                .filter_map(|name| TaskId::parse(name.as_str()).ok())
+                .map(|id| task_view(&listing, &id))
                 .collect()
         });
         // A file in the inbox whose id is taken already will be rejected, not run.
         tasks.extend(
             self.inbox_tasks()
                 .into_iter()
-                .filter(|(_, task)| !ids.contains(task.id()))
+                .filter(|(_, task)| !ids.contains(task.id().as_str()))
                 .map(|(name, task)| submitted_view(self, &name, task)),
         );
         let rejected_count = rejected.len();
@@ -198,9 +199,8 @@ impl QueueReader {
                 .map(|(stem, record)| rejected_view(&stem, record)),
         );
         tasks.sort_by(|a, b| {
-            a.state
-                .rank()
-                .cmp(&b.state.rank())
+            record::rank(&a.state)
+                .cmp(&record::rank(&b.state))
                 .then_with(|| a.id.cmp(&b.id))
         });
         for task in &tasks {
@@ -231,7 +231,7 @@ impl QueueReader {
             }
             ids.insert(stem);
         }
-        ids.extend(work.active_tasks.iter().map(|t| t.task_id.clone()));
+        ids.extend(work.active_tasks.iter().map(|t| t.task_id.to_string()));
         (ids, rejected)
     }
 
@@ -255,7 +255,7 @@ impl QueueReader {
     }
 
     /// One task, by id (rejected records included); `None` when the queue knows no such task.
-    pub fn task(&self, id: &str) -> Option<TaskView> {
+    pub fn task(&self, id: &TaskId) -> Option<TaskView> {
         let listing = quietly(|| Listing::read(self));
         let known = self.dir.task_file(id).exists()
             || self.dir.done_file(id).exists()

@@ -1,23 +1,24 @@
 //! The rate of the phase in flight, from the `checkpoint` events of the task's journal.
 
 use chrono::{DateTime, Utc};
-use serde_json::Value;
 
-use crate::store::journal::JournalEvent;
+use crate::store::journal::{Event, JournalEvent};
 
 /// Iterations per minute of the phase in flight, from the `checkpoint` events of its current
 /// run (since its last `phase_started`): first to last checkpoint; with a single checkpoint,
 /// from the phase's start (at the iteration it resumed from).
 pub fn rate_from_events(events: &[JournalEvent], phase: &str) -> Option<f64> {
-    let of_phase = |e: &JournalEvent| e.details.get("phase").and_then(Value::as_str) == Some(phase);
-    let checkpoint_iteration = |e: &JournalEvent| {
-        (e.event == "checkpoint" && of_phase(e))
-            .then(|| e.details.get("iteration").and_then(Value::as_u64))
-            .flatten()
+    let checkpoint_iteration = |e: &JournalEvent| match &e.event {
+        Event::Checkpoint {
+            phase: of,
+            iteration,
+            ..
+        } if of == phase => Some(*iteration),
+        _ => None,
     };
     let started = events
         .iter()
-        .rposition(|e| e.event == "phase_started" && of_phase(e));
+        .rposition(|e| matches!(&e.event, Event::PhaseStarted { phase: of, .. } if of == phase));
     let run = &events[started.map_or(0, |i| i + 1)..];
     let points: Vec<(DateTime<Utc>, u64)> = run
         .iter()
@@ -36,12 +37,22 @@ pub fn rate_from_events(events: &[JournalEvent], phase: &str) -> Option<f64> {
                 // Nothing earlier: 0 only if the journal is whole (it starts with `accepted`)
                 // and holds every checkpoint the task wrote — a forked task starts from a
                 // checkpoint its journal does not list (its generation numbers tell).
-                None if events.first().is_some_and(|e| e.event == "accepted") => {
-                    let written_before = before.iter().filter(|e| e.event == "checkpoint").count();
-                    let generation = run
+                None if events
+                    .first()
+                    .is_some_and(|e| matches!(e.event, Event::Accepted { .. })) =>
+                {
+                    let written_before = before
                         .iter()
-                        .find(|e| checkpoint_iteration(e).is_some())
-                        .and_then(|e| e.details.get("generation").and_then(Value::as_u64));
+                        .filter(|e| matches!(e.event, Event::Checkpoint { .. }))
+                        .count();
+                    let generation = run.iter().find_map(|e| match e.event {
+                        Event::Checkpoint { generation, .. }
+                            if checkpoint_iteration(e).is_some() =>
+                        {
+                            Some(generation)
+                        }
+                        _ => None,
+                    });
                     if generation.is_some_and(|g| g != written_before as u64 + 1) {
                         return None;
                     }
@@ -63,29 +74,53 @@ pub fn rate_from_events(events: &[JournalEvent], phase: &str) -> Option<f64> {
 #[cfg(test)]
 mod tests {
     use chrono::DateTime;
-    use serde_json::{json, Value};
 
     use super::rate_from_events;
-    use crate::store::journal::JournalEvent;
+    use crate::store::journal::{Event, JournalEvent};
+    use crate::task::PhaseKind;
 
-    fn event(at_ms: i64, event: &str, details: Value) -> JournalEvent {
-        let Value::Object(details) = details else {
-            panic!("details must be an object")
-        };
+    fn event(at_ms: i64, event: Event) -> JournalEvent {
         JournalEvent {
             at: DateTime::from_timestamp_millis(1_700_000_000_000 + at_ms).unwrap(),
-            event: event.into(),
-            details,
+            event,
         }
+    }
+
+    fn checkpoint(at_ms: i64, iteration: u64, generation: u64) -> JournalEvent {
+        event(
+            at_ms,
+            Event::Checkpoint {
+                phase: "p".into(),
+                iteration,
+                generation,
+                bytes: 100,
+                ms: 1.0,
+            },
+        )
+    }
+
+    fn accepted() -> JournalEvent {
+        event(0, Event::Accepted { priority: 0 })
     }
 
     #[test]
     fn rate_is_measured_over_the_current_run_of_the_phase() {
-        let cp = |ms, i| event(ms, "checkpoint", json!({"phase": "p", "iteration": i}));
-        let started = |ms| event(ms, "phase_started", json!({"phase": "p"}));
+        // Generations as the task wrote them: one per checkpoint.
+        let cp = |ms, i| checkpoint(ms, i, i);
+        let started = |ms| {
+            event(
+                ms,
+                Event::PhaseStarted {
+                    phase: "p".into(),
+                    phase_index: 0,
+                    kind: PhaseKind::Loop,
+                    attempt: 1,
+                },
+            )
+        };
         // An earlier run, a day ago, must not dilute the rate of this one.
         let events = vec![
-            event(0, "accepted", json!({})),
+            accepted(),
             started(0),
             cp(1_000, 1),
             cp(2_000, 2),
@@ -102,19 +137,11 @@ mod tests {
         assert_eq!(rate_from_events(&events, "q"), None);
         // A single checkpoint after a start with nothing before it: from 0 only when the
         // journal is whole.
-        let fresh = vec![event(0, "accepted", json!({})), started(0), cp(30_000, 1)];
+        let fresh = vec![accepted(), started(0), cp(30_000, 1)];
         assert_eq!(rate_from_events(&fresh, "p"), Some(2.0));
         assert_eq!(rate_from_events(&fresh[1..], "p"), None);
         // A fork starts from a checkpoint (generation 1) its own journal does not list.
-        let forked = vec![
-            event(0, "accepted", json!({})),
-            started(0),
-            event(
-                30_000,
-                "checkpoint",
-                json!({"phase": "p", "iteration": 6, "generation": 2}),
-            ),
-        ];
+        let forked = vec![accepted(), started(0), checkpoint(30_000, 6, 2)];
         assert_eq!(rate_from_events(&forked, "p"), None);
     }
 }

@@ -1,85 +1,23 @@
-//! A task's state and its final record, as the read model gives them.
+//! A task's final record, as the read model gives it, and the order tasks are listed in.
 
 use std::fs;
 use std::path::{Path, PathBuf};
 
 use chrono::{DateTime, Utc};
+use serde::Deserialize;
 use serde_json::Value;
 
 use super::files::mtime;
+use crate::store::records::RecordStatus;
+use crate::store::task_state::TaskState;
 
-/// Where a task stands.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum State {
-    /// In `inbox/`, not taken by a daemon yet (no daemon runs, or it has not got to it).
-    Submitted,
-    /// Accepted (`tasks/<id>.json`), not started yet.
-    Pending,
-    Running,
-    Paused,
-    WaitingRetry,
-    /// Stopped by a shutdown or a daemon that died; resumes at the next start.
-    Interrupted,
-    Done,
-    Failed,
-    BudgetExceeded,
-    Cancelled,
-    /// A file refused at intake.
-    Rejected,
-    /// A record with a status this cairn does not know (written by a newer one).
-    Other(String),
-}
-
-impl State {
-    pub fn as_str(&self) -> &str {
-        match self {
-            State::Submitted => "submitted",
-            State::Pending => "pending",
-            State::Running => "running",
-            State::Paused => "paused",
-            State::WaitingRetry => "waiting_retry",
-            State::Interrupted => "interrupted",
-            State::Done => "done",
-            State::Failed => "failed",
-            State::BudgetExceeded => "budget_exceeded",
-            State::Cancelled => "cancelled",
-            State::Rejected => "rejected",
-            State::Other(status) => status,
-        }
-    }
-
-    pub(super) fn from_record_status(status: &str) -> State {
-        match status {
-            "done" => State::Done,
-            "failed" => State::Failed,
-            "budget_exceeded" => State::BudgetExceeded,
-            "cancelled" => State::Cancelled,
-            "rejected" => State::Rejected,
-            other => State::Other(other.to_string()),
-        }
-    }
-
-    /// In `current_work.json`.
-    pub fn is_in_flight(&self) -> bool {
-        matches!(
-            self,
-            State::Running | State::Paused | State::WaitingRetry | State::Interrupted
-        )
-    }
-
-    /// Submitted or accepted, and not started yet.
-    pub fn not_started(&self) -> bool {
-        matches!(self, State::Submitted | State::Pending)
-    }
-
-    /// Sort rank: tasks in flight first, then pending (and submitted), finished, rejected.
-    pub(super) fn rank(&self) -> u8 {
-        match self {
-            s if s.is_in_flight() => 0,
-            State::Pending | State::Submitted => 1,
-            State::Rejected => 3,
-            _ => 2,
-        }
+/// Sort rank: tasks in flight first, then pending (and submitted), finished, rejected.
+pub(super) fn rank(state: &TaskState) -> u8 {
+    match state {
+        s if s.is_in_flight() => 0,
+        s if s.not_started() => 1,
+        s if s.is_rejected() => 3,
+        _ => 2,
     }
 }
 
@@ -98,6 +36,11 @@ pub enum RecordError {
     },
     #[error("{} has no \"status\"", path.display())]
     NoStatus { path: PathBuf },
+    #[error("{}: \"status\": {source}", path.display())]
+    Status {
+        path: PathBuf,
+        source: serde_json::Error,
+    },
 }
 
 /// A final record in `done/` or `failed/`.
@@ -107,7 +50,7 @@ pub struct Record {
     pub path: PathBuf,
     pub value: Value,
     /// Its `status` field.
-    pub status: String,
+    pub status: RecordStatus,
     /// When the task finished (`finished_at`, `failed_at`, `rejected_at`; else the file's
     /// modification time).
     pub at: Option<DateTime<Utc>>,
@@ -123,12 +66,19 @@ impl Record {
             path: path.to_path_buf(),
             source,
         })?;
-        let status = value["status"]
-            .as_str()
-            .ok_or_else(|| RecordError::NoStatus {
-                path: path.to_path_buf(),
-            })?
-            .to_string();
+        let status = match value.get("status") {
+            Some(status) => {
+                RecordStatus::deserialize(status).map_err(|source| RecordError::Status {
+                    path: path.to_path_buf(),
+                    source,
+                })?
+            }
+            None => {
+                return Err(RecordError::NoStatus {
+                    path: path.to_path_buf(),
+                })
+            }
+        };
         let at = ["finished_at", "failed_at", "cancelled_at", "rejected_at"]
             .iter()
             .find_map(|key| value[*key].as_str())
@@ -145,7 +95,7 @@ impl Record {
 
     /// A rejection of a file at intake (not a task's record).
     pub fn is_rejection(&self) -> bool {
-        self.status == "rejected"
+        self.status == RecordStatus::Rejected
     }
 
     pub(super) fn u32_field(&self, key: &str) -> Option<u32> {

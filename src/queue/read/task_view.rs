@@ -20,12 +20,15 @@ use serde_json::Value;
 
 use super::liveness::DaemonInfo;
 use super::rate::rate_from_events;
-use super::record::{Record, State};
+use super::record::Record;
 use super::QueueReader;
 use crate::queue::QueueDir;
 use crate::store::current_work::{ActiveStatus, ActiveTask, CurrentWork, StoredOutput};
+use crate::store::records::RecordStatus;
+use crate::store::task_state::TaskState;
 use crate::store::IterationCheckpoint;
 use crate::task::{Phase, PhaseKind, Task};
+use crate::task_id::TaskId;
 
 /// How much of the end of a task's journal the model reads to work out a rate.
 const JOURNAL_TAIL_BYTES: u64 = 256 * 1024;
@@ -34,7 +37,7 @@ const JOURNAL_TAIL_BYTES: u64 = 256 * 1024;
 #[derive(Debug, Clone)]
 pub struct TaskView {
     pub id: String,
-    pub state: State,
+    pub state: TaskState,
     pub phase: Option<String>,
     /// 0-based.
     pub phase_index: Option<usize>,
@@ -71,7 +74,7 @@ pub struct TaskView {
 }
 
 impl TaskView {
-    fn new(id: &str, state: State) -> TaskView {
+    fn new(id: &str, state: TaskState) -> TaskView {
         TaskView {
             id: id.to_string(),
             state,
@@ -141,7 +144,7 @@ impl Listing<'_> {
 
 /// A task still in the inbox: where it will start, as for a pending one.
 pub(super) fn submitted_view(reader: &QueueReader, name: &str, task: Task) -> TaskView {
-    let mut view = TaskView::new(task.id(), State::Submitted);
+    let mut view = TaskView::new(task.id(), TaskState::Submitted);
     view.definition_key = QueueDir::inbox_name_key(name);
     view.phase_count = Some(task.phases.len());
     view.task = Some(task);
@@ -151,7 +154,7 @@ pub(super) fn submitted_view(reader: &QueueReader, name: &str, task: Task) -> Ta
 
 /// A file refused at intake, by its record's stem.
 pub(super) fn rejected_view(stem: &str, record: Record) -> TaskView {
-    let mut view = TaskView::new(stem, State::Rejected);
+    let mut view = TaskView::new(stem, RecordStatus::Rejected.into());
     view.error = record.value["reason"]
         .as_str()
         .or_else(|| record.value["problem"].as_str())
@@ -161,10 +164,10 @@ pub(super) fn rejected_view(stem: &str, record: Record) -> TaskView {
 }
 
 /// A task the queue knows by id: accepted, in flight or finished.
-pub(super) fn task_view(listing: &Listing, id: &str) -> TaskView {
+pub(super) fn task_view(listing: &Listing, id: &TaskId) -> TaskView {
     let reader = listing.reader;
-    let mut view = TaskView::new(id, State::Pending);
-    read_definition(reader, &mut view);
+    let mut view = TaskView::new(id, TaskState::Pending);
+    read_definition(reader, &mut view, id);
     view.phase_count = view.task.as_ref().map(|t| t.phases.len());
 
     let mut record = None;
@@ -185,7 +188,7 @@ pub(super) fn task_view(listing: &Listing, id: &str) -> TaskView {
     let retried = match (&entry, &record) {
         (Some(_), Some(record)) => listing
             .retry_of
-            .get(id)
+            .get(id.as_str())
             .is_some_and(|at| Some(*at) == record.at),
         _ => false,
     };
@@ -199,12 +202,12 @@ pub(super) fn task_view(listing: &Listing, id: &str) -> TaskView {
 }
 
 /// `tasks/<id>.json`, noting a file that does not read.
-fn read_definition(reader: &QueueReader, view: &mut TaskView) {
+fn read_definition(reader: &QueueReader, view: &mut TaskView, id: &TaskId) {
     let task_path = reader.dir().task_file(&view.id);
     match fs::read(&task_path) {
         Ok(bytes) => match Task::parse_stored(&bytes) {
             Ok(mut task) => {
-                task.id = Some(view.id.clone());
+                task.id = Some(id.clone());
                 view.task = Some(task);
             }
             Err(e) => view.warnings.push(format!("{}: {e}", task_path.display())),
@@ -218,14 +221,7 @@ fn read_definition(reader: &QueueReader, view: &mut TaskView) {
 
 /// A task in `current_work.json`.
 fn in_flight(listing: &Listing, view: &mut TaskView, entry: ActiveTask) {
-    view.state = match entry.status {
-        ActiveStatus::Running if listing.daemon.running => State::Running,
-        // The daemon that ran it died: it resumes at the next start.
-        ActiveStatus::Running => State::Interrupted,
-        ActiveStatus::Paused => State::Paused,
-        ActiveStatus::WaitingRetry => State::WaitingRetry,
-        ActiveStatus::Interrupted => State::Interrupted,
-    };
+    view.state = TaskState::of_entry(&entry, listing.daemon.running);
     let index = entry.phase_index;
     view.phase = Some(entry.phase.clone());
     view.phase_index = Some(index);
@@ -260,7 +256,7 @@ fn in_flight(listing: &Listing, view: &mut TaskView, entry: ActiveTask) {
             PhaseKind::Worker => entry.progress.and_then(|p| p.total),
         };
     }
-    if view.state == State::Running && iterative {
+    if view.state == TaskState::InFlight(ActiveStatus::Running) && iterative {
         let journal = listing.reader.journal_file(&view.id);
         view.rate_per_min = super::files::read_journal_tail(&journal, JOURNAL_TAIL_BYTES)
             .ok()
@@ -304,7 +300,7 @@ fn latest_in_flight(reader: &QueueReader, view: &mut TaskView, entry: &ActiveTas
 
 /// A task with a record in `done/` or `failed/`.
 fn finished(reader: &QueueReader, view: &mut TaskView, record: Record) {
-    view.state = State::from_record_status(&record.status);
+    view.state = record.status.clone().into();
     let value = &record.value;
     view.attempts = record.u32_field("attempts");
     view.failed_attempts = record.u32_field("failed_attempts");
@@ -339,7 +335,7 @@ fn finished(reader: &QueueReader, view: &mut TaskView, record: Record) {
         _ => None,
     };
     view.iteration = timing.as_ref().and_then(|t| t["iterations"].as_u64());
-    if view.state != State::Done && view.kind.is_some_and(|k| k != PhaseKind::Once) {
+    if !view.state.is_done() && view.kind.is_some_and(|k| k != PhaseKind::Once) {
         // Stopped mid-phase: its checkpoints are kept for a retry.
         if let Ok(Some(loaded)) = reader.checkpoints().latest(&view.id) {
             if Some(loaded.checkpoint.phase_index) == index {

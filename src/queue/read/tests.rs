@@ -3,9 +3,14 @@
 use std::fs;
 use std::path::Path;
 
-use crate::queue::read::State;
 use crate::queue::{LoadOptions, QueueDir, QueueLock, QueueReader};
-use crate::store::current_work::{ActiveTask, CurrentWork};
+use crate::store::current_work::{ActiveStatus, ActiveTask, CurrentWork};
+use crate::store::task_state::TaskState;
+use crate::task_id::TaskId;
+
+fn id(id: &str) -> TaskId {
+    TaskId::parse(id).unwrap()
+}
 
 fn write(root: &Path, key: &str, text: &str) {
     let path = root.join(key);
@@ -27,7 +32,7 @@ fn queue() -> tempfile::TempDir {
     write(root, "tasks/p.json", &task("p"));
     write(root, "tasks/r.json", &task("r"));
     let mut work = CurrentWork::default();
-    let mut entry = ActiveTask::new("r", "a");
+    let mut entry = ActiveTask::new(&id("r"), "a");
     entry.attempt = 2;
     entry.iterations = 3;
     work.active_tasks.push(entry);
@@ -94,10 +99,13 @@ fn a_held_lock_makes_the_entry_running_and_one_task_reads_alone() {
     let reader = QueueReader::open(tmp.path());
     let _lock = QueueLock::acquire(reader.dir()).unwrap();
     assert!(reader.daemon().running);
-    assert_eq!(reader.task("r").unwrap().state, State::Running);
-    assert_eq!(reader.task("s").unwrap().state, State::Submitted);
+    assert_eq!(
+        reader.task(&id("r")).unwrap().state,
+        TaskState::InFlight(ActiveStatus::Running)
+    );
+    assert_eq!(reader.task(&id("s")).unwrap().state, TaskState::Submitted);
     assert!(reader.in_inbox("s") && !reader.in_inbox("p"));
-    assert!(reader.task("nobody").is_none());
+    assert!(reader.task(&id("nobody")).is_none());
     assert!(reader.task_exists("d") && !reader.task_exists("nobody"));
 }
 

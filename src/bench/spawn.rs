@@ -1,0 +1,131 @@
+//! `cairn bench spawn`: what starting one command costs the daemon's async thread, by spawn
+//! path, while the process is as large as a daemon with thousands of tasks in flight.
+//!
+//! A `fork` copies the page tables of the whole process, so its cost grows with the daemon's
+//! resident memory; `posix_spawn` of the trampoline does not. The bench makes the process large
+//! (`--resident-mb` of touched heap, like the daemon's per-task state), optionally keeps
+//! `--resident-children` commands running (as tasks in flight would), then starts `--count`
+//! short commands (`true`) one after another through each path and prints, per path, how long
+//! the spawn call blocked the thread and how long until the command had exited.
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use clap::Args;
+use serde::Serialize;
+
+use super::{millis, percentile};
+use crate::runner::{spawn_in_group_via, SpawnPath};
+
+#[derive(Debug, Args)]
+pub struct SpawnArgs {
+    /// Commands started per path.
+    #[arg(long, default_value_t = 2000)]
+    pub count: usize,
+    /// Heap touched before spawning, in MB (a daemon with 10,000 tasks in flight: 350-450).
+    #[arg(long, default_value_t = 400)]
+    pub resident_mb: usize,
+    /// Commands (`sleep`) kept running during the measurement.
+    #[arg(long, default_value_t = 0)]
+    pub resident_children: usize,
+}
+
+/// One path's figures.
+#[derive(Debug, Serialize)]
+pub struct SpawnResult {
+    pub bench: &'static str,
+    pub path: &'static str,
+    pub resident_mb: usize,
+    pub resident_children: usize,
+    pub count: usize,
+    /// The spawn call: what the async thread is blocked for.
+    pub spawn_p50_ms: f64,
+    pub spawn_p99_ms: f64,
+    pub spawn_mean_ms: f64,
+    /// Spawn call to the command's exit being reaped.
+    pub run_p50_ms: f64,
+}
+
+/// Run the bench and return one result per path, the fork first.
+pub fn run(args: &SpawnArgs) -> anyhow::Result<Vec<SpawnResult>> {
+    if !crate::runner::exec_trampoline::is_available() {
+        anyhow::bail!("the spawn bench must run in the cairn binary (it starts its trampoline)");
+    }
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the runtime")?;
+    let ballast = touched_heap(args.resident_mb);
+    let results = runtime.block_on(async {
+        let mut sleepers = Vec::new();
+        for _ in 0..args.resident_children {
+            sleepers.push(spawn(SpawnPath::Trampoline, &["sleep", "600"])?);
+        }
+        let mut results = Vec::new();
+        for path in [SpawnPath::Fork, SpawnPath::Trampoline] {
+            results.push(measure(path, args).await?);
+        }
+        drop(sleepers); // kill_on_drop
+        anyhow::Ok(results)
+    })?;
+    drop(ballast);
+    Ok(results)
+}
+
+async fn measure(path: SpawnPath, args: &SpawnArgs) -> anyhow::Result<SpawnResult> {
+    let mut spawns = Vec::with_capacity(args.count);
+    let mut runs = Vec::with_capacity(args.count);
+    for _ in 0..args.count {
+        let start = Instant::now();
+        let mut child = spawn(path, &["true"])?;
+        spawns.push(start.elapsed());
+        let status = child.wait().await.context("waiting for `true`")?;
+        runs.push(start.elapsed());
+        anyhow::ensure!(status.success(), "`true` ended with {status}");
+    }
+    let total: Duration = spawns.iter().sum();
+    spawns.sort();
+    runs.sort();
+    Ok(SpawnResult {
+        bench: "spawn",
+        path: match path {
+            SpawnPath::Fork => "fork",
+            SpawnPath::Trampoline => "trampoline",
+        },
+        resident_mb: args.resident_mb,
+        resident_children: args.resident_children,
+        count: args.count,
+        spawn_p50_ms: millis(percentile(&spawns, 0.5)),
+        spawn_p99_ms: millis(percentile(&spawns, 0.99)),
+        spawn_mean_ms: millis(total / args.count.max(1) as u32),
+        run_p50_ms: millis(percentile(&runs, 0.5)),
+    })
+}
+
+fn spawn(path: SpawnPath, argv: &[&str]) -> anyhow::Result<tokio::process::Child> {
+    let argv: Vec<String> = argv.iter().map(|a| a.to_string()).collect();
+    let log = std::fs::File::options()
+        .append(true)
+        .open("/dev/null")
+        .context("opening /dev/null")?;
+    spawn_in_group_via(
+        path,
+        &argv,
+        &PathBuf::from("/"),
+        &[],
+        log,
+        Stdio::null(),
+        None,
+    )
+    .with_context(|| format!("starting {argv:?}"))
+}
+
+/// `mb` megabytes of heap in 4 KiB pieces, each written to, as the daemon's many small
+/// allocations are.
+fn touched_heap(mb: usize) -> Vec<Box<[u8]>> {
+    (0..mb * 256)
+        .map(|i| vec![i as u8; 4096].into_boxed_slice())
+        .collect()
+}
