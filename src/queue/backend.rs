@@ -22,6 +22,16 @@
 //!
 //! Writes that are not for one task (the work-state document, removing a handled control
 //! request) take the [`OwnerLease`] and are refused once it was released.
+//!
+//! # Shapes both backends honour
+//!
+//! - Checkpoints are saved and read through the backend
+//!   ([`save_checkpoint`](QueueBackend::save_checkpoint),
+//!   [`latest_checkpoint`](QueueBackend::latest_checkpoint)); the file store is exposed only
+//!   by a backend that has one ([`checkpoint_files`](QueueBackend::checkpoint_files)), where
+//!   the owner's loop checkpointers write it directly as before.
+//! - The work state is handed over as one encoded document; a database writes it as one row
+//!   per task, each fenced by that task's lease (see [`write_work`](QueueBackend::write_work)).
 
 use std::collections::HashSet;
 use std::fmt;
