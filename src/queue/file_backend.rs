@@ -87,6 +87,19 @@ impl FileBackend {
         })
     }
 
+    /// The JSON object at `key`, or `None` when there is none; `unreadable` says what is wrong
+    /// with bytes that do not parse.
+    fn get_json<T: serde::de::DeserializeOwned>(
+        &self,
+        key: &str,
+        unreadable: impl FnOnce(serde_json::Error) -> QueueError,
+    ) -> Result<Option<T>, QueueError> {
+        let Some(bytes) = self.get(key)? else {
+            return Ok(None);
+        };
+        serde_json::from_slice(&bytes).map(Some).map_err(unreadable)
+    }
+
     fn list(&self, dir: &str) -> Result<Vec<String>, QueueError> {
         self.storage.list(dir).map_err(|source| QueueError::Io {
             action: "listing",
@@ -218,40 +231,25 @@ impl QueueBackend for FileBackend {
 
     fn failed_record(&self, task_id: &str) -> Result<Option<FailedRecord>, QueueError> {
         let key = QueueDir::failed_key(task_id);
-        let Some(bytes) = self.get(&key)? else {
-            return Ok(None);
-        };
-        serde_json::from_slice(&bytes)
-            .map(Some)
-            .map_err(|e| QueueError::Unreadable {
-                what: key,
-                problem: format!("not a task record: {e}"),
-            })
+        self.get_json(&key, |e| QueueError::Unreadable {
+            what: key.clone(),
+            problem: format!("not a task record: {e}"),
+        })
     }
 
     fn start_point(&self, task_id: &str) -> Result<Option<StartPoint>, QueueError> {
         let key = StartPoint::key(task_id);
-        let Some(bytes) = self.get(&key)? else {
-            return Ok(None);
-        };
-        serde_json::from_slice(&bytes)
-            .map(Some)
-            .map_err(|e| QueueError::Unreadable {
-                what: key,
-                problem: e.to_string(),
-            })
+        self.get_json(&key, |e| QueueError::Unreadable {
+            what: key.clone(),
+            problem: e.to_string(),
+        })
     }
 
     fn read_output(&self, reference: &str) -> Result<Option<Value>, QueueError> {
-        let Some(bytes) = self.get(reference)? else {
-            return Ok(None);
-        };
-        serde_json::from_slice(&bytes)
-            .map(Some)
-            .map_err(|e| QueueError::Unreadable {
-                what: format!("reading {reference}"),
-                problem: e.to_string(),
-            })
+        self.get_json(reference, |e| QueueError::Unreadable {
+            what: format!("reading {reference}"),
+            problem: e.to_string(),
+        })
     }
 
     fn checkpoint_files(&self) -> Option<&CheckpointStore> {
