@@ -308,7 +308,7 @@ impl Scheduler {
         runner_blocking(move || ctx.queue.flush_events()).await;
         let mut summary = std::mem::take(&mut self.summary);
         self.ctx.work.update(|work| {
-            for entry in &work.active_tasks {
+            for entry in work.iter() {
                 if entry.status == ActiveStatus::Paused {
                     summary.paused.add(entry.task_id.as_str());
                 } else {

@@ -72,8 +72,7 @@ impl Scheduler {
         }
         // Paused tasks are held until `cairn resume`; counted so an operator sees them.
         let paused = self.ctx.work.update(|work| {
-            work.active_tasks
-                .iter()
+            work.iter()
                 .filter(|t| t.status == ActiveStatus::Paused)
                 .count()
         });

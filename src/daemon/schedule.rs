@@ -239,11 +239,10 @@ impl Scheduler {
         // Runs on every turn of the main loop: count under the lock, clone nothing.
         let (paused, iterations) = self.ctx.work.update(|work| {
             let paused = work
-                .active_tasks
                 .iter()
                 .filter(|t| t.status == ActiveStatus::Paused)
                 .count();
-            let iterations: u64 = work.active_tasks.iter().map(|t| t.iterations).sum();
+            let iterations: u64 = work.iter().map(|t| t.iterations).sum();
             (paused, iterations)
         });
         format!(

@@ -20,7 +20,7 @@
 //!   `task_id = $1 AND lease_epoch = $2 AND lease_owner = $3`; zero rows affected is
 //!   [`QueueError::LeaseLost`], with nothing written.
 //!
-//! Writes that are not for one task (the work-state document, removing a handled control
+//! Writes that are not for one task (the work state's entries on files, removing a handled control
 //! request) take the [`OwnerLease`] and are refused once it was released.
 //!
 //! # Shapes both backends honour
@@ -30,8 +30,9 @@
 //!   [`latest_checkpoint`](QueueBackend::latest_checkpoint)); the file store is exposed only
 //!   by a backend that has one ([`checkpoint_files`](QueueBackend::checkpoint_files)), where
 //!   the owner's loop checkpointers write it directly as before.
-//! - The work state is handed over as one encoded document; a database writes it as one row
-//!   per task, each fenced by that task's lease (see [`write_work`](QueueBackend::write_work)).
+//! - The work state is handed over as the entries that changed and the ids that left, never
+//!   whole; files append them to a log, a database writes one row per task, each fenced by
+//!   that task's lease (see [`write_work_entries`](QueueBackend::write_work_entries)).
 
 use std::collections::HashSet;
 use std::fmt;
@@ -44,13 +45,15 @@ use serde_json::Value;
 use super::control::ControlRequest;
 use super::lease::{Lease, LeaseLost, OwnerLease};
 use super::{IntakeReport, QueueHint};
-use crate::store::current_work::{CurrentWork, StartPoint, CURRENT_WORK_VERSION};
+use crate::store::current_work::{ActiveTask, CurrentWork, StartPoint, CURRENT_WORK_VERSION};
 use crate::store::events::Event;
+use crate::store::work_log::WorkLogError;
 use crate::store::records::{DoneRecord, FailedRecord};
 use crate::store::{
     CheckpointStore, IterationCheckpoint, LoadedCheckpoint, StoreError, WriteFence,
 };
 use crate::task::Task;
+use crate::task_id::TaskId;
 
 /// Why a queue operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -105,6 +108,20 @@ pub enum LoadError {
     },
     #[error("{key} has version {found}; this cairn reads version {CURRENT_WORK_VERSION}")]
     Version { key: String, found: u32 },
+}
+
+impl From<WorkLogError> for LoadError {
+    fn from(error: WorkLogError) -> Self {
+        match error {
+            WorkLogError::Io { key, source } => LoadError::Io { key, source },
+            WorkLogError::Corrupt { key, source } => LoadError::Corrupt { key, source },
+            WorkLogError::CorruptLine { key, line, source } => LoadError::Corrupt {
+                key: format!("{key} line {line}"),
+                source,
+            },
+            WorkLogError::Version { key, found } => LoadError::Version { key, found },
+        }
+    }
 }
 
 /// A task's final record.
@@ -213,16 +230,18 @@ pub trait QueueBackend: Send + Sync + fmt::Debug {
 
     // ---- Writes ----
 
-    /// Encode the work state for [`write_work`](QueueBackend::write_work). Called under the
-    /// caller's lock on `work` (so it must not block); the write happens outside it.
-    fn encode_work(&self, work: &CurrentWork, buffer: &mut Vec<u8>) -> serde_json::Result<()>;
-
-    /// Durably write the encoded work state (phase, outputs, attempt and crash accounting of
-    /// every task in flight): atomic (a reader sees the old or the new state) and durable when
-    /// `Ok`. Files: one document replaced whole under the owner lease. A database: one row per
-    /// entry, each written only while its task's lease holds (entries whose lease was lost are
-    /// skipped and reported).
-    fn write_work(&self, owner: &OwnerLease, encoded: &[u8]) -> Result<(), QueueError>;
+    /// Durably write the work state's entries that changed (phase, outputs, attempt and crash
+    /// accounting of a task in flight) and drop those of tasks that left it. Files: the
+    /// entries are appended to the work log as one line, atomic as a group (a reader sees all
+    /// of them or none) and durable when `Ok`, under the owner lease (`store::work_log`). A
+    /// database: one row per entry, each written only while its task's lease holds (entries
+    /// whose lease was lost are skipped and reported); a task leaves with its final record.
+    fn write_work_entries(
+        &self,
+        owner: &OwnerLease,
+        changed: &[ActiveTask],
+        removed: &[TaskId],
+    ) -> Result<(), QueueError>;
 
     /// Durably store a phase output too large for the work state, atomically; returns the
     /// reference to keep in the state. Fenced by `lease`.

@@ -13,7 +13,8 @@ use super::backend::{ControlClaim, LoadError, QueueBackend, QueueError, TaskReco
 use super::control::{self, ControlRequest};
 use super::lease::{Lease, OwnerLease};
 use super::{Intake, IntakeReport, QueueDir, QueueHint, QueueLock};
-use crate::store::current_work::{CurrentWork, StartPoint, CURRENT_WORK_VERSION};
+use crate::store::current_work::{ActiveTask, CurrentWork, StartPoint};
+use crate::store::work_log::{WorkLog, WorkWriteError};
 use crate::store::events::Event;
 use crate::store::journal::JournalWriter;
 use crate::store::records::{to_record_bytes, FailedRecord};
@@ -39,6 +40,8 @@ pub struct FileBackend {
     /// costs one log line, not one a round.
     control_reported: Mutex<HashSet<String>>,
     journal: JournalWriter,
+    /// The work state's one writer (`current_work.json` and its log).
+    work: WorkLog,
     /// Dropped last: the lock outlives every write above.
     _lock: QueueLock,
 }
@@ -58,6 +61,7 @@ impl FileBackend {
             intake: Mutex::new(Intake::new(dir.clone(), Arc::clone(&storage))),
             control_reported: Mutex::default(),
             journal: JournalWriter::start(dir.root()),
+            work: WorkLog::new(Arc::clone(&storage)),
             storage,
             dir,
             _lock: lock,
@@ -133,26 +137,7 @@ impl QueueBackend for FileBackend {
     }
 
     fn load_work(&self) -> Result<CurrentWork, LoadError> {
-        let key = QueueDir::CURRENT_WORK_KEY.to_string();
-        let bytes = self.storage.get(&key).map_err(|source| LoadError::Io {
-            key: key.clone(),
-            source,
-        })?;
-        let Some(bytes) = bytes else {
-            return Ok(CurrentWork::default());
-        };
-        let work: CurrentWork =
-            serde_json::from_slice(&bytes).map_err(|source| LoadError::Corrupt {
-                key: key.clone(),
-                source,
-            })?;
-        if work.version != CURRENT_WORK_VERSION {
-            return Err(LoadError::Version {
-                key,
-                found: work.version,
-            });
-        }
-        Ok(work)
+        Ok(self.work.load()?)
     }
 
     fn recover_intake(&self) -> IntakeReport {
@@ -260,18 +245,28 @@ impl QueueBackend for FileBackend {
         Ok(self.checkpoints.latest(task_id)?)
     }
 
-    fn encode_work(&self, work: &CurrentWork, buffer: &mut Vec<u8>) -> serde_json::Result<()> {
-        buffer.clear();
-        serde_json::to_writer_pretty(&mut *buffer, work)
-    }
-
-    fn write_work(&self, owner: &OwnerLease, encoded: &[u8]) -> Result<(), QueueError> {
+    fn write_work_entries(
+        &self,
+        owner: &OwnerLease,
+        changed: &[ActiveTask],
+        removed: &[TaskId],
+    ) -> Result<(), QueueError> {
         if !self.owner.holds(owner) {
             return Err(QueueError::NotOwner {
                 what: QueueDir::CURRENT_WORK_KEY.to_string(),
             });
         }
-        self.put(QueueDir::CURRENT_WORK_KEY, encoded)
+        self.work.write(changed, removed).map_err(|e| match e {
+            WorkWriteError::Io { key, source } => QueueError::Io {
+                action: "writing",
+                what: key.to_string(),
+                source,
+            },
+            encode @ WorkWriteError::Encode { .. } => QueueError::Unreadable {
+                what: QueueDir::CURRENT_WORK_KEY.to_string(),
+                problem: encode.to_string(),
+            },
+        })
     }
 
     fn put_output(

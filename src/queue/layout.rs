@@ -89,7 +89,11 @@ impl QueueDir {
         format!("runs/{task_id}/output-{phase_index}.json")
     }
 
-    pub const CURRENT_WORK_KEY: &'static str = "current_work.json";
+    /// The work state's snapshot; the writes since are in [`WORK_LOG_KEY`](Self::WORK_LOG_KEY).
+    pub const CURRENT_WORK_KEY: &'static str = crate::store::work_log::SNAPSHOT_KEY;
+
+    /// The work state's log of writes since its snapshot.
+    pub const WORK_LOG_KEY: &'static str = crate::store::work_log::LOG_KEY;
 
     /// Storage directory of accepted task definitions.
     pub const TASKS_DIR: &'static str = "tasks";

@@ -17,7 +17,9 @@ use super::backend::{ControlClaim, QueueBackend, QueueError};
 use super::file_backend::FileBackend;
 use super::lease::Lease;
 use super::{LockError, QueueDir, QueueHint, QueueLock, QueueWatcher};
+use crate::store::current_work::ActiveTask;
 use crate::store::{FileStorage, LoopCheckpointer, Storage};
+use crate::task_id::TaskId;
 
 /// Why a queue could not be opened for owning.
 #[derive(Debug, thiserror::Error)]
@@ -131,9 +133,15 @@ impl Queue {
         self.local.display_key(QueueDir::CURRENT_WORK_KEY)
     }
 
-    /// Durably write the encoded work state as this queue's owner.
-    pub fn write_work_state(&self, encoded: &[u8]) -> Result<(), QueueError> {
-        self.backend.write_work(self.backend.owner(), encoded)
+    /// Durably write the work state's entries that changed, and drop those that left, as this
+    /// queue's owner.
+    pub fn write_work_state(
+        &self,
+        changed: &[ActiveTask],
+        removed: &[TaskId],
+    ) -> Result<(), QueueError> {
+        self.backend
+            .write_work_entries(self.backend.owner(), changed, removed)
     }
 
     /// Remove a control request once applied, as this queue's owner.

@@ -68,7 +68,7 @@ fn once_released_no_write_lands_not_even_a_checkpoint_of_a_running_phase() {
         .unwrap_err();
     assert!(matches!(refused, QueueError::LeaseLost(_)), "{refused}");
     assert!(!queue.has_record("t1").unwrap());
-    let refused = queue.write_work_state(b"{}").unwrap_err();
+    let refused = queue.write_work_state(&[], &[]).unwrap_err();
     assert!(matches!(refused, QueueError::NotOwner { .. }), "{refused}");
 }
 
@@ -84,9 +84,7 @@ fn the_work_state_written_by_the_owner_is_the_state_loaded_at_the_next_open() {
     {
         let queue = open(&dir);
         assert_eq!(queue.load_work().unwrap().active_tasks, Vec::new());
-        let mut buffer = Vec::new();
-        queue.encode_work(&work, &mut buffer).unwrap();
-        queue.write_work_state(&buffer).unwrap();
+        queue.write_work_state(&work.active_tasks, &[]).unwrap();
     }
     let queue = open(&dir);
     assert_eq!(queue.load_work().unwrap().active_tasks, work.active_tasks);

@@ -1,6 +1,7 @@
 //! `current_work.json`: the coarse, phase-level checkpoint of every task in flight.
 //!
-//! It is rewritten atomically whenever a task starts an attempt, finishes a phase, changes status
+//! Kept on disk as a snapshot and a log of the entries written since (`store::work_log`). It is
+//! written whenever a task starts an attempt, finishes a phase, changes status
 //! or leaves; iteration-level progress lives in the task's iteration checkpoint instead, so the
 //! `iterations` counter here is as of the last rewrite. Phase outputs larger than
 //! [`INLINE_OUTPUT_LIMIT`] are kept in per-task files and only referenced from here.
@@ -25,6 +26,11 @@ pub const INLINE_OUTPUT_LIMIT: usize = 4096;
 pub struct CurrentWork {
     pub version: u32,
     pub updated_at: DateTime<Utc>,
+    /// The generation of this snapshot: the work log `current_work.log` that starts with the
+    /// same number holds the writes since (see `store::work_log`). 0 in a file of an older
+    /// cairn, which had no log.
+    #[serde(default, skip_serializing_if = "is_zero_u64")]
+    pub log_generation: u64,
     pub active_tasks: Vec<ActiveTask>,
 }
 
@@ -33,6 +39,7 @@ impl Default for CurrentWork {
         CurrentWork {
             version: CURRENT_WORK_VERSION,
             updated_at: Utc::now(),
+            log_generation: 0,
             active_tasks: Vec::new(),
         }
     }

@@ -32,6 +32,7 @@ pub mod modes;
 mod power_loss;
 pub mod records;
 pub mod task_state;
+pub mod work_log;
 
 pub use checkpoint::{
     decode_checkpoint, encode_checkpoint, CheckpointError, IterationCheckpoint, FORMAT_VERSION,
@@ -86,6 +87,18 @@ pub trait Storage: Send + Sync + std::fmt::Debug {
     /// The names (not keys) of the objects directly in `dir`, temp files excluded, sorted.
     /// A missing directory lists as empty.
     fn list(&self, dir: &str) -> io::Result<Vec<String>>;
+
+    /// Durably append `bytes` to the existing object at `key` (`Ok` once they are durable). Not
+    /// atomic: a crash or an error may leave any prefix of `bytes` appended, so the caller's
+    /// format must tell a write cut short, and must not append after a failed one. The default
+    /// rewrites the whole object (atomic, but as costly as the object is large).
+    fn append(&self, key: &str, bytes: &[u8]) -> io::Result<()> {
+        let mut whole = self.get(key)?.ok_or_else(|| {
+            io::Error::new(io::ErrorKind::NotFound, format!("{key} does not exist"))
+        })?;
+        whole.extend_from_slice(bytes);
+        self.put(key, &whole, None)
+    }
 
     /// Remove the object at `key`; a missing object is not an error.
     fn remove(&self, key: &str) -> io::Result<()>;

@@ -206,8 +206,8 @@ impl PgBackend {
 
     /// Write the phase state of each entry whose task this owner holds; an entry whose lease
     /// is gone is skipped (logged): the task's new holder writes it.
-    fn write_entries(&self, work: &CurrentWork) -> Result<(), QueueError> {
-        for entry in &work.active_tasks {
+    fn write_entries(&self, entries: &[ActiveTask]) -> Result<(), QueueError> {
+        for entry in entries {
             let held = locked(&self.leases).get(entry.task_id.as_str()).cloned();
             let Some(held) = held else {
                 tracing::warn!(task_id = %entry.task_id, "not writing the work state of a task this daemon does not hold");
@@ -551,20 +551,20 @@ impl QueueBackend for PgBackend {
         }
     }
 
-    fn encode_work(&self, work: &CurrentWork, buffer: &mut Vec<u8>) -> serde_json::Result<()> {
-        buffer.clear();
-        serde_json::to_writer(&mut *buffer, work)
-    }
-
-    fn write_work(&self, owner: &OwnerLease, encoded: &[u8]) -> Result<(), QueueError> {
+    fn write_work_entries(
+        &self,
+        owner: &OwnerLease,
+        changed: &[ActiveTask],
+        _removed: &[TaskId],
+    ) -> Result<(), QueueError> {
         if !self.owner.holds(owner) {
             return Err(QueueError::NotOwner {
                 what: "the work state".to_string(),
             });
         }
-        let work: CurrentWork = serde_json::from_slice(encoded)
-            .map_err(|e| backend_error("decoding the work state to write".to_string(), e))?;
-        self.write_entries(&work)
+        // A task leaves the work state with its final record (`finish` ends its row's phase
+        // state in the same transaction), so there is nothing to remove here.
+        self.write_entries(changed)
     }
 
     fn put_output(

@@ -16,7 +16,7 @@ mod task_view;
 #[cfg(test)]
 mod tests;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
@@ -34,6 +34,7 @@ pub(crate) use files::{disk_size, json_stems, list_names, mtime, newest_mtime, r
 
 use crate::queue::QueueDir;
 use crate::store::current_work::{CurrentWork, StartPoint, StoredOutput};
+use crate::store::work_log::{self, WorkLogError};
 use crate::store::journal::{self, JournalEvent};
 use crate::store::{
     CheckpointStore, FileStorage, GenerationInfo, IterationCheckpoint, LoadedCheckpoint, StoreError,
@@ -134,38 +135,34 @@ impl QueueReader {
         daemon_info(&self.dir)
     }
 
-    /// The tasks in flight (missing file: nothing in flight).
+    /// The tasks in flight: `current_work.json` and the log of writes since (missing files:
+    /// nothing in flight).
     pub fn current_work(&self) -> Result<CurrentWork, CurrentWorkError> {
-        let path = self.dir.current_work_file();
-        match fs::read(&path) {
-            Ok(bytes) => serde_json::from_slice(&bytes)
-                .map_err(|source| CurrentWorkError::Json { path, source }),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(CurrentWork::default()),
-            Err(source) => Err(CurrentWorkError::Io { path, source }),
-        }
-    }
-
-    /// The `retry_of` stamps in `current_work.json`, read from its JSON so that this reader
-    /// does not depend on the field's type.
-    fn retry_of(&self) -> HashMap<String, DateTime<Utc>> {
-        let Ok(bytes) = fs::read(self.dir.current_work_file()) else {
-            return HashMap::new();
+        let read = |key: &str| match fs::read(self.path_of_key(key)) {
+            Ok(bytes) => Ok(Some(bytes)),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e),
         };
-        let Ok(value) = serde_json::from_slice::<Value>(&bytes) else {
-            return HashMap::new();
-        };
-        let entries = value["active_tasks"]
-            .as_array()
-            .cloned()
-            .unwrap_or_default();
-        entries
-            .iter()
-            .filter_map(|entry| {
-                let id = entry["task_id"].as_str()?;
-                let at = DateTime::parse_from_rfc3339(entry["retry_of"].as_str()?).ok()?;
-                Some((id.to_string(), at.with_timezone(&Utc)))
+        work_log::read(read)
+            .map(|replayed| replayed.work)
+            .map_err(|e| match e {
+                WorkLogError::Io { key, source } => CurrentWorkError::Io {
+                    path: self.path_of_key(&key),
+                    source,
+                },
+                WorkLogError::Corrupt { key, source } => CurrentWorkError::Json {
+                    path: self.path_of_key(&key),
+                    source,
+                },
+                WorkLogError::CorruptLine { key, line, source } => CurrentWorkError::Json {
+                    path: self.path_of_key(&format!("{key}:{line}")),
+                    source,
+                },
+                version @ WorkLogError::Version { .. } => CurrentWorkError::Io {
+                    path: self.dir.current_work_file(),
+                    source: io::Error::other(version.to_string()),
+                },
             })
-            .collect()
     }
 
     /// Read the whole queue.

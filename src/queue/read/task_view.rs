@@ -131,11 +131,16 @@ impl Listing<'_> {
                 (CurrentWork::default(), Some(e.to_string()))
             }
         };
+        let retry_of = work
+            .active_tasks
+            .iter()
+            .filter_map(|entry| Some((entry.task_id.to_string(), entry.retry_of?)))
+            .collect();
         Listing {
             reader,
             work,
             daemon: reader.daemon(),
-            retry_of: reader.retry_of(),
+            retry_of,
             warnings,
             work_problem,
         }
