@@ -384,15 +384,10 @@ impl TestQueue {
         decode_checkpoint(&bytes).unwrap_or_else(|e| panic!("decoding {}: {e}", path.display()))
     }
 
-    /// The task's entry in `current_work.json`'s `active_tasks`, if it has one (and the file
-    /// exists).
+    /// The task's entry in the work state (`current_work.json` and the log of writes since),
+    /// if it has one.
     pub fn active_entry(&self, id: &str) -> Option<Value> {
-        read_json_if_exists(&self.path("current_work.json"))?["active_tasks"]
-            .as_array()
-            .expect("current_work.json has an active_tasks list")
-            .iter()
-            .find(|entry| entry["task_id"] == id)
-            .cloned()
+        work_entry(self.root(), id)
     }
 
     /// The rejection records in `failed/`, by the inbox file they were made for
@@ -598,6 +593,16 @@ impl Drop for KillGroupOnDrop {
 pub fn read_json(path: &Path) -> Value {
     let bytes = fs::read(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
     serde_json::from_slice(&bytes).unwrap_or_else(|e| panic!("parsing {}: {e}", path.display()))
+}
+
+/// Task `id`'s entry in the work state of the queue at `root`, as the CLI reads it
+/// (`current_work.json` and the log of writes since), if it has one.
+pub fn work_entry(root: &Path, id: &str) -> Option<Value> {
+    let work = cairn::queue::QueueReader::open(root)
+        .current_work()
+        .unwrap_or_else(|e| panic!("reading the work state: {e}"));
+    let entry = work.active_tasks.into_iter().find(|entry| entry.task_id == id)?;
+    Some(serde_json::to_value(entry).unwrap())
 }
 
 pub fn read_json_if_exists(path: &Path) -> Option<Value> {

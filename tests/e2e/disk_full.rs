@@ -217,14 +217,10 @@ fn committed(queue: &Path) -> Option<u64> {
     Some(decode_checkpoint(&bytes).ok()?.iteration_count)
 }
 
-/// The task's entry in `current_work.json`, if the file parses and has one. (A torn read is
-/// impossible: the file is replaced by rename.)
+/// The task's entry in the work state, if it has one. (A torn read is impossible: the
+/// snapshot is replaced by rename, and a log line cut short is ignored.)
 fn active_entry(queue: &Path) -> Option<Value> {
-    read_json_if_exists(&queue.join("current_work.json"))?["active_tasks"]
-        .as_array()?
-        .iter()
-        .find(|entry| entry["task_id"] == TASK)
-        .cloned()
+    work_entry(queue, TASK)
 }
 
 #[test]

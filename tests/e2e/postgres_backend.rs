@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use cairn::queue::postgres::{NewTask, PgBackend, PgQueue};
 use cairn::queue::{QueueBackend, QueueError, TaskRecord};
-use cairn::store::current_work::{ActiveTask, CurrentWork};
+use cairn::store::current_work::ActiveTask;
 use cairn::store::records::DoneRecord;
 use cairn::store::IterationCheckpoint;
 use cairn::task_id::TaskId;
@@ -92,12 +92,10 @@ fn a_checkpoint(id: &str, iterations: u64) -> IterationCheckpoint {
     }
 }
 
-fn work_with(id: &str, iterations: u64) -> Vec<u8> {
+fn work_with(id: &str, iterations: u64) -> Vec<ActiveTask> {
     let mut entry = ActiveTask::new(&TaskId::parse(id).unwrap(), "p");
     entry.iterations = iterations;
-    let mut work = CurrentWork::default();
-    work.upsert(entry);
-    serde_json::to_vec(&work).unwrap()
+    vec![entry]
 }
 
 fn a_done_record(id: &str) -> TaskRecord {
@@ -162,7 +160,7 @@ fn a_claimed_task_checkpoints_writes_its_state_and_output_and_finishes_through_t
     assert_eq!(latest.checkpoint.partial_results, json!({ "total": 3 }));
 
     backend
-        .write_work(backend.owner(), &work_with("t1", 3))
+        .write_work_entries(backend.owner(), &work_with("t1", 3), &[])
         .unwrap();
     let work = backend.load_work().unwrap();
     assert_eq!(work.get("t1").map(|entry| entry.iterations), Some(3));
@@ -213,7 +211,7 @@ fn a_node_whose_lease_was_taken_over_writes_nothing_and_recovery_sees_the_new_ho
         .save_checkpoint(&old, &mut a_checkpoint("t1", 1))
         .unwrap();
     stale
-        .write_work(stale.owner(), &work_with("t1", 1))
+        .write_work_entries(stale.owner(), &work_with("t1", 1), &[])
         .unwrap();
 
     let other = PgBackend::open(&url, "node-b", LONG).unwrap();
@@ -233,7 +231,7 @@ fn a_node_whose_lease_was_taken_over_writes_nothing_and_recovery_sees_the_new_ho
         .save_checkpoint(&new, &mut a_checkpoint("t1", 2))
         .unwrap();
     other
-        .write_work(other.owner(), &work_with("t1", 2))
+        .write_work_entries(other.owner(), &work_with("t1", 2), &[])
         .unwrap();
 
     // node-a wakes up: every write for the task is refused and changes nothing.
@@ -254,7 +252,7 @@ fn a_node_whose_lease_was_taken_over_writes_nothing_and_recovery_sees_the_new_ho
     assert_lease_lost(stale.finish(&old, &a_done_record("t1")), "the stale record");
     assert_lease_lost(stale.renew(&old), "the stale renewal");
     stale
-        .write_work(stale.owner(), &work_with("t1", 9))
+        .write_work_entries(stale.owner(), &work_with("t1", 9), &[])
         .unwrap();
     let after = text(
         &rt,

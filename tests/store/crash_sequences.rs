@@ -1,8 +1,8 @@
 //! Random sequences of checkpoint-store operations with a crash at a random step, in the style
 //! of redb's crash fuzzing.
 //!
-//! Each case runs saves, latest reads, history and generation reads and deletes across three
-//! tasks (whose ids share a prefix, so one task's generation files look like another's) on a
+//! Each case runs saves, latest reads, history and generation reads, deletes and work state
+//! writes (entries put and removed as one group, the log compacted often) across three tasks (whose ids share a prefix, so one task's generation files look like another's) on a
 //! `CheckpointStore` whose file operations go through [`PowerLossFileOps`]. Until the crash
 //! every read must match a model of what was acknowledged, generations numbered and kept as
 //! documented (the latest plus the newest `keep_generations` older ones). At the crash point the
@@ -13,7 +13,9 @@
 //! then, per task, the latest checkpoint must decode, be exactly a checkpoint that was saved,
 //! and be the last acknowledged save or the one in flight (never older, never missing), unless
 //! a delete was in flight or not yet made durable; a save after recovery must take a
-//! generation above every file on disk and keep the recovered latest under its own number.
+//! generation above every file on disk and keep the recovered latest under its own number; the
+//! work state, as the daemon and the CLI read it, must be the last acknowledged write's or the
+//! one in flight's, whole.
 //!
 //! The default case count keeps this at a few seconds; for a soak run, `PROPTEST_CASES`
 //! replaces it:
@@ -22,7 +24,7 @@
 //! PROPTEST_CASES=5000 cargo test --release --test store crash_sequences
 //! ```
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
@@ -30,6 +32,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crate::temp_files::temp_files;
+use cairn::store::current_work::ActiveTask;
+use cairn::store::work_log::{self, WorkLog};
 use cairn::store::{
     CheckpointStore, FileOps, FileStorage, IterationCheckpoint, PowerLossFileOps, Storage,
     StoreError, TempFile, FORMAT_VERSION,
@@ -62,6 +66,9 @@ enum Op {
     Generation { task: usize, back: u64 },
     /// Remove every checkpoint file of the task.
     Delete { task: usize },
+    /// One write of the work state: the entries of the tasks in `put` (a bit per task) with a
+    /// new value, and the removal of those in `remove` (and not in `put`), as one group.
+    Work { put: u8, remove: u8 },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -72,6 +79,7 @@ fn op() -> impl Strategy<Value = Op> {
         2 => task.clone().prop_map(|task| Op::History { task }),
         1 => (task.clone(), 0..6u64).prop_map(|(task, back)| Op::Generation { task, back }),
         1 => task.prop_map(|task| Op::Delete { task }),
+        4 => (0..8u8, 0..8u8).prop_map(|(put, remove)| Op::Work { put, remove: remove & !put }),
     ]
 }
 
@@ -108,6 +116,8 @@ impl Op {
         match self {
             Op::Save { .. } => 6,
             Op::Delete { .. } => 3,
+            // An append (write, fsync); now and then a compaction (two replaces).
+            Op::Work { .. } => 4,
             _ => 0,
         }
     }
@@ -144,6 +154,10 @@ struct Model {
     saves: HashMap<u64, SaveRecord>,
     tasks: [TaskModel; TASKS.len()],
     next_seq: u64,
+    /// The work state as last acknowledged: each task's entry by its value (`iterations`).
+    work: BTreeMap<usize, u64>,
+    /// The work state the write in flight at the crash would have made.
+    work_in_flight: Option<BTreeMap<usize, u64>>,
 }
 
 impl Model {
@@ -296,20 +310,29 @@ fn run_case(keep: usize, ops: &[Op], crash_at: u64) {
         crashed: AtomicBool::new(false),
         image: dir.path().join("power-cut"),
     });
-    let storage = FileStorage::with_ops(&root, Arc::clone(&crashing) as Arc<dyn FileOps>);
-    let store = CheckpointStore::with_storage(Arc::new(storage)).keep_generations(keep);
+    let storage: Arc<dyn Storage> = Arc::new(FileStorage::with_ops(
+        &root,
+        Arc::clone(&crashing) as Arc<dyn FileOps>,
+    ));
+    let store = CheckpointStore::with_storage(Arc::clone(&storage)).keep_generations(keep);
+    // Compacted often (once the log is larger than the snapshot), so crashes cut compactions.
+    let work = WorkLog::new(storage).compact_at(0);
+    work.load().unwrap();
     let mut model = Model {
         next_seq: 1,
         ..Model::default()
     };
     for op in ops {
-        apply(op, &store, &mut model, keep, &crashing);
+        match *op {
+            Op::Work { put, remove } => write_work(&work, put, remove, &mut model, &crashing),
+            _ => apply(op, &store, &mut model, keep, &crashing),
+        }
         if crashing.crashed() {
             break;
         }
     }
     crashing.crash_now();
-    drop(store);
+    drop((store, work));
     recover(&crashing.image, &model, keep, "after a power cut");
     recover(&root, &model, keep, "after the process died");
 }
@@ -356,7 +379,85 @@ fn apply(op: &Op, store: &CheckpointStore, model: &mut Model, keep: usize, ops: 
         Op::Latest { task } => check_latest(store, model, task),
         Op::History { task } => check_history(store, model, task, keep),
         Op::Generation { task, back } => check_generation(store, model, task, keep, back),
+        Op::Work { .. } => unreachable!("work state writes go through write_work"),
     }
+}
+
+/// The work state entry of `task` carrying `value` (as its iteration count).
+fn work_entry(task: usize, value: u64) -> ActiveTask {
+    let mut entry = ActiveTask::new(&TASKS[task].parse().unwrap(), "loop");
+    entry.iterations = value;
+    entry
+}
+
+/// One work state write of the tasks whose bits are in `put` (a new value each) and `remove`.
+fn write_work(work: &WorkLog, put: u8, remove: u8, model: &mut Model, ops: &CrashingOps) {
+    let mut after = model.work.clone();
+    let mut changed = Vec::new();
+    let mut removed = Vec::new();
+    for task in 0..TASKS.len() {
+        if put & (1 << task) != 0 {
+            let value = model.next_seq;
+            model.next_seq += 1;
+            after.insert(task, value);
+            changed.push(work_entry(task, value));
+        } else if remove & (1 << task) != 0 {
+            after.remove(&task);
+            removed.push(TASKS[task].parse().unwrap());
+        }
+    }
+    match work.write(&changed, &removed) {
+        Ok(()) => model.work = after,
+        Err(err) => {
+            assert!(ops.crashed(), "a work write failed without a crash: {err}");
+            model.work_in_flight = Some(after);
+        }
+    }
+}
+
+/// The work state at `root` as the daemon (`WorkLog::load`) and the CLI (`work_log::read`)
+/// read it, by task index and value; they agree.
+fn read_work(root: &Path, when: &str) -> BTreeMap<usize, u64> {
+    let storage: Arc<dyn Storage> = Arc::new(FileStorage::new(root));
+    let loaded = WorkLog::new(storage)
+        .load()
+        .unwrap_or_else(|err| panic!("{when}: the work state is unusable: {err}"));
+    let by_cli = work_log::read(|key| match fs::read(root.join(key)) {
+        Ok(bytes) => Ok(Some(bytes)),
+        Err(err) if err.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(err) => Err(err),
+    })
+    .unwrap_or_else(|err| panic!("{when}: the CLI cannot read the work state: {err}"));
+    assert_eq!(
+        loaded.active_tasks, by_cli.work.active_tasks,
+        "{when}: the daemon and the CLI disagree"
+    );
+    loaded
+        .active_tasks
+        .iter()
+        .map(|entry| {
+            let task = TASKS.iter().position(|id| entry.task_id == *id).unwrap();
+            (task, entry.iterations)
+        })
+        .collect()
+}
+
+/// The recovered work state is the last acknowledged one or the one the write in flight
+/// made, whole (never a part of a write); a write after the restart is read back.
+fn check_recovered_work(root: &Path, model: &Model, when: &str) {
+    let found = read_work(root, when);
+    assert!(
+        found == model.work || Some(&found) == model.work_in_flight.as_ref(),
+        "{when}: the work state {found:?} is neither the acknowledged {:?} nor the one in \
+         flight {:?}",
+        model.work,
+        model.work_in_flight
+    );
+    let storage: Arc<dyn Storage> = Arc::new(FileStorage::new(root));
+    let work = WorkLog::new(storage);
+    work.load().unwrap();
+    work.write(&[work_entry(0, u64::MAX)], &[]).unwrap();
+    assert_eq!(read_work(root, when).get(&0), Some(&u64::MAX), "{when}");
 }
 
 /// The latest checkpoint is the last acknowledged save, read from the latest file.
@@ -451,6 +552,7 @@ fn recover(root: &Path, model: &Model, keep: usize, when: &str) {
     for task in 0..TASKS.len() {
         check_recovered(&store, model, task, keep, when);
     }
+    check_recovered_work(root, model, when);
 }
 
 /// The recovered latest checkpoint of `task` is allowed by the model and is exactly a save;
