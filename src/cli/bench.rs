@@ -112,6 +112,10 @@ struct CheckpointArgs {
     /// directory fsync) of each state's canonical JSON, printed with "impl": "raw".
     #[arg(long)]
     raw: bool,
+    /// Checkpoint into a shared queue in this PostgreSQL database instead ("impl":
+    /// "cairn-postgres"): an empty database of its own, since it adds and removes tasks.
+    #[arg(long, value_name = "URL", conflicts_with = "raw")]
+    db: Option<String>,
 }
 
 pub fn run(args: BenchArgs) -> CliResult {
@@ -139,6 +143,7 @@ fn checkpoint(args: CheckpointArgs) -> CliResult {
         dir: args.dir,
         keep: args.keep,
         raw: args.raw,
+        db: args.db,
     };
     let (result, root) = bench.run()?;
     let line = serde_json::to_string(&result)
