@@ -90,6 +90,7 @@ pub fn run(queue: &Path, args: RunArgs) -> CliResult<u8> {
     // the spawning *thread* exits.
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
+        .max_blocking_threads(crate::runner::MAX_BLOCKING_THREADS)
         .build()
         .map_err(|e| CliError::failure(format_args!("cannot start the runtime: {e}")))?;
     let mut config = DaemonConfig::new(queue);

@@ -139,6 +139,8 @@ impl From<OpenError> for DaemonError {
 ///
 /// let runtime = tokio::runtime::Builder::new_current_thread()
 ///     .enable_all()
+///     // Keeps the blocking pool to what the daemon uses (tokio's default is 512 threads).
+///     .max_blocking_threads(cairn::runner::MAX_BLOCKING_THREADS)
 ///     .build()?;
 /// let config = DaemonConfig::new("queue");
 /// let exit = runtime.block_on(daemon::run(config, Shutdown::new()))?;

@@ -415,6 +415,15 @@ pub(crate) fn spawn_failure(what: &str, e: std::io::Error) -> PhaseError {
 /// writers, whose directory fsyncs are group-committed anyway.
 const MAX_BLOCKING_JOBS: usize = 64;
 
+/// The most threads the daemon's runtime gives its blocking pool (`max_blocking_threads`): the
+/// capped jobs above, plus room for the few that run outside the cap (the work state's writer,
+/// the inbox scan, lease claims and renewals). The cap on jobs alone did not cap threads: under
+/// load, a thread that has finished a job is not yet back among the idle ones when the next job
+/// is handed in, so tokio starts another, up to its default of 512 (which added up to about
+/// 100 MB at 10,000 tasks in flight). A job past the threads waits in tokio's queue; none waits
+/// for another, so none can wait for itself.
+pub const MAX_BLOCKING_THREADS: usize = MAX_BLOCKING_JOBS + 16;
+
 static BLOCKING_SLOTS: tokio::sync::Semaphore =
     tokio::sync::Semaphore::const_new(MAX_BLOCKING_JOBS);
 
