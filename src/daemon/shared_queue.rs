@@ -261,11 +261,9 @@ pub(super) async fn keep_leases(ctx: Arc<RunContext>, lease: Duration) {
 
 /// The leases may expire any moment: stop the commands of every task in flight here.
 fn stop_everything_held(ctx: &RunContext) {
-    let held: Vec<String> = ctx.work.update(|w| {
-        w.iter()
-            .map(|entry| entry.task_id.to_string())
-            .collect()
-    });
+    let held: Vec<String> = ctx
+        .work
+        .update(|w| w.iter().map(|entry| entry.task_id.to_string()).collect());
     for task_id in held {
         if !ctx.take_lost_lease(&task_id) {
             tracing::warn!(%task_id, "no lease renewal went through for too long: stopping the task's commands");

@@ -47,8 +47,8 @@ use super::lease::{Lease, LeaseLost, OwnerLease};
 use super::{IntakeReport, QueueHint};
 use crate::store::current_work::{ActiveTask, CurrentWork, StartPoint, CURRENT_WORK_VERSION};
 use crate::store::events::Event;
-use crate::store::work_log::WorkLogError;
 use crate::store::records::{DoneRecord, FailedRecord};
+use crate::store::work_log::WorkLogError;
 use crate::store::{
     CheckpointStore, IterationCheckpoint, LoadedCheckpoint, SavedCheckpoint, StoreError, WriteFence,
 };

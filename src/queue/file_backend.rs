@@ -14,10 +14,10 @@ use super::control::{self, ControlRequest};
 use super::lease::{Lease, OwnerLease};
 use super::{Intake, IntakeReport, QueueDir, QueueHint, QueueLock};
 use crate::store::current_work::{ActiveTask, CurrentWork, StartPoint};
-use crate::store::work_log::{WorkLog, WorkWriteError};
 use crate::store::events::Event;
 use crate::store::journal::JournalWriter;
 use crate::store::records::{to_record_bytes, FailedRecord};
+use crate::store::work_log::{WorkLog, WorkWriteError};
 use crate::store::{
     CheckpointStore, IterationCheckpoint, LoadedCheckpoint, SavedCheckpoint, Storage, StoreError,
     WriteFence,

@@ -83,7 +83,10 @@ impl WorkEntries {
 
     /// Mark again the changes of a write that failed (unless changed since).
     fn restore_changes(&mut self, changed: Vec<ActiveTask>, removed: Vec<TaskId>) {
-        let ids = changed.into_iter().map(|entry| entry.task_id).chain(removed);
+        let ids = changed
+            .into_iter()
+            .map(|entry| entry.task_id)
+            .chain(removed);
         for id in ids {
             if self.entries.contains_key(&id) {
                 self.changed.insert(id);
@@ -133,7 +136,7 @@ impl WorkState {
     /// A copy of every entry, in the order the tasks first started (then by id).
     pub fn snapshot(&self) -> CurrentWork {
         let mut active_tasks: Vec<ActiveTask> = self.update(|work| work.iter().cloned().collect());
-        active_tasks.sort_by(|a, b| a.started_at.cmp(&b.started_at));
+        active_tasks.sort_by_key(|entry| entry.started_at);
         CurrentWork {
             active_tasks,
             ..CurrentWork::default()
@@ -217,7 +220,10 @@ mod tests {
         work.remove("b");
         let (changed, removed) = work.take_changes();
         assert_eq!(
-            changed.iter().map(|e| (e.task_id.as_str(), e.iterations)).collect::<Vec<_>>(),
+            changed
+                .iter()
+                .map(|e| (e.task_id.as_str(), e.iterations))
+                .collect::<Vec<_>>(),
             [("a", 3)]
         );
         assert_eq!(removed, [id("b")]);

@@ -120,9 +120,7 @@ const READ_ATTEMPTS: usize = 5;
 
 /// Read the work state through `get` (a storage's or a plain file read of a key): the snapshot,
 /// then its log. Never writes, so the CLI's readers use it too, while a daemon writes.
-pub fn read(
-    get: impl Fn(&str) -> io::Result<Option<Vec<u8>>>,
-) -> Result<Replayed, WorkLogError> {
+pub fn read(get: impl Fn(&str) -> io::Result<Option<Vec<u8>>>) -> Result<Replayed, WorkLogError> {
     let read_key = |key: &str| {
         get(key).map_err(|source| WorkLogError::Io {
             key: key.to_string(),
@@ -291,7 +289,10 @@ fn encode_record(at: DateTime<Utc>, put: &[&String], remove: &[TaskId]) -> Vec<u
 #[derive(Debug, thiserror::Error)]
 pub enum WorkWriteError {
     #[error("writing {key}: {source}")]
-    Io { key: &'static str, source: io::Error },
+    Io {
+        key: &'static str,
+        source: io::Error,
+    },
     #[error("encoding the work state entry of {task_id}: {source}")]
     Encode {
         task_id: TaskId,

@@ -57,7 +57,10 @@ fn writes_append_only_what_changed_and_a_new_writer_loads_the_same_state() {
     assert_eq!(fs::read(dir.path().join(SNAPSHOT_KEY)).unwrap(), snapshot);
     let text = fs::read_to_string(dir.path().join(LOG_KEY)).unwrap();
     assert_eq!(text.lines().count(), 3, "{text}");
-    assert!(!text.contains("\"b\",\"phase\""), "b was not written again: {text}");
+    assert!(
+        !text.contains("\"b\",\"phase\""),
+        "b was not written again: {text}"
+    );
     let expected = pairs(&[("a", 5), ("c", 1)]);
     assert_eq!(seen(&dir), expected);
 
@@ -156,7 +159,10 @@ fn the_log_is_compacted_once_larger_than_the_snapshot_and_when_nothing_is_left()
     for round in 1..=200 {
         log.write(&[entry("t3", round)], &[]).unwrap();
         let log_len = fs::metadata(dir.path().join(LOG_KEY)).unwrap().len();
-        assert!(log_len <= 2 * snapshot_len + 512, "round {round}: {log_len}");
+        assert!(
+            log_len <= 2 * snapshot_len + 512,
+            "round {round}: {log_len}"
+        );
     }
     let snapshot: CurrentWork =
         serde_json::from_slice(&fs::read(dir.path().join(SNAPSHOT_KEY)).unwrap()).unwrap();
@@ -168,6 +174,9 @@ fn the_log_is_compacted_once_larger_than_the_snapshot_and_when_nothing_is_left()
     log.write(&[], &ids).unwrap();
     let snapshot: CurrentWork =
         serde_json::from_slice(&fs::read(dir.path().join(SNAPSHOT_KEY)).unwrap()).unwrap();
-    assert!(snapshot.active_tasks.is_empty(), "an idle queue's snapshot is the whole state");
+    assert!(
+        snapshot.active_tasks.is_empty(),
+        "an idle queue's snapshot is the whole state"
+    );
     assert!(seen(&dir).is_empty());
 }

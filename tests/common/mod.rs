@@ -601,7 +601,10 @@ pub fn work_entry(root: &Path, id: &str) -> Option<Value> {
     let work = cairn::queue::QueueReader::open(root)
         .current_work()
         .unwrap_or_else(|e| panic!("reading the work state: {e}"));
-    let entry = work.active_tasks.into_iter().find(|entry| entry.task_id == id)?;
+    let entry = work
+        .active_tasks
+        .into_iter()
+        .find(|entry| entry.task_id == id)?;
     Some(serde_json::to_value(entry).unwrap())
 }
 

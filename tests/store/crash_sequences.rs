@@ -395,7 +395,7 @@ fn write_work(work: &WorkLog, put: u8, remove: u8, model: &mut Model, ops: &Cras
     let mut after = model.work.clone();
     let mut changed = Vec::new();
     let mut removed = Vec::new();
-    for task in 0..TASKS.len() {
+    for (task, id) in TASKS.iter().enumerate() {
         if put & (1 << task) != 0 {
             let value = model.next_seq;
             model.next_seq += 1;
@@ -403,7 +403,7 @@ fn write_work(work: &WorkLog, put: u8, remove: u8, model: &mut Model, ops: &Cras
             changed.push(work_entry(task, value));
         } else if remove & (1 << task) != 0 {
             after.remove(&task);
-            removed.push(TASKS[task].parse().unwrap());
+            removed.push(id.parse().unwrap());
         }
     }
     match work.write(&changed, &removed) {

@@ -34,8 +34,8 @@ pub(crate) use files::{disk_size, json_stems, list_names, mtime, newest_mtime, r
 
 use crate::queue::QueueDir;
 use crate::store::current_work::{CurrentWork, StartPoint, StoredOutput};
-use crate::store::work_log::{self, WorkLogError};
 use crate::store::journal::{self, JournalEvent};
+use crate::store::work_log::{self, WorkLogError};
 use crate::store::{
     CheckpointStore, FileStorage, GenerationInfo, IterationCheckpoint, LoadedCheckpoint, StoreError,
 };
