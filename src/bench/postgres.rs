@@ -41,7 +41,8 @@ pub fn open(
             );
         }
         for id in task_ids {
-            let definition = format!(r#"{{"id": "{id}", "phases": [{{"name": "bench", "run": ["true"]}}]}}"#);
+            let definition =
+                format!(r#"{{"id": "{id}", "phases": [{{"name": "bench", "run": ["true"]}}]}}"#);
             db.submit(&NewTask {
                 id,
                 priority: 0,
