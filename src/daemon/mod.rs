@@ -314,6 +314,8 @@ pub(crate) struct Scheduler {
     summary: RunSummary,
     /// Claiming work from a shared queue (unused with files).
     claiming: shared_queue::Claiming,
+    /// Leases a shared queue's claim gave, kept for the task's first attempt.
+    claimed_leases: HashMap<TaskId, crate::queue::Lease>,
 }
 
 /// How an attempt's future ended, as the main loop sees it.
@@ -358,6 +360,7 @@ impl Scheduler {
                 ..RunSummary::default()
             },
             claiming: Default::default(),
+            claimed_leases: HashMap::new(),
         }
     }
 
