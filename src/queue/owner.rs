@@ -190,7 +190,11 @@ impl Queue {
 
     /// The name of the work state, for messages (the file to move aside).
     pub fn work_state_name(&self) -> String {
-        self.local.display_key(QueueDir::CURRENT_WORK_KEY)
+        format!(
+            "{} (and {} beside it)",
+            self.local.display_key(QueueDir::CURRENT_WORK_KEY),
+            QueueDir::WORK_LOG_KEY
+        )
     }
 
     /// Durably write the work state's entries that changed, and drop those that left, as this

@@ -16,6 +16,7 @@ const QUEUE_NAMES: &[&str] = &[
     "failed",
     "incremental",
     "current_work.json",
+    "current_work.log",
     "tasks",
     "inbox",
     "control",

@@ -24,18 +24,17 @@ pub struct WorkEntries {
 }
 
 impl WorkEntries {
-    /// The state as loaded, every entry marked: the first write after a start writes them
-    /// all (as a fresh snapshot), which also carries a work state of an older cairn over.
+    /// The state as loaded, nothing marked: what is on disk already. (The file backend's first
+    /// write rewrites its snapshot whatever it is given, which carries a work state of an
+    /// older cairn over.)
     fn from_work(work: CurrentWork) -> WorkEntries {
-        let entries: BTreeMap<TaskId, ActiveTask> = work
-            .active_tasks
-            .into_iter()
-            .map(|entry| (entry.task_id.clone(), entry))
-            .collect();
         WorkEntries {
-            changed: entries.keys().cloned().collect(),
-            entries,
-            removed: BTreeSet::new(),
+            entries: work
+                .active_tasks
+                .into_iter()
+                .map(|entry| (entry.task_id.clone(), entry))
+                .collect(),
+            ..WorkEntries::default()
         }
     }
 
