@@ -95,6 +95,8 @@ pub enum LogState {
 pub struct Replayed {
     pub work: CurrentWork,
     pub log: LogState,
+    /// The generation the log's first line names, when there is a log.
+    pub log_generation: Option<u64>,
     /// The log ended in a line cut short by a crash (ignored).
     pub torn_tail: bool,
 }
@@ -145,13 +147,14 @@ pub fn read(get: impl Fn(&str) -> io::Result<Option<Vec<u8>>>) -> Result<Replaye
 /// Apply `log` (when there is one) to `snapshot`. A last line without its newline is a write
 /// cut short and is ignored; any other line that does not parse is an error.
 pub fn replay(snapshot: CurrentWork, log: Option<&[u8]>) -> Result<Replayed, WorkLogError> {
-    let unchanged = |work, log| Replayed {
+    let unchanged = |work, log, log_generation| Replayed {
         work,
         log,
+        log_generation,
         torn_tail: false,
     };
     let Some(log) = log.filter(|log| !log.is_empty()) else {
-        return Ok(unchanged(snapshot, LogState::Missing));
+        return Ok(unchanged(snapshot, LogState::Missing, None));
     };
     let corrupt = |line: usize| {
         move |source| WorkLogError::CorruptLine {
@@ -167,7 +170,7 @@ pub fn replay(snapshot: CurrentWork, log: Option<&[u8]>) -> Result<Replayed, Wor
     let header = match lines.next().filter(|line| !line.is_empty()) {
         Some(line) => serde_json::from_slice::<LogHeader>(line).map_err(corrupt(1))?,
         // Only a header cut short (it is written whole, by a replace): no log.
-        None => return Ok(unchanged(snapshot, LogState::Missing)),
+        None => return Ok(unchanged(snapshot, LogState::Missing, None)),
     };
     if header.work_log != snapshot.log_generation {
         let state = if header.work_log < snapshot.log_generation {
@@ -175,7 +178,7 @@ pub fn replay(snapshot: CurrentWork, log: Option<&[u8]>) -> Result<Replayed, Wor
         } else {
             LogState::Newer
         };
-        return Ok(unchanged(snapshot, state));
+        return Ok(unchanged(snapshot, state, Some(header.work_log)));
     }
     let mut entries = Entries::from(snapshot.active_tasks);
     let mut updated_at = snapshot.updated_at;
@@ -197,6 +200,7 @@ pub fn replay(snapshot: CurrentWork, log: Option<&[u8]>) -> Result<Replayed, Wor
             active_tasks: entries.into_vec(),
         },
         log: LogState::Applied,
+        log_generation: Some(header.work_log),
         torn_tail: tail_len > 0,
     })
 }
@@ -350,7 +354,12 @@ impl WorkLog {
     /// Read the work state (empty for a new queue) and take it as what is on disk.
     pub fn load(&self) -> Result<CurrentWork, WorkLogError> {
         let replayed = read(|key| self.storage.get(key))?;
-        let generation = replayed.work.log_generation;
+        // The next snapshot goes above both files' generations, so that no log left on disk
+        // (one newer than a snapshot restored by hand) can ever follow it.
+        let generation = replayed
+            .work
+            .log_generation
+            .max(replayed.log_generation.unwrap_or(0));
         if replayed.torn_tail {
             tracing::warn!("the work log ends in a write cut short by a crash; it is ignored");
         }
@@ -364,11 +373,7 @@ impl WorkLog {
         }
         let mut state = self.lock();
         state.entries = entries;
-        // A newer log than the snapshot (only by hand): the next snapshot goes above both.
-        state.generation = match replayed.log {
-            LogState::Newer => generation + 1,
-            _ => generation,
-        };
+        state.generation = generation;
         state.compact_next = true;
         Ok(replayed.work)
     }

@@ -180,3 +180,45 @@ fn the_log_is_compacted_once_larger_than_the_snapshot_and_when_nothing_is_left()
     );
     assert!(seen(&dir).is_empty());
 }
+
+#[test]
+fn a_snapshot_restored_by_hand_over_a_newer_log_is_read_alone_and_the_next_one_goes_above_both() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = WorkLog::new(storage(&dir)).compact_at(0);
+    log.load().unwrap();
+    for round in 0..6 {
+        log.write(&[entry("a", round)], &[]).unwrap();
+    }
+    let header = fs::read_to_string(dir.path().join(LOG_KEY)).unwrap();
+    let old_generation: u64 =
+        serde_json::from_str::<serde_json::Value>(header.lines().next().unwrap()).unwrap()
+            ["work_log"]
+            .as_u64()
+            .unwrap();
+    assert!(old_generation >= 2, "{header}");
+    // An operator puts back a snapshot of an older cairn (generation 0).
+    let mut restored = CurrentWork::default();
+    restored.active_tasks.push(entry("b", 1));
+    fs::write(
+        dir.path().join(SNAPSHOT_KEY),
+        serde_json::to_string(&restored).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        seen(&dir),
+        pairs(&[("b", 1)]),
+        "the newer log is not applied"
+    );
+
+    let again = WorkLog::new(storage(&dir));
+    again.load().unwrap();
+    again.write(&[entry("b", 2)], &[]).unwrap();
+    let snapshot: CurrentWork =
+        serde_json::from_slice(&fs::read(dir.path().join(SNAPSHOT_KEY)).unwrap()).unwrap();
+    assert!(
+        snapshot.log_generation > old_generation,
+        "{} is not above the old log's {old_generation}",
+        snapshot.log_generation
+    );
+    assert_eq!(seen(&dir), pairs(&[("b", 2)]));
+}
