@@ -17,7 +17,7 @@ use super::backend::{ControlClaim, QueueBackend, QueueError};
 use super::file_backend::FileBackend;
 use super::lease::Lease;
 use super::{LockError, QueueDir, QueueHint, QueueLock, QueueWatcher};
-use crate::store::{FileStorage, LoopCheckpointer, Storage};
+use crate::store::{CheckpointStore, CommitPath, FileStorage, LoopCheckpointer, Storage};
 
 /// Why a queue could not be opened for owning.
 #[derive(Debug, thiserror::Error)]
@@ -81,7 +81,10 @@ impl Queue {
             .map_err(|e| OpenError::Setup(e.to_string()))?;
         let lock = QueueLock::acquire(&dir)?;
         super::check_queue_permissions(&dir).map_err(OpenError::Unsafe)?;
-        let storage = storage.unwrap_or_else(|| Arc::new(FileStorage::new(&root)));
+        let storage = match storage {
+            Some(storage) => storage,
+            None => Arc::new(commit_path_storage(&root)?),
+        };
         Ok(Queue {
             backend: Arc::new(FileBackend::new(dir.clone(), lock, storage)),
             local: dir,
@@ -172,3 +175,24 @@ impl Queue {
 #[cfg(test)]
 #[path = "owner_tests.rs"]
 mod tests;
+
+/// The file storage of the queue at `root`, its checkpoints committed by the path
+/// `CAIRN_COMMIT_PATH` chooses (the commit log by default). Opening it replays what a previous
+/// daemon left in the log, before anything resumes; the queue's lock is held by then.
+fn commit_path_storage(root: &Path) -> Result<FileStorage, OpenError> {
+    let setup = |err: io::Error| OpenError::Setup(format!("queue {}: {err}", root.display()));
+    let path = CommitPath::from_env().map_err(setup)?;
+    let storage = FileStorage::new(root);
+    storage
+        .create_dir(CheckpointStore::DIR)
+        .map_err(setup)?;
+    storage
+        .with_commit_path(CheckpointStore::DIR, path)
+        .map_err(|err| {
+            OpenError::Setup(format!(
+                "queue {}: replaying the commit log of {}: {err}",
+                root.display(),
+                CheckpointStore::DIR
+            ))
+        })
+}

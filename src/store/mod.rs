@@ -15,6 +15,7 @@
 
 mod checkpoint;
 mod checkpoint_store;
+mod commit_log;
 pub mod current_work;
 pub mod events;
 #[cfg(feature = "test-doubles")]
@@ -42,7 +43,7 @@ pub use checkpoint_store::{
 };
 #[cfg(feature = "test-doubles")]
 pub use faulty::{FaultMode, FaultyFileOps};
-pub use file::FileStorage;
+pub use file::{CommitPath, FileStorage};
 pub(crate) use file_ops::TEMP_SUFFIX;
 pub use file_ops::{FileOps, RealFileOps, TempFile, UnsyncedFileOps};
 pub use loop_checkpointer::{LoopCheckpointer, WriteFence};
