@@ -441,6 +441,26 @@ impl CommitLog {
     }
 }
 
+impl Drop for CommitLog {
+    /// A store closed cleanly leaves an empty log, so that nothing is replayed over writes
+    /// made later without it.
+    fn drop(&mut self) {
+        let _gate = self.gate.write().unwrap_or_else(PoisonError::into_inner);
+        let tail = self.lock_tail();
+        if tail.len == 0 && !tail.dirty {
+            return;
+        }
+        drop(tail);
+        if let Err(err) = self.cut() {
+            tracing::debug!(
+                log = %self.dir.join(LOG_NAME).display(),
+                error = %err,
+                "could not cut the commit log on close; the next open replays it"
+            );
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::{decode_records, replay, Record, Replayed};

@@ -64,6 +64,9 @@ pub struct FileStorage {
     /// The commit log of one directory, if writes into it go through one (see
     /// [`FileStorage::with_commit_log`]). Shared by clones.
     log: Option<Arc<CommitLog>>,
+    /// Directories checked for a commit log left by an earlier process, when this storage
+    /// writes without one. Shared by clones.
+    settled: Arc<std::sync::Mutex<std::collections::HashSet<PathBuf>>>,
 }
 
 /// Directories this process has made durable (see [`FileStorage::adopt_dir`]). Durability is a
@@ -91,6 +94,7 @@ impl FileStorage {
             ops,
             dir_commits: Arc::default(),
             log: None,
+            settled: Arc::default(),
         }
     }
 
@@ -140,10 +144,11 @@ impl FileStorage {
     /// next replay).
     pub fn recover_commit_log(&self, dir: &str) -> io::Result<()> {
         validate_dir_key(dir)?;
-        if !self.root.join(dir).join(LOG_NAME).exists() {
-            return Ok(());
+        let path = self.root.join(dir);
+        if path.is_dir() {
+            self.settle_leftover_log(&path)?;
         }
-        self.open_commit_log(dir).map(drop)
+        Ok(())
     }
 
     /// Open (and replay) the log of `dir`, restoring files with unsynced replaces.
@@ -188,6 +193,32 @@ impl FileStorage {
                 result
             }
         }
+    }
+
+    /// Before this storage, which has no log for `dir`, first writes there: replay a log an
+    /// earlier process left in it, so that a later replay cannot bring back older objects over
+    /// this storage's writes. A log another process holds open is that process's to replay.
+    fn settle_leftover_log(&self, dir: &Path) -> io::Result<()> {
+        let mut settled = self
+            .settled
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if settled.contains(dir) {
+            return Ok(());
+        }
+        let leftover = std::fs::metadata(dir.join(LOG_NAME)).is_ok_and(|meta| meta.len() > 0);
+        if leftover {
+            let opened = CommitLog::open(dir, Arc::clone(&self.ops), |key, replayed| {
+                self.restore(key, replayed)
+            });
+            match opened {
+                Ok(log) => drop(log),
+                Err(err) if err.kind() == io::ErrorKind::WouldBlock => {}
+                Err(err) => return Err(err),
+            }
+        }
+        settled.insert(dir.to_path_buf());
+        Ok(())
     }
 
     /// The commit log, if it covers the directory `parent`.
@@ -366,6 +397,9 @@ impl FileStorage {
         let target_name = target_name.to_string_lossy();
         self.ensure_dir(parent)?;
         self.adopt_dir(parent)?;
+        if self.log_for(parent).is_none() {
+            self.settle_leftover_log(parent)?;
+        }
         if let Some(keep_dir) = keep.as_deref().and_then(Path::parent) {
             self.ensure_dir(keep_dir)?;
             self.adopt_dir(keep_dir)?;
@@ -557,9 +591,15 @@ impl Storage for FileStorage {
     fn remove(&self, key: &str) -> io::Result<()> {
         let path = self.path_of(key)?;
         // Logged first, so that a replay never brings back what was removed.
-        let logged = match path.parent().and_then(|parent| self.log_for(parent)) {
+        let parent = path.parent().unwrap_or(&self.root);
+        let logged = match self.log_for(parent) {
             Some(log) => Some(log.log_removal(key)?),
-            None => None,
+            None => {
+                if parent.is_dir() {
+                    self.settle_leftover_log(parent)?;
+                }
+                None
+            }
         };
         match self.ops.remove_file(&path) {
             Err(err) if err.kind() != io::ErrorKind::NotFound => return Err(err),
