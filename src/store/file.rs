@@ -1,8 +1,10 @@
 //! The file backend of [`Storage`]: one file per key under the queue root.
 //!
 //! Every `put` is a crash-safe replace: write a uniquely named temp file in the target's
-//! directory, fsync it, rename it over the target, fsync the directory. There is no fallback
-//! to a direct write: if any step fails, the old file stays as it was and the error is returned.
+//! directory, fsync it, rename it over the target, fsync the directory. In a directory with a
+//! commit log ([`FileStorage::with_commit_log`]), the two fsyncs are replaced by a record in the
+//! log and one fdatasync of it, before the rename (see `commit_log`). There is no fallback to a
+//! direct write: if any step fails, the old file stays as it was and the error is returned.
 
 use std::fs;
 use std::io;
