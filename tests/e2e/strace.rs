@@ -108,9 +108,20 @@ fn every_checkpoint_through_the_log_is_temp_write_log_fdatasync_rename() {
     let traces = traced_run(&queue, "log");
     let incremental = fs::canonicalize(queue.path("incremental")).unwrap();
     let incremental = incremental.to_str().unwrap().to_string();
+    let log = format!("{incremental}/.commit-log");
+    // The log is opened once, on whichever thread opens the queue, and held open: its
+    // descriptor is the same in every thread.
+    let log_fds: Vec<i64> = traces
+        .iter()
+        .flat_map(|text| text.lines())
+        .filter_map(parse_line)
+        .filter(|call| call.name.starts_with("open") && quoted(&call.args).first() == Some(&log))
+        .filter_map(|call| call.result.parse().ok())
+        .collect();
+    assert!(!log_fds.is_empty(), "the daemon never opened {log}");
     let committed: usize = traces
         .iter()
-        .map(|text| check_logged_thread(text, &incremental))
+        .map(|text| check_logged_thread(text, &incremental, &log_fds))
         .sum();
     assert_eq!(
         committed, iterations as usize,
@@ -121,9 +132,9 @@ fn every_checkpoint_through_the_log_is_temp_write_log_fdatasync_rename() {
 /// Check one thread's calls on the log path: each checkpoint rename is of a fully written temp
 /// file, after a record was written to the commit log and the log was fdatasynced. Returns how
 /// many checkpoint files it committed.
-fn check_logged_thread(text: &str, incremental: &str) -> usize {
+fn check_logged_thread(text: &str, incremental: &str, log_fds: &[i64]) -> usize {
     let log = format!("{incremental}/.commit-log");
-    let mut open: HashMap<i64, String> = HashMap::new();
+    let mut open: HashMap<i64, String> = log_fds.iter().map(|&fd| (fd, log.clone())).collect();
     // temp path → written
     let mut temps: HashMap<String, bool> = HashMap::new();
     // (a record was written to the log, and the log synced since)
