@@ -183,9 +183,7 @@ fn commit_path_storage(root: &Path) -> Result<FileStorage, OpenError> {
     let setup = |err: io::Error| OpenError::Setup(format!("queue {}: {err}", root.display()));
     let path = CommitPath::from_env().map_err(setup)?;
     let storage = FileStorage::new(root);
-    storage
-        .create_dir(CheckpointStore::DIR)
-        .map_err(setup)?;
+    storage.create_dir(CheckpointStore::DIR).map_err(setup)?;
     storage
         .with_commit_path(CheckpointStore::DIR, path)
         .map_err(|err| {

@@ -225,9 +225,7 @@ impl FileStorage {
 
     /// The commit log, if it covers the directory `parent`.
     fn log_for(&self, parent: &Path) -> Option<&CommitLog> {
-        self.log
-            .as_deref()
-            .filter(|log| log.dir() == parent)
+        self.log.as_deref().filter(|log| log.dir() == parent)
     }
 
     /// The directory every key is relative to.
@@ -440,7 +438,14 @@ impl FileStorage {
                     retire: retire.as_ref().and(retire_key),
                     bytes,
                 };
-                self.write_and_log(log, &record, &mut temp, &target, keep.as_deref(), &mut renamed)
+                self.write_and_log(
+                    log,
+                    &record,
+                    &mut temp,
+                    &target,
+                    keep.as_deref(),
+                    &mut renamed,
+                )
             }
             None => self.write_and_commit(
                 &mut temp,

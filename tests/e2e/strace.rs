@@ -166,11 +166,9 @@ fn check_logged_thread(text: &str, incremental: &str, log_fds: &[i64]) -> usize 
                 }
                 None => {}
             },
-            "fsync" | "fdatasync" => {
-                if fd_path().as_deref() == Some(log.as_str()) && logged.0 {
-                    assert_eq!(call.result, "0", "fdatasync failed: {line}");
-                    logged.1 = true;
-                }
+            "fsync" | "fdatasync" if fd_path().as_deref() == Some(log.as_str()) && logged.0 => {
+                assert_eq!(call.result, "0", "fdatasync failed: {line}");
+                logged.1 = true;
             }
             "close" => {
                 if let Some(fd) = first_fd(&call.args) {

@@ -566,7 +566,10 @@ fn a_store_that_was_not_closed_is_restored_from_its_commit_log_when_opened_again
     let incremental = dir.path().join("incremental");
     killed_after(dir.path(), |store| save_generations(store, 3));
     let log = incremental.join(COMMIT_LOG);
-    assert!(fs::metadata(&log).unwrap().len() > 0, "the saves are logged");
+    assert!(
+        fs::metadata(&log).unwrap().len() > 0,
+        "the saves are logged"
+    );
     let latest = fs::read(incremental.join("t1.json.gz")).unwrap();
     let kept = fs::read(incremental.join("t1.2.json.gz")).unwrap();
     // What a power cut could leave of files that were never fsynced.
@@ -576,7 +579,11 @@ fn a_store_that_was_not_closed_is_restored_from_its_commit_log_when_opened_again
     let store = CheckpointStore::open(dir.path()).unwrap();
     assert_eq!(fs::read(incremental.join("t1.json.gz")).unwrap(), latest);
     assert_eq!(fs::read(incremental.join("t1.2.json.gz")).unwrap(), kept);
-    assert_eq!(fs::metadata(&log).unwrap().len(), 0, "the replay cut the log");
+    assert_eq!(
+        fs::metadata(&log).unwrap().len(),
+        0,
+        "the replay cut the log"
+    );
     let cp = store.latest(TASK).unwrap().unwrap().checkpoint;
     assert_eq!((cp.generation, cp.iteration_count), (3, 30));
     drop(store);
@@ -604,6 +611,17 @@ fn a_second_process_writes_without_the_log_while_another_holds_it() {
     let mut other = checkpoint(5);
     other.task_id = "t2".into();
     second.save(&mut other).unwrap();
-    assert_eq!(second.latest("t2").unwrap().unwrap().checkpoint.iteration_count, 5);
-    assert_eq!(first.latest(TASK).unwrap().unwrap().checkpoint.generation, 2);
+    assert_eq!(
+        second
+            .latest("t2")
+            .unwrap()
+            .unwrap()
+            .checkpoint
+            .iteration_count,
+        5
+    );
+    assert_eq!(
+        first.latest(TASK).unwrap().unwrap().checkpoint.generation,
+        2
+    );
 }
