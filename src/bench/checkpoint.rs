@@ -55,8 +55,10 @@ pub struct CheckpointBench {
     pub keep: bool,
     /// Measure a reference instead of cairn (see [`Reference`]).
     pub raw: Option<Reference>,
-    /// How cairn's checkpoints are made durable.
+    /// How cairn's checkpoints are made durable (on files).
     pub commit_path: CommitPath,
+    /// Checkpoint into a shared queue in this PostgreSQL database instead of files.
+    pub db: Option<String>,
 }
 
 /// What the disk can do with each state's canonical bytes and plain syscalls, measured in the
@@ -123,8 +125,7 @@ impl CheckpointBench {
             .with_context(|| format!("opening the commit log in {}", checkpoint_dir.display()))?;
         // Owned as the daemon owns a queue, so that every checkpoint passes the same lease
         // check as a loop phase's.
-        let queue = Queue::open_files(&root, Some(Arc::new(storage) as Arc<dyn Storage>))
-            .with_context(|| format!("opening the queue {}", root.display()))?;
+        let (queue, bench_tasks) = self.open_queue(&root, storage, iterations)?;
 
         let started = Instant::now();
         let samples = if let Some(reference) = self.raw {
@@ -143,6 +144,7 @@ impl CheckpointBench {
         };
         let wall = started.elapsed();
         drop(queue);
+        drop(bench_tasks);
 
         let result = summarize(self, iterations, samples, wall);
         if !self.keep {
@@ -150,6 +152,34 @@ impl CheckpointBench {
                 .with_context(|| format!("removing {}", root.display()))?;
         }
         Ok((result, root))
+    }
+
+    /// The queue the checkpoints go to: files at `root`, or a share of the database's (whose
+    /// tasks the second value removes when dropped).
+    fn open_queue(
+        &self,
+        root: &Path,
+        storage: FileStorage,
+        _iterations: u64,
+    ) -> anyhow::Result<(Queue, Option<Box<dyn std::any::Any>>)> {
+        let Some(url) = &self.db else {
+            let queue = Queue::open_files(root, Some(Arc::new(storage) as Arc<dyn Storage>))
+                .with_context(|| format!("opening the queue {}", root.display()))?;
+            return Ok((queue, None));
+        };
+        #[cfg(feature = "postgres")]
+        {
+            let ids: Vec<String> = (0..self.conc)
+                .map(|task| TaskState::new(task as u64, self.size).task_id().to_string())
+                .collect();
+            let (queue, tasks) = super::postgres::open(root, url, &ids)?;
+            Ok((queue, Some(Box::new(tasks))))
+        }
+        #[cfg(not(feature = "postgres"))]
+        {
+            let _ = url;
+            bail!("this cairn was built without PostgreSQL (the cargo feature `postgres`)")
+        }
     }
 
     /// A new, empty directory for this run under `self.dir`.
@@ -226,7 +256,13 @@ fn run_concurrent(
             let queue = queue.clone();
             tasks.spawn(async move {
                 let mut state = TaskState::new(task as u64, size);
-                let mut checkpointer = fenced_checkpointer(&queue, state.task_id())?;
+                // Claimed off the async threads, as the daemon claims (a database blocks).
+                let (claim_queue, task_id) = (queue.clone(), state.task_id().to_string());
+                let mut checkpointer = tokio::task::spawn_blocking(move || {
+                    fenced_checkpointer(&claim_queue, &task_id)
+                })
+                .await
+                .context("a claim panicked")??;
                 let mut samples = Vec::with_capacity(iterations as usize);
                 for _ in 0..iterations {
                     let started = Instant::now();
@@ -373,16 +409,17 @@ fn summarize(
         wall
     };
     CheckpointResult {
-        implementation: match bench.raw {
-            None => "cairn",
-            Some(Reference::Replace) => "raw",
-            Some(Reference::Append) => "append",
+        implementation: match (bench.raw, &bench.db) {
+            (Some(Reference::Replace), _) => "raw",
+            (Some(Reference::Append), _) => "append",
+            (None, Some(_)) => "cairn-postgres",
+            (None, None) => "cairn",
         },
         mode: bench.durability.mode(),
-        commit: match (bench.raw, bench.commit_path) {
-            (Some(_), _) => None,
-            (None, CommitPath::Log) => Some("log"),
-            (None, CommitPath::Replace) => Some("replace"),
+        commit: match (bench.raw, &bench.db, bench.commit_path) {
+            (Some(_), _, _) | (None, Some(_), _) => None,
+            (None, None, CommitPath::Log) => Some("log"),
+            (None, None, CommitPath::Replace) => Some("replace"),
         },
         size: bench.size.name(),
         conc: bench.conc,

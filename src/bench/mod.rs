@@ -5,6 +5,8 @@
 //! (`bench/workload.md` defines the line for checkpoints).
 
 pub mod checkpoint;
+#[cfg(feature = "postgres")]
+pub mod postgres;
 pub mod pueue;
 pub mod queue;
 pub mod spawn;

@@ -119,6 +119,10 @@ struct CheckpointArgs {
     /// log (one fdatasync) or by the atomic replace alone (fsync, rename, directory fsync).
     #[arg(long, value_enum, default_value = "log", value_name = "PATH")]
     commit_path: CommitPath,
+    /// Checkpoint into a shared queue in this PostgreSQL database instead ("impl":
+    /// "cairn-postgres"): an empty database of its own, since it adds and removes tasks.
+    #[arg(long, value_name = "URL", conflicts_with = "raw")]
+    db: Option<String>,
 }
 
 pub fn run(args: BenchArgs) -> CliResult {
@@ -147,6 +151,7 @@ fn checkpoint(args: CheckpointArgs) -> CliResult {
         keep: args.keep,
         raw: args.raw,
         commit_path: args.commit_path,
+        db: args.db,
     };
     let (result, root) = bench.run()?;
     let line = serde_json::to_string(&result)

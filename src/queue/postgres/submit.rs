@@ -80,4 +80,30 @@ impl PgQueue {
         tx.commit().await.during("committing the resume")?;
         Ok(true)
     }
+
+    /// How many tasks the database holds, finished or not.
+    pub async fn count_tasks(&self) -> Result<i64, PgError> {
+        let client = self.client().await?;
+        let row = client
+            .query_one("SELECT count(*) FROM cairn_tasks", &[])
+            .await
+            .during("counting the tasks")?;
+        Ok(row.get(0))
+    }
+
+    /// Remove the tasks `ids` with everything stored for them (their checkpoints, outputs,
+    /// events and records go with them), and forget node `node`. For a benchmark cleaning up
+    /// after itself; returns how many tasks were removed.
+    pub async fn remove_tasks(&self, ids: &[String], node: &str) -> Result<u64, PgError> {
+        let client = self.client().await?;
+        let removed = client
+            .execute("DELETE FROM cairn_tasks WHERE id = ANY($1)", &[&ids])
+            .await
+            .during("removing tasks")?;
+        client
+            .execute("DELETE FROM cairn_nodes WHERE name = $1", &[&node])
+            .await
+            .during("removing a node")?;
+        Ok(removed)
+    }
 }
