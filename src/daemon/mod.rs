@@ -312,6 +312,8 @@ pub(crate) struct Scheduler {
     summary: RunSummary,
     /// Claiming work from a shared queue (unused with files).
     claiming: shared_queue::Claiming,
+    /// Leases a shared queue's claim gave, kept for the task's first attempt.
+    claimed_leases: HashMap<TaskId, crate::queue::Lease>,
 }
 
 /// How an attempt's future ended, as the main loop sees it.
@@ -356,6 +358,7 @@ impl Scheduler {
                 ..RunSummary::default()
             },
             claiming: Default::default(),
+            claimed_leases: HashMap::new(),
         }
     }
 

@@ -454,10 +454,19 @@ impl Scheduler {
         self.ctx.drop_control(&id);
         self.running_ids.insert(id.clone());
         let ctx = Arc::clone(&self.ctx);
+        // A shared queue's claim already leased the task: its first attempt runs under that.
+        let claimed = self
+            .claimed_leases
+            .remove(&id)
+            .filter(|_| ctx.queue.holds(&id));
         self.running.spawn(async move {
             // The task's lease: every write of this attempt is fenced by it.
             let (queue, claim_id) = (ctx.queue.clone(), id.clone());
-            let lease = match runner_blocking(move || queue.claim(&claim_id)).await {
+            let claim = move || match claimed {
+                Some(lease) => Ok(lease),
+                None => queue.claim(&claim_id),
+            };
+            let lease = match runner_blocking(claim).await {
                 Ok(lease) => lease,
                 Err(e) => {
                     let end = AttemptEnd::Failed {

@@ -162,6 +162,7 @@ impl Scheduler {
             self.tasks.remove(&id);
             return;
         }
+        self.claimed_leases.insert(id.clone(), lease);
         match entry {
             Some(entry) => {
                 self.ctx.work.update(|w| w.upsert(entry));
@@ -191,6 +192,7 @@ impl Scheduler {
     /// Drop every trace of a task this daemon no longer holds.
     fn forget_task(&mut self, id: &TaskId) {
         self.tasks.remove(id);
+        self.claimed_leases.remove(id);
         self.retries.retain(|(_, waiting)| waiting != id);
         self.ctx.drop_control(id);
         self.ctx.work.update(|w| w.remove(id));

@@ -467,3 +467,54 @@ fn a_stopped_daemon_hands_its_tasks_over_at_once() {
         LEASE.as_secs()
     );
 }
+
+/// A task that kills every daemon that runs it is quarantined after its crash limit: the
+/// daemon that would claim it next records it failed, saying why, instead of running it.
+#[test]
+fn a_task_that_keeps_killing_its_daemon_is_quarantined() {
+    let test = "a_task_that_keeps_killing_its_daemon_is_quarantined";
+    let Some(pg) = PgCluster::start(test) else {
+        return;
+    };
+    let url = pg.url();
+    let scratch = TestQueue::new();
+    let runs = scratch.aux("runs.log");
+    // Each run notes itself, then SIGKILLs its daemon (the command's parent).
+    let script = format!("echo run >> '{}'; kill -9 $PPID; sleep 60", runs.display());
+    submit_task(
+        &url,
+        &json!({"id": "killer", "phases": [{"name": "p", "run": ["sh", "-c", script]}]}),
+    );
+    let crash_limit = 5; // as `submit_task` sets it
+    let mut host = Host::new("victim");
+    let mut deaths = 0;
+    while final_record(&url, "killer").is_none() {
+        assert!(
+            deaths <= crash_limit + 1,
+            "the task was not quarantined after {deaths} deaths"
+        );
+        host.start(&url, &["--max-tasks", "1"]);
+        let daemon = host.daemon();
+        crate::common::wait_for("the daemon dies or the task is recorded", DEADLINE, || {
+            if daemon.try_status().is_some() {
+                Some(true)
+            } else {
+                final_record(&url, "killer").map(|_| false)
+            }
+        });
+        if host.daemon().try_status().is_some() {
+            deaths += 1;
+        }
+    }
+    let record = final_record(&url, "killer").unwrap();
+    assert_eq!(record["status"], "failed", "{record}");
+    assert!(
+        record["error"].as_str().unwrap().contains("quarantined"),
+        "{record}"
+    );
+    let runs = std::fs::read_to_string(&runs).unwrap().lines().count();
+    assert_eq!(runs, deaths, "one run per death, none after the quarantine");
+    assert!(deaths >= crash_limit, "quarantined after {deaths} deaths");
+    host.daemon().signal(SIGTERM);
+    host.daemon().wait_exit(DEADLINE);
+}

@@ -664,7 +664,10 @@ impl QueueBackend for PgBackend {
         let held = self.held(lease)?;
         let json = std::str::from_utf8(bytes)
             .map_err(|e| backend_error(format!("the output of task {}", lease.task_id()), e))?;
-        let index = u32::try_from(phase_index).unwrap_or(u32::MAX);
+        let index = u32::try_from(phase_index).map_err(|_| QueueError::Unreadable {
+            what: format!("the output of task {}", lease.task_id()),
+            problem: format!("phase index {phase_index} does not fit its column"),
+        })?;
         // The phase's name is in the work state beside the reference.
         self.run(self.db.save_output(&held, index, "", json))
             .map_err(|e| self.refused(lease, e))?;

@@ -58,6 +58,9 @@ pub enum PgError {
         #[source]
         reason: crate::task_id::InvalidName,
     },
+    /// A number does not fit the column that stores it (nothing was written).
+    #[error("{what} {value} does not fit its column")]
+    OutOfRange { what: &'static str, value: String },
     /// The checkpoint could not be encoded; nothing was written.
     #[error("encoding the checkpoint of task {task_id:?}: {source}")]
     Encode {
@@ -76,4 +79,16 @@ impl<T> During<T> for Result<T, tokio_postgres::Error> {
     fn during(self, action: &'static str) -> Result<T, PgError> {
         self.map_err(|source| PgError::Query { action, source })
     }
+}
+
+/// `value` as the column's type, or [`PgError::OutOfRange`] naming `what` it is.
+pub(super) fn in_range<T, U>(what: &'static str, value: T) -> Result<U, PgError>
+where
+    T: Copy + std::fmt::Display,
+    U: TryFrom<T>,
+{
+    U::try_from(value).map_err(|_| PgError::OutOfRange {
+        what,
+        value: value.to_string(),
+    })
 }

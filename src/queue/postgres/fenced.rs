@@ -13,7 +13,7 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 
 use super::connect::PgQueue;
-use super::error::{During, PgError};
+use super::error::{in_range, During, PgError};
 use super::lease::Lease;
 use crate::store::{encode_checkpoint, IterationCheckpoint, SavedCheckpoint, FORMAT_VERSION};
 
@@ -168,14 +168,14 @@ impl PgQueue {
     ) -> Result<SavedCheckpoint, PgError> {
         let started = std::time::Instant::now();
         let generation = lease.last_generation + 1;
-        cp.generation = u64::try_from(generation).unwrap_or(1);
+        cp.generation = in_range("checkpoint generation", generation)?;
         cp.format_version = FORMAT_VERSION;
         cp.last_checkpoint_at = Utc::now();
         let bytes = encode_checkpoint(cp).map_err(|source| PgError::Encode {
             task_id: cp.task_id.clone(),
             source,
         })?;
-        let iterations = i64::try_from(cp.iteration_count).unwrap_or(i64::MAX);
+        let iterations: i64 = in_range("iteration count", cp.iteration_count)?;
         let keep = i64::from(keep_generations);
         self.fenced_write(
             lease,
@@ -212,7 +212,7 @@ impl PgQueue {
         phase: &str,
         output_json: &str,
     ) -> Result<(), PgError> {
-        let index = i32::try_from(phase_index).unwrap_or(i32::MAX);
+        let index: i32 = in_range("phase index", phase_index)?;
         self.fenced_write(
             lease,
             SAVE_OUTPUT,
