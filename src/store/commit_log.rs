@@ -14,7 +14,8 @@
 //! the directory: the records are applied in order to a map of key → bytes (or removed), each
 //! file whose bytes differ is rewritten, everything is made durable with one `syncfs`, and the
 //! log is cut to zero. The log is checkpointed the same way (`syncfs`, cut) when it grows past
-//! its limit, so it stays small and a replay stays short.
+//! its limit, so it stays small and a replay stays short, and cut and removed when the store is
+//! closed.
 //!
 //! Records carry their length and a CRC-32, so a torn tail (a power cut mid-append) is
 //! recognised and dropped: only records whose sync had not finished can be torn, and none of
@@ -258,8 +259,20 @@ impl CommitLog {
         restore: impl FnMut(&str, Replayed<'_>) -> io::Result<()>,
     ) -> io::Result<CommitLog> {
         let path = dir.join(LOG_NAME);
-        let existed = path.exists();
-        let file = ops.open_log(&path)?;
+        let mut existed = path.exists();
+        let file = match ops.open_log(&path) {
+            // An empty log another user left (a queue handed over with `chown`) holds nothing
+            // to replay: make a new one of our own.
+            Err(err)
+                if err.kind() == io::ErrorKind::PermissionDenied
+                    && std::fs::metadata(&path).is_ok_and(|meta| meta.len() == 0) =>
+            {
+                ops.remove_file(&path)?;
+                existed = false;
+                ops.open_log(&path)?
+            }
+            other => other?,
+        };
         let file = Flock::lock(file, FlockArg::LockExclusiveNonblock).map_err(|(_, errno)| {
             if errno == nix::errno::Errno::EWOULDBLOCK {
                 io::Error::new(
@@ -442,20 +455,22 @@ impl CommitLog {
 }
 
 impl Drop for CommitLog {
-    /// A store closed cleanly leaves an empty log, so that nothing is replayed over writes
-    /// made later without it.
+    /// A store closed cleanly leaves no log (cut, then removed), so that nothing is replayed
+    /// over writes made later without it, and the next owner of the directory (another user,
+    /// after a `chown` of the queue) creates its own.
     fn drop(&mut self) {
         let _gate = self.gate.write().unwrap_or_else(PoisonError::into_inner);
         let tail = self.lock_tail();
-        if tail.len == 0 && !tail.dirty {
-            return;
-        }
+        let empty = tail.len == 0 && !tail.dirty;
         drop(tail);
-        if let Err(err) = self.cut() {
+        let path = self.dir.join(LOG_NAME);
+        let closed = if empty { Ok(()) } else { self.cut() };
+        // An empty log and no log mean the same to a replay, so the removal needs no sync.
+        if let Err(err) = closed.and_then(|()| self.ops.remove_file(&path)) {
             tracing::debug!(
-                log = %self.dir.join(LOG_NAME).display(),
+                log = %path.display(),
                 error = %err,
-                "could not cut the commit log on close; the next open replays it"
+                "could not cut and remove the commit log on close; the next open replays it"
             );
         }
     }

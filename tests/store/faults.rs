@@ -271,10 +271,13 @@ fn a_fault_at_any_step_of_a_logged_save_keeps_the_last_committed_checkpoint() {
             );
             let dir = tempfile::tempdir().unwrap();
             let committed = commit_generations(dir.path(), 4);
+            // Counted before the probe closes (closing removes the log, as it was before).
             let open_steps = {
                 let counting = Arc::new(FaultyFileOps::new());
-                drop(logged_store(dir.path(), &counting));
-                counting.steps()
+                let probe = logged_store(dir.path(), &counting);
+                let steps = counting.steps();
+                drop(probe);
+                steps
             };
 
             let ops = Arc::new(FaultyFileOps::fail_at(open_steps + step, mode));
