@@ -3,8 +3,9 @@
 
 Each configuration of the checkpoint workload (bench/workload.md) runs `--rounds` times
 (default 3), interleaved with the others so that a noisy moment of the machine spreads over all
-of them: cairn durable, cairn published (no fsync), and the raw atomic-replace
-reference. Every run's JSON line is printed as it comes; a Markdown table of the medians of the
+of them: cairn durable through the commit log (the default) and by the atomic replace alone,
+cairn published (no fsync), the raw atomic-replace reference and the appended, fdatasync'd
+record of the same bytes. `--sizes` and `--flavours` pick a subset. Every run's JSON line is printed as it comes; a Markdown table of the medians of the
 per-run values follows.
 
     cargo build --release && python3 bench/checkpoint_matrix.py [--rounds 5] [--cairn PATH]
@@ -18,11 +19,13 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VARIANTS = [("1k", 1), ("64k", 1), ("1m", 1), ("1k", 100), ("64k", 100)]
-FLAVOURS = [
-    ("raw", ["--raw"]),
-    ("cairn", []),
-    ("cairn", ["--durability", "none"]),
-]
+FLAVOURS = {
+    "raw": ["--raw", "replace"],
+    "append": ["--raw", "append"],
+    "log": ["--commit-path", "log"],
+    "replace": ["--commit-path", "replace"],
+    "published": ["--durability", "none"],
+}
 
 
 def main():
@@ -30,26 +33,32 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--cairn", default=os.path.join(ROOT, "target", "release", "cairn"))
     ap.add_argument("--dir", default=os.path.join(ROOT, "bench", ".data"))
+    ap.add_argument("--variants", default=",".join(f"{s}/{c}" for s, c in VARIANTS),
+                    help="size/conc pairs, comma-separated (default: all)")
+    ap.add_argument("--flavours", default=",".join(FLAVOURS),
+                    help="comma-separated, of: " + ", ".join(FLAVOURS))
     args = ap.parse_args()
+    variants = [(v.split("/")[0], int(v.split("/")[1])) for v in args.variants.split(",")]
+    flavours = [(name, FLAVOURS[name]) for name in args.flavours.split(",")]
     os.makedirs(args.dir, exist_ok=True)
     fs = subprocess.run(["df", "-T", args.dir], capture_output=True, text=True).stdout
     print(fs.strip(), file=sys.stderr)
 
     rows = {}
     for _ in range(args.rounds):
-        for size, conc in VARIANTS:
-            for name, flags in FLAVOURS:
+        for size, conc in variants:
+            for name, flags in flavours:
                 cmd = [args.cairn, "bench", "checkpoint", "--size", size, "--conc", str(conc),
                        "--dir", args.dir] + flags
                 out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
                 line = json.loads(out)
                 print(json.dumps(line), flush=True)
-                rows.setdefault((line["impl"], line["mode"], size, conc), []).append(line)
+                rows.setdefault((name, line["mode"], size, conc), []).append(line)
 
     print()
-    print("| impl | mode | size | conc | n | stored bytes | p50 ms | p99 ms | checkpoints/s |")
+    print("| run | mode | size | conc | n | stored bytes | p50 ms | p99 ms | checkpoints/s |")
     print("|---|---|---|---|---|---|---|---|---|")
-    for (impl, mode, size, conc), lines in rows.items():
+    for (impl, mode, size, conc), lines in sorted(rows.items(), key=lambda kv: (kv[0][3], kv[0][2])):
         med = lambda k: statistics.median(l[k] for l in lines)
         print(f"| {impl} | {mode} | {size} | {conc} | {lines[0]['n']} | "
               f"{med('stored_bytes'):,.0f} | {med('p50_ms'):.3f} | {med('p99_ms'):.3f} | "

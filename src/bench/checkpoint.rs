@@ -18,7 +18,8 @@ use super::workload::{mean_canonical_bytes, SizeClass, TaskState};
 use super::{millis, percentile, round_to};
 use crate::queue::{Queue, QueueDir};
 use crate::store::{
-    CheckpointStore, FileOps, FileStorage, LoopCheckpointer, RealFileOps, Storage, UnsyncedFileOps,
+    CheckpointStore, CommitPath, FileOps, FileStorage, LoopCheckpointer, RealFileOps, Storage,
+    UnsyncedFileOps,
 };
 
 /// What a checkpoint call promises when it returns.
@@ -52,11 +53,23 @@ pub struct CheckpointBench {
     pub dir: PathBuf,
     /// Keep the checkpoints after the run (to inspect them with `cairn checkpoint`).
     pub keep: bool,
-    /// Measure the disk's limit instead of cairn: the same atomic replace (temp file, fsync,
-    /// rename, directory fsync) of each state's canonical bytes, with nothing else.
-    pub raw: bool,
+    /// Measure a reference instead of cairn (see [`Reference`]).
+    pub raw: Option<Reference>,
+    /// How cairn's checkpoints are made durable (on files).
+    pub commit_path: CommitPath,
     /// Checkpoint into a shared queue in this PostgreSQL database instead of files.
     pub db: Option<String>,
+}
+
+/// What the disk can do with each state's canonical bytes and plain syscalls, measured in the
+/// same run as cairn for comparison.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Reference {
+    /// The bare atomic replace: temp file, fsync, rename, directory fsync (`"impl": "raw"`).
+    Replace,
+    /// One record appended to a log file and made durable with one fdatasync, as a
+    /// write-ahead log commits (`"impl": "append"`); each task has its own log.
+    Append,
 }
 
 /// The one-line result the workload defines.
@@ -65,6 +78,9 @@ pub struct CheckpointResult {
     #[serde(rename = "impl")]
     pub implementation: &'static str,
     pub mode: &'static str,
+    /// cairn's commit path (`log` or `replace`); absent for the references.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub commit: Option<&'static str>,
     pub size: &'static str,
     pub conc: usize,
     pub n: usize,
@@ -104,14 +120,18 @@ impl CheckpointBench {
         storage
             .create_dir(CheckpointStore::DIR)
             .with_context(|| format!("creating {}", checkpoint_dir.display()))?;
+        let storage = storage
+            .with_commit_path(CheckpointStore::DIR, self.commit_path)
+            .with_context(|| format!("opening the commit log in {}", checkpoint_dir.display()))?;
         // Owned as the daemon owns a queue, so that every checkpoint passes the same lease
         // check as a loop phase's.
         let (queue, bench_tasks) = self.open_queue(&root, storage, iterations)?;
 
         let started = Instant::now();
-        let samples = if self.raw {
+        let samples = if let Some(reference) = self.raw {
             run_raw(
                 &checkpoint_dir,
+                reference,
                 self.size,
                 self.conc,
                 iterations,
@@ -273,11 +293,12 @@ fn run_concurrent(
     })
 }
 
-/// The reference the workload compares against: each task atomically replaces one file with
-/// its state's canonical bytes, with plain syscalls and nothing else (no envelope, no
-/// compression, no generations). Concurrent tasks are threads.
+/// The references cairn is compared against: each task atomically replaces one file with its
+/// state's canonical bytes, or appends them to its own log, with plain syscalls and nothing
+/// else (no envelope, no compression, no generations). Concurrent tasks are threads.
 fn run_raw(
     dir: &Path,
+    reference: Reference,
     size: SizeClass,
     conc: usize,
     iterations: u64,
@@ -287,12 +308,27 @@ fn run_raw(
         let mut state = TaskState::new(task as u64, size);
         let target = dir.join(format!("{}.json", state.task_id()));
         let temp = dir.join(format!(".{}.json.tmp", state.task_id()));
+        let log_path = dir.join(format!("{}.log", state.task_id()));
+        let mut log = match reference {
+            Reference::Append => Some(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(&log_path)
+                    .with_context(|| format!("creating {}", log_path.display()))?,
+            ),
+            Reference::Replace => None,
+        };
         let mut samples = Vec::with_capacity(iterations as usize);
         for _ in 0..iterations {
             let bytes = state.canonical();
             let started = Instant::now();
-            atomic_replace(&temp, &target, dir, &bytes, durability)
-                .with_context(|| format!("replacing {}", target.display()))?;
+            match &mut log {
+                Some(log) => append_record(log, &bytes, durability)
+                    .with_context(|| format!("appending to {}", log_path.display()))?,
+                None => atomic_replace(&temp, &target, dir, &bytes, durability)
+                    .with_context(|| format!("replacing {}", target.display()))?,
+            }
             samples.push(Sample {
                 latency: started.elapsed(),
                 stored_bytes: bytes.len() as u64,
@@ -341,6 +377,20 @@ fn atomic_replace(
     Ok(())
 }
 
+/// Append `bytes` to `log` and fdatasync it: what one commit of a write-ahead log costs.
+fn append_record(
+    log: &mut std::fs::File,
+    bytes: &[u8],
+    durability: Durability,
+) -> std::io::Result<()> {
+    use std::io::Write;
+    log.write_all(bytes)?;
+    if durability == Durability::Fsync {
+        log.sync_data()?;
+    }
+    Ok(())
+}
+
 /// The result line: percentiles of the latencies, and checkpoints/s as the workload defines
 /// it (n / summed latency for sequential runs, n / wall clock for concurrent ones).
 fn summarize(
@@ -360,11 +410,17 @@ fn summarize(
     };
     CheckpointResult {
         implementation: match (bench.raw, &bench.db) {
-            (true, _) => "raw",
-            (false, Some(_)) => "cairn-postgres",
-            (false, None) => "cairn",
+            (Some(Reference::Replace), _) => "raw",
+            (Some(Reference::Append), _) => "append",
+            (None, Some(_)) => "cairn-postgres",
+            (None, None) => "cairn",
         },
         mode: bench.durability.mode(),
+        commit: match (bench.raw, &bench.db, bench.commit_path) {
+            (Some(_), _, _) | (None, Some(_), _) => None,
+            (None, None, CommitPath::Log) => Some("log"),
+            (None, None, CommitPath::Replace) => Some("replace"),
+        },
         size: bench.size.name(),
         conc: bench.conc,
         n,

@@ -6,9 +6,10 @@ use std::time::Duration;
 use clap::{Args, Subcommand};
 
 use super::error::{print_line, CliResult};
-use crate::bench::checkpoint::{default_dir, CheckpointBench, Durability};
+use crate::bench::checkpoint::{default_dir, CheckpointBench, Durability, Reference};
 use crate::bench::queue::{Measurement, QueueOptions};
 use crate::bench::workload::SizeClass;
+use crate::store::CommitPath;
 
 #[derive(Debug, Args)]
 pub struct BenchArgs {
@@ -108,10 +109,16 @@ struct CheckpointArgs {
     /// `cairn --queue DIR checkpoint task-0000` can decode them.
     #[arg(long)]
     keep: bool,
-    /// Measure the disk's limit instead: the bare atomic replace (temp file, fsync, rename,
-    /// directory fsync) of each state's canonical JSON, printed with "impl": "raw".
-    #[arg(long)]
-    raw: bool,
+    /// Measure a reference instead, on each state's canonical JSON: `replace` (the default)
+    /// is the bare atomic replace (temp file, fsync, rename, directory fsync), printed with
+    /// "impl": "raw"; `append` appends it to the task's log and fdatasyncs, printed with
+    /// "impl": "append".
+    #[arg(long, value_enum, num_args = 0..=1, default_missing_value = "replace", value_name = "REFERENCE")]
+    raw: Option<Reference>,
+    /// How cairn's checkpoints are made durable: through the checkpoint directory's commit
+    /// log (one fdatasync) or by the atomic replace alone (fsync, rename, directory fsync).
+    #[arg(long, value_enum, default_value = "log", value_name = "PATH")]
+    commit_path: CommitPath,
     /// Checkpoint into a shared queue in this PostgreSQL database instead ("impl":
     /// "cairn-postgres"): an empty database of its own, since it adds and removes tasks.
     #[arg(long, value_name = "URL", conflicts_with = "raw")]
@@ -143,6 +150,7 @@ fn checkpoint(args: CheckpointArgs) -> CliResult {
         dir: args.dir,
         keep: args.keep,
         raw: args.raw,
+        commit_path: args.commit_path,
         db: args.db,
     };
     let (result, root) = bench.run()?;

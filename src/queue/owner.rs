@@ -19,8 +19,8 @@ use super::lease::Lease;
 use super::{LockError, QueueDir, QueueHint, QueueLock, QueueWatcher};
 use crate::store::current_work::ActiveTask;
 use crate::store::{
-    CheckpointSink, FileStorage, IterationCheckpoint, LoadedCheckpoint, LoopCheckpointer,
-    SavedCheckpoint, Storage, StoreError,
+    CheckpointSink, CheckpointStore, CommitPath, FileStorage, IterationCheckpoint,
+    LoadedCheckpoint, LoopCheckpointer, SavedCheckpoint, Storage, StoreError,
 };
 use crate::task_id::TaskId;
 
@@ -93,7 +93,10 @@ impl Queue {
             .map_err(|e| OpenError::Setup(e.to_string()))?;
         let lock = QueueLock::acquire(&dir)?;
         super::check_queue_permissions(&dir).map_err(OpenError::Unsafe)?;
-        let storage = storage.unwrap_or_else(|| Arc::new(FileStorage::new(&root)));
+        let storage = match storage {
+            Some(storage) => storage,
+            None => Arc::new(commit_path_storage(&root)?),
+        };
         Ok(Queue {
             backend: Arc::new(FileBackend::new(dir.clone(), lock, storage)),
             local: dir,
@@ -288,3 +291,22 @@ impl CheckpointSink for LeaseSink {
 #[cfg(test)]
 #[path = "owner_tests.rs"]
 mod tests;
+
+/// The file storage of the queue at `root`, its checkpoints committed by the path
+/// `CAIRN_COMMIT_PATH` chooses (the commit log by default). Opening it replays what a previous
+/// daemon left in the log, before anything resumes; the queue's lock is held by then.
+fn commit_path_storage(root: &Path) -> Result<FileStorage, OpenError> {
+    let setup = |err: io::Error| OpenError::Setup(format!("queue {}: {err}", root.display()));
+    let path = CommitPath::from_env().map_err(setup)?;
+    let storage = FileStorage::new(root);
+    storage.create_dir(CheckpointStore::DIR).map_err(setup)?;
+    storage
+        .with_commit_path(CheckpointStore::DIR, path)
+        .map_err(|err| {
+            OpenError::Setup(format!(
+                "queue {}: replaying the commit log of {}: {err}",
+                root.display(),
+                CheckpointStore::DIR
+            ))
+        })
+}

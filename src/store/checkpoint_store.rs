@@ -21,7 +21,7 @@ use serde::Serialize;
 use super::checkpoint::{
     decode_checkpoint, encode_checkpoint, CheckpointError, IterationCheckpoint, FORMAT_VERSION,
 };
-use super::file::FileStorage;
+use super::file::{CommitPath, FileStorage};
 use super::Storage;
 use crate::task_id::TaskId;
 
@@ -41,7 +41,7 @@ pub enum StoreError {
     #[error("{action} {key}: {source}")]
     Io {
         /// What was being done: "writing", "reading", "listing", "removing", "creating",
-        /// "numbering".
+        /// "numbering", "replaying the commit log of".
         action: &'static str,
         /// The storage key (path relative to the queue root) involved.
         key: String,
@@ -181,13 +181,36 @@ pub struct CheckpointStore {
 }
 
 impl CheckpointStore {
-    /// A store of the files under `queue_root` (creating `incremental/` if it is missing).
+    /// A store of the files under `queue_root` (creating `incremental/` if it is missing),
+    /// committing through the directory's commit log after replaying it. When another process
+    /// holds the log (a daemon on the same queue), this store writes by the atomic replace
+    /// alone: that process replays its log, and this one must not.
     pub fn open(queue_root: impl AsRef<Path>) -> Result<Self, StoreError> {
+        match Self::open_with(queue_root.as_ref(), CommitPath::Log) {
+            Err(StoreError::Io { source, .. }) if source.kind() == io::ErrorKind::WouldBlock => {
+                tracing::debug!(error = %source, "writing checkpoints without the commit log");
+                let storage = FileStorage::new(queue_root.as_ref());
+                Ok(Self::with_storage(Arc::new(storage)))
+            }
+            other => other,
+        }
+    }
+
+    /// [`open`](Self::open) with the given commit path: [`CommitPath::Replace`] writes
+    /// without the log (replaying one an earlier process left).
+    pub fn open_with(queue_root: impl AsRef<Path>, path: CommitPath) -> Result<Self, StoreError> {
         let storage = FileStorage::new(queue_root.as_ref());
         storage
             .create_dir(INCREMENTAL_DIR)
             .map_err(|source| StoreError::Io {
                 action: "creating",
+                key: INCREMENTAL_DIR.to_owned(),
+                source,
+            })?;
+        let storage = storage
+            .with_commit_path(INCREMENTAL_DIR, path)
+            .map_err(|source| StoreError::Io {
+                action: "replaying the commit log of",
                 key: INCREMENTAL_DIR.to_owned(),
                 source,
             })?;

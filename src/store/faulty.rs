@@ -6,6 +6,7 @@
 //! [`FaultyFileOps::new`], then repeat it with [`FaultyFileOps::fail_at`] for every step in
 //! turn and check what a fresh store finds on disk afterwards.
 
+use std::fs::File;
 use std::io;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -25,8 +26,8 @@ pub enum FaultMode {
     /// That call and every later one fail without doing anything: the process died there.
     /// Open a fresh store with real ops on the same directory to see what a restart finds.
     Crash,
-    /// Like [`FaultMode::Crash`], but a faulting `write_all` first writes the first half of
-    /// its bytes (the process died mid-write).
+    /// Like [`FaultMode::Crash`], but a faulting `write_all` or `append_log` first writes the
+    /// first half of its bytes (the process died mid-write).
     TornWrite,
 }
 
@@ -46,6 +47,7 @@ pub struct FaultyFileOps {
 /// Which operation is running, so a torn write knows it is a write.
 enum Call<'a> {
     Write(&'a mut TempFile, &'a [u8]),
+    Append(&'a File, u64, &'a [u8]),
     Other,
 }
 
@@ -88,9 +90,15 @@ impl FaultyFileOps {
                 }
                 FaultMode::TornWrite => {
                     self.crashed.store(true, Ordering::SeqCst);
-                    if let Call::Write(temp, bytes) = call {
-                        // The torn half is part of the simulation; its own error is moot.
-                        let _ = self.real.write_all(temp, &bytes[..bytes.len() / 2]);
+                    // The torn half is part of the simulation; its own error is moot.
+                    match call {
+                        Call::Write(temp, bytes) => {
+                            let _ = self.real.write_all(temp, &bytes[..bytes.len() / 2]);
+                        }
+                        Call::Append(log, at, bytes) => {
+                            let _ = self.real.append_log(log, at, &bytes[..bytes.len() / 2]);
+                        }
+                        Call::Other => {}
                     }
                     Err(crashed_error(name, step))
                 }
@@ -149,5 +157,30 @@ impl FileOps for FaultyFileOps {
     fn remove_file(&self, path: &Path) -> io::Result<()> {
         self.check("remove_file", Call::Other)?;
         self.real.remove_file(path)
+    }
+
+    fn open_log(&self, path: &Path) -> io::Result<File> {
+        self.check("open_log", Call::Other)?;
+        self.real.open_log(path)
+    }
+
+    fn append_log(&self, log: &File, at: u64, bytes: &[u8]) -> io::Result<()> {
+        self.check("append_log", Call::Append(log, at, bytes))?;
+        self.real.append_log(log, at, bytes)
+    }
+
+    fn sync_log(&self, log: &File) -> io::Result<()> {
+        self.check("sync_log", Call::Other)?;
+        self.real.sync_log(log)
+    }
+
+    fn truncate_log(&self, log: &File, len: u64) -> io::Result<()> {
+        self.check("truncate_log", Call::Other)?;
+        self.real.truncate_log(log, len)
+    }
+
+    fn sync_fs(&self, dir: &Path) -> io::Result<()> {
+        self.check("sync_fs", Call::Other)?;
+        self.real.sync_fs(dir)
     }
 }

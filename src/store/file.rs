@@ -1,20 +1,57 @@
 //! The file backend of [`Storage`]: one file per key under the queue root.
 //!
 //! Every `put` is a crash-safe replace: write a uniquely named temp file in the target's
-//! directory, fsync it, rename it over the target, fsync the directory. There is no fallback
-//! to a direct write: if any step fails, the old file stays as it was and the error is returned.
+//! directory, fsync it, rename it over the target, fsync the directory. In a directory with a
+//! commit log ([`FileStorage::with_commit_log`]), the two fsyncs are replaced by a record in the
+//! log and one fdatasync of it, before the rename (see `commit_log`). There is no fallback to a
+//! direct write: if any step fails, the old file stays as it was and the error is returned.
 
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use super::commit_log::{CommitLog, Record, Replayed, LOG_NAME};
 use super::file_ops::{FileOps, RealFileOps, TempFile, TEMP_SUFFIX};
 use super::group_commit::GroupCommit;
 use super::Storage;
 
 /// The top-level directory that belongs to users (their task files); temp-file cleanup skips it.
 const INBOX_DIR: &str = "inbox";
+
+/// How writes of checkpoint files are made durable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
+pub enum CommitPath {
+    /// Through the directory's commit log: one `fdatasync` per write, shared by concurrent
+    /// writes; a restart replays the log (see `docs/reliability.md`).
+    #[default]
+    Log,
+    /// The atomic replace alone: fsync the temp file, rename, fsync the directory. No log.
+    Replace,
+}
+
+impl CommitPath {
+    /// The environment variable that chooses the daemon's commit path: `log` or `replace`.
+    pub const ENV: &'static str = "CAIRN_COMMIT_PATH";
+
+    /// The path [`CommitPath::ENV`] names, the default when it is unset.
+    pub fn from_env() -> io::Result<Self> {
+        match std::env::var(Self::ENV) {
+            Err(std::env::VarError::NotPresent) => Ok(Self::default()),
+            Ok(value) if value == "log" => Ok(CommitPath::Log),
+            Ok(value) if value == "replace" => Ok(CommitPath::Replace),
+            Ok(value) => Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{}={value:?}: expected \"log\" or \"replace\"", Self::ENV),
+            )),
+            Err(err) => Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{}: {err}", Self::ENV),
+            )),
+        }
+    }
+}
 
 /// [`Storage`] on the local file system, rooted at the queue directory.
 #[derive(Debug, Clone)]
@@ -26,6 +63,12 @@ pub struct FileStorage {
     /// Per directory: the group commit that lets concurrent puts share one directory fsync.
     /// Shared by clones.
     dir_commits: Arc<std::sync::Mutex<std::collections::HashMap<PathBuf, Arc<GroupCommit>>>>,
+    /// The commit log of one directory, if writes into it go through one (see
+    /// [`FileStorage::with_commit_log`]). Shared by clones.
+    log: Option<Arc<CommitLog>>,
+    /// Directories checked for a commit log left by an earlier process, when this storage
+    /// writes without one. Shared by clones.
+    settled: Arc<std::sync::Mutex<std::collections::HashSet<PathBuf>>>,
 }
 
 /// Directories this process has made durable (see [`FileStorage::adopt_dir`]). Durability is a
@@ -52,7 +95,137 @@ impl FileStorage {
             root: root.into(),
             ops,
             dir_commits: Arc::default(),
+            log: None,
+            settled: Arc::default(),
         }
+    }
+
+    /// Commit writes of files directly in `dir` (a key relative to the root, such as
+    /// `incremental`) through its commit log: one `fdatasync` of the log per write (shared by
+    /// concurrent writes) instead of an fsync of the file and of the directory. What a
+    /// previous process left in the log is replayed first (see `commit_log`). Takes the log's
+    /// lock: only one process at a time may write `dir` this way.
+    pub fn with_commit_log(self, dir: &str) -> io::Result<Self> {
+        self.with_commit_log_limit(dir, None)
+    }
+
+    /// [`with_commit_log`](Self::with_commit_log), checkpointing the log whenever it grows
+    /// past `limit` bytes (tests make it small to exercise the checkpoints).
+    #[cfg(feature = "test-doubles")]
+    pub fn with_small_commit_log(self, dir: &str, limit: u64) -> io::Result<Self> {
+        self.with_commit_log_limit(dir, Some(limit))
+    }
+
+    fn with_commit_log_limit(mut self, dir: &str, limit: Option<u64>) -> io::Result<Self> {
+        let log = self.open_commit_log(dir)?;
+        #[cfg(any(test, feature = "test-doubles"))]
+        let log = match limit {
+            Some(limit) => log.with_limit(limit),
+            None => log,
+        };
+        #[cfg(not(any(test, feature = "test-doubles")))]
+        let _ = limit;
+        self.log = Some(Arc::new(log));
+        Ok(self)
+    }
+
+    /// This storage with `dir`'s writes committed by `path`: through the commit log, or by
+    /// the atomic replace alone after replaying any log an earlier process left.
+    pub fn with_commit_path(self, dir: &str, path: CommitPath) -> io::Result<Self> {
+        match path {
+            CommitPath::Log => self.with_commit_log(dir),
+            CommitPath::Replace => {
+                self.recover_commit_log(dir)?;
+                Ok(self)
+            }
+        }
+    }
+
+    /// Replay and cut a commit log an earlier process left in `dir`, if there is one, for a
+    /// store that writes without it (the log would otherwise overwrite later writes at the
+    /// next replay).
+    pub fn recover_commit_log(&self, dir: &str) -> io::Result<()> {
+        validate_dir_key(dir)?;
+        let path = self.root.join(dir);
+        if path.is_dir() {
+            self.settle_leftover_log(&path)?;
+        }
+        Ok(())
+    }
+
+    /// Open (and replay) the log of `dir`, restoring files with unsynced replaces.
+    fn open_commit_log(&self, dir: &str) -> io::Result<CommitLog> {
+        validate_dir_key(dir)?;
+        let path = self.root.join(dir);
+        self.ensure_dir(&path)?;
+        self.adopt_dir(&path)?;
+        CommitLog::open(&path, Arc::clone(&self.ops), |key, replayed| {
+            self.restore(key, replayed)
+        })
+    }
+
+    /// Make the file at `key` hold what the log replayed, without fsync (the replay ends
+    /// with a `syncfs`).
+    fn restore(&self, key: &str, replayed: Replayed<'_>) -> io::Result<()> {
+        let target = self.path_of(key)?;
+        match replayed {
+            Replayed::Removed => match self.ops.remove_file(&target) {
+                Err(err) if err.kind() != io::ErrorKind::NotFound => Err(err),
+                _ => Ok(()),
+            },
+            Replayed::Bytes(bytes) => {
+                if self.get(key)?.as_deref() == Some(bytes) {
+                    return Ok(());
+                }
+                let (Some(parent), Some(name)) = (target.parent(), target.file_name()) else {
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidInput,
+                        format!("invalid storage key {key:?}: it names no file"),
+                    ));
+                };
+                self.ensure_dir(parent)?;
+                let mut temp = self.create_temp_in(parent, &name.to_string_lossy())?;
+                let result = self
+                    .ops
+                    .write_all(&mut temp, bytes)
+                    .and_then(|()| self.ops.rename(&temp.path, &target));
+                if result.is_err() {
+                    let _ = self.ops.remove_file(&temp.path);
+                }
+                result
+            }
+        }
+    }
+
+    /// Before this storage, which has no log for `dir`, first writes there: replay a log an
+    /// earlier process left in it, so that a later replay cannot bring back older objects over
+    /// this storage's writes. A log another process holds open is that process's to replay.
+    fn settle_leftover_log(&self, dir: &Path) -> io::Result<()> {
+        let mut settled = self
+            .settled
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if settled.contains(dir) {
+            return Ok(());
+        }
+        let leftover = std::fs::metadata(dir.join(LOG_NAME)).is_ok_and(|meta| meta.len() > 0);
+        if leftover {
+            let opened = CommitLog::open(dir, Arc::clone(&self.ops), |key, replayed| {
+                self.restore(key, replayed)
+            });
+            match opened {
+                Ok(log) => drop(log),
+                Err(err) if err.kind() == io::ErrorKind::WouldBlock => {}
+                Err(err) => return Err(err),
+            }
+        }
+        settled.insert(dir.to_path_buf());
+        Ok(())
+    }
+
+    /// The commit log, if it covers the directory `parent`.
+    fn log_for(&self, parent: &Path) -> Option<&CommitLog> {
+        self.log.as_deref().filter(|log| log.dir() == parent)
     }
 
     /// The directory every key is relative to.
@@ -224,6 +397,9 @@ impl FileStorage {
         let target_name = target_name.to_string_lossy();
         self.ensure_dir(parent)?;
         self.adopt_dir(parent)?;
+        if self.log_for(parent).is_none() {
+            self.settle_leftover_log(parent)?;
+        }
         if let Some(keep_dir) = keep.as_deref().and_then(Path::parent) {
             self.ensure_dir(keep_dir)?;
             self.adopt_dir(keep_dir)?;
@@ -254,14 +430,32 @@ impl FileStorage {
             None => self.create_temp_in(parent, &target_name)?,
         };
         let mut renamed = false;
-        let result = self.write_and_commit(
-            &mut temp,
-            bytes,
-            &target,
-            parent,
-            keep.as_deref(),
-            &mut renamed,
-        );
+        let result = match self.log_for(parent) {
+            Some(log) => {
+                let record = Record::Put {
+                    key,
+                    keep: keep_previous_as,
+                    retire: retire.as_ref().and(retire_key),
+                    bytes,
+                };
+                self.write_and_log(
+                    log,
+                    &record,
+                    &mut temp,
+                    &target,
+                    keep.as_deref(),
+                    &mut renamed,
+                )
+            }
+            None => self.write_and_commit(
+                &mut temp,
+                bytes,
+                &target,
+                parent,
+                keep.as_deref(),
+                &mut renamed,
+            ),
+        };
         if result.is_err() && !renamed {
             // Best effort: the original error is what the caller needs to see. A temp file that
             // stays behind is removed by `remove_temp_files` at the next start.
@@ -271,6 +465,35 @@ impl FileStorage {
         if let (Some(key), Some(_), false) = (retire_key, &retire, temp.reused) {
             super::remove_retired(self, key);
         }
+        if let Some(log) = self.log_for(parent) {
+            log.checkpoint_if_full();
+        }
+        Ok(())
+    }
+
+    /// The steps of a put through the commit log after the temp file exists: write it, log
+    /// the record and sync the log (the one barrier), keep the previous object, rename. No
+    /// fsync of the file or the directory: a replay restores both from the log.
+    fn write_and_log(
+        &self,
+        log: &CommitLog,
+        record: &Record<'_>,
+        temp: &mut TempFile,
+        target: &Path,
+        keep: Option<&Path>,
+        renamed: &mut bool,
+    ) -> io::Result<()> {
+        let Record::Put { key, bytes, .. } = *record else {
+            return Err(io::Error::other("a put is logged as a put"));
+        };
+        self.ops.write_all(temp, bytes)?;
+        let logged = log.commit(record, || self.get(key))?;
+        if let Some(keep) = keep {
+            self.keep_previous(target, keep)?;
+        }
+        self.ops.rename(&temp.path, target)?;
+        *renamed = true;
+        logged.finish();
         Ok(())
     }
 
@@ -395,10 +618,25 @@ impl Storage for FileStorage {
 
     fn remove(&self, key: &str) -> io::Result<()> {
         let path = self.path_of(key)?;
+        // Logged first, so that a replay never brings back what was removed.
+        let parent = path.parent().unwrap_or(&self.root);
+        let logged = match self.log_for(parent) {
+            Some(log) => Some(log.log_removal(key)?),
+            None => {
+                if parent.is_dir() {
+                    self.settle_leftover_log(parent)?;
+                }
+                None
+            }
+        };
         match self.ops.remove_file(&path) {
-            Err(err) if err.kind() == io::ErrorKind::NotFound => Ok(()),
-            other => other,
+            Err(err) if err.kind() != io::ErrorKind::NotFound => return Err(err),
+            _ => {}
         }
+        if let Some(logged) = logged {
+            logged.finish();
+        }
+        Ok(())
     }
 
     fn remove_temp_files(&self) -> io::Result<Vec<String>> {

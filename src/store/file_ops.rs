@@ -8,7 +8,7 @@
 use std::fmt::Debug;
 use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 /// Suffix of every temp file cairn creates; startup cleanup removes files that end with it.
@@ -67,6 +67,23 @@ pub trait FileOps: Send + Sync + Debug {
 
     /// Remove the file at `path`.
     fn remove_file(&self, path: &Path) -> io::Result<()>;
+
+    /// Open the commit log at `path` for reading and writing, creating it (empty) if missing.
+    /// A created log's directory entry is durable only after a [`sync_dir`](Self::sync_dir).
+    fn open_log(&self, path: &Path) -> io::Result<File>;
+
+    /// Write `bytes` into the log at offset `at` (its end): an append not yet durable.
+    fn append_log(&self, log: &File, at: u64, bytes: &[u8]) -> io::Result<()>;
+
+    /// Make the log's content durable (`fdatasync`): the one barrier of a logged commit.
+    fn sync_log(&self, log: &File) -> io::Result<()>;
+
+    /// Cut the log to `len` bytes (durable only at the next [`sync_log`](Self::sync_log)).
+    fn truncate_log(&self, log: &File, len: u64) -> io::Result<()>;
+
+    /// Make everything written on the file system that holds `dir` durable (`syncfs`): the
+    /// files a commit log covers, and their directories, before the log is cut.
+    fn sync_fs(&self, dir: &Path) -> io::Result<()>;
 }
 
 /// A fresh temp file name for `target_name` in `dir`: `.{target_name}.{random}.cairn.tmp`.
@@ -191,6 +208,39 @@ impl FileOps for RealFileOps {
     fn remove_file(&self, path: &Path) -> io::Result<()> {
         std::fs::remove_file(path)
     }
+
+    fn open_log(&self, path: &Path) -> io::Result<File> {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(super::modes::FILE_MODE)
+            .custom_flags(nix::libc::O_NOFOLLOW)
+            .open(path)?;
+        super::modes::fix_new_file(&file)?;
+        Ok(file)
+    }
+
+    fn append_log(&self, log: &File, at: u64, bytes: &[u8]) -> io::Result<()> {
+        log.write_all_at(bytes, at)
+    }
+
+    fn sync_log(&self, log: &File) -> io::Result<()> {
+        log.sync_data()
+    }
+
+    fn truncate_log(&self, log: &File, len: u64) -> io::Result<()> {
+        log.set_len(len)
+    }
+
+    fn sync_fs(&self, dir: &Path) -> io::Result<()> {
+        let dir = OpenOptions::new()
+            .read(true)
+            .custom_flags(nix::libc::O_DIRECTORY)
+            .open(dir)?;
+        nix::unistd::syncfs(&dir).map_err(io::Error::from)
+    }
 }
 
 /// The real syscalls without the fsyncs: a replace survives a crash of the process but not of
@@ -235,5 +285,25 @@ impl FileOps for UnsyncedFileOps {
 
     fn remove_file(&self, path: &Path) -> io::Result<()> {
         RealFileOps.remove_file(path)
+    }
+
+    fn open_log(&self, path: &Path) -> io::Result<File> {
+        RealFileOps.open_log(path)
+    }
+
+    fn append_log(&self, log: &File, at: u64, bytes: &[u8]) -> io::Result<()> {
+        RealFileOps.append_log(log, at, bytes)
+    }
+
+    fn sync_log(&self, _log: &File) -> io::Result<()> {
+        Ok(())
+    }
+
+    fn truncate_log(&self, log: &File, len: u64) -> io::Result<()> {
+        RealFileOps.truncate_log(log, len)
+    }
+
+    fn sync_fs(&self, _dir: &Path) -> io::Result<()> {
+        Ok(())
     }
 }

@@ -8,6 +8,10 @@
 //! - [`CheckpointStore`] is the checkpoint format on top of it: gzip JSON iteration checkpoints
 //!   with generations, the one implementation the daemon and embedding programs share.
 //!
+//! Checkpoint files are made durable through the checkpoint directory's commit log (one
+//! group-committed fdatasync per save, replayed when the store is opened), or by the atomic
+//! replace alone ([`CommitPath`]).
+//!
 //! [`FileStorage`] performs its syscalls through [`FileOps`], so tests can swap in
 //! `FaultyFileOps` and fail or "crash" at every write step in turn, or `PowerLossFileOps` and
 //! see what a power cut would leave. Both are test doubles, compiled only with the
@@ -15,6 +19,7 @@
 
 mod checkpoint;
 mod checkpoint_store;
+mod commit_log;
 pub mod current_work;
 pub mod events;
 #[cfg(feature = "test-doubles")]
@@ -43,7 +48,7 @@ pub use checkpoint_store::{
 };
 #[cfg(feature = "test-doubles")]
 pub use faulty::{FaultMode, FaultyFileOps};
-pub use file::FileStorage;
+pub use file::{CommitPath, FileStorage};
 pub(crate) use file_ops::TEMP_SUFFIX;
 pub use file_ops::{FileOps, RealFileOps, TempFile, UnsyncedFileOps};
 pub use loop_checkpointer::{CheckpointSink, LoopCheckpointer, WriteFence};

@@ -54,6 +54,9 @@ struct Model {
     inodes: HashMap<InodeKey, NodeId>,
     /// The watched root (durable by assumption: it existed when the simulation started).
     root: NodeId,
+    /// Per file: bytes appended to it (a commit log) since its last sync, which a power cut
+    /// may leave half-written after the synced content (see [`PowerLossFileOps::torn_image`]).
+    pending_appends: HashMap<NodeId, Vec<u8>>,
 }
 
 /// The identity of the file `meta` describes.
@@ -128,6 +131,24 @@ impl Model {
         Ok(entries)
     }
 
+    /// Make everything under `dir` durable as it is now (a `syncfs`).
+    fn sync_tree(&mut self, dir: &Path) -> io::Result<()> {
+        let id = self.node_for(key_of(&fs::metadata(dir)?), true);
+        let entries = self.current_entries(dir)?;
+        for (name, &child) in &entries {
+            let path = dir.join(name);
+            match self.nodes[child] {
+                Durable::Dir(_) => self.sync_tree(&path)?,
+                Durable::File(_) => {
+                    self.nodes[child] = Durable::File(Some(fs::read(&path)?));
+                    self.pending_appends.remove(&child);
+                }
+            }
+        }
+        self.nodes[id] = Durable::Dir(Some(entries));
+        Ok(())
+    }
+
     /// Forget the inode behind `before` if the operation just removed its last name.
     fn forget_if_unlinked(&mut self, before: Option<fs::Metadata>) {
         if let Some(meta) = before {
@@ -146,6 +167,7 @@ impl Model {
         into: &Path,
         written: &mut HashMap<NodeId, PathBuf>,
         dirs: &mut HashSet<NodeId>,
+        torn: bool,
     ) -> io::Result<()> {
         let Durable::Dir(Some(entries)) = &self.nodes[id] else {
             return Ok(());
@@ -156,13 +178,17 @@ impl Model {
                 Durable::Dir(_) => {
                     if dirs.insert(child) {
                         fs::create_dir(&path)?;
-                        self.write_image(child, &path, written, dirs)?;
+                        self.write_image(child, &path, written, dirs, torn)?;
                     }
                 }
                 Durable::File(content) => match written.get(&child) {
                     Some(first) => fs::hard_link(first, &path)?,
                     None => {
-                        fs::write(&path, content.as_deref().unwrap_or_default())?;
+                        let mut bytes = content.clone().unwrap_or_default();
+                        if let (true, Some(pending)) = (torn, self.pending_appends.get(&child)) {
+                            bytes.extend_from_slice(&pending[..pending.len() / 2]);
+                        }
+                        fs::write(&path, bytes)?;
                         written.insert(child, path);
                     }
                 },
@@ -229,6 +255,16 @@ impl PowerLossFileOps {
     /// missing; it must be empty): only synced directory entries, each file with its synced
     /// content.
     pub fn crash_image(&self, into: &Path) -> io::Result<()> {
+        self.write_crash_image(into, false)
+    }
+
+    /// [`crash_image`](Self::crash_image), but every file appended to since its last sync (a
+    /// commit log) ends with the first half of what was appended: a torn tail.
+    pub fn torn_image(&self, into: &Path) -> io::Result<()> {
+        self.write_crash_image(into, true)
+    }
+
+    fn write_crash_image(&self, into: &Path, torn: bool) -> io::Result<()> {
         fs::create_dir_all(into)?;
         if fs::read_dir(into)?.next().is_some() {
             return Err(io::Error::new(
@@ -238,7 +274,7 @@ impl PowerLossFileOps {
         }
         let model = self.lock();
         let mut dirs = HashSet::from([model.root]);
-        model.write_image(model.root, into, &mut HashMap::new(), &mut dirs)
+        model.write_image(model.root, into, &mut HashMap::new(), &mut dirs, torn)
     }
 
     /// The model, counting the call.
@@ -335,5 +371,51 @@ impl FileOps for PowerLossFileOps {
         self.real.remove_file(path)?;
         model.forget_if_unlinked(before);
         Ok(())
+    }
+
+    fn open_log(&self, path: &Path) -> io::Result<fs::File> {
+        let mut model = self.step();
+        let log = self.real.open_log(path)?;
+        // A log created now is a new, never-synced node; an existing one keeps its node.
+        model.node_for(key_of(&log.metadata()?), false);
+        Ok(log)
+    }
+
+    fn append_log(&self, log: &fs::File, at: u64, bytes: &[u8]) -> io::Result<()> {
+        let mut model = self.step();
+        self.real.append_log(log, at, bytes)?;
+        let id = model.node_for(key_of(&log.metadata()?), false);
+        model
+            .pending_appends
+            .entry(id)
+            .or_default()
+            .extend_from_slice(bytes);
+        Ok(())
+    }
+
+    fn sync_log(&self, log: &fs::File) -> io::Result<()> {
+        let mut model = self.step();
+        self.real.sync_log(log)?;
+        let content = fs::read(format!("/proc/self/fd/{}", log.as_raw_fd()))?;
+        let id = model.node_for(key_of(&log.metadata()?), false);
+        model.nodes[id] = Durable::File(Some(content));
+        model.pending_appends.remove(&id);
+        Ok(())
+    }
+
+    fn truncate_log(&self, log: &fs::File, len: u64) -> io::Result<()> {
+        let mut model = self.step();
+        self.real.truncate_log(log, len)?;
+        // What was appended and not synced is gone; the synced content stays until a sync.
+        let id = model.node_for(key_of(&log.metadata()?), false);
+        model.pending_appends.remove(&id);
+        Ok(())
+    }
+
+    fn sync_fs(&self, dir: &Path) -> io::Result<()> {
+        let mut model = self.step();
+        self.real.sync_fs(dir)?;
+        let root = self.root.clone();
+        model.sync_tree(&root)
     }
 }

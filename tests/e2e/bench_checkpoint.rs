@@ -216,6 +216,33 @@ fn the_raw_reference_replaces_the_canonical_bytes() {
 }
 
 #[test]
+fn the_append_reference_appends_the_canonical_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let (line, queue) = bench(dir.path(), &["--size", "1k", "--raw", "append"]);
+    assert_line(&line, "append", "durable", "1k", 1, 2000);
+    let log = std::fs::read(queue.join("incremental/task-0000.log")).unwrap();
+    let expected: Vec<u8> = (0..2000)
+        .flat_map(|iteration| state_at(0, SizeClass::K1, iteration).canonical())
+        .collect();
+    assert_eq!(log, expected);
+}
+
+#[test]
+fn both_commit_paths_write_checkpoints_that_cairn_checkpoint_decodes() {
+    let dir = tempfile::tempdir().unwrap();
+    for path in ["log", "replace"] {
+        let (line, queue) = bench(dir.path(), &["--size", "64k", "--commit-path", path]);
+        assert_line(&line, "cairn", "durable", "64k", 1, 500);
+        assert_eq!(line["commit"], path, "{line}");
+        let checkpoint = decoded(&queue, "task-0000");
+        assert_eq!(
+            checkpoint["partial_results"],
+            state_after(0, SizeClass::K64, 499)
+        );
+    }
+}
+
+#[test]
 fn a_size_without_a_concurrent_variant_is_refused() {
     let output = Command::new(env!("CARGO_BIN_EXE_cairn"))
         .args(["bench", "checkpoint", "--size", "1m", "--conc", "100"])

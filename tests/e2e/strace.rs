@@ -1,6 +1,8 @@
-//! The system calls of a real daemon run, seen through strace: every iteration checkpoint is
-//! written as temp file → write → fsync → rename → directory fsync, and no checkpoint file is
-//! ever opened for writing in place.
+//! The system calls of a real daemon run, seen through strace: on the commit log path (the
+//! default), every iteration checkpoint is written as temp file → write → log record →
+//! fdatasync of the log → rename; on the replace path (`CAIRN_COMMIT_PATH=replace`), as temp
+//! file → write → fsync → rename → directory fsync, and no checkpoint file is ever opened for
+//! writing in place.
 //!
 //! Needs `strace` (`.ci/run` installs it): without it the test is skipped with a message,
 //! except in CI, where it fails.
@@ -48,15 +50,8 @@ fn first_fd(args: &str) -> Option<i64> {
     args.split(',').next()?.trim().parse().ok()
 }
 
-#[test]
-fn every_checkpoint_is_temp_fsync_rename_dirfsync() {
-    if !require_strace("every_checkpoint_is_temp_fsync_rename_dirfsync") {
-        return;
-    }
-    let queue = TestQueue::new();
-    let trace_dir = queue.aux("trace");
-    fs::create_dir_all(&trace_dir).unwrap();
-    let iterations = 5;
+/// The loop task the traced daemons run: `iterations` checkpointed iterations.
+fn traced_task(queue: &TestQueue, iterations: u64) {
     let task = serde_json::json!({
         "id": "traced",
         "phases": [{
@@ -67,10 +62,20 @@ fn every_checkpoint_is_temp_fsync_rename_dirfsync() {
         }]
     });
     queue.seed_task("traced.json", &task);
+}
 
+/// Run the daemon under strace with `CAIRN_COMMIT_PATH=<commit_path>` until the traced task is
+/// done; every thread's trace.
+fn traced_run(queue: &TestQueue, commit_path: &str) -> Vec<String> {
+    let trace_dir = queue.aux("trace");
+    fs::create_dir_all(&trace_dir).unwrap();
     let trace_prefix = trace_dir.join("t");
-    let mut daemon = queue.start_under_strace(
+    let env = format!("CAIRN_COMMIT_PATH={commit_path}");
+    let mut daemon = queue.start_wrapped(
         &[
+            "env",
+            &env,
+            "strace",
             "-f",
             "-ff",
             "-qq",
@@ -78,6 +83,7 @@ fn every_checkpoint_is_temp_fsync_rename_dirfsync() {
             trace_prefix.to_str().unwrap(),
             "-e",
             "trace=open,openat,creat,write,pwrite64,fsync,fdatasync,rename,renameat,renameat2,link,linkat,close",
+            "--",
         ],
         &["--exit-when-idle"],
     );
@@ -85,17 +91,138 @@ fn every_checkpoint_is_temp_fsync_rename_dirfsync() {
     assert!(status.success(), "cairn under strace failed: {status}");
     let done = queue.wait_done("traced");
     assert_eq!(done["status"], "done", "{done}");
+    fs::read_dir(&trace_dir)
+        .unwrap()
+        .map(|trace| fs::read_to_string(trace.unwrap().path()).unwrap())
+        .collect()
+}
 
+#[test]
+fn every_checkpoint_through_the_log_is_temp_write_log_fdatasync_rename() {
+    if !require_strace("every_checkpoint_through_the_log_is_temp_write_log_fdatasync_rename") {
+        return;
+    }
+    let queue = TestQueue::new();
+    let iterations = 5;
+    traced_task(&queue, iterations);
+    let traces = traced_run(&queue, "log");
     let incremental = fs::canonicalize(queue.path("incremental")).unwrap();
     let incremental = incremental.to_str().unwrap().to_string();
+    let log = format!("{incremental}/.commit-log");
+    // The log is opened once, on whichever thread opens the queue, and held open: its
+    // descriptor is the same in every thread.
+    let log_fds: Vec<i64> = traces
+        .iter()
+        .flat_map(|text| text.lines())
+        .filter_map(parse_line)
+        .filter(|call| call.name.starts_with("open") && quoted(&call.args).first() == Some(&log))
+        .filter_map(|call| call.result.parse().ok())
+        .collect();
+    assert!(!log_fds.is_empty(), "the daemon never opened {log}");
+    let committed: usize = traces
+        .iter()
+        .map(|text| check_logged_thread(text, &incremental, &log_fds))
+        .sum();
+    assert_eq!(
+        committed, iterations as usize,
+        "expected one committed checkpoint per iteration"
+    );
+}
+
+/// Check one thread's calls on the log path: each checkpoint rename is of a fully written temp
+/// file, after a record was written to the commit log and the log was fdatasynced. Returns how
+/// many checkpoint files it committed.
+fn check_logged_thread(text: &str, incremental: &str, log_fds: &[i64]) -> usize {
+    let log = format!("{incremental}/.commit-log");
+    let mut open: HashMap<i64, String> = log_fds.iter().map(|&fd| (fd, log.clone())).collect();
+    // temp path → written
+    let mut temps: HashMap<String, bool> = HashMap::new();
+    // (a record was written to the log, and the log synced since)
+    let mut logged = (false, false);
     let mut committed = 0;
-    for trace in fs::read_dir(&trace_dir).unwrap() {
-        let text = fs::read_to_string(trace.unwrap().path()).unwrap();
-        committed += check_thread(&text, &incremental);
+    for line in text.lines() {
+        let Some(call) = parse_line(line) else {
+            continue;
+        };
+        let fd_path = || first_fd(&call.args).and_then(|fd| open.get(&fd)).cloned();
+        match call.name.as_str() {
+            "open" | "openat" | "creat" => {
+                let Some(path) = quoted(&call.args).into_iter().next() else {
+                    continue;
+                };
+                if let Ok(fd) = call.result.parse::<i64>() {
+                    if path.ends_with(".cairn.tmp") {
+                        temps.insert(path.clone(), false);
+                    }
+                    open.insert(fd, path);
+                }
+            }
+            "write" | "pwrite64" => match fd_path() {
+                Some(path) if path == log => logged = (true, false),
+                Some(path) => {
+                    if let Some(written) = temps.get_mut(&path) {
+                        *written = true;
+                    }
+                }
+                None => {}
+            },
+            "fsync" | "fdatasync" if fd_path().as_deref() == Some(log.as_str()) && logged.0 => {
+                assert_eq!(call.result, "0", "fdatasync failed: {line}");
+                logged.1 = true;
+            }
+            "close" => {
+                if let Some(fd) = first_fd(&call.args) {
+                    open.remove(&fd);
+                }
+            }
+            "rename" | "renameat" | "renameat2" => {
+                let paths = quoted(&call.args);
+                let (Some(from), Some(to)) = (paths.first(), paths.get(1)) else {
+                    continue;
+                };
+                if Path::new(to).parent().and_then(|p| p.to_str()) != Some(incremental)
+                    || !to.ends_with(".json.gz")
+                {
+                    continue;
+                }
+                assert_eq!(
+                    temps.get(from),
+                    Some(&true),
+                    "renamed over {to} from {from}, which was not a fully written temp file: {line}"
+                );
+                assert_eq!(
+                    logged,
+                    (true, true),
+                    "renamed over {to} before its record was written to the log and the log synced: {line}"
+                );
+                assert_eq!(call.result, "0", "rename failed: {line}");
+                logged = (false, false);
+                committed += 1;
+            }
+            _ => {}
+        }
     }
+    committed
+}
+
+#[test]
+fn every_checkpoint_is_temp_fsync_rename_dirfsync() {
+    if !require_strace("every_checkpoint_is_temp_fsync_rename_dirfsync") {
+        return;
+    }
+    let queue = TestQueue::new();
+    let iterations = 5;
+    traced_task(&queue, iterations);
+    let traces = traced_run(&queue, "replace");
+    let incremental = fs::canonicalize(queue.path("incremental")).unwrap();
+    let incremental = incremental.to_str().unwrap().to_string();
+    let committed: usize = traces
+        .iter()
+        .map(|text| check_thread(text, &incremental))
+        .sum();
     // Iterations 1..=4 are checkpointed as they complete, the 5th by the final (done) checkpoint.
     assert_eq!(
-        committed, iterations,
+        committed, iterations as usize,
         "expected one committed checkpoint per iteration"
     );
 }

@@ -2,12 +2,14 @@
 //! older generation, deletion, and the loop helper's resume / every-N / flush / drop.
 
 use std::fs;
+use std::io;
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use cairn::store::{
-    CheckpointStore, FaultMode, FaultyFileOps, FileStorage, IterationCheckpoint, LoopCheckpointer,
-    StoreError, FORMAT_VERSION,
+    CheckpointStore, FaultMode, FaultyFileOps, FileOps, FileStorage, IterationCheckpoint,
+    LoopCheckpointer, RealFileOps, StoreError, TempFile, FORMAT_VERSION,
 };
 
 const TASK: &str = "t1";
@@ -37,11 +39,15 @@ fn save_generations(store: &CheckpointStore, n: u64) {
     save_generations_from(store, 1, n);
 }
 
-/// The task's checkpoint file names on disk, sorted.
+/// The commit log's file in `incremental/` (hidden, listed by no store call).
+const COMMIT_LOG: &str = ".commit-log";
+
+/// The task's checkpoint file names on disk, sorted (the commit log left out).
 fn files_on_disk(root: &Path) -> Vec<String> {
     let mut names: Vec<String> = fs::read_dir(root.join("incremental"))
         .unwrap()
         .map(|entry| entry.unwrap().file_name().into_string().unwrap())
+        .filter(|name| name != COMMIT_LOG)
         .collect();
     names.sort();
     names
@@ -453,4 +459,169 @@ fn a_reused_file_longer_than_the_new_checkpoint_is_cut_to_it() {
         .unwrap();
     assert!(loaded.skipped.is_empty(), "{:?}", loaded.skipped);
     assert_eq!(loaded.checkpoint.partial_results, small.partial_results);
+}
+
+/// Real file operations until [`Killable::kill`]; from then on every call fails without
+/// running, as if the process had died.
+#[derive(Debug, Default)]
+struct Killable {
+    dead: AtomicBool,
+}
+
+impl Killable {
+    fn kill(&self) {
+        self.dead.store(true, Ordering::SeqCst);
+    }
+
+    fn alive(&self) -> io::Result<()> {
+        if self.dead.load(Ordering::SeqCst) {
+            return Err(io::Error::other("the process was killed"));
+        }
+        Ok(())
+    }
+}
+
+impl FileOps for Killable {
+    fn create_temp(&self, dir: &Path, target_name: &str) -> io::Result<TempFile> {
+        self.alive()?;
+        RealFileOps.create_temp(dir, target_name)
+    }
+
+    fn reuse_as_temp(&self, old: &Path, dir: &Path, name: &str) -> io::Result<Option<TempFile>> {
+        self.alive()?;
+        RealFileOps.reuse_as_temp(old, dir, name)
+    }
+
+    fn write_all(&self, temp: &mut TempFile, bytes: &[u8]) -> io::Result<()> {
+        self.alive()?;
+        RealFileOps.write_all(temp, bytes)
+    }
+
+    fn sync_file(&self, temp: &mut TempFile) -> io::Result<()> {
+        self.alive()?;
+        RealFileOps.sync_file(temp)
+    }
+
+    fn hard_link(&self, existing: &Path, new: &Path) -> io::Result<()> {
+        self.alive()?;
+        RealFileOps.hard_link(existing, new)
+    }
+
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        self.alive()?;
+        RealFileOps.rename(from, to)
+    }
+
+    fn sync_dir(&self, dir: &Path) -> io::Result<()> {
+        self.alive()?;
+        RealFileOps.sync_dir(dir)
+    }
+
+    fn remove_file(&self, path: &Path) -> io::Result<()> {
+        self.alive()?;
+        RealFileOps.remove_file(path)
+    }
+
+    fn open_log(&self, path: &Path) -> io::Result<fs::File> {
+        self.alive()?;
+        RealFileOps.open_log(path)
+    }
+
+    fn append_log(&self, log: &fs::File, at: u64, bytes: &[u8]) -> io::Result<()> {
+        self.alive()?;
+        RealFileOps.append_log(log, at, bytes)
+    }
+
+    fn sync_log(&self, log: &fs::File) -> io::Result<()> {
+        self.alive()?;
+        RealFileOps.sync_log(log)
+    }
+
+    fn truncate_log(&self, log: &fs::File, len: u64) -> io::Result<()> {
+        self.alive()?;
+        RealFileOps.truncate_log(log, len)
+    }
+
+    fn sync_fs(&self, dir: &Path) -> io::Result<()> {
+        self.alive()?;
+        RealFileOps.sync_fs(dir)
+    }
+}
+
+/// Open a store on `root` through its commit log, run `work`, and die right after: the store
+/// cannot close cleanly, so the log keeps what `work` saved.
+fn killed_after(root: &Path, work: impl Fn(&CheckpointStore)) {
+    let ops = Arc::new(Killable::default());
+    let storage = FileStorage::with_ops(root, Arc::clone(&ops) as _)
+        .with_commit_log("incremental")
+        .unwrap();
+    let store = CheckpointStore::with_storage(Arc::new(storage));
+    work(&store);
+    ops.kill();
+}
+
+#[test]
+fn a_store_that_was_not_closed_is_restored_from_its_commit_log_when_opened_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let incremental = dir.path().join("incremental");
+    killed_after(dir.path(), |store| save_generations(store, 3));
+    let log = incremental.join(COMMIT_LOG);
+    assert!(
+        fs::metadata(&log).unwrap().len() > 0,
+        "the saves are logged"
+    );
+    let latest = fs::read(incremental.join("t1.json.gz")).unwrap();
+    let kept = fs::read(incremental.join("t1.2.json.gz")).unwrap();
+    // What a power cut could leave of files that were never fsynced.
+    corrupt(dir.path(), "incremental/t1.json.gz");
+    fs::remove_file(incremental.join("t1.2.json.gz")).unwrap();
+
+    let store = CheckpointStore::open(dir.path()).unwrap();
+    assert_eq!(fs::read(incremental.join("t1.json.gz")).unwrap(), latest);
+    assert_eq!(fs::read(incremental.join("t1.2.json.gz")).unwrap(), kept);
+    assert_eq!(
+        fs::metadata(&log).unwrap().len(),
+        0,
+        "the replay cut the log"
+    );
+    let cp = store.latest(TASK).unwrap().unwrap().checkpoint;
+    assert_eq!((cp.generation, cp.iteration_count), (3, 30));
+    drop(store);
+
+    // Written later without the log, then opened with it: the log left behind was replayed
+    // before that write, not over it.
+    killed_after(dir.path(), |store| save_generations_from(store, 4, 4));
+    assert!(fs::metadata(&log).unwrap().len() > 0, "the save is logged");
+    let plain = CheckpointStore::with_storage(Arc::new(FileStorage::new(dir.path())));
+    save_generations_from(&plain, 5, 5);
+    drop(plain);
+    let store = CheckpointStore::open(dir.path()).unwrap();
+    let cp = store.latest(TASK).unwrap().unwrap().checkpoint;
+    assert_eq!((cp.generation, cp.iteration_count), (5, 50));
+}
+
+#[test]
+fn a_second_process_writes_without_the_log_while_another_holds_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = CheckpointStore::open(dir.path()).unwrap();
+    save_generations(&first, 2);
+    // The log's lock is per open file description: a second open in this process stands in
+    // for a second process.
+    let second = CheckpointStore::open(dir.path()).unwrap();
+    let mut other = checkpoint(5);
+    other.task_id = "t2".into();
+    second.save(&mut other).unwrap();
+    assert_eq!(
+        second
+            .latest("t2")
+            .unwrap()
+            .unwrap()
+            .checkpoint
+            .iteration_count,
+        5
+    );
+    assert_eq!(
+        first.latest(TASK).unwrap().unwrap().checkpoint.generation,
+        2
+    );
 }

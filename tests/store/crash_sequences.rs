@@ -35,8 +35,8 @@ use crate::temp_files::temp_files;
 use cairn::store::current_work::ActiveTask;
 use cairn::store::work_log::{self, WorkLog};
 use cairn::store::{
-    CheckpointStore, FileOps, FileStorage, IterationCheckpoint, PowerLossFileOps, Storage,
-    StoreError, TempFile, FORMAT_VERSION,
+    CheckpointStore, CommitPath, FileOps, FileStorage, IterationCheckpoint, PowerLossFileOps,
+    Storage, StoreError, TempFile, FORMAT_VERSION,
 };
 use proptest::prelude::*;
 use proptest::sample::Index;
@@ -105,8 +105,31 @@ proptest! {
         crash_at in any::<Index>(),
     ) {
         let steps: usize = ops.iter().map(Op::estimated_steps).sum();
-        run_case(keep, &ops, crash_at.index(steps + 1) as u64);
+        run_case(keep, &ops, crash_at.index(steps + 1) as u64, Commit::Replace);
     }
+
+    /// The same through the commit log (one fdatasync per save), with a log small enough to
+    /// be checkpointed and cut mid-sequence, or large enough never to be; after a power cut,
+    /// also with the log's unsynced appends torn in half.
+    #[test]
+    fn a_crash_at_any_step_of_any_sequence_keeps_the_acknowledged_checkpoints_through_the_log(
+        keep in 0..=3usize,
+        ops in prop::collection::vec(op(), 1..MAX_OPS),
+        crash_at in any::<Index>(),
+        limit in prop_oneof![Just(2_000u64), Just(20_000), Just(32 << 20)],
+    ) {
+        let steps: usize = ops.iter().map(Op::estimated_steps).sum::<usize>() + 4;
+        run_case(keep, &ops, crash_at.index(steps + 1) as u64, Commit::Log { limit });
+    }
+}
+
+/// How the store under test commits its saves.
+#[derive(Debug, Clone, Copy)]
+enum Commit {
+    /// The atomic replace alone (temp file fsync, rename, directory fsync).
+    Replace,
+    /// Through the commit log, checkpointed past `limit` bytes.
+    Log { limit: u64 },
 }
 
 impl Op {
@@ -222,6 +245,8 @@ struct CrashingOps {
     crashed: AtomicBool,
     /// Where the power-cut image goes.
     image: PathBuf,
+    /// Where the power-cut image with torn log tails goes.
+    torn_image: PathBuf,
 }
 
 impl CrashingOps {
@@ -233,6 +258,7 @@ impl CrashingOps {
     fn crash_now(&self) {
         if !self.crashed.swap(true, Ordering::SeqCst) {
             self.model.crash_image(&self.image).unwrap();
+            self.model.torn_image(&self.torn_image).unwrap();
         }
     }
 
@@ -295,11 +321,54 @@ impl FileOps for CrashingOps {
         self.step("remove_file")?;
         self.model.remove_file(path)
     }
+
+    fn open_log(&self, path: &Path) -> io::Result<fs::File> {
+        self.step("open_log")?;
+        self.model.open_log(path)
+    }
+
+    fn append_log(&self, log: &fs::File, at: u64, bytes: &[u8]) -> io::Result<()> {
+        self.step("append_log")?;
+        self.model.append_log(log, at, bytes)
+    }
+
+    fn sync_log(&self, log: &fs::File) -> io::Result<()> {
+        self.step("sync_log")?;
+        self.model.sync_log(log)
+    }
+
+    fn truncate_log(&self, log: &fs::File, len: u64) -> io::Result<()> {
+        self.step("truncate_log")?;
+        self.model.truncate_log(log, len)
+    }
+
+    fn sync_fs(&self, dir: &Path) -> io::Result<()> {
+        self.step("sync_fs")?;
+        self.model.sync_fs(dir)
+    }
+}
+
+/// A store on `root` whose file operations are `ops`, committing as `commit` says; `None`
+/// when the process died while opening it.
+fn open_store(
+    root: &Path,
+    ops: Arc<dyn FileOps>,
+    keep: usize,
+    commit: Commit,
+) -> Option<CheckpointStore> {
+    let storage = FileStorage::with_ops(root, ops);
+    let storage = match commit {
+        Commit::Replace => storage,
+        Commit::Log { limit } => storage
+            .with_small_commit_log(CheckpointStore::DIR, limit)
+            .ok()?,
+    };
+    Some(CheckpointStore::with_storage(Arc::new(storage)).keep_generations(keep))
 }
 
 /// Run `ops` until the crash (or to their end, then cut the power), then recover twice: on
 /// the directory the dead process left, and on the power-cut image.
-fn run_case(keep: usize, ops: &[Op], crash_at: u64) {
+fn run_case(keep: usize, ops: &[Op], crash_at: u64, commit: Commit) {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("queue");
     fs::create_dir(&root).unwrap();
@@ -309,32 +378,47 @@ fn run_case(keep: usize, ops: &[Op], crash_at: u64) {
         steps: AtomicU64::new(0),
         crashed: AtomicBool::new(false),
         image: dir.path().join("power-cut"),
+        torn_image: dir.path().join("power-cut-torn"),
     });
-    let storage: Arc<dyn Storage> = Arc::new(FileStorage::with_ops(
-        &root,
-        Arc::clone(&crashing) as Arc<dyn FileOps>,
-    ));
-    let store = CheckpointStore::with_storage(Arc::clone(&storage)).keep_generations(keep);
-    // Compacted often (once the log is larger than the snapshot), so crashes cut compactions.
-    let work = WorkLog::new(storage).compact_at(0);
-    work.load().unwrap();
     let mut model = Model {
         next_seq: 1,
         ..Model::default()
     };
-    for op in ops {
-        match *op {
-            Op::Work { put, remove } => write_work(&work, put, remove, &mut model, &crashing),
-            _ => apply(op, &store, &mut model, keep, &crashing),
-        }
-        if crashing.crashed() {
-            break;
+    let ops_of_store = Arc::clone(&crashing) as Arc<dyn FileOps>;
+    let store = open_store(&root, ops_of_store, keep, commit);
+    // The work state beside it, on the same file operations; compacted often (once the log is
+    // larger than the snapshot), so crashes cut compactions.
+    let work = WorkLog::new(Arc::new(FileStorage::with_ops(
+        &root,
+        Arc::clone(&crashing) as Arc<dyn FileOps>,
+    )))
+    .compact_at(0);
+    work.load().unwrap();
+    if let Some(store) = &store {
+        for op in ops {
+            match *op {
+                Op::Work { put, remove } => write_work(&work, put, remove, &mut model, &crashing),
+                _ => apply(op, store, &mut model, keep, &crashing),
+            }
+            if crashing.crashed() {
+                break;
+            }
         }
     }
+    // Dead before the store is dropped: a store closed cleanly cuts its log.
     crashing.crash_now();
     drop((store, work));
-    recover(&crashing.image, &model, keep, "after a power cut");
-    recover(&root, &model, keep, "after the process died");
+    recover(&crashing.image, &model, keep, commit, "after a power cut");
+    if let Commit::Log { .. } = commit {
+        recover(
+            &crashing.torn_image,
+            &model,
+            keep,
+            commit,
+            "after a power cut that tore the log's tail",
+        );
+    }
+    recover(&root, &model, keep, commit, "after the process died");
 }
 
 /// Run one operation and check it against the model (or, if the process died during it,
@@ -540,10 +624,17 @@ fn assert_is_save(cp: &IterationCheckpoint, model: &Model, task: usize) {
     );
 }
 
-/// Start on `root` as the daemon does (remove temp files, learn the generations on disk),
-/// then check every task's latest checkpoint and a save after the restart.
-fn recover(root: &Path, model: &Model, keep: usize, when: &str) {
-    let storage = FileStorage::new(root);
+/// Start on `root` as the daemon does (replay the commit log, remove temp files, learn the
+/// generations on disk), then check every task's latest checkpoint and a save after the
+/// restart.
+fn recover(root: &Path, model: &Model, keep: usize, commit: Commit, when: &str) {
+    let path = match commit {
+        Commit::Replace => CommitPath::Replace,
+        Commit::Log { .. } => CommitPath::Log,
+    };
+    let storage = FileStorage::new(root)
+        .with_commit_path(CheckpointStore::DIR, path)
+        .unwrap_or_else(|err| panic!("{when}: replaying the commit log: {err}"));
     storage.remove_temp_files().unwrap();
     let left = temp_files(root);
     assert!(left.is_empty(), "{when}: temp files left: {left:?}");

@@ -232,6 +232,84 @@ fn a_fault_at_any_step_of_a_save_keeps_the_last_committed_checkpoint() {
     }
 }
 
+/// The file-system steps of the same save through the commit log, after the store's opening.
+const LOGGED_SAVE_STEPS: [&str; 6] = [
+    "reuse_as_temp (the retired generation)",
+    "write_all",
+    "append_log",
+    "sync_log",
+    "hard_link (keep previous)",
+    "rename",
+];
+const APPEND_STEP: u64 = 2;
+
+/// A checkpoint store committing through its commit log, with file operations `ops`.
+fn logged_store(root: &Path, ops: &Arc<FaultyFileOps>) -> CheckpointStore {
+    let storage = FileStorage::with_ops(root, Arc::clone(ops) as _)
+        .with_commit_log(CheckpointStore::DIR)
+        .unwrap();
+    CheckpointStore::with_storage(Arc::new(storage))
+}
+
+#[test]
+fn a_fault_at_any_step_of_a_logged_save_keeps_the_last_committed_checkpoint() {
+    let counted = {
+        let counting = Arc::new(FaultyFileOps::new());
+        let probe = tempfile::tempdir().unwrap();
+        commit_generations(probe.path(), 4);
+        let store = logged_store(probe.path(), &counting);
+        let before = counting.steps();
+        store.save(&mut checkpoint_after(5)).unwrap();
+        counting.steps() - before
+    };
+    assert_eq!(counted, LOGGED_SAVE_STEPS.len() as u64);
+    for mode in MODES {
+        for step in 0..LOGGED_SAVE_STEPS.len() as u64 {
+            let context = format!(
+                "{mode:?} at step {step} ({}) through the log",
+                LOGGED_SAVE_STEPS[step as usize]
+            );
+            let dir = tempfile::tempdir().unwrap();
+            let committed = commit_generations(dir.path(), 4);
+            // Counted before the probe closes (closing removes the log, as it was before).
+            let open_steps = {
+                let counting = Arc::new(FaultyFileOps::new());
+                let probe = logged_store(dir.path(), &counting);
+                let steps = counting.steps();
+                drop(probe);
+                steps
+            };
+
+            let ops = Arc::new(FaultyFileOps::fail_at(open_steps + step, mode));
+            let store = logged_store(dir.path(), &ops);
+            let mut new = checkpoint_after(5);
+            let result = store.save(&mut new);
+            if !(mode == FaultMode::Error && step == REUSE_STEP) {
+                let err = result.expect_err(&context);
+                assert!(
+                    matches!(&err, StoreError::Io { key, .. } if key == "incremental/t1.json.gz"),
+                    "{context}: {err}"
+                );
+            } else {
+                assert_eq!(result.unwrap(), 5, "{context}");
+            }
+            assert_eq!(ops.crashed(), mode != FaultMode::Error, "{context}");
+            // Closed: after an error the log is checkpointed, so the failed save's record is
+            // never replayed; a dead process closes nothing.
+            drop(store);
+
+            // A process that died after its record was wholly in the log comes back with the
+            // save (the replay writes it); one that failed with an error does not.
+            let saved = match mode {
+                FaultMode::Error => step == REUSE_STEP,
+                FaultMode::Crash | FaultMode::TornWrite => step > APPEND_STEP,
+            };
+            let expected = if saved { &new } else { &committed };
+            assert_restart_recovers(dir.path(), Some(expected), &context);
+        }
+    }
+}
+
 #[test]
 fn after_a_transient_error_the_same_store_saves_again() {
     // The store saves once successfully before the fault, so it has the generation cached:

@@ -61,6 +61,17 @@ enum Skip {
     CheckpointDirSync,
     /// The fsync of the temp file (reported as done, never run).
     TempFileSync,
+    /// The fdatasync of the commit log (reported as done, never run).
+    LogSync,
+}
+
+/// How the writer commits its saves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Commit {
+    /// The atomic replace alone.
+    Replace,
+    /// Through the checkpoint directory's commit log.
+    Log,
 }
 
 /// What is known about the run when a crash image is taken.
@@ -251,6 +262,29 @@ impl FileOps for CutAfterEveryStep {
     fn remove_file(&self, path: &Path) -> io::Result<()> {
         self.then_cut("remove_file", self.model.remove_file(path))
     }
+
+    fn open_log(&self, path: &Path) -> io::Result<fs::File> {
+        self.then_cut("open_log", self.model.open_log(path))
+    }
+
+    fn append_log(&self, log: &fs::File, at: u64, bytes: &[u8]) -> io::Result<()> {
+        self.then_cut("append_log", self.model.append_log(log, at, bytes))
+    }
+
+    fn sync_log(&self, log: &fs::File) -> io::Result<()> {
+        if self.skip == Skip::LogSync {
+            return self.then_cut("sync_log (skipped)", Ok(()));
+        }
+        self.then_cut("sync_log", self.model.sync_log(log))
+    }
+
+    fn truncate_log(&self, log: &fs::File, len: u64) -> io::Result<()> {
+        self.then_cut("truncate_log", self.model.truncate_log(log, len))
+    }
+
+    fn sync_fs(&self, dir: &Path) -> io::Result<()> {
+        self.then_cut("sync_fs", self.model.sync_fs(dir))
+    }
 }
 
 /// What one simulated run found.
@@ -264,6 +298,11 @@ struct Run {
 /// Commit `before` iterations with real file operations, then `SAVES` more through the
 /// power-loss model, cutting the power after every file operation.
 fn simulate(skip: Skip, before: u64) -> Run {
+    simulate_commit(skip, before, Commit::Replace)
+}
+
+/// [`simulate`], the writer committing as `commit` says.
+fn simulate_commit(skip: Skip, before: u64, commit: Commit) -> Run {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("queue");
     fs::create_dir(&root).unwrap();
@@ -283,7 +322,12 @@ fn simulate(skip: Skip, before: u64) -> Run {
         skip,
         checker: Arc::clone(&checker),
     });
-    let store = CheckpointStore::with_storage(Arc::new(FileStorage::with_ops(&root, ops)));
+    let storage = FileStorage::with_ops(&root, ops);
+    let storage = match commit {
+        Commit::Replace => storage,
+        Commit::Log => storage.with_commit_log(CHECKPOINT_DIR).unwrap(),
+    };
+    let store = CheckpointStore::with_storage(Arc::new(storage));
     let mut checkpointer = LoopCheckpointer::new(store, TASK, SCOPE);
     let start = checkpointer
         .resume::<SumState>()
@@ -295,13 +339,14 @@ fn simulate(skip: Skip, before: u64) -> Run {
         assert!(checkpointer.checkpoint(i, &state_after(i)).unwrap());
         checker.committed.store(i, Ordering::SeqCst);
     }
-    drop(checkpointer);
     checker.power_cut(&model, "after the last save");
+    drop(checkpointer);
+    checker.power_cut(&model, "after the store was closed");
 
     let findings = std::mem::take(&mut *checker.findings.lock().unwrap());
     let checked = checker.checked.load(Ordering::SeqCst);
     eprintln!(
-        "{skip:?}, {before} checkpoints before: {checked} power cuts, {} lose work{}",
+        "{skip:?}, {commit:?}, {before} checkpoints before: {checked} power cuts, {} lose work{}",
         findings.len(),
         findings
             .iter()
@@ -353,6 +398,37 @@ fn the_check_finds_a_missing_temp_file_fsync() {
                     || finding.contains("the committed checkpoint is lost")
             }),
             "before {before}: without the temp file fsync no power cut lost work: {:?}",
+            run.findings
+        );
+    }
+}
+
+#[test]
+fn a_power_cut_after_any_step_keeps_the_last_committed_checkpoint_through_the_log() {
+    for before in [0, 4] {
+        let run = simulate_commit(Skip::Nothing, before, Commit::Log);
+        assert!(
+            run.findings.is_empty(),
+            "{} of {} power cuts lose work:\n{}",
+            run.findings.len(),
+            run.checked,
+            run.findings.join("\n")
+        );
+        // Each save is at least create_temp, write_all, append_log, sync_log, rename.
+        assert!(run.checked > SAVES * 5, "only {} power cuts", run.checked);
+    }
+}
+
+#[test]
+fn the_check_finds_a_missing_log_sync() {
+    for before in [0, 4] {
+        let run = simulate_commit(Skip::LogSync, before, Commit::Log);
+        assert!(
+            run.findings.iter().any(|finding| {
+                finding.contains("undecodable")
+                    || finding.contains("the committed checkpoint is lost")
+            }),
+            "before {before}: without the log's fdatasync no power cut lost work: {:?}",
             run.findings
         );
     }
@@ -564,6 +640,31 @@ impl FileOps for KilledBeforeDirSync {
     fn remove_file(&self, path: &Path) -> io::Result<()> {
         self.alive()?;
         self.model.remove_file(path)
+    }
+
+    fn open_log(&self, path: &Path) -> io::Result<fs::File> {
+        self.alive()?;
+        self.model.open_log(path)
+    }
+
+    fn append_log(&self, log: &fs::File, at: u64, bytes: &[u8]) -> io::Result<()> {
+        self.alive()?;
+        self.model.append_log(log, at, bytes)
+    }
+
+    fn sync_log(&self, log: &fs::File) -> io::Result<()> {
+        self.alive()?;
+        self.model.sync_log(log)
+    }
+
+    fn truncate_log(&self, log: &fs::File, len: u64) -> io::Result<()> {
+        self.alive()?;
+        self.model.truncate_log(log, len)
+    }
+
+    fn sync_fs(&self, dir: &Path) -> io::Result<()> {
+        self.alive()?;
+        self.model.sync_fs(dir)
     }
 }
 
