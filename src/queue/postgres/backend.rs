@@ -28,11 +28,12 @@ use tokio::task::JoinHandle;
 use super::connect::PgQueue;
 use super::error::{During, PgError};
 use super::fenced::Outcome;
+use super::intake::LocalInbox;
 use super::lease::Lease as PgLease;
 use crate::queue::backend::{ControlClaim, LoadError, QueueBackend, QueueError, TaskRecord};
 use crate::queue::control::ControlRequest;
 use crate::queue::lease::{Lease, LeaseLost, OwnerLease};
-use crate::queue::{IntakeReport, QueueHint};
+use crate::queue::{IntakeReport, QueueDir, QueueHint};
 use crate::store::current_work::{ActiveTask, CurrentWork, StartPoint};
 use crate::store::events::Event;
 use crate::store::records::{to_record_bytes, FailedRecord};
@@ -92,6 +93,8 @@ pub struct PgBackend {
     events: Mutex<Vec<JoinHandle<()>>>,
     /// Drives the database client; `None` only while dropping.
     runtime: Option<Runtime>,
+    /// This host's inbox, when given ([`PgBackend::with_inbox`]).
+    inbox: Option<LocalInbox>,
 }
 
 impl std::fmt::Debug for PgBackend {
@@ -134,7 +137,21 @@ impl PgBackend {
             leases: Mutex::default(),
             events: Mutex::default(),
             runtime: Some(runtime),
+            inbox: None,
         })
+    }
+
+    /// Take task files dropped into the `inbox/` of `local` (this host's queue directory,
+    /// absolute, its directories made) into the shared queue: see [`super::intake`].
+    pub fn with_inbox(mut self, local: QueueDir) -> PgBackend {
+        let runtime = self
+            .runtime
+            .as_ref()
+            .expect("the runtime lives until the backend is dropped")
+            .handle()
+            .clone();
+        self.inbox = Some(LocalInbox::new(local, self.db.clone(), runtime));
+        self
     }
 
     /// The statements' pool, for what the trait does not cover (submitting tasks).
@@ -393,18 +410,23 @@ impl QueueBackend for PgBackend {
     }
 
     fn recover_intake(&self) -> IntakeReport {
-        // Submission is one statement (`PgQueue::submit`): there is no half-done intake.
-        IntakeReport::default()
+        self.inbox
+            .as_ref()
+            .map(LocalInbox::recover)
+            .unwrap_or_default()
     }
 
-    fn scan_intake(&self, _hints: Vec<QueueHint>, _limit: usize) -> IntakeReport {
-        // Not yet: this host's inbox/ is not taken into the database (submit with
-        // `PgQueue::submit`).
-        IntakeReport::default()
+    fn scan_intake(&self, hints: Vec<QueueHint>, limit: usize) -> IntakeReport {
+        self.inbox
+            .as_ref()
+            .map(|inbox| inbox.scan(hints, limit))
+            .unwrap_or_default()
     }
 
-    fn waiting_in_intake(&self, _task_id: &str) -> bool {
-        false
+    fn waiting_in_intake(&self, task_id: &str) -> bool {
+        self.inbox
+            .as_ref()
+            .is_some_and(|inbox| inbox.holds(task_id))
     }
 
     fn task(&self, task_id: &str) -> Result<Task, QueueError> {
