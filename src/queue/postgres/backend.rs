@@ -47,9 +47,6 @@ use crate::task_id::TaskId;
 /// Checkpoint generations kept besides the newest, as the file store keeps them.
 const KEEP_GENERATIONS: u32 = 2;
 
-/// The backend's name in [`QueueError::Unsupported`].
-const BACKEND: &str = "PostgreSQL";
-
 /// The owner epoch of a database owner: its tasks' leases carry their own epochs.
 const OWNER_EPOCH: u64 = 0;
 
@@ -299,12 +296,21 @@ fn outcome_of(record: &FailedRecord) -> Outcome {
     }
 }
 
+/// The claim of control request `id` (its row in `cairn_control`).
+fn control_claim(id: i64) -> ControlClaim {
+    ControlClaim(format!("cairn_control/{id}"))
+}
+
+fn parse_control_claim(claim: &ControlClaim) -> Option<i64> {
+    claim.0.strip_prefix("cairn_control/")?.parse().ok()
+}
+
 /// The reference [`QueueBackend::put_output`] gives: `cairn_outputs/<task>/<index>`.
 fn output_reference(task_id: &str, phase_index: usize) -> String {
     format!("cairn_outputs/{task_id}/{phase_index}")
 }
 
-fn parse_output_reference(reference: &str) -> Option<(&str, i32)> {
+pub(super) fn parse_output_reference(reference: &str) -> Option<(&str, i32)> {
     let rest = reference.strip_prefix("cairn_outputs/")?;
     let (task_id, index) = rest.rsplit_once('/')?;
     Some((task_id, index.parse().ok()?))
@@ -599,7 +605,7 @@ impl QueueBackend for PgBackend {
         let json = std::str::from_utf8(bytes)
             .map_err(|e| backend_error(format!("the output of task {}", lease.task_id()), e))?;
         let index = u32::try_from(phase_index).unwrap_or(u32::MAX);
-        // The phase's name is in the work state beside the reference.
+        // The phase's name is read from the task's definition by the statement.
         self.run(self.db.save_output(&held, index, "", json))
             .map_err(|e| self.refused(lease, e))?;
         Ok(output_reference(lease.task_id(), phase_index))
@@ -619,11 +625,10 @@ impl QueueBackend for PgBackend {
     }
 
     fn archive_failed(&self, lease: &Lease, _record: &FailedRecord) -> Result<(), QueueError> {
-        self.held(lease)?;
-        Err(QueueError::Unsupported {
-            operation: "retrying a failed task",
-            backend: BACKEND,
-        })
+        // The record is the task's one row in cairn_records: it moves to its history whole.
+        let held = self.held(lease)?;
+        self.run(self.db.archive_record(&held))
+            .map_err(|e| self.refused(lease, e))
     }
 
     fn save_checkpoint(
@@ -655,8 +660,16 @@ impl QueueBackend for PgBackend {
     }
 
     fn take_control(&self) -> Result<Vec<(ControlClaim, ControlRequest)>, QueueError> {
-        // Not yet: control requests are not read from cairn_control.
-        Ok(Vec::new())
+        if !self.owner.holds(&self.owner) {
+            return Ok(Vec::new());
+        }
+        let requests = self
+            .run(self.db.take_control(&self.node))
+            .map_err(|e| backend_error("handling control requests".to_string(), e))?;
+        Ok(requests
+            .into_iter()
+            .map(|(id, request)| (control_claim(id), request))
+            .collect())
     }
 
     fn remove_control(&self, owner: &OwnerLease, claim: &ControlClaim) -> Result<(), QueueError> {
@@ -665,7 +678,15 @@ impl QueueBackend for PgBackend {
                 what: claim.to_string(),
             });
         }
-        Ok(())
+        let Some(id) = parse_control_claim(claim) else {
+            return Err(QueueError::Unreadable {
+                what: claim.to_string(),
+                problem: "not a control request of this backend".to_string(),
+            });
+        };
+        let outcome = "applied by the daemon holding the task";
+        self.run(self.db.mark_control_handled(id, &self.node, outcome))
+            .map_err(|e| backend_error(format!("marking {claim} handled"), e))
     }
 
     fn append_event(&self, task_id: &str, event: Event) {

@@ -20,6 +20,7 @@
 
 mod backend;
 mod connect;
+mod control;
 mod error;
 mod fenced;
 mod intake;
@@ -30,6 +31,7 @@ mod submit;
 
 pub use backend::PgBackend;
 pub use connect::{PgQueue, DEFAULT_POOL_SIZE};
+pub use control::HandledRequest;
 pub use error::PgError;
 pub use fenced::{Outcome, StoredCheckpoint};
 pub use intake::PgSink;
