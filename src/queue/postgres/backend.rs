@@ -512,9 +512,20 @@ impl QueueBackend for PgBackend {
             })
     }
 
-    fn start_point(&self, _task_id: &str) -> Result<Option<StartPoint>, QueueError> {
-        // Not yet: `cairn fork` does not write to the database, so no task has one.
-        Ok(None)
+    fn start_point(&self, task_id: &str) -> Result<Option<StartPoint>, QueueError> {
+        let what = || format!("the start point of task {task_id} in cairn_tasks");
+        let Some(text) = self
+            .run(self.db.start_point(task_id))
+            .map_err(|e| backend_error(what(), e))?
+        else {
+            return Ok(None);
+        };
+        serde_json::from_str(&text)
+            .map(Some)
+            .map_err(|e| QueueError::Unreadable {
+                what: what(),
+                problem: e.to_string(),
+            })
     }
 
     fn read_output(&self, reference: &str) -> Result<Option<Value>, QueueError> {

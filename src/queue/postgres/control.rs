@@ -148,6 +148,16 @@ impl PgQueue {
         Ok(id)
     }
 
+    /// The state of task `task_id` (`queued`, `running`, ...), or `None` when there is none.
+    pub async fn task_state(&self, task_id: &str) -> Result<Option<String>, PgError> {
+        let client = self.client().await?;
+        let row = client
+            .query_opt("SELECT state FROM cairn_tasks WHERE id = $1", &[&task_id])
+            .await
+            .during("reading a task's state")?;
+        Ok(row.map(|row| row.get(0)))
+    }
+
     /// How request `id` was handled, once it was.
     pub async fn control_outcome(&self, id: i64) -> Result<Option<HandledRequest>, PgError> {
         let client = self.client().await?;

@@ -37,15 +37,7 @@ impl PgSink {
 
     async fn submit(&self, task: &Task, definition: &str) -> Result<Stored, PgError> {
         let id = task.id().as_str();
-        let submitted = self
-            .db
-            .submit(&NewTask {
-                id,
-                priority: task.priority,
-                crash_limit: crash_limit(task),
-                definition,
-            })
-            .await?;
+        let submitted = self.db.submit(&NewTask::of(task, definition)).await?;
         if submitted == Submitted::Queued {
             return Ok(Stored::Submitted);
         }
@@ -83,11 +75,6 @@ impl TaskSink for PgSink {
     fn wants_durable_claims(&self) -> bool {
         true
     }
-}
-
-/// Expired leases in a row after which the task is quarantined: the file queue's rule.
-pub(super) fn crash_limit(task: &Task) -> u32 {
-    task.retry.max_attempts.saturating_add(2)
 }
 
 /// This host's inbox, taken into the shared queue.
