@@ -214,10 +214,7 @@ impl PgQueue {
                     tracing::warn!(request = id, task_id = ?task_id, "dropping a control request for a task the database does not have");
                     self.mark_control_handled(id, node, "no such task").await?;
                 }
-                (Holder::ThisNode, Some(request)) => {
-                    waiting.insert(task_id);
-                    held_here.push((id, request));
-                }
+                (Holder::ThisNode, Some(request)) => held_here.push((id, request)),
                 (Holder::Elsewhere, Some(_)) => {
                     waiting.insert(task_id);
                 }
