@@ -681,7 +681,7 @@ fn a_database_at_version_1_migrates_to_the_current_schema() {
         queue.migrate().await.unwrap()
     });
     assert_eq!((migrated.from, migrated.to), (1, SCHEMA_VERSION));
-    assert!(SCHEMA_VERSION >= 2);
+    const { assert!(SCHEMA_VERSION >= 2) };
     // The task and its request survive, and the new columns are there.
     let node = backend(&url, "node-a", None);
     assert_eq!(node.start_point("old").unwrap(), None);

@@ -9,10 +9,11 @@
 //! an async task would block that task's thread: tokio refuses it with a panic, so such a
 //! call is found at once, never a silent stall.
 //!
-//! Not yet done by this backend (each says so where it is called): the local inbox (tasks are
-//! submitted with [`PgQueue::submit`]), control requests, `cairn fork`'s start points,
-//! archiving a failed record for a retry, and the owner's loop checkpointers (checkpoints are
-//! saved through [`QueueBackend::save_checkpoint`]).
+//! Each host's inbox is taken into the database by [`super::intake`] (given with
+//! [`PgBackend::with_inbox`]); control requests are handled by [`super::control`] (those for
+//! tasks nobody holds applied in SQL, those for this node's tasks handed to its daemon).
+//! Not yet done by this backend: the owner's loop checkpointers (checkpoints are saved
+//! through [`QueueBackend::save_checkpoint`]).
 
 use std::collections::{HashMap, HashSet};
 use std::future::Future;

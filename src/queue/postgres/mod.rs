@@ -11,7 +11,9 @@
 //!   attempt, pause, final record), each of
 //!   which checks the lease in the same statement and returns [`PgError::LeaseLost`] when it
 //!   no longer holds.
-//! - [`PgBackend`]: the owner's [`QueueBackend`](super::QueueBackend) on these statements.
+//! - [`PgBackend`]: the owner's [`QueueBackend`](super::QueueBackend) on these statements,
+//!   with each host's inbox feeding the shared queue ([`PgSink`]), control requests
+//!   (`cairn_control`, applied in SQL to tasks nobody holds) and forks with start points.
 //! - [`SubmitListener`]: LISTEN/NOTIFY wake-ups for new and released work; the caller still
 //!   polls, so a lost notification only delays pickup.
 //!
