@@ -200,6 +200,18 @@ fn inbox_files_of_two_hosts_enter_the_shared_queue_once_and_bad_ones_get_records
     assert!(host_b.path(input).is_file(), "{input}");
     // Nothing is waiting in either inbox now.
     assert!(!node_a.waiting_in_intake("shared-1"));
+
+    // Batches and files still being written are reported as for the file queue.
+    host_a.seed_task("e1.json", &a_task(Some("e1"), "true"));
+    host_a.seed_task("e2.json", &a_task(Some("e2"), "true"));
+    host_a.drop_task("fresh.json", &a_task(Some("fresh"), "true"));
+    assert!(node_a.waiting_in_intake("fresh"));
+    let first = node_a.scan_intake(Vec::new(), 1);
+    assert_eq!((first.submitted.len(), first.more), (1, true), "{first:?}");
+    let rest = node_a.scan_intake(Vec::new(), 100);
+    assert_eq!(rest.submitted.len(), 1, "{rest:?}");
+    assert_eq!(rest.deferred, 1, "a fresh file settles first: {rest:?}");
+    assert_eq!(task_count(&rt, &url), 4);
 }
 
 #[test]

@@ -35,7 +35,12 @@ impl PgSink {
         PgSink { db, runtime }
     }
 
-    async fn submit(&self, task: &Task, definition: &str) -> Result<Stored, PgError> {
+    async fn submit(
+        &self,
+        task: &Task,
+        definition: &str,
+        recovering: bool,
+    ) -> Result<Stored, PgError> {
         let id = task.id().as_str();
         let submitted = self.db.submit(&NewTask::of(task, definition)).await?;
         if submitted == Submitted::Queued {
@@ -51,7 +56,12 @@ impl PgSink {
             .during("comparing a task with the one under its id")?
             .map(|row| row.get(0));
         Ok(match same {
-            Some(true) => Stored::Same,
+            Some(true) => {
+                if !recovering {
+                    tracing::info!(task_id = id, "the shared queue has this task already (the same file taken on another host): not submitting it again");
+                }
+                Stored::Same
+            }
             // Gone since the insert found it (pruned): a later scan finds the id free.
             None => Stored::IdTaken {
                 place: "the shared queue (it was removed meanwhile: drop the file again)"
@@ -65,10 +75,10 @@ impl PgSink {
 }
 
 impl TaskSink for PgSink {
-    fn store(&self, task: &Task, normalized: &[u8], _recovering: bool) -> io::Result<Stored> {
+    fn store(&self, task: &Task, normalized: &[u8], recovering: bool) -> io::Result<Stored> {
         let definition = std::str::from_utf8(normalized).map_err(io::Error::other)?;
         self.runtime
-            .block_on(self.submit(task, definition))
+            .block_on(self.submit(task, definition, recovering))
             .map_err(|e| io::Error::other(format!("submitting task {}: {e}", task.id())))
     }
 
