@@ -362,6 +362,49 @@ fn requests_for_tasks_nobody_holds_are_applied_in_the_database() {
 }
 
 #[test]
+fn two_nodes_handling_the_same_requests_at_once_apply_each_once() {
+    let test = "two_nodes_handling_the_same_requests_at_once_apply_each_once";
+    let Some(cluster) = PgCluster::start(test) else {
+        return;
+    };
+    let (rt, url) = (runtime(), cluster.url());
+    let ids: Vec<String> = (0..20).map(|n| format!("k{n:02}")).collect();
+    for id in &ids {
+        submit(&rt, &url, &a_task(Some(id), "true"));
+        request(&rt, &url, id, ControlAction::Cancel);
+    }
+    let nodes = [backend(&url, "node-a", None), backend(&url, "node-b", None)];
+    std::thread::scope(|scope| {
+        for node in &nodes {
+            scope.spawn(move || assert!(node.take_control().unwrap().is_empty()));
+        }
+    });
+    for id in &ids {
+        assert_eq!(
+            state_of(&rt, &url, id).as_deref(),
+            Some("cancelled"),
+            "{id}"
+        );
+        assert_eq!(
+            event_types(&rt, &url, id),
+            ["cancelled"],
+            "{id}: applied once"
+        );
+    }
+    let outcomes = column(
+        &rt,
+        &url,
+        "SELECT outcome FROM cairn_control WHERE handled_at IS NOT NULL AND $1 = $1",
+        "",
+    );
+    assert_eq!(outcomes.len(), ids.len());
+    assert!(
+        outcomes.iter().all(|o| o.as_deref() == Some("applied")),
+        "{outcomes:?}"
+    );
+}
+
+#[test]
 fn a_request_for_a_task_a_node_holds_goes_to_that_node_only() {
     let test = "a_request_for_a_task_a_node_holds_goes_to_that_node_only";
     let Some(cluster) = PgCluster::start(test) else {
