@@ -30,6 +30,7 @@ mod intake;
 mod lease;
 mod listen;
 pub mod schema;
+mod steer;
 mod submit;
 
 pub use backend::PgBackend;
