@@ -159,7 +159,7 @@ fn run_db(url: &str, action: ControlAction, id: &TaskId, no_wait: bool) -> CliRe
                 Some(why) => Err(CliError::failure(format_args!(
                     "{verb}: node {node} refused the request for {id}: {why}"
                 ))),
-                None if handled.outcome == "applied" || handled.outcome.starts_with("applied ") => {
+                None if handled.outcome == "applied" || handled.outcome.starts_with("taken ") => {
                     print_line(format_args!(
                         "{verb}: node {node} took the request for {id}; {}",
                         what_follows(action)

@@ -445,7 +445,7 @@ fn a_request_for_a_task_a_node_holds_goes_to_that_node_only() {
         let (by, what) = outcome(&rt, &url, number).unwrap();
         assert_eq!(
             (by.as_str(), what.as_str()),
-            ("node-a", "applied by the daemon holding the task")
+            ("node-a", "taken by the daemon running the task")
         );
     }
 }

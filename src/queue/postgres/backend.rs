@@ -696,7 +696,7 @@ impl QueueBackend for PgBackend {
                 problem: "not a control request of this backend".to_string(),
             });
         };
-        let outcome = "applied by the daemon holding the task";
+        let outcome = "taken by the daemon running the task";
         self.run(self.db.mark_control_handled(id, &self.node, outcome))
             .map_err(|e| backend_error(format!("marking {claim} handled"), e))
     }

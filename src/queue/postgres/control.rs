@@ -71,7 +71,8 @@ fn action_of(name: &str) -> Option<ControlAction> {
 pub struct HandledRequest {
     /// The node that handled it.
     pub node: String,
-    /// `applied`, `nothing to do: ...`, `refused: ...`, `no such task`.
+    /// `applied`, `taken by the daemon running the task` (which applies it as with files),
+    /// `nothing to do: ...`, `refused: ...`, `no such task`.
     pub outcome: String,
 }
 
