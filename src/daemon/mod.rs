@@ -21,6 +21,7 @@ mod notify;
 mod records;
 mod recovery;
 mod schedule;
+mod shared_queue;
 mod start_order;
 mod summary;
 
@@ -49,6 +50,20 @@ pub struct DaemonConfig {
     /// The storage backend; `None` is the file backend on `queue_dir`. Tests pass a
     /// fault-injecting one.
     pub storage: Option<Arc<dyn Storage>>,
+    /// Share a queue in PostgreSQL with daemons on other hosts instead (`queue_dir` is then
+    /// this host's directory: its inbox, logs and scratch).
+    pub database: Option<DatabaseConfig>,
+}
+
+/// A queue in PostgreSQL shared by several daemons (`cairn run --db`, `docs/cluster.md`).
+#[derive(Debug, Clone)]
+pub struct DatabaseConfig {
+    /// A `postgresql://` URL or libpq's `key=value` form.
+    pub url: String,
+    /// This daemon's name, unique among the live daemons (by default the host name).
+    pub node: String,
+    /// How long a claim holds without renewal; renewed every sixth of it.
+    pub lease: Duration,
 }
 
 impl DaemonConfig {
@@ -60,6 +75,7 @@ impl DaemonConfig {
             max_tasks: 4,
             rescan_interval: Duration::from_secs(5),
             storage: None,
+            database: None,
         }
     }
 }
@@ -85,6 +101,9 @@ pub enum DaemonError {
     /// Someone other than the daemon's user could write the queue (see `queue::permissions`).
     #[error("refusing to run this queue: {0}")]
     UnsafeQueue(#[source] crate::queue::UnsafeQueue),
+    /// The shared queue's database could not be opened.
+    #[error("{0}")]
+    Database(String),
     /// [`run`] was called outside a current-thread tokio runtime (see there why it needs one).
     #[error(
         "the daemon must run on a current-thread tokio runtime \
@@ -100,6 +119,7 @@ impl From<OpenError> for DaemonError {
             OpenError::Lock(e) => DaemonError::Lock(e),
             OpenError::Setup(e) => DaemonError::Setup(e),
             OpenError::Unsafe(e) => DaemonError::UnsafeQueue(e),
+            OpenError::Database(e) => DaemonError::Database(e),
         }
     }
 }
@@ -142,7 +162,7 @@ pub async fn run_with_summary(
         return Err(DaemonError::Runtime(flavor));
     }
     // Owned (its lock held) for as long as the queue lives.
-    let queue = Queue::open_files(&config.queue_dir, config.storage.clone())?;
+    let queue = open_queue(&config).await?;
     prepare_queue(&queue).await;
     clean_after_crash(&queue);
     let work = load_work(&queue)?;
@@ -152,7 +172,12 @@ pub async fn run_with_summary(
         shutdown: shutdown.clone(),
         controls: Default::default(),
         trial_progress: tokio::sync::Notify::new(),
+        lost_leases: Default::default(),
     });
+    let leases = ctx
+        .queue
+        .lease_length()
+        .map(|lease| tokio::spawn(shared_queue::keep_leases(Arc::clone(&ctx), lease)));
     let mut scheduler = Scheduler::new(ctx, config);
     scheduler.recover().await?;
     // The queue is locked and what was in flight is lined up again.
@@ -161,12 +186,41 @@ pub async fn run_with_summary(
     let exit = scheduler.work_until_stopped().await;
     scheduler.drain().await;
     let summary = scheduler.close().await;
+    if let Some(leases) = leases {
+        leases.abort();
+    }
     let exit = if shutdown.is_immediate() {
         DaemonExit::StoppedImmediately
     } else {
         exit
     };
     Ok((exit, summary))
+}
+
+/// Own the queue the configuration names: files, or a share of a database's.
+async fn open_queue(config: &DaemonConfig) -> Result<Queue, DaemonError> {
+    let Some(database) = config.database.clone() else {
+        return Ok(Queue::open_files(
+            &config.queue_dir,
+            config.storage.clone(),
+        )?);
+    };
+    #[cfg(feature = "postgres")]
+    {
+        let root = config.queue_dir.clone();
+        let opened = runner_blocking(move || {
+            Queue::open_postgres(&root, &database.url, &database.node, database.lease)
+        })
+        .await?;
+        Ok(opened)
+    }
+    #[cfg(not(feature = "postgres"))]
+    {
+        let _ = database;
+        Err(DaemonError::Database(
+            "this cairn was built without PostgreSQL (the cargo feature `postgres`)".into(),
+        ))
+    }
 }
 
 /// Kill what a daemon that died left running (so nothing races the tasks about to resume),
@@ -256,6 +310,8 @@ pub(crate) struct Scheduler {
     control_deferred: bool,
     /// What this run did, for the closing summary.
     summary: RunSummary,
+    /// Claiming work from a shared queue (unused with files).
+    claiming: shared_queue::Claiming,
 }
 
 /// How an attempt's future ended, as the main loop sees it.
@@ -299,13 +355,22 @@ impl Scheduler {
                 records,
                 ..RunSummary::default()
             },
+            claiming: Default::default(),
         }
     }
 
     /// After the drain: flush the journals and tell what this run did and what it leaves.
     async fn close(&mut self) -> RunSummary {
         let ctx = Arc::clone(&self.ctx);
-        runner_blocking(move || ctx.queue.flush_events()).await;
+        runner_blocking(move || {
+            ctx.queue.flush_events();
+            if ctx.queue.shares_queue() {
+                // After the drain wrote every entry: the tasks are queued again at once, for
+                // another daemon to take over in milliseconds rather than after the lease.
+                ctx.queue.release();
+            }
+        })
+        .await;
         let mut summary = std::mem::take(&mut self.summary);
         self.ctx.work.update(|work| {
             for entry in &work.active_tasks {

@@ -22,7 +22,9 @@ mod safe_remove;
 mod task_sink;
 mod watch;
 
-pub use backend::{ControlClaim, LoadError, QueueBackend, QueueError, TaskRecord};
+pub use backend::{
+    ClaimedWork, ControlClaim, HandBack, LoadError, QueueBackend, QueueError, TaskRecord,
+};
 pub use file_backend::FileBackend;
 pub use intake::{Intake, IntakeReport, Rejection};
 pub use layout::{QueueDir, SUBDIRS};

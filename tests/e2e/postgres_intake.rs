@@ -2,7 +2,8 @@
 //! `tests/common/postgres.rs`): each host's `inbox/` taken into the database exactly once,
 //! crash or not, with the file queue's rejection records; control requests applied in SQL to
 //! tasks nobody holds and handed to the node that holds the others; `cairn pause|resume|
-//! cancel|retry --db` and `cairn fork --db` through the real binary.
+//! cancel|retry --db` and `cairn fork --db` through the real binary; and files dropped into
+//! three hosts' inboxes, and a pause and resume, through `cairn run --db` daemons.
 //!
 //! The backend is blocking: the tests call it from their own thread, and use a separate
 //! runtime for the statements they make themselves.
@@ -21,8 +22,11 @@ use cairn::task_id::TaskId;
 use serde_json::{json, Value};
 use tokio::runtime::Runtime;
 
-use crate::common::postgres::PgCluster;
-use crate::common::{stderr_of, stdout_of, TestQueue, DEADLINE};
+use crate::common::postgres::{final_record, submit_task, PgCluster};
+use crate::common::{
+    loop_result, loop_task, side_events, stderr_of, stdout_of, wait_for, wait_until, Daemon,
+    TestQueue, DEADLINE, SIGTERM,
+};
 
 /// A lease that never expires during these tests.
 const LONG: Duration = Duration::from_secs(600);
@@ -346,12 +350,11 @@ fn requests_for_tasks_nobody_holds_are_applied_in_the_database() {
         ]
     );
     // The task is claimable again, and resumes as the retry's entry says.
-    let lease = node.claim("q1").unwrap();
-    assert!(lease.epoch() >= 1);
-    assert_eq!(
-        node.load_work().unwrap().get("q1").map(|e| e.retry_of),
-        Some(Some(cancelled.failed_at))
-    );
+    let claimed = node.claim_work(10).unwrap();
+    let ids: Vec<&str> = claimed.iter().map(|c| c.task.id().as_str()).collect();
+    assert_eq!(ids, ["q1"]);
+    let resumed = claimed[0].entry.as_ref().expect("the retry's entry");
+    assert_eq!(resumed.retry_of, Some(cancelled.failed_at));
 
     let ghost = request(&rt, &url, "ghost", ControlAction::Cancel);
     assert!(node.take_control().unwrap().is_empty());
@@ -628,7 +631,9 @@ fn fork_with_db_makes_the_task_with_its_start_point_and_checkpoint() {
     node.write_work(node.owner(), &serde_json::to_vec(&work).unwrap())
         .unwrap();
     for total in 1..=3 {
-        node.save_checkpoint(&lease, &mut loop_checkpoint("acc", total))
+        let checkpoint = loop_checkpoint("acc", total);
+        let state = serde_json::value::to_raw_value(&checkpoint.partial_results).unwrap();
+        node.save_checkpoint(&lease, &mut checkpoint.with_state(state.as_ref()))
             .unwrap();
     }
     // A large output is stored with its phase's name.
@@ -742,4 +747,116 @@ fn a_database_at_version_1_migrates_to_the_current_schema() {
     assert_eq!(node.start_point("old").unwrap(), None);
     assert!(node.take_control().unwrap().is_empty());
     assert_eq!(state_of(&rt, &url, "old").as_deref(), Some("paused"));
+}
+
+/// `cairn run --db` on the local directory `host`, as node `node`.
+fn start_daemon(host: &TestQueue, url: &str, node: &str) -> Daemon {
+    host.start(&["--db", url, "--node", node, "--lease", "3s"])
+}
+
+#[test]
+fn a_file_dropped_into_any_hosts_inbox_runs_exactly_once_through_the_daemons() {
+    let test = "a_file_dropped_into_any_hosts_inbox_runs_exactly_once_through_the_daemons";
+    let Some(cluster) = PgCluster::start(test) else {
+        return;
+    };
+    let (rt, url) = (runtime(), cluster.url());
+    // The schema is there before the test looks at it (the daemons would make it too).
+    submit(&rt, &url, &a_task(Some("first"), "true"));
+    let hosts: Vec<TestQueue> = (0..3).map(|_| TestQueue::new()).collect();
+    let _daemons: Vec<Daemon> = hosts
+        .iter()
+        .zip(["n1", "n2", "n3"])
+        .map(|(host, node)| start_daemon(host, &url, node))
+        .collect();
+    let side = hosts[0].aux("iterations.side");
+    // One task dropped into all three inboxes; one without an id into the second; a broken
+    // file into the third.
+    let everywhere = loop_task("everywhere", &side, 3, 0.1);
+    for host in &hosts {
+        host.drop_task("everywhere.json", &everywhere);
+    }
+    hosts[1].drop_task("noid.json", &a_task(None, "echo '{\"ok\": true}'"));
+    hosts[2].drop_bytes("broken.json", b"{\"phases\": ", false);
+
+    let done = wait_for("every task done", DEADLINE, || {
+        let ids = column(
+            &rt,
+            &url,
+            "SELECT task_id FROM cairn_records WHERE $1 = $1",
+            "",
+        );
+        (ids.len() == 3).then_some(ids)
+    });
+    let noid = done
+        .iter()
+        .flatten()
+        .find(|id| id.starts_with("noid-"))
+        .unwrap_or_else(|| panic!("the task without an id got one from its claim: {done:?}"));
+    assert_eq!(task_count(&rt, &url), 3, "one task per file, not per copy");
+    for id in ["everywhere", noid.as_str()] {
+        let record =
+            final_record(&url, id).unwrap_or_else(|| panic!("no record of {id}: {done:?}"));
+        assert_eq!(record["status"], "done", "{id}: {record}");
+    }
+    let first_iterations = side_events(&side)
+        .into_iter()
+        .filter(|e| e.task == "everywhere" && e.event == "start" && e.iteration == 1)
+        .count();
+    assert_eq!(first_iterations, 1, "the task ran once");
+    wait_until("the broken file's record", DEADLINE, || {
+        hosts[2].rejections().contains_key("inbox/broken.json")
+    });
+    for host in &hosts {
+        assert!(host.list("inbox").is_empty(), "{:?}", host.list("inbox"));
+    }
+}
+
+#[test]
+fn a_running_task_is_paused_by_its_daemon_and_resumed_through_the_database() {
+    let test = "a_running_task_is_paused_by_its_daemon_and_resumed_through_the_database";
+    let Some(cluster) = PgCluster::start(test) else {
+        return;
+    };
+    let (rt, url) = (runtime(), cluster.url());
+    let host = TestQueue::new();
+    let side = host.aux("iterations.side");
+    submit_task(&url, &loop_task("long", &side, 8, 0.3));
+    let mut daemon = start_daemon(&host, &url, "n1");
+    wait_until("the task is running", DEADLINE, || {
+        side_events(&side).iter().any(|e| e.event == "end")
+    });
+
+    // Held by n1: the request goes to its daemon, which stops the task at a boundary.
+    let output = cairn_db(&url, &["pause", "--no-wait", "long"])
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", stderr_of(&output));
+    wait_until("the task is paused", DEADLINE, || {
+        state_of(&rt, &url, "long").as_deref() == Some("paused")
+    });
+    let handled = column(
+        &rt,
+        &url,
+        "SELECT outcome FROM cairn_control WHERE task_id = $1",
+        "long",
+    );
+    assert_eq!(
+        handled,
+        [Some("taken by the daemon running the task".to_string())]
+    );
+
+    // Paused, nobody holds it: the resume is applied in SQL and a daemon takes it again.
+    let output = cairn_db(&url, &["resume", "long"]).output().unwrap();
+    assert!(output.status.success(), "{}", stderr_of(&output));
+    assert!(
+        stdout_of(&output).contains("node n1 took the request for long"),
+        "{}",
+        stdout_of(&output)
+    );
+    let record = wait_for("the task's record", DEADLINE, || final_record(&url, "long"));
+    assert_eq!(record["status"], "done", "{record}");
+    assert_eq!(record["result"], loop_result(8));
+    daemon.signal(SIGTERM);
+    daemon.wait_exit(DEADLINE);
 }

@@ -27,6 +27,7 @@ mod error;
 mod fenced;
 mod fork;
 mod intake;
+mod journal;
 mod lease;
 mod listen;
 pub mod schema;
