@@ -37,6 +37,14 @@ async fn wait_for_scan(
     }
 }
 
+/// The next wake-up of a shared queue (pending forever without one).
+async fn next_notice(notices: &mut Option<mpsc::UnboundedReceiver<()>>) -> Option<()> {
+    match notices {
+        Some(notices) => notices.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
 /// What the main loop keeps between its rounds.
 struct MainLoop {
     /// `None` when the queue cannot be watched: periodic scans then find everything.
@@ -44,6 +52,8 @@ struct MainLoop {
     hints: mpsc::UnboundedReceiver<QueueHint>,
     last_inbox_scan: Instant,
     last_progress_write: Instant,
+    /// A shared queue's wake-ups: work may have arrived (`None` with files).
+    work_notices: Option<mpsc::UnboundedReceiver<()>>,
 }
 
 /// What woke the main loop.
@@ -56,6 +66,8 @@ enum Wake {
     AttemptEnded(Result<(TaskId, AttemptOutcome), tokio::task::JoinError>),
     /// A suspect showed progress: its trial is over, the next may start at once.
     TrialProgress,
+    /// Work may have arrived in a shared queue (`false`: its notices ended).
+    WorkNotice(bool),
     /// A claim of work from a shared queue returned.
     Claimed(
         Result<
@@ -101,6 +113,7 @@ impl Scheduler {
             hints,
             last_inbox_scan: Instant::now(),
             last_progress_write: Instant::now(),
+            work_notices: self.ctx.queue.work_notices(),
         }
     }
 
@@ -153,6 +166,7 @@ impl Scheduler {
             claimed = self.claiming.finished(), if self.claiming.is_running() => {
                 Wake::Claimed(claimed)
             }
+            notice = next_notice(&mut main.work_notices) => Wake::WorkNotice(notice.is_some()),
         }
     }
 
@@ -179,6 +193,14 @@ impl Scheduler {
             }
             Wake::AttemptEnded(joined) => self.attempt_finished(joined).await,
             Wake::Claimed(claimed) => self.take_claimed(claimed).await,
+            Wake::WorkNotice(true) => {
+                if let Some(notices) = &mut main.work_notices {
+                    while notices.try_recv().is_ok() {}
+                }
+                self.claim_if_due(true);
+            }
+            // Polling finds the work from now on.
+            Wake::WorkNotice(false) => main.work_notices = None,
         }
     }
 

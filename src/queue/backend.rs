@@ -189,6 +189,13 @@ pub trait QueueBackend: Send + Sync + fmt::Debug {
         Ok(Vec::new())
     }
 
+    /// Wake-ups when work may have arrived in a shared queue (a submission, a release, a
+    /// resume), so that free slots claim it at once rather than at their next poll. Files:
+    /// none (their watcher says it).
+    fn work_notices(&self) -> Option<tokio::sync::mpsc::UnboundedReceiver<()>> {
+        None
+    }
+
     /// Whether no task of a shared queue waits or runs anywhere (paused ones aside): a daemon
     /// asked to exit when idle exits only then. Files: true (their own lines say it).
     fn drained(&self) -> Result<bool, QueueError> {

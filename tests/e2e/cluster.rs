@@ -412,3 +412,58 @@ fn records_count(url: &str) -> usize {
         .parse()
         .unwrap()
 }
+
+/// A daemon stopped with SIGTERM hands its leases back after the iteration in flight: another
+/// daemon resumes its task from the checkpoint at once, not after the lease, and nothing is
+/// counted as a crash.
+#[test]
+fn a_stopped_daemon_hands_its_tasks_over_at_once() {
+    let test = "a_stopped_daemon_hands_its_tasks_over_at_once";
+    let Some(pg) = PgCluster::start(test) else {
+        return;
+    };
+    let url = pg.url();
+    let scratch = TestQueue::new();
+    let side = scratch.aux("iterations.side");
+    submit_task(&url, &loop_task("handed", &side, 12, 0.3));
+    let mut a = Host::new("a");
+    a.start(&url, &["--max-tasks", "1"]);
+    wait_for_event(&side, |e| e.event == "end" && e.iteration >= 2);
+    let mut b = Host::new("b");
+    b.start(&url, &["--max-tasks", "1"]);
+    wait_until("b is up", DEADLINE, || {
+        b.daemon().stderr().contains("cairn daemon started")
+    });
+    a.daemon().signal(SIGTERM);
+    let stopped = a.daemon().wait_exit(DEADLINE);
+    assert!(stopped.success(), "{stopped}\n{}", a.daemon().stderr());
+    let stopped_at = unix_now();
+    let records = wait_records(&url, &["handed".to_string()], DEADLINE);
+    assert_eq!(records["handed"]["result"], loop_result(12));
+    let events = side_events(&side);
+    let on_b = events
+        .iter()
+        .find(|e| node_of(e) == "b")
+        .expect("b resumed the task");
+    let started_on_a: BTreeSet<u64> = events
+        .iter()
+        .filter(|e| node_of(e) == "a" && e.event == "start")
+        .map(|e| e.iteration)
+        .collect();
+    assert!(
+        !started_on_a.contains(&on_b.iteration),
+        "iteration {} ran twice: a finished its iteration in flight and checkpointed it",
+        on_b.iteration
+    );
+    let crashes = query_texts(
+        &url,
+        "SELECT crash_count::text FROM cairn_tasks WHERE id = $1",
+        &["handed"],
+    );
+    assert_eq!(crashes[0][0].as_deref(), Some("0"), "a release is no crash");
+    eprintln!(
+        "b resumed the task {:.2} s after a exited (lease {} s)",
+        on_b.lease.as_ref().unwrap().at - stopped_at,
+        LEASE.as_secs()
+    );
+}

@@ -364,6 +364,16 @@ impl QueueBackend for PgBackend {
         Ok(work)
     }
 
+    fn work_notices(&self) -> Option<tokio::sync::mpsc::UnboundedReceiver<()>> {
+        let runtime = self.runtime.as_ref()?;
+        let (notices, received) = tokio::sync::mpsc::unbounded_channel();
+        runtime.spawn(super::listen::forward_work_notices(
+            self.db.clone(),
+            notices,
+        ));
+        Some(received)
+    }
+
     fn drained(&self) -> Result<bool, QueueError> {
         let left = self.ids(
             "SELECT id FROM cairn_tasks WHERE state IN ('queued', 'running') LIMIT 1",

@@ -106,3 +106,36 @@ impl Drop for SubmitListener {
         self.driver.abort();
     }
 }
+
+/// Send `()` on `notices` for every wake-up of the work channel, reconnecting when the
+/// listening connection is lost, until the receiver is dropped. Lost notifications only delay
+/// work until the receiver's own poll.
+pub(super) async fn forward_work_notices(queue: PgQueue, notices: mpsc::UnboundedSender<()>) {
+    /// How long to wait before connecting again after the connection failed.
+    const RECONNECT_AFTER: Duration = Duration::from_secs(2);
+    /// How often to look whether the receiver is still there while nothing arrives.
+    const CHECK_RECEIVER: Duration = Duration::from_secs(30);
+    while !notices.is_closed() {
+        let mut listener = match SubmitListener::connect(&queue).await {
+            Ok(listener) => listener,
+            Err(error) => {
+                tracing::warn!(%error, "cannot listen for new work; polling for it instead");
+                tokio::time::sleep(RECONNECT_AFTER).await;
+                continue;
+            }
+        };
+        loop {
+            match listener.wait(CHECK_RECEIVER).await {
+                Wakeup::Notified(_) => {
+                    if notices.send(()).is_err() {
+                        return;
+                    }
+                }
+                Wakeup::PollDue if notices.is_closed() => return,
+                Wakeup::PollDue => {}
+                Wakeup::Disconnected => break,
+            }
+        }
+        tokio::time::sleep(RECONNECT_AFTER).await;
+    }
+}
