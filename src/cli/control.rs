@@ -14,6 +14,8 @@ use super::{exit, format};
 use crate::queue::control::{self, ControlAction, ControlRequest};
 use crate::queue::{QueueDir, QueueReader};
 use crate::store::{FileStorage, Storage};
+#[cfg(feature = "postgres")]
+use crate::task_id::TaskId;
 
 /// Which request.
 #[derive(Debug, Clone, Copy)]
@@ -32,6 +34,17 @@ pub struct ControlArgs {
     /// Return as soon as the request is written, without waiting for the daemon to take it.
     #[arg(long)]
     no_wait: bool,
+
+    /// Steer a task of the queue shared in this PostgreSQL database (a postgresql:// URL or
+    /// libpq's key=value form) instead of the queue directory.
+    #[cfg(feature = "postgres")]
+    #[arg(
+        long,
+        env = "CAIRN_DATABASE_URL",
+        value_name = "URL",
+        hide_env_values = true
+    )]
+    db: Option<String>,
 }
 
 /// How long to wait for a running daemon to take the request.
@@ -45,6 +58,10 @@ pub fn run(queue: &Path, action: Action, args: ControlArgs) -> CliResult {
         Action::Retry => ControlAction::Retry,
     };
     let id = format::task_id_arg(&args.id).exit_code(exit::USAGE)?;
+    #[cfg(feature = "postgres")]
+    if let Some(url) = &args.db {
+        return run_db(url, action, &id, args.no_wait);
+    }
     let storage = FileStorage::new(queue);
     let reader = QueueReader::open(queue);
     // A task still in the inbox is steered too: the daemon holds the request until it has
@@ -92,12 +109,7 @@ pub fn run(queue: &Path, action: Action, args: ControlArgs) -> CliResult {
     let deadline = Instant::now() + WAIT_FOR_DAEMON;
     while Instant::now() < deadline {
         if control::handled(reader.dir(), &key) {
-            let outcome = match action {
-                ControlAction::Pause => "it stops at its next iteration boundary, checkpointed",
-                ControlAction::Resume => "it continues",
-                ControlAction::Cancel => "it is stopped and recorded as cancelled",
-                ControlAction::Retry => "it resumes from its last checkpoint",
-            };
+            let outcome = what_follows(action);
             return print_line(format_args!(
                 "{verb}: the daemon (pid {pid}) took the request for {}; {outcome}",
                 args.id
@@ -108,5 +120,60 @@ pub fn run(queue: &Path, action: Action, args: ControlArgs) -> CliResult {
     print_line(format_args!(
         "{verb} requested for {}; the daemon (pid {pid}) has not taken it yet",
         args.id
+    ))
+}
+
+/// What an applied request does next, for the operator.
+fn what_follows(action: ControlAction) -> &'static str {
+    match action {
+        ControlAction::Pause => "it stops at its next iteration boundary, checkpointed",
+        ControlAction::Resume => "it continues",
+        ControlAction::Cancel => "it is stopped and recorded as cancelled",
+        ControlAction::Retry => "it resumes from its last checkpoint",
+    }
+}
+
+/// The request into `cairn_control` of the database at `url`: refused for a task the shared
+/// queue does not have; then waits (unless `no_wait`) for a daemon to handle it and says how.
+#[cfg(feature = "postgres")]
+fn run_db(url: &str, action: ControlAction, id: &TaskId, no_wait: bool) -> CliResult {
+    let shared = super::shared_queue::SharedQueue::open(url)?;
+    let (runtime, db) = (&shared.runtime, &shared.db);
+    if runtime.block_on(db.task_state(id))?.is_none() {
+        return Err(CliError::failure(format_args!(
+            "the shared queue has no task {:?} (a file still in a host's {}/ is taken in first)",
+            id.as_str(),
+            QueueDir::INBOX_NAME
+        )));
+    }
+    let request = runtime.block_on(db.request_control(id, action))?;
+    let verb = action.as_str();
+    if no_wait {
+        return print_line(format_args!("{verb} requested for {id}"));
+    }
+    let deadline = Instant::now() + WAIT_FOR_DAEMON;
+    while Instant::now() < deadline {
+        if let Some(handled) = runtime.block_on(db.control_outcome(request))? {
+            let node = &handled.node;
+            return match handled.outcome.strip_prefix("refused: ") {
+                Some(why) => Err(CliError::failure(format_args!(
+                    "{verb}: node {node} refused the request for {id}: {why}"
+                ))),
+                None if handled.outcome == "applied" || handled.outcome.starts_with("taken ") => {
+                    print_line(format_args!(
+                        "{verb}: node {node} took the request for {id}; {}",
+                        what_follows(action)
+                    ))
+                }
+                None => print_line(format_args!(
+                    "{verb}: node {node} took the request for {id}: {}",
+                    handled.outcome
+                )),
+            };
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    print_line(format_args!(
+        "{verb} requested for {id}; no daemon has taken it yet, it takes effect when one does"
     ))
 }

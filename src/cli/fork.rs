@@ -37,22 +37,87 @@ pub struct ForkArgs {
     /// The new task's id (default: the old one with a random suffix).
     #[arg(long = "as", value_name = "NEW_ID")]
     new_id: Option<String>,
+
+    /// Fork a task of the queue shared in this PostgreSQL database (a postgresql:// URL or
+    /// libpq's key=value form) instead of the queue directory.
+    #[cfg(feature = "postgres")]
+    #[arg(
+        long,
+        env = "CAIRN_DATABASE_URL",
+        value_name = "URL",
+        hide_env_values = true
+    )]
+    db: Option<String>,
 }
 
 pub fn run(queue: &Path, args: ForkArgs) -> CliResult {
+    #[cfg(feature = "postgres")]
+    if let Some(url) = &args.db {
+        return print_line(fork_db(url, &args)?);
+    }
     let new_id = fork(queue, &args)?;
     print_line(new_id)
+}
+
+/// The patch of `--patch`, parsed.
+fn patch_arg(args: &ForkArgs) -> CliResult<Option<Value>> {
+    args.patch
+        .as_deref()
+        .map(serde_json::from_str)
+        .transpose()
+        .map_err(|e| CliError::usage(format!("--patch is not JSON: {e}")))
+}
+
+/// Make the forked checkpoint the new task's: patched, not done, no output, no attempt, no
+/// cost of the old one's.
+fn make_own(checkpoint: &mut IterationCheckpoint, new_id: &TaskId, patch: Option<&Value>) {
+    if let Some(patch) = patch {
+        json_patch::merge(&mut checkpoint.partial_results, patch);
+    }
+    checkpoint.task_id = new_id.to_string();
+    checkpoint.done = false;
+    checkpoint.output = None;
+    checkpoint.attempt = 0;
+    checkpoint.cost = None;
+}
+
+/// Check that `checkpoint` is of a phase `task` has.
+fn check_phase(checkpoint: &IterationCheckpoint, id: &str, task: &Task) -> CliResult {
+    let phase_index = checkpoint.phase_index;
+    if task.phases.get(phase_index).map(|p| p.name.as_str()) != Some(checkpoint.phase.as_str()) {
+        return Err(CliError::failure(format!(
+            "checkpoint generation {} of {id:?} is for phase {:?} (index {phase_index}), which the task does not have",
+            checkpoint.generation, checkpoint.phase
+        )));
+    }
+    Ok(())
+}
+
+/// The outputs among `found` of the phases before `phase_index`, each of which is needed.
+fn needed_outputs(
+    mut found: BTreeMap<String, Value>,
+    id: &str,
+    task: &Task,
+    phase_index: usize,
+    where_from: &dyn std::fmt::Display,
+) -> CliResult<BTreeMap<String, Value>> {
+    let mut outputs = BTreeMap::new();
+    for phase in &task.phases[..phase_index] {
+        let name = phase.name.as_str();
+        let value = found.remove(name).ok_or_else(|| {
+            CliError::failure(format_args!(
+                "the output of phase {name:?} of {id:?} is not available in {where_from} (the new task needs it as input)"
+            ))
+        })?;
+        outputs.insert(name.to_string(), value);
+    }
+    Ok(outputs)
 }
 
 fn fork(queue: &Path, args: &ForkArgs) -> CliResult<TaskId> {
     let failure = CliError::failure;
     let id = format::task_id_arg(&args.id).exit_code(exit::USAGE)?;
-    let patch: Option<Value> = args
-        .patch
-        .as_deref()
-        .map(serde_json::from_str)
-        .transpose()
-        .map_err(|e| CliError::usage(format!("--patch is not JSON: {e}")))?;
+    let patch = patch_arg(args)?;
     let reader = QueueReader::open(queue);
     let storage = FileStorage::new(queue);
     let mut task = source_task(&reader, queue, &args.id)?;
@@ -63,14 +128,7 @@ fn fork(queue: &Path, args: &ForkArgs) -> CliResult<TaskId> {
     let phase_index = checkpoint.phase_index;
     let earlier_outputs = earlier_outputs(&reader, &args.id, &task, phase_index)?;
 
-    if let Some(patch) = &patch {
-        json_patch::merge(&mut checkpoint.partial_results, patch);
-    }
-    checkpoint.task_id = new_id.to_string();
-    checkpoint.done = false;
-    checkpoint.output = None;
-    checkpoint.attempt = 0;
-    checkpoint.cost = None;
+    make_own(&mut checkpoint, &new_id, patch.as_ref());
     checkpoints
         .save(&mut checkpoint)
         .map_err(|e| failure(format!("writing the new task's checkpoint: {e}")))?;
@@ -165,13 +223,7 @@ fn source_checkpoint(
             .map(|loaded| loaded.checkpoint)
             .ok_or_else(|| failure(format!("task {:?} has no checkpoint to fork from", args.id)))?,
     };
-    let phase_index = checkpoint.phase_index;
-    if task.phases.get(phase_index).map(|p| p.name.as_str()) != Some(checkpoint.phase.as_str()) {
-        return Err(failure(format!(
-            "checkpoint generation {} of {:?} is for phase {:?} (index {phase_index}), which the task does not have",
-            checkpoint.generation, args.id, checkpoint.phase
-        )));
-    }
+    check_phase(&checkpoint, &args.id, task)?;
     Ok(checkpoint)
 }
 
@@ -183,23 +235,89 @@ fn earlier_outputs(
     task: &Task,
     phase_index: usize,
 ) -> CliResult<BTreeMap<String, Value>> {
-    let needed: Vec<&str> = task.phases[..phase_index]
-        .iter()
-        .map(|p| p.name.as_str())
-        .collect();
-    if needed.is_empty() {
+    if phase_index == 0 {
         return Ok(BTreeMap::new());
     }
-    let mut found = reader.phase_outputs(id);
-    let mut outputs = BTreeMap::new();
-    for name in needed {
-        let value = found.remove(name).ok_or_else(|| {
-            CliError::failure(format_args!(
-                "the output of phase {name:?} of {id:?} is not available in {} (the new task needs it as input)",
-                reader.root().display()
-            ))
-        })?;
-        outputs.insert(name.to_string(), value);
+    let found = reader.phase_outputs(id);
+    needed_outputs(found, id, task, phase_index, &reader.root().display())
+}
+
+/// The fork in the queue shared in the database at `url`: the same checks and the same new
+/// task as [`fork`], written in one transaction (see `queue::postgres::fork`).
+#[cfg(feature = "postgres")]
+fn fork_db(url: &str, args: &ForkArgs) -> CliResult<TaskId> {
+    use crate::queue::postgres::{ForkError, NewTask};
+
+    let failure = CliError::failure;
+    let id = format::task_id_arg(&args.id).exit_code(exit::USAGE)?;
+    let patch = patch_arg(args)?;
+    let shared = super::shared_queue::SharedQueue::open(url)?;
+    let (runtime, db) = (&shared.runtime, &shared.db);
+    let source = runtime
+        .block_on(db.fork_source(&id))?
+        .ok_or_else(|| failure(format!("the shared queue has no task {:?}", args.id)))?;
+    let mut task = Task::parse_stored(source.definition.as_bytes())
+        .map_err(|e| failure(format!("task {:?} in the shared queue: {e}", args.id)))?;
+    let new_id = match &args.new_id {
+        Some(new_id) => {
+            TaskId::parse(new_id.as_str()).map_err(|e| CliError::usage(format!("--as: {e}")))?
+        }
+        None => TaskId::generate(&id, &random_suffix()),
+    };
+    let stored = runtime.block_on(db.checkpoints(&args.id))?;
+    let mut checkpoint = pick_checkpoint(&stored, args)?;
+    check_phase(&checkpoint, &args.id, &task)?;
+    let (from_generation, phase_index) = (checkpoint.generation, checkpoint.phase_index);
+    let phase_outputs = needed_outputs(
+        source.phase_outputs,
+        &args.id,
+        &task,
+        phase_index,
+        &"the shared queue",
+    )?;
+    make_own(&mut checkpoint, &new_id, patch.as_ref());
+    let start = StartPoint {
+        phase_index,
+        phase_outputs,
+        forked_from: args.id.clone(),
+        generation: from_generation,
+    };
+    task.id = Some(new_id.clone());
+    let definition = String::from_utf8_lossy(&task.to_json_bytes()).into_owned();
+    let new_task = NewTask::of(&task, &definition);
+    match runtime.block_on(db.submit_fork(&new_task, &start, &mut checkpoint, patch.is_some())) {
+        Ok(()) => Ok(new_id),
+        Err(ForkError::IdTaken(_)) => Err(CliError::usage(format!(
+            "a task with id {new_id:?} already exists in the shared queue"
+        ))),
+        Err(ForkError::Db(e)) => Err(e.into()),
     }
-    Ok(outputs)
+}
+
+/// The stored generation `--gen` names, or the newest that decodes.
+#[cfg(feature = "postgres")]
+fn pick_checkpoint(
+    stored: &[crate::queue::postgres::StoredCheckpoint],
+    args: &ForkArgs,
+) -> CliResult<IterationCheckpoint> {
+    let failure = CliError::failure;
+    let id = &args.id;
+    match args.generation {
+        Some(generation) => {
+            let found = stored
+                .iter()
+                .find(|c| c.generation == generation)
+                .ok_or_else(|| {
+                    failure(format!(
+                        "task {id:?} has no checkpoint generation {generation} (see `cairn history`)"
+                    ))
+                })?;
+            crate::store::decode_checkpoint(&found.bytes)
+                .map_err(|e| failure(format!("checkpoint generation {generation} of {id:?}: {e}")))
+        }
+        None => stored
+            .iter()
+            .find_map(|c| crate::store::decode_checkpoint(&c.bytes).ok())
+            .ok_or_else(|| failure(format!("task {id:?} has no checkpoint to fork from"))),
+    }
 }

@@ -14,6 +14,8 @@ mod history;
 mod prune;
 mod python_json;
 mod run;
+#[cfg(feature = "postgres")]
+mod shared_queue;
 mod show;
 mod status;
 mod submit;

@@ -200,23 +200,7 @@ impl Scheduler {
             Ok(task) => Arc::new(task),
             Err(e) => return self.refuse(id, retry, &e.to_string()),
         };
-        let mut entry = ActiveTask::new(id, &record.phase);
-        entry.phase_index = record.phase_index.min(task.phases.len());
-        entry.phase_outputs = record
-            .phase_outputs
-            .iter()
-            .map(|(name, value)| (name.clone(), StoredOutput::Inline(value.clone())))
-            .collect();
-        entry.started_at = record.started_at;
-        entry.attempt = record.attempts;
-        entry.status = ActiveStatus::Interrupted;
-        entry.phases = record.phases.clone();
-        // A budget stop is retried with a fresh budget: the operator asked for more.
-        entry.cost = (record.status != RecordStatus::BudgetExceeded)
-            .then_some(record.cost)
-            .flatten();
-        entry.last_error = Some(record.error.clone());
-        entry.retry_of = Some(record.failed_at);
+        let entry = ActiveTask::for_retry(&record, task.phases.len());
         self.ctx.work.update(|w| w.upsert(entry));
         if let Err(e) = self.ctx.work.persist().await {
             self.ctx.work.update(|w| w.remove(id));

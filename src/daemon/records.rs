@@ -122,26 +122,12 @@ impl Scheduler {
                 )
             }
         };
-        let record = FailedRecord {
-            status,
-            cost: entry.cost,
-            lost_iterations: entry.lost_iterations,
-            lost_cost_estimate: entry.lost_cost_estimate(),
-            task_id: id.clone(),
-            error,
-            phase: task
-                .phases
-                .get(entry.phase_index)
-                .map(|p| p.name.clone())
-                .unwrap_or_else(|| entry.phase.clone()),
-            phase_index: entry.phase_index,
-            attempts: entry.attempt,
-            failed_attempts: entry.failed_attempts,
-            started_at: entry.started_at,
-            failed_at: Utc::now(),
-            phase_outputs: outputs,
-            phases: entry.phases.clone(),
-        };
+        let phase = task
+            .phases
+            .get(entry.phase_index)
+            .map(|p| p.name.clone())
+            .unwrap_or_else(|| entry.phase.clone());
+        let record = FailedRecord::from_entry(&entry, status, error, phase, outputs);
         let (queue, claim_id) = (self.ctx.queue.clone(), id.clone());
         let written = runner_blocking(move || {
             let lease = queue.claim(&claim_id)?;

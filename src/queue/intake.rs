@@ -27,6 +27,7 @@ use std::time::{Duration, SystemTime};
 
 use serde_json::json;
 
+use super::task_sink::{FileSink, Stored, TaskSink};
 use super::QueueDir;
 use crate::store::records::RecordStatus;
 use crate::store::Storage;
@@ -49,7 +50,10 @@ const CLAIM_PREFIX: &str = ".claim.";
 #[derive(Debug)]
 pub struct Intake {
     queue: QueueDir,
+    /// Where rejection records are written.
     storage: Arc<dyn Storage>,
+    /// Where accepted tasks go.
+    sink: Arc<dyn TaskSink>,
     /// Inbox names known to be completely written (closed after writing, or renamed in).
     complete_hints: HashSet<String>,
     /// Inbox names seen being created or written and not closed since: still being written,
@@ -66,6 +70,9 @@ pub struct Intake {
 pub struct IntakeReport {
     /// Tasks newly written to `tasks/`, in the order they were taken.
     pub accepted: Vec<Task>,
+    /// Tasks newly submitted to a shared queue (PostgreSQL), in the order they were taken:
+    /// every daemon claims them from there, so they are not in `accepted`.
+    pub submitted: Vec<TaskId>,
     pub rejected: Vec<Rejection>,
     /// Files left in the inbox for now because they may still be being written.
     pub deferred: usize,
@@ -102,15 +109,25 @@ impl Rejection {
 
 enum Outcome {
     Accepted(Task),
+    Submitted(TaskId),
     AlreadyAccepted,
     Rejected(Rejection),
 }
 
 impl Intake {
+    /// Intake for the file queue: accepted tasks are written to `tasks/` through `storage`.
     pub fn new(queue: QueueDir, storage: Arc<dyn Storage>) -> Self {
+        let sink = Arc::new(FileSink::new(Arc::clone(&storage)));
+        Intake::with_sink(queue, storage, sink)
+    }
+
+    /// Intake that hands accepted tasks to `sink` (a shared queue); claims and rejection
+    /// records stay in `queue`, written through `storage`.
+    pub fn with_sink(queue: QueueDir, storage: Arc<dyn Storage>, sink: Arc<dyn TaskSink>) -> Self {
         Intake {
             queue,
             storage,
+            sink,
             complete_hints: HashSet::new(),
             writing: HashSet::new(),
             stuck: HashMap::new(),
@@ -292,6 +309,24 @@ impl Intake {
             }
             return self.refuse_in_place(name, path, meta, &suffix, e);
         }
+        if self.sink.wants_durable_claims() {
+            // The id a task without one gets derives from the claim: the claim must outlive a
+            // power loss, or taking the file again would make a second task.
+            let synced = sync_dir(&claim_dir)
+                .and_then(|()| sync_dir(&self.queue.tasks()))
+                .and_then(|()| sync_dir(&self.queue.inbox()));
+            if let Err(e) = synced {
+                return_to_inbox(&claim, path);
+                remove_claim_dir(&claim_dir);
+                return Err(io::Error::new(
+                    e.kind(),
+                    format!(
+                        "making the claim of inbox/{:?} durable: {e}",
+                        shown_name(name)
+                    ),
+                ));
+            }
+        }
         let outcome = self.process_claim(&claim, name, &suffix, false);
         if outcome.is_err() {
             return_to_inbox(&claim, path);
@@ -376,6 +411,10 @@ impl Intake {
                 tracing::info!(task_id = %task.id(), "accepted task");
                 report.accepted.push(task);
             }
+            Outcome::Submitted(id) => {
+                tracing::info!(task_id = %id, "submitted task to the shared queue");
+                report.submitted.push(id);
+            }
             Outcome::AlreadyAccepted => {}
             Outcome::Rejected(rejection) => {
                 // Debug formatting escapes what a file name or its contents may hold (a newline
@@ -436,29 +475,20 @@ impl Intake {
             .get_or_insert_with(|| TaskId::generate(stem, suffix))
             .clone();
         let normalized = task.to_json_bytes();
-        let task_key = QueueDir::task_key(&id);
-        let existing = self.storage.get(&task_key)?;
-        if recovering && existing.as_deref() == Some(normalized.as_slice()) {
-            remove_claim(claim);
-            return Ok(Outcome::AlreadyAccepted);
-        }
-        let exists = existing.is_some()
-            || self.storage.get(&QueueDir::done_key(&id))?.is_some()
-            || self.storage.get(&QueueDir::failed_key(&id))?.is_some();
-        if exists {
-            return reject(TaskError::new(
+        match self.sink.store(&task, &normalized, recovering)? {
+            Stored::IdTaken { place } => reject(TaskError::new(
                 "id",
-                format!("a task with id {id:?} already exists in this queue"),
-            ));
+                format!("a task with id {id:?} already exists in {place}"),
+            )),
+            stored => {
+                remove_claim(claim);
+                Ok(match stored {
+                    Stored::Submitted => Outcome::Submitted(id),
+                    Stored::Same => Outcome::AlreadyAccepted,
+                    _ => Outcome::Accepted(task),
+                })
+            }
         }
-        if let Err(e) = self.storage.put(&task_key, &normalized, None) {
-            // The task did not exist before; if the write got as far as the rename, undo it so
-            // that taking the file again later does not find a "duplicate".
-            let _ = self.storage.remove(&task_key);
-            return Err(e);
-        }
-        remove_claim(claim);
-        Ok(Outcome::Accepted(task))
     }
 
     /// Open the claimed file without following a link or blocking on a FIFO swapped in, check
@@ -627,6 +657,11 @@ fn return_to_inbox(claim: &Path, inbox_path: &Path) {
             "cannot return the file to the inbox ({e}); it is processed again at the next start"
         );
     }
+}
+
+/// Make a directory's entries durable (fsync on the directory).
+fn sync_dir(dir: &Path) -> io::Result<()> {
+    fs::File::open(dir)?.sync_all()
 }
 
 fn remove_claim(claim: &Path) {

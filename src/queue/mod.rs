@@ -19,6 +19,7 @@ pub mod postgres;
 mod prune;
 pub mod read;
 mod safe_remove;
+mod task_sink;
 mod watch;
 
 pub use backend::{
@@ -37,4 +38,5 @@ pub use permissions::{
 pub use prune::{PruneItem, PrunePlan, PruneReason, PruneRules, QueuePruner, PRUNE_GRACE};
 pub use read::{DaemonInfo, LoadOptions, QueueReader, QueueView, TaskView};
 pub use safe_remove::UnsafeQueueError;
+pub use task_sink::{FileSink, Stored, TaskSink};
 pub use watch::{QueueHint, QueueWatcher};

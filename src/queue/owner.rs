@@ -127,7 +127,7 @@ impl Queue {
         let give_up = std::time::Instant::now() + lease + std::time::Duration::from_secs(2);
         let backend = loop {
             match PgBackend::open(url, node, lease) {
-                Ok(backend) => break backend,
+                Ok(backend) => break backend.with_inbox(dir.clone()),
                 Err(PgError::NodeNameInUse { .. }) if std::time::Instant::now() < give_up => {
                     tracing::info!(node, "the node name is held by a daemon seen within the lease; waiting for it to lapse");
                     std::thread::sleep(std::time::Duration::from_secs(1));

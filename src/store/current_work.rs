@@ -12,6 +12,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use super::records::{FailedRecord, RecordStatus};
 use crate::task_id::TaskId;
 
 /// The layout version of `current_work.json`.
@@ -231,6 +232,30 @@ impl ActiveTask {
 }
 
 impl ActiveTask {
+    /// The entry that brings back a failed, cancelled or budget-stopped task (`cairn retry`):
+    /// where its record says it stopped (within the task's `phase_count` phases), with its
+    /// outputs, runs and timings, its failed attempts counted afresh, and a budget stop given
+    /// a fresh budget (the operator asked for more). `retry_of` names the record it replaces.
+    pub fn for_retry(record: &FailedRecord, phase_count: usize) -> ActiveTask {
+        let mut entry = ActiveTask::new(&record.task_id, &record.phase);
+        entry.phase_index = record.phase_index.min(phase_count);
+        entry.phase_outputs = record
+            .phase_outputs
+            .iter()
+            .map(|(name, value)| (name.clone(), StoredOutput::Inline(value.clone())))
+            .collect();
+        entry.started_at = record.started_at;
+        entry.attempt = record.attempts;
+        entry.status = ActiveStatus::Interrupted;
+        entry.phases = record.phases.clone();
+        entry.cost = (record.status != RecordStatus::BudgetExceeded)
+            .then_some(record.cost)
+            .flatten();
+        entry.last_error = Some(record.error.clone());
+        entry.retry_of = Some(record.failed_at);
+        entry
+    }
+
     /// What the iterations lost to crashes are taken to have cost, at the largest cost an
     /// iteration reported (`None` while nothing is lost, or no cost was reported yet: they are
     /// priced once one is).

@@ -6,7 +6,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::current_work::PhaseTiming;
+use super::current_work::{ActiveTask, PhaseTiming};
 use crate::task_id::TaskId;
 
 /// How a task ended, as its record's `status` says.
@@ -103,6 +103,36 @@ pub struct FailedRecord {
     pub failed_at: DateTime<Utc>,
     pub phase_outputs: BTreeMap<String, Value>,
     pub phases: Vec<PhaseTiming>,
+}
+
+impl FailedRecord {
+    /// The record of a task in flight as `entry` that ends now with `status` (failed,
+    /// budget stopped, cancelled) and `error`: `phase` names the phase it stopped in,
+    /// `outputs` are those of the phases it finished. One shape for every backend.
+    pub fn from_entry(
+        entry: &ActiveTask,
+        status: RecordStatus,
+        error: String,
+        phase: String,
+        outputs: BTreeMap<String, Value>,
+    ) -> FailedRecord {
+        FailedRecord {
+            status,
+            cost: entry.cost,
+            lost_iterations: entry.lost_iterations,
+            lost_cost_estimate: entry.lost_cost_estimate(),
+            task_id: entry.task_id.clone(),
+            error,
+            phase,
+            phase_index: entry.phase_index,
+            attempts: entry.attempt,
+            failed_attempts: entry.failed_attempts,
+            started_at: entry.started_at,
+            failed_at: Utc::now(),
+            phase_outputs: outputs,
+            phases: entry.phases.clone(),
+        }
+    }
 }
 
 fn is_zero(n: &u64) -> bool {

@@ -31,6 +31,8 @@ mod numbers;
 mod operator;
 #[cfg(feature = "postgres")]
 mod postgres_backend;
+#[cfg(feature = "postgres")]
+mod postgres_intake;
 mod postgres_leases;
 mod queue_modes;
 mod service;

@@ -9,10 +9,11 @@
 //! an async task would block that task's thread: tokio refuses it with a panic, so such a
 //! call is found at once, never a silent stall.
 //!
-//! Not yet done by this backend (each says so where it is called): the local inbox (tasks are
-//! submitted with [`PgQueue::submit`]), control requests, `cairn fork`'s start points,
-//! archiving a failed record for a retry, and the owner's loop checkpointers (checkpoints are
-//! saved through [`QueueBackend::save_checkpoint`]).
+//! Each host's inbox is taken into the database by [`super::intake`] (given with
+//! [`PgBackend::with_inbox`]); control requests are handled by [`super::control`] (those for
+//! tasks nobody holds applied in SQL, those for this node's tasks handed to its daemon).
+//! Not yet done by this backend: the owner's loop checkpointers (checkpoints are saved
+//! through [`QueueBackend::save_checkpoint`]).
 
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
@@ -27,6 +28,7 @@ use tokio::runtime::Runtime;
 use super::connect::PgQueue;
 use super::error::{During, PgError};
 use super::fenced::Outcome;
+use super::intake::LocalInbox;
 use super::journal::EventJournal;
 use super::lease::Lease as PgLease;
 use crate::queue::backend::{
@@ -34,7 +36,7 @@ use crate::queue::backend::{
 };
 use crate::queue::control::ControlRequest;
 use crate::queue::lease::{Lease, LeaseLost, OwnerLease};
-use crate::queue::{IntakeReport, QueueHint};
+use crate::queue::{IntakeReport, QueueDir, QueueHint};
 use crate::store::current_work::{ActiveTask, CurrentWork, StartPoint};
 use crate::store::events::Event;
 use crate::store::records::{to_record_bytes, FailedRecord};
@@ -47,9 +49,6 @@ use crate::task_id::TaskId;
 
 /// Checkpoint generations kept besides the newest, as the file store keeps them.
 const KEEP_GENERATIONS: u32 = 2;
-
-/// The backend's name in [`QueueError::Unsupported`].
-const BACKEND: &str = "PostgreSQL";
 
 /// The owner epoch of a database owner: its tasks' leases carry their own epochs.
 const OWNER_EPOCH: u64 = 0;
@@ -90,6 +89,8 @@ pub struct PgBackend {
     journal: EventJournal,
     /// Drives the database client; `None` only while dropping.
     runtime: Option<Runtime>,
+    /// This host's inbox, when given ([`PgBackend::with_inbox`]).
+    inbox: Option<LocalInbox>,
 }
 
 impl std::fmt::Debug for PgBackend {
@@ -134,7 +135,21 @@ impl PgBackend {
             finished: Mutex::default(),
             journal,
             runtime: Some(runtime),
+            inbox: None,
         })
+    }
+
+    /// Take task files dropped into the `inbox/` of `local` (this host's queue directory,
+    /// absolute, its directories made) into the shared queue: see [`super::intake`].
+    pub fn with_inbox(mut self, local: QueueDir) -> PgBackend {
+        let runtime = self
+            .runtime
+            .as_ref()
+            .expect("the runtime lives until the backend is dropped")
+            .handle()
+            .clone();
+        self.inbox = Some(LocalInbox::new(local, self.db.clone(), runtime));
+        self
     }
 
     /// The statements' pool, for what the trait does not cover (submitting tasks).
@@ -283,12 +298,21 @@ fn outcome_of(record: &FailedRecord) -> Outcome {
     }
 }
 
+/// The claim of control request `id` (its row in `cairn_control`).
+fn control_claim(id: i64) -> ControlClaim {
+    ControlClaim(format!("cairn_control/{id}"))
+}
+
+fn parse_control_claim(claim: &ControlClaim) -> Option<i64> {
+    claim.0.strip_prefix("cairn_control/")?.parse().ok()
+}
+
 /// The reference [`QueueBackend::put_output`] gives: `cairn_outputs/<task>/<index>`.
 fn output_reference(task_id: &str, phase_index: usize) -> String {
     format!("cairn_outputs/{task_id}/{phase_index}")
 }
 
-fn parse_output_reference(reference: &str) -> Option<(&str, i32)> {
+pub(super) fn parse_output_reference(reference: &str) -> Option<(&str, i32)> {
     let rest = reference.strip_prefix("cairn_outputs/")?;
     let (task_id, index) = rest.rsplit_once('/')?;
     Some((task_id, index.parse().ok()?))
@@ -481,18 +505,23 @@ impl QueueBackend for PgBackend {
     }
 
     fn recover_intake(&self) -> IntakeReport {
-        // Submission is one statement (`PgQueue::submit`): there is no half-done intake.
-        IntakeReport::default()
+        self.inbox
+            .as_ref()
+            .map(LocalInbox::recover)
+            .unwrap_or_default()
     }
 
-    fn scan_intake(&self, _hints: Vec<QueueHint>, _limit: usize) -> IntakeReport {
-        // Not yet: this host's inbox/ is not taken into the database (submit with
-        // `PgQueue::submit`).
-        IntakeReport::default()
+    fn scan_intake(&self, hints: Vec<QueueHint>, limit: usize) -> IntakeReport {
+        self.inbox
+            .as_ref()
+            .map(|inbox| inbox.scan(hints, limit))
+            .unwrap_or_default()
     }
 
-    fn waiting_in_intake(&self, _task_id: &str) -> bool {
-        false
+    fn waiting_in_intake(&self, task_id: &str) -> bool {
+        self.inbox
+            .as_ref()
+            .is_some_and(|inbox| inbox.holds(task_id))
     }
 
     fn task(&self, task_id: &str) -> Result<Task, QueueError> {
@@ -572,9 +601,20 @@ impl QueueBackend for PgBackend {
             })
     }
 
-    fn start_point(&self, _task_id: &str) -> Result<Option<StartPoint>, QueueError> {
-        // Not yet: `cairn fork` does not write to the database, so no task has one.
-        Ok(None)
+    fn start_point(&self, task_id: &str) -> Result<Option<StartPoint>, QueueError> {
+        let what = || format!("the start point of task {task_id} in cairn_tasks");
+        let Some(text) = self
+            .run(self.db.start_point(task_id))
+            .map_err(|e| backend_error(what(), e))?
+        else {
+            return Ok(None);
+        };
+        serde_json::from_str(&text)
+            .map(Some)
+            .map_err(|e| QueueError::Unreadable {
+                what: what(),
+                problem: e.to_string(),
+            })
     }
 
     fn read_output(&self, reference: &str) -> Result<Option<Value>, QueueError> {
@@ -668,7 +708,7 @@ impl QueueBackend for PgBackend {
             what: format!("the output of task {}", lease.task_id()),
             problem: format!("phase index {phase_index} does not fit its column"),
         })?;
-        // The phase's name is in the work state beside the reference.
+        // The phase's name is read from the task's definition by the statement.
         self.run(self.db.save_output(&held, index, "", json))
             .map_err(|e| self.refused(lease, e))?;
         Ok(output_reference(lease.task_id(), phase_index))
@@ -692,11 +732,10 @@ impl QueueBackend for PgBackend {
     }
 
     fn archive_failed(&self, lease: &Lease, _record: &FailedRecord) -> Result<(), QueueError> {
-        self.held(lease)?;
-        Err(QueueError::Unsupported {
-            operation: "retrying a failed task",
-            backend: BACKEND,
-        })
+        // The record is the task's one row in cairn_records: it moves to its history whole.
+        let held = self.held(lease)?;
+        self.run(self.db.archive_record(&held))
+            .map_err(|e| self.refused(lease, e))
     }
 
     fn save_checkpoint(
@@ -728,8 +767,16 @@ impl QueueBackend for PgBackend {
     }
 
     fn take_control(&self) -> Result<Vec<(ControlClaim, ControlRequest)>, QueueError> {
-        // Not yet: control requests are not read from cairn_control.
-        Ok(Vec::new())
+        if !self.owner.holds(&self.owner) {
+            return Ok(Vec::new());
+        }
+        let requests = self
+            .run(self.db.take_control(&self.node))
+            .map_err(|e| backend_error("handling control requests".to_string(), e))?;
+        Ok(requests
+            .into_iter()
+            .map(|(id, request)| (control_claim(id), request))
+            .collect())
     }
 
     fn remove_control(&self, owner: &OwnerLease, claim: &ControlClaim) -> Result<(), QueueError> {
@@ -738,7 +785,15 @@ impl QueueBackend for PgBackend {
                 what: claim.to_string(),
             });
         }
-        Ok(())
+        let Some(id) = parse_control_claim(claim) else {
+            return Err(QueueError::Unreadable {
+                what: claim.to_string(),
+                problem: "not a control request of this backend".to_string(),
+            });
+        };
+        let outcome = "taken by the daemon running the task";
+        self.run(self.db.mark_control_handled(id, &self.node, outcome))
+            .map_err(|e| backend_error(format!("marking {claim} handled"), e))
     }
 
     fn append_event(&self, task_id: &str, event: Event) {

@@ -54,12 +54,16 @@ const SAVE_CHECKPOINT: &str = fenced!(
 /// statement must not update one row twice.)
 const SAVE_PHASE_STATE: &str = fenced!(", phase_state = $4::text::json", "SELECT id FROM fence");
 
-/// Store the output `$6` (JSON text) of phase `$5` at index `$4`. A finished phase is progress.
+/// Store the output `$6` (JSON text) of phase `$5` at index `$4`; an empty `$5` stands for
+/// the name the task's definition gives phase `$4`. A finished phase is progress.
 const SAVE_OUTPUT: &str = fenced!(
     ", crash_count = 0",
     ", saved AS (
         INSERT INTO cairn_outputs (task_id, phase_index, phase, output, lease_epoch)
-        SELECT id, $4, $5, $6::text::json, $3 FROM fence
+        SELECT f.id, $4,
+               COALESCE(NULLIF($5, ''), t.definition -> 'phases' -> $4::int ->> 'name', ''),
+               $6::text::json, $3
+        FROM fence f JOIN cairn_tasks t ON t.id = f.id
         ON CONFLICT (task_id, phase_index) DO UPDATE
         SET phase = EXCLUDED.phase, output = EXCLUDED.output, lease_epoch = EXCLUDED.lease_epoch
         RETURNING task_id
@@ -109,6 +113,19 @@ const REQUEUE: &str = fenced!(
 const PAUSE: &str = fenced!(
     ", state = 'paused', lease_node = NULL, lease_expires_at = NULL, crash_count = 0",
     "SELECT id FROM fence"
+);
+
+/// Move the task's final record into its history (a retry under this lease brings it back).
+const ARCHIVE_RECORD: &str = fenced!(
+    "",
+    ", gone AS (
+        DELETE FROM cairn_records WHERE task_id = $1 AND EXISTS (SELECT 1 FROM fence)
+        RETURNING task_id, status, record, finished_at
+    ), archived AS (
+        INSERT INTO cairn_record_history (task_id, status, record, finished_at)
+        SELECT task_id, status, record, finished_at FROM gone
+    )
+    SELECT id FROM fence"
 );
 
 /// How a task ended, for its final state and record.
@@ -204,7 +221,8 @@ impl PgQueue {
         .await
     }
 
-    /// Store a finished phase's output (JSON text).
+    /// Store a finished phase's output (JSON text); an empty `phase` is read from the task's
+    /// definition.
     pub async fn save_output(
         &self,
         lease: &Lease,
@@ -281,6 +299,12 @@ impl PgQueue {
     /// End the lease and hold the task until it is resumed.
     pub async fn pause(&self, lease: &Lease) -> Result<(), PgError> {
         self.fenced_write(lease, PAUSE, &[], "pausing the task")
+            .await
+    }
+
+    /// Move the task's final record into its history, keeping it there (a retry).
+    pub async fn archive_record(&self, lease: &Lease) -> Result<(), PgError> {
+        self.fenced_write(lease, ARCHIVE_RECORD, &[], "archiving the task's record")
             .await
     }
 

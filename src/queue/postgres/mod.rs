@@ -11,7 +11,9 @@
 //!   attempt, pause, final record), each of
 //!   which checks the lease in the same statement and returns [`PgError::LeaseLost`] when it
 //!   no longer holds.
-//! - [`PgBackend`]: the owner's [`QueueBackend`](super::QueueBackend) on these statements.
+//! - [`PgBackend`]: the owner's [`QueueBackend`](super::QueueBackend) on these statements,
+//!   with each host's inbox feeding the shared queue ([`PgSink`]), control requests
+//!   (`cairn_control`, applied in SQL to tasks nobody holds) and forks with start points.
 //! - [`SubmitListener`]: LISTEN/NOTIFY wake-ups for new and released work; the caller still
 //!   polls, so a lost notification only delays pickup.
 //!
@@ -20,18 +22,25 @@
 
 mod backend;
 mod connect;
+mod control;
 mod error;
 mod fenced;
+mod fork;
+mod intake;
 mod journal;
 mod lease;
 mod listen;
 pub mod schema;
+mod steer;
 mod submit;
 
 pub use backend::PgBackend;
 pub use connect::{PgQueue, DEFAULT_POOL_SIZE};
+pub use control::HandledRequest;
 pub use error::PgError;
 pub use fenced::{Outcome, StoredCheckpoint};
+pub use fork::{ForkError, ForkSource};
+pub use intake::PgSink;
 pub use lease::{ClaimedTask, Lease, RenewedLease};
 pub use listen::{SubmitListener, Wakeup, WORK_CHANNEL};
 pub use schema::{Migrated, SCHEMA_VERSION};

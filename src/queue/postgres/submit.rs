@@ -16,6 +16,19 @@ pub struct NewTask<'a> {
     pub definition: &'a str,
 }
 
+impl<'a> NewTask<'a> {
+    /// `task` (its id set) with `definition` as its stored text; the crash limit is the file
+    /// queue's rule, `retry.max_attempts + 2`.
+    pub fn of(task: &'a crate::task::Task, definition: &'a str) -> NewTask<'a> {
+        NewTask {
+            id: task.id().as_str(),
+            priority: task.priority,
+            crash_limit: task.retry.max_attempts.saturating_add(2),
+            definition,
+        }
+    }
+}
+
 /// What [`PgQueue::submit`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Submitted {

@@ -1,0 +1,267 @@
+//! Control requests on PostgreSQL: `cairn pause|resume|cancel|retry --db` insert a row into
+//! `cairn_control` and wake the daemons; the daemons handle it.
+//!
+//! - A request for a task this node holds (state `running`, its lease) is handed to the
+//!   daemon ([`PgQueue::take_control`] returns it on every call until it is marked handled),
+//!   which applies it to the running attempt as it does for files.
+//! - A request for a task no daemon holds (queued, paused, finished) is applied here, in SQL,
+//!   by whichever daemon sees it first: the request's row is claimed `FOR UPDATE SKIP LOCKED`,
+//!   so one daemon applies it, in one transaction with the task's row, its record and its
+//!   journal event ([`super::steer`]).
+//! - A request for a task leased by another node, or whose lease expired (its next holder
+//!   gets it), waits; so do the requests after it for the same task, to keep their order.
+//! - A request for a task the database does not have is marked handled with a log line; one
+//!   that makes no sense for the task's state (pausing a finished task) is marked handled with
+//!   a `control_refused` event, as the file daemon does.
+
+use std::collections::HashSet;
+
+use chrono::{DateTime, Utc};
+
+use super::connect::PgQueue;
+use super::error::{During, PgError};
+use super::steer::Unheld;
+use crate::queue::control::{ControlAction, ControlRequest};
+use crate::task_id::TaskId;
+
+/// The requests not handled yet, oldest first, with where their task stands.
+const PENDING: &str = "
+SELECT c.id, c.task_id, c.action, c.requested_at, t.state, t.lease_node,
+       COALESCE(t.lease_expires_at > now(), false)
+FROM cairn_control c LEFT JOIN cairn_tasks t ON t.id = c.task_id
+WHERE c.handled_at IS NULL
+ORDER BY c.id
+LIMIT 1000";
+
+/// Mark request `$1` handled by node `$2`, with outcome `$3`.
+const MARK_HANDLED: &str = "
+UPDATE cairn_control SET handled_at = now(), handled_by = $2, outcome = $3
+WHERE id = $1 AND handled_at IS NULL";
+
+/// The task of a request applied in SQL, locked for the transaction.
+const TASK_FOR_CONTROL: &str = "
+SELECT state, lease_epoch, phase_state::text, definition::text, start_point::text
+FROM cairn_tasks WHERE id = $1 FOR UPDATE";
+
+/// Where the task of a pending request stands, for this node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Holder {
+    /// This node holds its lease: the daemon applies the request.
+    ThisNode,
+    /// Another node holds it, or its lease expired and its next holder will.
+    Elsewhere,
+    /// Nobody holds it: applied here, in SQL.
+    Nobody,
+    /// The database has no such task.
+    Unknown,
+}
+
+fn action_of(name: &str) -> Option<ControlAction> {
+    match name {
+        "pause" => Some(ControlAction::Pause),
+        "resume" => Some(ControlAction::Resume),
+        "cancel" => Some(ControlAction::Cancel),
+        "retry" => Some(ControlAction::Retry),
+        _ => None,
+    }
+}
+
+/// A request that has been handled, as [`PgQueue::control_outcome`] reads it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HandledRequest {
+    /// The node that handled it.
+    pub node: String,
+    /// `applied`, `taken by the daemon running the task` (which applies it as with files),
+    /// `nothing to do: ...`, `refused: ...`, `no such task`.
+    pub outcome: String,
+}
+
+impl PgQueue {
+    /// Ask for `action` on `task_id`: insert the request and wake the daemons. Returns the
+    /// request's number, for [`PgQueue::control_outcome`].
+    pub async fn request_control(
+        &self,
+        task_id: &TaskId,
+        action: ControlAction,
+    ) -> Result<i64, PgError> {
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.during("starting the request")?;
+        let id: i64 = tx
+            .query_one(
+                "INSERT INTO cairn_control (task_id, action) VALUES ($1, $2) RETURNING id",
+                &[&task_id.as_str(), &action.as_str()],
+            )
+            .await
+            .during("writing a control request")?
+            .get(0);
+        super::listen::notify_work(&tx, "").await?;
+        tx.commit().await.during("committing the request")?;
+        Ok(id)
+    }
+
+    /// The state of task `task_id` (`queued`, `running`, ...), or `None` when there is none.
+    pub async fn task_state(&self, task_id: &str) -> Result<Option<String>, PgError> {
+        let client = self.client().await?;
+        let row = client
+            .query_opt("SELECT state FROM cairn_tasks WHERE id = $1", &[&task_id])
+            .await
+            .during("reading a task's state")?;
+        Ok(row.map(|row| row.get(0)))
+    }
+
+    /// How request `id` was handled, once it was.
+    pub async fn control_outcome(&self, id: i64) -> Result<Option<HandledRequest>, PgError> {
+        let client = self.client().await?;
+        let row = client
+            .query_opt(
+                "SELECT handled_by, outcome FROM cairn_control
+                 WHERE id = $1 AND handled_at IS NOT NULL",
+                &[&id],
+            )
+            .await
+            .during("reading a control request")?;
+        Ok(row.map(|row| HandledRequest {
+            node: row.get::<_, Option<String>>(0).unwrap_or_default(),
+            outcome: row.get::<_, Option<String>>(1).unwrap_or_default(),
+        }))
+    }
+
+    /// Handle the pending requests as node `node` (see the module docs): apply those for
+    /// tasks nobody holds, and return those for tasks `node` holds, oldest first, for its
+    /// daemon to apply and then [`mark_control_handled`](PgQueue::mark_control_handled).
+    pub async fn take_control(&self, node: &str) -> Result<Vec<(i64, ControlRequest)>, PgError> {
+        let rows = {
+            let client = self.client().await?;
+            client
+                .query(PENDING, &[])
+                .await
+                .during("reading control requests")?
+        };
+        let mut held_here = Vec::new();
+        // Tasks with an earlier request still waiting: their later ones wait behind it.
+        let mut waiting: HashSet<String> = HashSet::new();
+        for row in &rows {
+            let id: i64 = row.get(0);
+            let task_id: String = row.get(1);
+            let holder = match (row.get::<_, Option<&str>>(4), row.get::<_, Option<&str>>(5)) {
+                (None, _) => Holder::Unknown,
+                (Some("running"), Some(lease)) if lease == node && row.get::<_, bool>(6) => {
+                    Holder::ThisNode
+                }
+                (Some("running"), _) => Holder::Elsewhere,
+                (Some(_), _) => Holder::Nobody,
+            };
+            if waiting.contains(&task_id) {
+                continue;
+            }
+            let request = parse_request(&task_id, row.get(2), row.get(3));
+            match (holder, request) {
+                (_, None) => {
+                    tracing::warn!(request = id, task_id = ?task_id, "dropping a control request that is not one");
+                    self.mark_control_handled(id, node, "refused: not a valid request")
+                        .await?;
+                }
+                (Holder::Unknown, Some(_)) => {
+                    tracing::warn!(request = id, task_id = ?task_id, "dropping a control request for a task the database does not have");
+                    self.mark_control_handled(id, node, "no such task").await?;
+                }
+                (Holder::ThisNode, Some(request)) => held_here.push((id, request)),
+                (Holder::Elsewhere, Some(_)) => {
+                    waiting.insert(task_id);
+                }
+                (Holder::Nobody, Some(request)) => {
+                    if !self.apply_unheld(id, &request, node).await? {
+                        waiting.insert(task_id);
+                    }
+                }
+            }
+        }
+        Ok(held_here)
+    }
+
+    /// Mark request `id` handled by `node` with `outcome` (a missing or handled one: nothing).
+    pub async fn mark_control_handled(
+        &self,
+        id: i64,
+        node: &str,
+        outcome: &str,
+    ) -> Result<(), PgError> {
+        let client = self.client().await?;
+        client
+            .execute(MARK_HANDLED, &[&id, &node, &outcome])
+            .await
+            .during("marking a control request handled")?;
+        Ok(())
+    }
+
+    /// Apply request `id` to its task, which no daemon held when it was listed, in one
+    /// transaction. False when it is left for later: another daemon is applying it, or a
+    /// daemon has claimed the task since.
+    async fn apply_unheld(
+        &self,
+        id: i64,
+        request: &ControlRequest,
+        node: &str,
+    ) -> Result<bool, PgError> {
+        let mut client = self.client().await?;
+        let tx = client
+            .transaction()
+            .await
+            .during("starting a control request")?;
+        let mine = tx
+            .query_opt(
+                "SELECT id FROM cairn_control
+                 WHERE id = $1 AND handled_at IS NULL FOR UPDATE SKIP LOCKED",
+                &[&id],
+            )
+            .await
+            .during("claiming a control request")?;
+        if mine.is_none() {
+            return Ok(false);
+        }
+        let task_id = request.task_id.as_str();
+        let Some(task) = tx
+            .query_opt(TASK_FOR_CONTROL, &[&task_id])
+            .await
+            .during("reading the task of a control request")?
+        else {
+            tx.execute(MARK_HANDLED, &[&id, &node, &"no such task"])
+                .await
+                .during("marking a control request handled")?;
+            tx.commit().await.during("committing a control request")?;
+            return Ok(true);
+        };
+        let state: String = task.get(0);
+        if state == "running" {
+            return Ok(false);
+        }
+        let unheld = Unheld {
+            tx: &tx,
+            node,
+            task_id: &request.task_id,
+            epoch: task.get(1),
+            phase_state: task.get(2),
+            definition: task.get(3),
+            start_point: task.get(4),
+        };
+        let outcome = unheld.apply(request.action, &state).await?;
+        tx.execute(MARK_HANDLED, &[&id, &node, &outcome])
+            .await
+            .during("marking a control request handled")?;
+        tx.commit().await.during("committing a control request")?;
+        tracing::info!(task_id = %request.task_id, action = request.action.as_str(), outcome, "control request applied in the database");
+        Ok(true)
+    }
+}
+
+fn parse_request(
+    task_id: &str,
+    action: &str,
+    requested_at: DateTime<Utc>,
+) -> Option<ControlRequest> {
+    Some(ControlRequest {
+        action: action_of(action)?,
+        task_id: TaskId::parse(task_id).ok()?,
+        requested_at,
+    })
+}

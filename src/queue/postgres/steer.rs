@@ -1,0 +1,346 @@
+//! Applying a control request to a task no daemon holds, in SQL, inside the transaction that
+//! claimed the request (see [`super::control`]): the task's row is locked, and its new state,
+//! record, history and journal event are written together, in the file daemon's shapes and
+//! words.
+
+use std::collections::BTreeMap;
+
+use serde_json::Value;
+use tokio_postgres::Transaction;
+
+use super::error::{During, PgError};
+use crate::queue::control::ControlAction;
+use crate::store::current_work::{ActiveStatus, ActiveTask, StartPoint, StoredOutput};
+use crate::store::events::Event;
+use crate::store::records::{to_record_bytes, FailedRecord, RecordStatus};
+use crate::task::Task;
+use crate::task_id::TaskId;
+
+/// Move the task's final record into its history.
+const ARCHIVE_RECORD: &str = "
+WITH gone AS (DELETE FROM cairn_records WHERE task_id = $1 RETURNING *)
+INSERT INTO cairn_record_history (task_id, status, record, finished_at)
+SELECT task_id, status, record, finished_at FROM gone";
+
+/// What the operator reads of refused requests and requests for finished tasks: the file
+/// daemon's words (`daemon::control::decide_control`).
+const NOT_THERE: &str = "it is neither pending nor in flight";
+const NOT_PAUSED: &str = "it is not paused";
+const NOT_FAILED: &str = "it has not failed or been cancelled";
+const CANCELLED: &str = "cancelled by an operator";
+
+/// What a request applied in SQL does to a task that no daemon holds. Pure.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum SqlSteer {
+    Pause,
+    Resume,
+    Cancel,
+    Retry,
+    /// It is so already.
+    Nothing(&'static str),
+    Refuse(String),
+}
+
+/// `action` on a task in `state` (not running) whose final record has `record` status.
+fn decide(action: ControlAction, state: &str, record: Option<&RecordStatus>) -> SqlSteer {
+    let waiting = matches!(state, "queued" | "paused");
+    match action {
+        ControlAction::Pause if state == "paused" => SqlSteer::Nothing("it is paused already"),
+        ControlAction::Pause if waiting => SqlSteer::Pause,
+        ControlAction::Resume if state == "paused" => SqlSteer::Resume,
+        ControlAction::Resume => SqlSteer::Refuse(NOT_PAUSED.to_string()),
+        ControlAction::Cancel if waiting => SqlSteer::Cancel,
+        ControlAction::Pause | ControlAction::Cancel => SqlSteer::Refuse(NOT_THERE.to_string()),
+        ControlAction::Retry => match record {
+            None => SqlSteer::Refuse(NOT_FAILED.to_string()),
+            Some(status) if status.is_retryable() => SqlSteer::Retry,
+            Some(status) => {
+                SqlSteer::Refuse(format!("its record's status is {:?}", status.as_str()))
+            }
+        },
+    }
+}
+
+/// A task no daemon holds, locked in `tx` while a request is applied to it.
+pub(super) struct Unheld<'a> {
+    pub(super) tx: &'a Transaction<'a>,
+    pub(super) node: &'a str,
+    pub(super) task_id: &'a TaskId,
+    pub(super) epoch: i64,
+    pub(super) phase_state: Option<String>,
+    pub(super) definition: String,
+    pub(super) start_point: Option<String>,
+}
+
+impl Unheld<'_> {
+    /// Apply `action` to the task in `state`; returns the request's outcome.
+    pub(super) async fn apply(
+        &self,
+        action: ControlAction,
+        state: &str,
+    ) -> Result<String, PgError> {
+        let record = if action == ControlAction::Retry {
+            self.record().await?
+        } else {
+            None
+        };
+        let steer = decide(action, state, record.as_ref().map(|r| &r.status));
+        let result = match steer {
+            SqlSteer::Pause => self.hold().await,
+            SqlSteer::Resume => self.resume().await,
+            SqlSteer::Cancel => self.cancel().await,
+            SqlSteer::Retry => match record {
+                Some(record) => self.retry(record).await,
+                None => Ok(Err(NOT_FAILED.to_string())),
+            },
+            SqlSteer::Nothing(why) => return Ok(format!("nothing to do: {why}")),
+            SqlSteer::Refuse(why) => Ok(Err(why)),
+        }?;
+        match result {
+            Ok(()) => Ok("applied".to_string()),
+            Err(why) => {
+                let verb = action.as_str();
+                tracing::warn!(task_id = %self.task_id, "cannot {verb} task {}: {why}", self.task_id);
+                self.journal(&Event::ControlRefused {
+                    action: verb.to_string(),
+                    reason: why.clone(),
+                })
+                .await?;
+                Ok(format!("refused: {why}"))
+            }
+        }
+    }
+
+    /// The task's final record, if it has one that reads as a failed record.
+    async fn record(&self) -> Result<Option<FailedRecord>, PgError> {
+        let row = self
+            .tx
+            .query_opt(
+                "SELECT record::text FROM cairn_records WHERE task_id = $1",
+                &[&self.task_id.as_str()],
+            )
+            .await
+            .during("reading the task's record")?;
+        Ok(row.and_then(|row| serde_json::from_str(row.get::<_, &str>(0)).ok()))
+    }
+
+    /// The task's phase-level state, if it has one that reads.
+    fn entry(&self) -> Option<ActiveTask> {
+        serde_json::from_str(self.phase_state.as_deref()?).ok()
+    }
+
+    /// Append `event` to the task's journal, by this node under the task's current epoch.
+    async fn journal(&self, event: &Event) -> Result<(), PgError> {
+        let json = serde_json::to_string(event).unwrap_or_default();
+        self.tx
+            .execute(
+                "INSERT INTO cairn_events (task_id, node, lease_epoch, event)
+                 VALUES ($1, $2, $3, $4::text::json)",
+                &[&self.task_id.as_str(), &self.node, &self.epoch, &json],
+            )
+            .await
+            .during("journaling a control request")?;
+        Ok(())
+    }
+
+    /// Set the task's state and phase-level state (`None` keeps it) and ends any lease.
+    async fn set(&self, state: &str, entry: Option<&ActiveTask>) -> Result<(), PgError> {
+        let json = entry.map(|e| serde_json::to_string(e).unwrap_or_default());
+        self.tx
+            .execute(
+                "UPDATE cairn_tasks
+                 SET state = $2, phase_state = COALESCE($3::text::json, phase_state),
+                     not_before = NULL, lease_node = NULL, lease_expires_at = NULL,
+                     crash_count = 0, updated_at = now()
+                 WHERE id = $1",
+                &[&self.task_id.as_str(), &state, &json],
+            )
+            .await
+            .during("steering a task")?;
+        Ok(())
+    }
+
+    /// Pause a queued task: not claimed until resumed.
+    async fn hold(&self) -> Result<Result<(), String>, PgError> {
+        let entry = self.entry().map(|mut entry| {
+            entry.status = ActiveStatus::Paused;
+            entry
+        });
+        self.set("paused", entry.as_ref()).await?;
+        let (phase, iterations) = (None, None);
+        self.journal(&Event::Paused { phase, iterations }).await?;
+        Ok(Ok(()))
+    }
+
+    /// Queue a paused task again, at once (a retry's backoff is over), and wake the daemons.
+    async fn resume(&self) -> Result<Result<(), String>, PgError> {
+        let entry = self.entry().map(|mut entry| {
+            entry.status = ActiveStatus::Interrupted;
+            entry
+        });
+        self.set("queued", entry.as_ref()).await?;
+        self.journal(&Event::Resumed {}).await?;
+        super::listen::notify_work(self.tx, self.task_id.as_str()).await?;
+        Ok(Ok(()))
+    }
+
+    /// Record a queued or paused task cancelled, as the file daemon records it.
+    async fn cancel(&self) -> Result<Result<(), String>, PgError> {
+        let task = match Task::parse_stored(self.definition.as_bytes()) {
+            Ok(task) => task,
+            Err(e) => return Ok(Err(format!("its definition is unreadable: {e}"))),
+        };
+        let entry = self.entry().unwrap_or_else(|| self.fresh_entry(&task));
+        let phase = task
+            .phases
+            .get(entry.phase_index)
+            .map(|p| p.name.clone())
+            .unwrap_or_else(|| entry.phase.clone());
+        let mut error = CANCELLED.to_string();
+        let outputs = match self.outputs(&entry).await? {
+            Ok(outputs) => outputs,
+            Err(problem) => {
+                error = format!(
+                    "{error} (and the outputs of earlier phases could not be read: {problem})"
+                );
+                BTreeMap::new()
+            }
+        };
+        let record =
+            FailedRecord::from_entry(&entry, RecordStatus::Cancelled, error, phase, outputs);
+        let json = String::from_utf8_lossy(&to_record_bytes(&record)).into_owned();
+        self.tx
+            .execute(
+                "INSERT INTO cairn_records (task_id, status, record, lease_epoch)
+                 VALUES ($1, $2, $3::text::json, $4)",
+                &[
+                    &self.task_id.as_str(),
+                    &RecordStatus::Cancelled.as_str(),
+                    &json,
+                    &self.epoch,
+                ],
+            )
+            .await
+            .during("recording a task cancelled")?;
+        self.set("cancelled", None).await?;
+        let (error, attempts) = (record.error, record.attempts);
+        self.journal(&Event::Cancelled { error, attempts }).await?;
+        Ok(Ok(()))
+    }
+
+    /// Bring back a failed, cancelled or budget-stopped task: its record goes to its history,
+    /// and it is queued again where the record says it stopped, its failed attempts counted
+    /// afresh (as the file daemon's retry).
+    async fn retry(&self, record: FailedRecord) -> Result<Result<(), String>, PgError> {
+        let task = match Task::parse_stored(self.definition.as_bytes()) {
+            Ok(task) => task,
+            Err(e) => return Ok(Err(format!("its definition is unreadable: {e}"))),
+        };
+        let entry = ActiveTask::for_retry(&record, task.phases.len());
+        self.tx
+            .execute(ARCHIVE_RECORD, &[&self.task_id.as_str()])
+            .await
+            .during("archiving the task's record")?;
+        self.set("queued", Some(&entry)).await?;
+        let (previous_status, phase) = (record.status, record.phase);
+        self.journal(&Event::Retried {
+            previous_status,
+            phase,
+        })
+        .await?;
+        super::listen::notify_work(self.tx, self.task_id.as_str()).await?;
+        Ok(Ok(()))
+    }
+
+    /// The entry of a task that never started: at its first phase, or its start point.
+    fn fresh_entry(&self, task: &Task) -> ActiveTask {
+        let first = task.phases.first().map(|p| p.name.as_str()).unwrap_or("");
+        let mut entry = ActiveTask::new(self.task_id, first);
+        let start: Option<StartPoint> = self
+            .start_point
+            .as_deref()
+            .and_then(|text| serde_json::from_str(text).ok());
+        if let Some(start) = start.filter(|s| s.phase_index < task.phases.len()) {
+            entry.phase_index = start.phase_index;
+            entry.phase = task.phases[start.phase_index].name.clone();
+            entry.phase_outputs = start
+                .phase_outputs
+                .into_iter()
+                .map(|(name, value)| (name, StoredOutput::Inline(value)))
+                .collect();
+        }
+        entry
+    }
+
+    /// The outputs of the phases `entry` finished, the large ones read from `cairn_outputs`.
+    async fn outputs(
+        &self,
+        entry: &ActiveTask,
+    ) -> Result<Result<BTreeMap<String, Value>, String>, PgError> {
+        let mut outputs = BTreeMap::new();
+        for (name, stored) in &entry.phase_outputs {
+            let value = match stored {
+                StoredOutput::Inline(value) => value.clone(),
+                StoredOutput::File(reference) => match self.stored_output(reference).await? {
+                    Some(value) => value,
+                    None => return Ok(Err(format!("{reference} is missing or unreadable"))),
+                },
+            };
+            outputs.insert(name.clone(), value);
+        }
+        Ok(Ok(outputs))
+    }
+
+    async fn stored_output(&self, reference: &str) -> Result<Option<Value>, PgError> {
+        let Some((task_id, index)) = super::backend::parse_output_reference(reference) else {
+            return Ok(None);
+        };
+        let row = self
+            .tx
+            .query_opt(
+                "SELECT output::text FROM cairn_outputs WHERE task_id = $1 AND phase_index = $2",
+                &[&task_id, &index],
+            )
+            .await
+            .during("reading a phase output")?;
+        Ok(row.and_then(|row| serde_json::from_str(row.get::<_, &str>(0)).ok()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{decide, SqlSteer};
+    use crate::queue::control::ControlAction::{Cancel, Pause, Resume, Retry};
+    use crate::store::records::RecordStatus;
+
+    #[test]
+    fn what_a_request_does_to_a_task_no_daemon_holds() {
+        let refuse = |why: &str| SqlSteer::Refuse(why.to_string());
+        let not_there = refuse("it is neither pending nor in flight");
+        let (failed, done) = (RecordStatus::Failed, RecordStatus::Done);
+        let budget = RecordStatus::BudgetExceeded;
+        #[rustfmt::skip]
+        let table = [
+            ((Pause,  "queued",    None),          SqlSteer::Pause),
+            ((Pause,  "paused",    None),          SqlSteer::Nothing("it is paused already")),
+            ((Pause,  "done",      None),          not_there.clone()),
+            ((Resume, "paused",    None),          SqlSteer::Resume),
+            ((Resume, "queued",    None),          refuse("it is not paused")),
+            ((Resume, "failed",    None),          refuse("it is not paused")),
+            ((Cancel, "queued",    None),          SqlSteer::Cancel),
+            ((Cancel, "paused",    None),          SqlSteer::Cancel),
+            ((Cancel, "cancelled", None),          not_there),
+            ((Retry,  "failed",    Some(&failed)), SqlSteer::Retry),
+            ((Retry,  "failed",    Some(&budget)), SqlSteer::Retry),
+            ((Retry,  "done",      Some(&done)),   refuse("its record's status is \"done\"")),
+            ((Retry,  "queued",    None),          refuse("it has not failed or been cancelled")),
+        ];
+        for ((action, state, record), steer) in table {
+            assert_eq!(
+                decide(action, state, record),
+                steer,
+                "{action:?} on {state}"
+            );
+        }
+    }
+}
