@@ -15,6 +15,7 @@ mod prune;
 mod python_json;
 mod run;
 mod show;
+mod source;
 mod status;
 mod submit;
 mod validate;

@@ -33,6 +33,8 @@ pub use permissions::{
     UnsafeQueue,
 };
 pub use prune::{PruneItem, PrunePlan, PruneReason, PruneRules, QueuePruner, PRUNE_GRACE};
-pub use read::{DaemonInfo, LoadOptions, QueueReader, QueueView, TaskView};
+pub use read::{
+    ClusterView, DaemonInfo, LoadOptions, NodeView, QueueReader, QueueView, TaskLease, TaskView,
+};
 pub use safe_remove::UnsafeQueueError;
 pub use watch::{QueueHint, QueueWatcher};

@@ -12,6 +12,8 @@
 //!   which checks the lease in the same statement and returns [`PgError::LeaseLost`] when it
 //!   no longer holds.
 //! - [`PgBackend`]: the owner's [`QueueBackend`](super::QueueBackend) on these statements.
+//! - [`PgReader`]: the read model the operator commands use with `--db`: the same views as
+//!   the file queue's reader, from rows.
 //! - [`SubmitListener`]: LISTEN/NOTIFY wake-ups for new and released work; the caller still
 //!   polls, so a lost notification only delays pickup.
 //!
@@ -24,6 +26,8 @@ mod error;
 mod fenced;
 mod lease;
 mod listen;
+mod read;
+mod redact;
 pub mod schema;
 mod submit;
 
@@ -33,5 +37,10 @@ pub use error::PgError;
 pub use fenced::{Outcome, StoredCheckpoint};
 pub use lease::{ClaimedTask, Lease, RenewedLease};
 pub use listen::{SubmitListener, Wakeup, WORK_CHANNEL};
+pub use read::{
+    decode_newest, DbPrune, LeasedEvent, PgReader, PrunedGeneration, PrunedTask, ReadError,
+    NODE_SEEN_WITHIN,
+};
+pub use redact::redacted_url;
 pub use schema::{Migrated, SCHEMA_VERSION};
 pub use submit::{NewTask, Submitted};
