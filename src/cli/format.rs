@@ -4,7 +4,7 @@
 use chrono::{DateTime, Utc};
 use serde_json::{json, Value};
 
-use crate::queue::{DaemonInfo, TaskView};
+use crate::queue::{ClusterView, DaemonInfo, QueueView, TaskView};
 
 /// The version of the `--json` documents of `status`, `show` and `history`.
 pub const JSON_VERSION: u32 = 1;
@@ -21,6 +21,76 @@ pub fn describe_daemon(daemon: DaemonInfo) -> String {
         (true, None) => "running".into(),
         _ => "not running".into(),
     }
+}
+
+/// The daemons of a queue: the one daemon of a queue directory, or those sharing a database.
+pub fn describe_daemons(view: &QueueView) -> String {
+    match &view.cluster {
+        Some(cluster) => describe_nodes(cluster, view.now),
+        None => format!("daemon {}", describe_daemon(view.daemon)),
+    }
+}
+
+/// `daemons a (alive, 2 leases), b (gone, last seen 5m ago)`, or `no daemon registered`.
+pub fn describe_nodes(cluster: &ClusterView, now: DateTime<Utc>) -> String {
+    if cluster.nodes.is_empty() {
+        return "no daemon registered".into();
+    }
+    let nodes: Vec<String> = cluster
+        .nodes
+        .iter()
+        .map(|node| {
+            let ago = short_duration((now - node.last_seen_at).num_seconds().max(0) as u64);
+            if node.alive {
+                format!("{} (alive, {} lease(s))", node.name, node.leases)
+            } else {
+                format!("{} (gone, last seen {ago} ago)", node.name)
+            }
+        })
+        .collect();
+    format!("daemons {}", nodes.join(", "))
+}
+
+/// The daemons of a shared queue as the `--json` documents give them.
+pub fn nodes_json(cluster: &ClusterView) -> Value {
+    cluster
+        .nodes
+        .iter()
+        .map(|node| {
+            json!({
+                "name": node.name,
+                "alive": node.alive,
+                "leases": node.leases,
+                "started_at": rfc3339(node.started_at),
+                "last_seen_at": rfc3339(node.last_seen_at),
+            })
+        })
+        .collect()
+}
+
+/// Add the lease of a task of a shared queue to its `--json` object: the node holding it
+/// (`null` when none does), its epoch and when it ends.
+pub fn add_lease_json(object: &mut Value, task: &TaskView) {
+    let lease = task.lease.as_ref();
+    object["node"] = json!(lease.map(|l| &l.node));
+    object["lease_epoch"] = json!(lease.map(|l| l.epoch));
+    object["lease_expires_at"] = json!(lease.map(|l| rfc3339(l.expires_at)));
+    object["lease_live"] = json!(lease.map(|l| l.live));
+}
+
+/// The NODE and LEASE cells of a task of a shared queue: `node-a`, `25s left` (or
+/// `expired 3s ago`), `-` when no daemon holds it.
+pub fn lease_cells(task: &TaskView, now: DateTime<Utc>) -> [String; 2] {
+    let Some(lease) = &task.lease else {
+        return ["-".into(), "-".into()];
+    };
+    let left = (lease.expires_at - now).num_seconds();
+    let when = if lease.live {
+        format!("{} left", short_duration(left.max(0) as u64))
+    } else {
+        format!("expired {} ago", short_duration(left.unsigned_abs()))
+    };
+    [lease.node.clone(), when]
 }
 
 /// The task as `status --json` lists it (documented in docs/cli.md).

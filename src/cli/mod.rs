@@ -17,6 +17,7 @@ mod run;
 #[cfg(feature = "postgres")]
 mod shared_queue;
 mod show;
+mod source;
 mod status;
 mod submit;
 mod validate;

@@ -1,5 +1,7 @@
 //! `cairn show ID [--json]`: one task in full — its definition, each phase with its output or
-//! progress, attempts, errors, and the timeline of its event journal (`runs/<id>/events.jsonl`).
+//! progress, attempts, errors, and the timeline of its event journal (`runs/<id>/events.jsonl`,
+//! or with `--db` the task's rows in `cairn_events`, each with the node and lease epoch that
+//! wrote it).
 
 use std::path::{Path, PathBuf};
 
@@ -10,9 +12,10 @@ use serde_json::{json, Map, Value};
 use super::error::{print, CliError, CliResult, ExitCodeExt};
 use super::exit;
 use super::format;
+use super::source::{DbArg, Source};
 use super::status::{iter_cell, phase_cell};
 use crate::queue::{DaemonInfo, QueueDir, QueueReader, TaskView};
-use crate::store::current_work::PhaseTiming;
+use crate::store::current_work::{PhaseTiming, StoredOutput};
 use crate::store::journal::JournalEvent;
 use crate::store::task_state::TaskState;
 use crate::task::PhaseKind;
@@ -27,6 +30,9 @@ pub struct ShowArgs {
     /// Print a JSON document instead.
     #[arg(long)]
     json: bool,
+
+    #[command(flatten)]
+    db: DbArg,
 }
 
 /// One phase as `show` lists it.
@@ -44,59 +50,188 @@ struct PhaseRow {
 
 pub fn run(queue: &Path, args: ShowArgs) -> CliResult {
     let id = format::task_id_arg(&args.id).exit_code(exit::USAGE)?;
-    let reader = QueueReader::open(queue);
-    let Some(task) = find(&reader, &id) else {
+    let source = Source::open(queue, &args.db)?;
+    let found = match source.files() {
+        Some(reader) => find(reader, &id),
+        None => source.task(&id)?,
+    };
+    let Some(task) = found else {
+        let places = match source.files() {
+            Some(reader) => reader.places_of(&id),
+            None => "no row in cairn_tasks".to_string(),
+        };
         return Err(CliError::failure(format_args!(
-            "queue {} has no task {:?} ({}); `cairn status --all` lists the tasks",
-            reader.root().display(),
+            "queue {} has no task {:?} ({places}); `cairn status --all` lists the tasks",
+            source.location(),
             args.id,
-            reader.places_of(&id),
         )));
     };
     for warning in &task.warnings {
         eprintln!("warning: {warning}");
     }
-    let daemon = reader.daemon();
-    let timeline = match reader.journal(&id) {
-        Ok(events) => events,
-        Err(e) => {
-            eprintln!(
-                "warning: reading {}: {e}",
-                reader.journal_file(&id).display()
-            );
-            Vec::new()
-        }
-    };
+    let facts = ShowFacts::read(&source, &id, &task)?;
     let details = Details {
-        phases: &phase_rows(&reader, &task),
-        earlier: &reader.earlier_failures(&id),
-        logs: &reader.log_files(&task.id),
-        timeline: &timeline,
+        phases: &phase_rows(&facts, &task),
+        earlier: &facts.earlier,
+        logs: &facts.logs,
+        timeline: &facts.timeline,
     };
     let now = Utc::now();
     let text = if args.json {
-        document(&reader, &task, daemon, &details, now)
+        document(&facts, &task, &details, now)
     } else {
-        human(&reader, &task, daemon, &details, now)
+        human(&facts, &task, &details, now)
     };
     print(&text)
 }
 
-/// The `--json` document (see docs/cli.md).
-fn document(
-    reader: &QueueReader,
-    task: &TaskView,
+/// One event of the timeline; with `--db`, the node and lease epoch it was written under.
+struct TimelineEntry {
+    journal: JournalEvent,
+    lease: Option<(String, i64)>,
+}
+
+impl TimelineEntry {
+    fn to_json(&self) -> Value {
+        let mut value = serde_json::to_value(&self.journal).unwrap_or(Value::Null);
+        if let (Some((node, epoch)), Some(object)) = (&self.lease, value.as_object_mut()) {
+            object.insert("node".into(), json!(node));
+            object.insert("lease_epoch".into(), json!(epoch));
+        }
+        value
+    }
+}
+
+/// What `show` reads about a task besides its view, from the queue's files or the database.
+struct ShowFacts {
+    /// The queue: its directory, or the database without its password.
+    queue: String,
     daemon: DaemonInfo,
-    lists: &Details,
-    now: DateTime<Utc>,
-) -> String {
+    /// The journal's name: `runs/<id>/events.jsonl`, or `cairn_events`.
+    journal: String,
+    /// The task's run directory, on a queue directory (with `--db` the logs stay on the host
+    /// that ran the task).
+    run_dir: Option<PathBuf>,
+    timeline: Vec<TimelineEntry>,
+    earlier: Vec<Value>,
+    logs: Vec<(PathBuf, u64)>,
+    /// The outputs the work state of a task in flight refers to, by phase name.
+    outputs: Map<String, Value>,
+}
+
+impl ShowFacts {
+    /// `id` is the one asked for (a rejection's record has a name of its own).
+    fn read(source: &Source, id: &str, task: &TaskView) -> CliResult<ShowFacts> {
+        match source {
+            Source::Files(reader) => Ok(ShowFacts::of_files(reader, id, task)),
+            #[cfg(feature = "postgres")]
+            Source::Database(db) => ShowFacts::of_database(db, task)
+                .map_err(|e| super::source::database_error(db, e)),
+        }
+    }
+
+    fn of_files(reader: &QueueReader, id: &str, task: &TaskView) -> ShowFacts {
+        let timeline = match reader.journal(id) {
+            Ok(events) => events,
+            Err(e) => {
+                eprintln!(
+                    "warning: reading {}: {e}",
+                    reader.journal_file(id).display()
+                );
+                Vec::new()
+            }
+        };
+        let journal = reader.journal_file(id);
+        let journal = journal.strip_prefix(reader.root()).unwrap_or(&journal);
+        let outputs = task
+            .entry
+            .iter()
+            .flat_map(|entry| &entry.phase_outputs)
+            .map(|(name, stored)| (name.clone(), files_output(reader, stored)))
+            .collect();
+        ShowFacts {
+            queue: reader.root().display().to_string(),
+            daemon: reader.daemon(),
+            journal: journal.display().to_string(),
+            run_dir: Some(reader.run_dir(&task.id)),
+            timeline: timeline
+                .into_iter()
+                .map(|journal| TimelineEntry {
+                    journal,
+                    lease: None,
+                })
+                .collect(),
+            earlier: reader.earlier_failures(id),
+            logs: reader.log_files(&task.id),
+            outputs,
+        }
+    }
+
+    #[cfg(feature = "postgres")]
+    fn of_database(
+        db: &super::source::PgReader,
+        task: &TaskView,
+    ) -> Result<ShowFacts, crate::queue::postgres::PgError> {
+        let id = task.id.as_str();
+        let stored = db.outputs(id)?;
+        let outputs = task
+            .entry
+            .iter()
+            .flat_map(|entry| &entry.phase_outputs)
+            .filter_map(|(name, output)| {
+                let value = match output {
+                    StoredOutput::Inline(value) => value.clone(),
+                    StoredOutput::File(reference) => {
+                        let index = reference.rsplit('/').next()?.parse::<usize>().ok()?;
+                        stored.iter().find(|(i, _)| *i == index)?.1.clone()
+                    }
+                };
+                Some((name.clone(), value))
+            })
+            .collect();
+        Ok(ShowFacts {
+            queue: db.database().to_string(),
+            daemon: DaemonInfo {
+                running: db.daemons()?.iter().any(|node| node.alive),
+                pid: None,
+            },
+            journal: "cairn_events".to_string(),
+            run_dir: None,
+            timeline: db
+                .events(id)?
+                .into_iter()
+                .map(|event| TimelineEntry {
+                    journal: event.journal,
+                    lease: Some((event.node, event.lease_epoch)),
+                })
+                .collect(),
+            earlier: Vec::new(),
+            logs: Vec::new(),
+            outputs,
+        })
+    }
+}
+
+/// A stored output of a queue directory, or why it does not read.
+fn files_output(reader: &QueueReader, stored: &StoredOutput) -> Value {
+    reader
+        .stored_output(stored)
+        .unwrap_or_else(|e| json!({"unreadable": e.to_string()}))
+}
+
+/// The `--json` document (see docs/cli.md).
+fn document(facts: &ShowFacts, task: &TaskView, lists: &Details, now: DateTime<Utc>) -> String {
+    let mut status = format::task_json(task, now);
+    if facts.run_dir.is_none() {
+        format::add_lease_json(&mut status, task);
+    }
     let document = json!({
         "version": format::JSON_VERSION,
-        "queue": reader.root().display().to_string(),
-        "daemon": format::daemon_json(daemon),
+        "queue": facts.queue,
+        "daemon": format::daemon_json(facts.daemon),
         "id": task.id,
         "state": task.state.as_str(),
-        "status": format::task_json(task, now),
+        "status": status,
         "definition": task.task.as_ref().map(|t| serde_json::to_value(t).unwrap_or(Value::Null)),
         "phases": lists.phases.iter().map(phase_json).collect::<Vec<_>>(),
         "attempts": task.attempts,
@@ -105,7 +240,7 @@ fn document(
         "record": task.record.as_ref().map(|r| r.value.clone()),
         "earlier_failures": lists.earlier,
         "logs": lists.logs.iter().map(|(path, bytes)| json!({"path": path.display().to_string(), "bytes": bytes})).collect::<Vec<_>>(),
-        "timeline": lists.timeline,
+        "timeline": lists.timeline.iter().map(TimelineEntry::to_json).collect::<Vec<_>>(),
     });
     let mut text = serde_json::to_string_pretty(&document).unwrap_or_default();
     text.push('\n');
@@ -146,7 +281,7 @@ fn phase_json(row: &PhaseRow) -> Value {
 }
 
 /// The task's phases: from its definition, else (definition lost) from its record's timings.
-fn phase_rows(reader: &QueueReader, task: &TaskView) -> Vec<PhaseRow> {
+fn phase_rows(facts: &ShowFacts, task: &TaskView) -> Vec<PhaseRow> {
     let timings: Vec<PhaseTiming> = match (&task.entry, &task.record) {
         (Some(entry), _) if task.state.is_in_flight() => entry.phases.clone(),
         (_, Some(record)) => {
@@ -180,7 +315,7 @@ fn phase_rows(reader: &QueueReader, task: &TaskView) -> Vec<PhaseRow> {
             let is_done = state == PhaseState::Done;
             let is_current = Some(index) == current && !is_done;
             let output = if is_done {
-                phase_output(reader, task, &name)
+                phase_output(facts, task, &name)
             } else {
                 None
             };
@@ -255,14 +390,9 @@ fn definition_total(task: &TaskView, index: usize) -> Option<u64> {
 }
 
 /// A finished phase's output, from the entry in flight or the record.
-fn phase_output(reader: &QueueReader, task: &TaskView, name: &str) -> Option<Value> {
+fn phase_output(facts: &ShowFacts, task: &TaskView, name: &str) -> Option<Value> {
     if task.state.is_in_flight() {
-        let stored = task.entry.as_ref()?.phase_outputs.get(name)?;
-        return Some(
-            reader
-                .stored_output(stored)
-                .unwrap_or_else(|e| json!({"unreadable": e.to_string()})),
-        );
+        return facts.outputs.get(name).cloned();
     }
     task.record
         .as_ref()?
@@ -273,8 +403,14 @@ fn phase_output(reader: &QueueReader, task: &TaskView, name: &str) -> Option<Val
 }
 
 /// Where to read what the commands printed on stderr.
-fn logs_section(reader: &QueueReader, id: &str, logs: &[(PathBuf, u64)]) -> String {
-    let mut out = format!("\nlogs  {}\n", reader.run_dir(id).display());
+fn logs_section(facts: &ShowFacts, id: &str, logs: &[(PathBuf, u64)]) -> String {
+    let Some(run_dir) = &facts.run_dir else {
+        return format!(
+            "\nlogs  on the host of the node that ran it: {} in its --queue directory\n",
+            QueueDir::new("").run_dir(id).display()
+        );
+    };
+    let mut out = format!("\nlogs  {}\n", run_dir.display());
     if logs.is_empty() {
         out.push_str("  (none yet)\n");
     }
@@ -294,29 +430,31 @@ struct Details<'a> {
     phases: &'a [PhaseRow],
     earlier: &'a [Value],
     logs: &'a [(PathBuf, u64)],
-    timeline: &'a [JournalEvent],
+    timeline: &'a [TimelineEntry],
 }
 
-fn human(
-    reader: &QueueReader,
-    task: &TaskView,
-    daemon: DaemonInfo,
-    lists: &Details,
-    now: DateTime<Utc>,
-) -> String {
+fn human(facts: &ShowFacts, task: &TaskView, lists: &Details, now: DateTime<Utc>) -> String {
     let mut out = String::new();
     let mut field = |name: &str, value: String| {
         out.push_str(&format!("{name:<12}{value}\n"));
     };
     field("task", task.id.clone());
-    field("queue", reader.root().display().to_string());
-    let state = match &task.state {
-        s if s.is_in_flight() => format!(
+    field("queue", facts.queue.clone());
+    let state = match (&task.state, &task.lease) {
+        (s, Some(lease)) => {
+            let [node, left] = format::lease_cells(task, now);
+            format!(
+                "{} (node {node}, lease epoch {}, {left})",
+                s.as_str(),
+                lease.epoch
+            )
+        }
+        (s, None) if s.is_in_flight() => format!(
             "{} (daemon {})",
             s.as_str(),
-            format::describe_daemon(daemon)
+            format::describe_daemon(facts.daemon)
         ),
-        s => s.as_str().to_string(),
+        (s, None) => s.as_str().to_string(),
     };
     field("state", state);
     if task.state.is_rejected() {
@@ -327,8 +465,8 @@ fn human(
     out.push_str(&definition_section(task));
     out.push_str(&phases_section(lists.phases));
     out.push_str(&earlier_section(lists.earlier));
-    out.push_str(&logs_section(reader, &task.id, lists.logs));
-    out.push_str(&timeline_section(reader, &task.id, lists.timeline));
+    out.push_str(&logs_section(facts, &task.id, lists.logs));
+    out.push_str(&timeline_section(facts, lists.timeline));
     out
 }
 
@@ -478,19 +616,22 @@ fn earlier_section(earlier: &[Value]) -> String {
 }
 
 /// The task's journal, one event a line.
-fn timeline_section(reader: &QueueReader, id: &str, timeline: &[JournalEvent]) -> String {
-    let journal = reader.journal_file(id);
-    let journal = journal.strip_prefix(reader.root()).unwrap_or(&journal);
-    let mut out = format!("\ntimeline  {}\n", journal.display());
+fn timeline_section(facts: &ShowFacts, timeline: &[TimelineEntry]) -> String {
+    let mut out = format!("\ntimeline  {}\n", facts.journal);
     if timeline.is_empty() {
         out.push_str("  (no events)\n");
     }
     for entry in timeline {
+        let lease = entry
+            .lease
+            .as_ref()
+            .map(|(node, epoch)| format!("node={node} epoch={epoch}  "))
+            .unwrap_or_default();
         out.push_str(&format!(
-            "  {}  {:<20}  {}\n",
-            format::rfc3339(entry.at),
-            entry.event.name(),
-            details(&entry.event.details())
+            "  {}  {:<20}  {lease}{}\n",
+            format::rfc3339(entry.journal.at),
+            entry.journal.event.name(),
+            details(&entry.journal.event.details())
         ));
     }
     out

@@ -14,7 +14,8 @@ use serde_json::{json, Value};
 
 use super::error::{print, CliError, CliResult};
 use super::format;
-use crate::queue::{LoadOptions, QueueReader, QueueView, TaskView};
+use super::source::{DbArg, Source};
+use crate::queue::{LoadOptions, QueueView, TaskView};
 use crate::store::current_work::ActiveStatus;
 use crate::store::task_state::TaskState;
 
@@ -30,6 +31,10 @@ pub const COLUMNS: [&str; 8] = [
     "CHECKPOINT",
 ];
 
+/// The columns a queue shared through a database adds: the daemon holding a task's lease, and
+/// how long the lease has left.
+pub const LEASE_COLUMNS: [&str; 2] = ["NODE", "LEASE"];
+
 #[derive(Debug, Args)]
 #[command(after_help = "\
 States: submitted (in inbox/, not taken by a daemon yet), pending, running, paused, waiting_retry, interrupted (stopped, or its daemon died; \
@@ -39,6 +44,8 @@ at intake: the 3 most recent are listed, --all lists every one; `cairn show NAME
 Columns: PHASE is name(k/n); ITER is iterations done/total (items for items phases, the \
 worker's own count for workers); RATE is iterations per minute of the phase's current run; \
 ETA is the time left at that rate; CHECKPOINT is the age of the last iteration checkpoint.
+With --db, a first line names the daemons sharing the queue (alive or gone), and NODE and LEASE \
+say which daemon holds a running task and how long its lease has left.
 
 The --json document is described in docs/cli.md (\"version\": 1).")]
 pub struct StatusArgs {
@@ -54,14 +61,17 @@ pub struct StatusArgs {
     /// List every file rejected at intake (failed/rejected-*.json), not only the 3 most recent.
     #[arg(long, short)]
     all: bool,
+
+    #[command(flatten)]
+    db: DbArg,
 }
 
 /// Rejected intake files listed without `--all`: enough to notice them, not a flood.
 const RECENT_REJECTED: usize = 3;
 
 pub fn run(queue: &Path, args: StatusArgs) -> CliResult {
-    let reader = QueueReader::open(queue);
-    if !reader.exists() {
+    let source = Source::open(queue, &args.db)?;
+    if source.files().is_some_and(|reader| !reader.exists()) {
         return Err(CliError::failure(format_args!(
             "queue {} does not exist (use --queue DIR or CAIRN_QUEUE)",
             queue.display()
@@ -75,13 +85,15 @@ pub fn run(queue: &Path, args: StatusArgs) -> CliResult {
         },
     };
     if args.watch {
-        return watch(&reader, options, args.json);
+        return watch(&source, options, args.json);
     }
-    let view = reader.status(options);
+    let view = source.status(options)?;
     let text = if args.json {
         let mut text = serde_json::to_string_pretty(&to_json(&view)).unwrap_or_default();
         text.push('\n');
         text
+    } else if view.cluster.is_some() {
+        format!("{}\n{}", header(&view), table(&view))
     } else {
         table(&view)
     };
@@ -93,7 +105,7 @@ pub fn run(queue: &Path, args: StatusArgs) -> CliResult {
         }
     }
     if !args.json {
-        notes(&reader, &view);
+        notes(&source, &view);
     }
     match unreadable {
         Some(problem) => Err(CliError::failure(problem)),
@@ -101,8 +113,17 @@ pub fn run(queue: &Path, args: StatusArgs) -> CliResult {
     }
 }
 
+/// The first line of a shared queue's table: the database and its daemons.
+fn header(view: &QueueView) -> String {
+    format!(
+        "queue {}  {}",
+        view.root.display(),
+        format::describe_daemons(view)
+    )
+}
+
 /// Hints on stderr, for people: rejected files not listed, tasks that wait for a daemon.
-fn notes(reader: &QueueReader, view: &QueueView) {
+fn notes(source: &Source, view: &QueueView) {
     let listed = view.tasks.iter().filter(|t| t.state.is_rejected()).count();
     if view.rejected > listed {
         eprintln!(
@@ -127,7 +148,13 @@ fn notes(reader: &QueueReader, view: &QueueView) {
         .filter(|t| t.state.is_in_flight() || t.state == TaskState::Pending)
         .count()
         - paused;
-    if waiting > 0 {
+    if waiting > 0 && view.cluster.is_some() {
+        eprintln!(
+            "note: no daemon is alive on {}; {waiting} unfinished task(s) continue when one \
+             runs (`cairn run --db URL`)",
+            view.root.display()
+        );
+    } else if waiting > 0 {
         eprintln!(
             "note: no daemon is running on {}; {waiting} unfinished task(s) continue at the next `cairn run`",
             view.root.display()
@@ -138,7 +165,7 @@ fn notes(reader: &QueueReader, view: &QueueView) {
             "note: {paused} paused task(s) stay paused, also across `cairn run`, until `cairn resume ID`"
         );
     }
-    if view.inbox > 0 {
+    if let (true, Some(reader)) = (view.inbox > 0, source.files()) {
         eprintln!(
             "note: {} file(s) in {} wait for a daemon to take them",
             view.inbox,
@@ -148,21 +175,53 @@ fn notes(reader: &QueueReader, view: &QueueView) {
 }
 
 /// The `--json` document (see docs/cli.md).
+/// With `--db`, the daemons (`nodes`) and each task's lease (`node`, `lease_epoch`,
+/// `lease_expires_at`, `lease_live`) are added.
 pub fn to_json(view: &QueueView) -> Value {
-    json!({
+    let tasks: Vec<Value> = view
+        .tasks
+        .iter()
+        .map(|task| {
+            let mut object = format::task_json(task, view.now);
+            if view.cluster.is_some() {
+                format::add_lease_json(&mut object, task);
+            }
+            object
+        })
+        .collect();
+    let mut document = json!({
         "version": format::JSON_VERSION,
         "queue": view.root.display().to_string(),
         "daemon": format::daemon_json(view.daemon),
         "inbox": view.inbox,
         "rejected": view.rejected,
-        "tasks": view.tasks.iter().map(|t| format::task_json(t, view.now)).collect::<Vec<_>>(),
-    })
+        "tasks": tasks,
+    });
+    if let Some(cluster) = &view.cluster {
+        document["nodes"] = format::nodes_json(cluster);
+    }
+    document
 }
 
 /// The human table: a header and one line per task.
 pub fn table(view: &QueueView) -> String {
-    let rows: Vec<Vec<String>> = view.tasks.iter().map(|t| row(t, view)).collect();
-    format::render_table(&COLUMNS, &rows)
+    let shared = view.cluster.is_some();
+    let rows: Vec<Vec<String>> = view
+        .tasks
+        .iter()
+        .map(|task| {
+            let mut cells = row(task, view);
+            if shared {
+                cells.extend(format::lease_cells(task, view.now));
+            }
+            cells
+        })
+        .collect();
+    let mut columns = COLUMNS.to_vec();
+    if shared {
+        columns.extend(LEASE_COLUMNS);
+    }
+    format::render_table(&columns, &rows)
 }
 
 fn row(task: &TaskView, view: &QueueView) -> Vec<String> {
@@ -205,7 +264,7 @@ pub fn iter_cell(task: &TaskView) -> String {
 }
 
 /// Redraw every second until Ctrl-C/SIGTERM or a closed pipe.
-fn watch(reader: &QueueReader, options: LoadOptions, as_json: bool) -> CliResult {
+fn watch(source: &Source, options: LoadOptions, as_json: bool) -> CliResult {
     let stop = Arc::new(AtomicBool::new(false));
     for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         signal_hook::flag::register(signal, Arc::clone(&stop))
@@ -213,9 +272,9 @@ fn watch(reader: &QueueReader, options: LoadOptions, as_json: bool) -> CliResult
     }
     let terminal = std::io::IsTerminal::is_terminal(&std::io::stdout());
     if terminal && !as_json {
-        bars::watch(reader, options, &stop)
+        bars::watch(source, options, &stop)
     } else {
-        plain_watch(reader, options, as_json, &stop)
+        plain_watch(source, options, as_json, &stop)
     }
 }
 
@@ -235,23 +294,23 @@ fn tick(started: Instant, stop: &AtomicBool) -> bool {
 /// A reader that goes away (`| head`) ends it through the broken-pipe error, which
 /// `cli::main` takes as the normal end of a pipe.
 fn plain_watch(
-    reader: &QueueReader,
+    source: &Source,
     options: LoadOptions,
     as_json: bool,
     stop: &AtomicBool,
 ) -> CliResult {
     loop {
         let started = Instant::now();
-        let view = reader.status(options);
+        let view = source.status(options)?;
         let text = if as_json {
             let mut line = serde_json::to_string(&to_json(&view)).unwrap_or_default();
             line.push('\n');
             line
         } else {
             format!(
-                "{}  daemon {}\n{}\n",
+                "{}  {}\n{}\n",
                 format::rfc3339(view.now),
-                format::describe_daemon(view.daemon),
+                format::describe_daemons(&view),
                 table(&view)
             )
         };
@@ -273,20 +332,21 @@ mod bars {
     use super::{iter_cell, phase_cell, tick};
     use crate::cli::error::CliResult;
     use crate::cli::format;
-    use crate::queue::{LoadOptions, QueueReader, QueueView, TaskView};
+    use crate::cli::source::Source;
+    use crate::queue::{LoadOptions, QueueView, TaskView};
 
-    pub fn watch(reader: &QueueReader, options: LoadOptions, stop: &AtomicBool) -> CliResult {
+    pub fn watch(source: &Source, options: LoadOptions, stop: &AtomicBool) -> CliResult {
         let multi = MultiProgress::with_draw_target(ProgressDrawTarget::stdout());
         let header = multi.add(ProgressBar::new_spinner());
         header.set_style(ProgressStyle::with_template("{msg}").expect("a valid template"));
         let mut task_bars: HashMap<String, (ProgressBar, bool)> = HashMap::new();
         loop {
             let started = Instant::now();
-            let view = reader.status(options);
+            let view = source.status(options)?;
             header.set_message(format!(
-                "queue {}  daemon {}  {} task(s)  {}   (Ctrl-C to quit)",
+                "queue {}  {}  {} task(s)  {}   (Ctrl-C to quit)",
                 view.root.display(),
-                format::describe_daemon(view.daemon),
+                format::describe_daemons(&view),
                 view.tasks.len(),
                 view.now.format("%H:%M:%S"),
             ));

@@ -36,7 +36,9 @@ pub use permissions::{
     UnsafeQueue,
 };
 pub use prune::{PruneItem, PrunePlan, PruneReason, PruneRules, QueuePruner, PRUNE_GRACE};
-pub use read::{DaemonInfo, LoadOptions, QueueReader, QueueView, TaskView};
+pub use read::{
+    ClusterView, DaemonInfo, LoadOptions, NodeView, QueueReader, QueueView, TaskLease, TaskView,
+};
 pub use safe_remove::UnsafeQueueError;
 pub use task_sink::{FileSink, Stored, TaskSink};
 pub use watch::{QueueHint, QueueWatcher};

@@ -39,6 +39,12 @@ pub enum PgError {
         #[source]
         source: tokio_postgres::Error,
     },
+    /// The database has no cairn schema: no daemon ran on it and nobody migrated it.
+    #[error(
+        "the database has no cairn schema: run `cairn db migrate --db URL` or start a daemon \
+         on it with `cairn run --db URL`"
+    )]
+    NoSchema,
     /// The database's schema was migrated by a newer cairn.
     #[error(
         "the database's cairn schema is at version {found}, newer than this cairn's \

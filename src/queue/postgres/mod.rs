@@ -14,6 +14,8 @@
 //! - [`PgBackend`]: the owner's [`QueueBackend`](super::QueueBackend) on these statements,
 //!   with each host's inbox feeding the shared queue ([`PgSink`]), control requests
 //!   (`cairn_control`, applied in SQL to tasks nobody holds) and forks with start points.
+//! - [`PgReader`]: the read model the operator commands use with `--db`: the same views as
+//!   the file queue's reader, from rows.
 //! - [`SubmitListener`]: LISTEN/NOTIFY wake-ups for new and released work; the caller still
 //!   polls, so a lost notification only delays pickup.
 //!
@@ -30,6 +32,8 @@ mod intake;
 mod journal;
 mod lease;
 mod listen;
+mod read;
+mod redact;
 pub mod schema;
 mod steer;
 mod submit;
@@ -43,5 +47,10 @@ pub use fork::{ForkError, ForkSource};
 pub use intake::PgSink;
 pub use lease::{ClaimedTask, Lease, RenewedLease};
 pub use listen::{SubmitListener, Wakeup, WORK_CHANNEL};
+pub use read::{
+    decode_newest, DbPrune, LeasedEvent, PgReader, PrunedGeneration, PrunedTask, ReadError,
+    NODE_SEEN_WITHIN,
+};
+pub use redact::redacted_url;
 pub use schema::{Migrated, SCHEMA_VERSION};
 pub use submit::{NewTask, Submitted};

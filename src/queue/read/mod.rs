@@ -28,7 +28,7 @@ use serde_json::Value;
 pub use liveness::{daemon_info, DaemonInfo};
 pub use rate::rate_from_events;
 pub use record::{Record, RecordError};
-pub use task_view::TaskView;
+pub use task_view::{TaskLease, TaskView};
 
 pub(crate) use files::{disk_size, json_stems, list_names, mtime, newest_mtime, read_regular};
 
@@ -42,6 +42,8 @@ use crate::store::{
 use crate::task::Task;
 use crate::task_id::TaskId;
 use files::quietly;
+pub(crate) use record::rank;
+pub(crate) use task_view::{finished, in_flight, pending, TaskFacts};
 use task_view::{rejected_view, submitted_view, task_view, Listing};
 
 /// How many inbox files `status` reads to list submitted tasks; beyond that they are only
@@ -85,6 +87,36 @@ pub struct QueueView {
     /// Why `current_work.json` could not be read (also among `warnings`): what is in flight
     /// is unknown.
     pub current_work_problem: Option<String>,
+    /// The daemons of a queue shared through a database (`None` for a queue directory).
+    pub cluster: Option<ClusterView>,
+}
+
+/// The daemons sharing a queue kept in a database.
+#[derive(Debug, Clone)]
+pub struct ClusterView {
+    /// The database, named without its password.
+    pub database: String,
+    /// By name.
+    pub nodes: Vec<NodeView>,
+}
+
+impl ClusterView {
+    /// Whether any daemon is alive.
+    pub fn any_alive(&self) -> bool {
+        self.nodes.iter().any(|node| node.alive)
+    }
+}
+
+/// One daemon registered in the database.
+#[derive(Debug, Clone)]
+pub struct NodeView {
+    pub name: String,
+    pub started_at: DateTime<Utc>,
+    pub last_seen_at: DateTime<Utc>,
+    /// Renewed recently enough to hold leases (see `docs/cluster.md`).
+    pub alive: bool,
+    /// Tasks it holds an unexpired lease on.
+    pub leases: usize,
 }
 
 /// What to read besides the basics.
@@ -212,6 +244,7 @@ impl QueueReader {
             rejected: rejected_count,
             warnings,
             current_work_problem: listing.work_problem.clone(),
+            cluster: None,
         }
     }
 

@@ -12,7 +12,7 @@ use crate::store::records::RecordStatus;
 use crate::store::task_state::TaskState;
 
 /// Sort rank: tasks in flight first, then pending (and submitted), finished, rejected.
-pub(super) fn rank(state: &TaskState) -> u8 {
+pub(crate) fn rank(state: &TaskState) -> u8 {
     match state {
         s if s.is_in_flight() => 0,
         s if s.not_started() => 1,
@@ -66,6 +66,16 @@ impl Record {
             path: path.to_path_buf(),
             source,
         })?;
+        Record::from_value(path, value, mtime(path))
+    }
+
+    /// A record already read, from wherever it is kept (`path` names it in messages);
+    /// `stored_at` is when it was stored, for a record that does not say when it finished.
+    pub fn from_value(
+        path: &Path,
+        value: Value,
+        stored_at: Option<DateTime<Utc>>,
+    ) -> Result<Record, RecordError> {
         let status = match value.get("status") {
             Some(status) => {
                 RecordStatus::deserialize(status).map_err(|source| RecordError::Status {
@@ -84,7 +94,7 @@ impl Record {
             .find_map(|key| value[*key].as_str())
             .and_then(|text| DateTime::parse_from_rfc3339(text).ok())
             .map(|at| at.with_timezone(&Utc))
-            .or_else(|| mtime(path));
+            .or(stored_at);
         Ok(Record {
             path: path.to_path_buf(),
             value,

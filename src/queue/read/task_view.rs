@@ -26,7 +26,8 @@ use crate::queue::QueueDir;
 use crate::store::current_work::{ActiveStatus, ActiveTask, CurrentWork, StoredOutput};
 use crate::store::records::RecordStatus;
 use crate::store::task_state::TaskState;
-use crate::store::IterationCheckpoint;
+use crate::store::journal::JournalEvent;
+use crate::store::{IterationCheckpoint, LoadedCheckpoint};
 use crate::task::{Phase, PhaseKind, Task};
 use crate::task_id::TaskId;
 
@@ -71,10 +72,63 @@ pub struct TaskView {
     pub warnings: Vec<String>,
     /// Where the definition was read: `tasks/<id>.json`, or `inbox/<name>` while submitted.
     pub definition_key: String,
+    /// The lease of a task a daemon holds, on a queue shared through a database (`None` on
+    /// the file queue, where the one daemon's lock stands for every task).
+    pub lease: Option<TaskLease>,
+}
+
+/// Which daemon holds a task of a shared queue, and until when.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TaskLease {
+    pub node: String,
+    pub epoch: i64,
+    /// When the lease ends unless renewed (the database's clock).
+    pub expires_at: DateTime<Utc>,
+    /// Whether it had not ended when the queue was read.
+    pub live: bool,
+}
+
+/// What the view of one task needs besides its definition, entry and record: its
+/// checkpoints, stored outputs, recent events and start point. The file queue reads them
+/// from its files; a queue shared through a database from its rows.
+pub(crate) trait TaskFacts {
+    /// The newest checkpoint of the task that decodes.
+    fn latest_checkpoint(&self, id: &str) -> Result<Option<LoadedCheckpoint>, String>;
+    /// How a warning names a storage key (a file's path, a row's name).
+    fn describe_key(&self, key: &str) -> String;
+    /// A phase output as the work state refers to it.
+    fn stored_output(&self, stored: &StoredOutput) -> Option<Value>;
+    /// The task's recent events, oldest first (enough to work out a rate).
+    fn recent_events(&self, id: &str) -> Vec<JournalEvent>;
+    /// The phase a task not started yet starts at (a fork's start point, else 0).
+    fn start_phase(&self, id: &str) -> usize;
+}
+
+impl TaskFacts for QueueReader {
+    fn latest_checkpoint(&self, id: &str) -> Result<Option<LoadedCheckpoint>, String> {
+        self.checkpoints().latest(id).map_err(|e| e.to_string())
+    }
+
+    fn describe_key(&self, key: &str) -> String {
+        self.path_of_key(key).display().to_string()
+    }
+
+    fn stored_output(&self, stored: &StoredOutput) -> Option<Value> {
+        QueueReader::stored_output(self, stored).ok()
+    }
+
+    fn recent_events(&self, id: &str) -> Vec<JournalEvent> {
+        super::files::read_journal_tail(&self.journal_file(id), JOURNAL_TAIL_BYTES)
+            .unwrap_or_default()
+    }
+
+    fn start_phase(&self, id: &str) -> usize {
+        QueueReader::start_phase(self, id)
+    }
 }
 
 impl TaskView {
-    fn new(id: &str, state: TaskState) -> TaskView {
+    pub(crate) fn new(id: &str, state: TaskState) -> TaskView {
         TaskView {
             id: id.to_string(),
             state,
@@ -99,6 +153,7 @@ impl TaskView {
             checkpoint: None,
             warnings: Vec::new(),
             definition_key: QueueDir::task_key(id),
+            lease: None,
         }
     }
 
@@ -198,8 +253,10 @@ pub(super) fn task_view(listing: &Listing, id: &TaskId) -> TaskView {
         _ => false,
     };
     match (entry, record) {
-        (Some(entry), None) => in_flight(listing, &mut view, entry),
-        (Some(entry), Some(_)) if retried => in_flight(listing, &mut view, entry),
+        (Some(entry), None) => in_flight(reader, listing.daemon.running, &mut view, entry),
+        (Some(entry), Some(_)) if retried => {
+            in_flight(reader, listing.daemon.running, &mut view, entry)
+        }
         (_, Some(record)) => finished(reader, &mut view, record),
         (None, None) => pending(reader, &mut view),
     }
@@ -224,9 +281,15 @@ fn read_definition(reader: &QueueReader, view: &mut TaskView, id: &TaskId) {
     }
 }
 
-/// A task in `current_work.json`.
-fn in_flight(listing: &Listing, view: &mut TaskView, entry: ActiveTask) {
-    view.state = TaskState::of_entry(&entry, listing.daemon.running);
+/// A task in flight, from its work-state entry (`daemon_alive`: whether the daemon that
+/// wrote a `running` entry still runs).
+pub(crate) fn in_flight(
+    facts: &dyn TaskFacts,
+    daemon_alive: bool,
+    view: &mut TaskView,
+    entry: ActiveTask,
+) {
+    view.state = TaskState::of_entry(&entry, daemon_alive);
     let index = entry.phase_index;
     view.phase = Some(entry.phase.clone());
     view.phase_index = Some(index);
@@ -246,7 +309,7 @@ fn in_flight(listing: &Listing, view: &mut TaskView, entry: ActiveTask) {
     let iterative = view.kind.is_some_and(|k| k != PhaseKind::Once);
     if iterative {
         view.iteration = Some(entry.iterations);
-        latest_in_flight(listing.reader, view, &entry);
+        latest_in_flight(facts, view, &entry);
     }
     if let (Some(PhaseKind::Worker), Some(progress)) = (view.kind, entry.progress) {
         view.iteration = Some(view.iteration.unwrap_or(0).max(progress.done));
@@ -255,17 +318,14 @@ fn in_flight(listing: &Listing, view: &mut TaskView, entry: ActiveTask) {
         view.total = match phase.kind {
             PhaseKind::Once => None,
             PhaseKind::Loop => phase.max_iterations,
-            PhaseKind::Items => items_total(listing.reader, phase, |name| {
+            PhaseKind::Items => items_total(facts, phase, |name| {
                 entry.phase_outputs.get(name).cloned()
             }),
             PhaseKind::Worker => entry.progress.and_then(|p| p.total),
         };
     }
     if view.state == TaskState::InFlight(ActiveStatus::Running) && iterative {
-        let journal = listing.reader.journal_file(&view.id);
-        view.rate_per_min = super::files::read_journal_tail(&journal, JOURNAL_TAIL_BYTES)
-            .ok()
-            .and_then(|events| rate_from_events(&events, &entry.phase));
+        view.rate_per_min = rate_from_events(&facts.recent_events(&view.id), &entry.phase);
         if let (Some(rate), Some(total), Some(done)) =
             (view.rate_per_min, view.total, view.iteration)
         {
@@ -279,13 +339,13 @@ fn in_flight(listing: &Listing, view: &mut TaskView, entry: ActiveTask) {
 
 /// The latest checkpoint of a task in flight, when it is of the phase in flight: its
 /// iteration, time and (for this attempt) cost are fresher than the entry's.
-fn latest_in_flight(reader: &QueueReader, view: &mut TaskView, entry: &ActiveTask) {
-    match reader.checkpoints().latest(&view.id) {
+fn latest_in_flight(facts: &dyn TaskFacts, view: &mut TaskView, entry: &ActiveTask) {
+    match facts.latest_checkpoint(&view.id) {
         Ok(Some(loaded)) => {
             for (key, why) in &loaded.skipped {
                 view.warnings.push(format!(
                     "{}: {why} (an older generation is used)",
-                    reader.path_of_key(key).display()
+                    facts.describe_key(key)
                 ));
             }
             let cp = loaded.checkpoint;
@@ -303,8 +363,8 @@ fn latest_in_flight(reader: &QueueReader, view: &mut TaskView, entry: &ActiveTas
     }
 }
 
-/// A task with a record in `done/` or `failed/`.
-fn finished(reader: &QueueReader, view: &mut TaskView, record: Record) {
+/// A task with a final record.
+pub(crate) fn finished(facts: &dyn TaskFacts, view: &mut TaskView, record: Record) {
     view.state = record.status.clone().into();
     let value = &record.value;
     view.attempts = record.u32_field("attempts");
@@ -342,7 +402,7 @@ fn finished(reader: &QueueReader, view: &mut TaskView, record: Record) {
     view.iteration = timing.as_ref().and_then(|t| t["iterations"].as_u64());
     if !view.state.is_done() && view.kind.is_some_and(|k| k != PhaseKind::Once) {
         // Stopped mid-phase: its checkpoints are kept for a retry.
-        if let Ok(Some(loaded)) = reader.checkpoints().latest(&view.id) {
+        if let Ok(Some(loaded)) = facts.latest_checkpoint(&view.id) {
             if Some(loaded.checkpoint.phase_index) == index {
                 view.iteration = Some(loaded.checkpoint.iteration_count);
                 view.last_checkpoint_at = Some(loaded.checkpoint.last_checkpoint_at);
@@ -354,7 +414,7 @@ fn finished(reader: &QueueReader, view: &mut TaskView, record: Record) {
         let outputs = value["phase_outputs"].clone();
         view.total = match phase.kind {
             PhaseKind::Loop => phase.max_iterations,
-            PhaseKind::Items => items_total(reader, phase, |name| {
+            PhaseKind::Items => items_total(facts, phase, |name| {
                 outputs.get(name).cloned().map(StoredOutput::Inline)
             }),
             PhaseKind::Worker => timing.as_ref().and_then(|t| t["total"].as_u64()),
@@ -365,8 +425,8 @@ fn finished(reader: &QueueReader, view: &mut TaskView, record: Record) {
 }
 
 /// Accepted and not started: where it will start (phase 0, or a fork's start point).
-fn pending(reader: &QueueReader, view: &mut TaskView) {
-    let start = reader.start_phase(&view.id);
+pub(crate) fn pending(facts: &dyn TaskFacts, view: &mut TaskView) {
+    let start = facts.start_phase(&view.id);
     if let Some(phase) = view.task.as_ref().and_then(|t| t.phases.get(start)) {
         view.phase = Some(phase.name.clone());
         view.phase_index = Some(start);
@@ -383,7 +443,7 @@ fn pending(reader: &QueueReader, view: &mut TaskView) {
 /// The number of items of an items phase: its literal list, or the array an earlier phase put
 /// out (inline in `current_work.json`, in a per-task file, or in a record).
 fn items_total(
-    reader: &QueueReader,
+    facts: &dyn TaskFacts,
     phase: &Phase,
     output_of: impl Fn(&str) -> Option<StoredOutput>,
 ) -> Option<u64> {
@@ -392,7 +452,7 @@ fn items_total(
     }
     let output: Value = match output_of(phase.items_from.as_deref()?)? {
         StoredOutput::Inline(value) => value,
-        stored => reader.stored_output(&stored).ok()?,
+        stored => facts.stored_output(&stored)?,
     };
     output.as_array().map(|items| items.len() as u64)
 }
