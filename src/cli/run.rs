@@ -33,6 +33,12 @@ pub struct RunArgs {
     /// Tasks run at once.
     #[arg(long, default_value_t = 4, value_name = "N")]
     max_tasks: usize,
+
+    /// Run each task's commands as the user who submitted it (the owner of its inbox file),
+    /// with that user's groups, as cron and at do. Needs root or the capabilities CAP_SETUID,
+    /// CAP_SETGID, CAP_CHOWN and CAP_KILL (see docs/security.md).
+    #[arg(long)]
+    run_as_submitter: bool,
 }
 
 /// Run the daemon until it is idle (`--exit-when-idle`) or stopped; `Ok` holds how it ended
@@ -44,7 +50,12 @@ pub fn run(queue: &Path, args: RunArgs) -> CliResult<u8> {
         .enable_all()
         .build()
         .map_err(|e| CliError::failure(format_args!("cannot start the runtime: {e}")))?;
+    if args.run_as_submitter {
+        crate::runner::identity::check_capabilities()
+            .map_err(|e| CliError::new(exit::INVALID_TASK, e))?;
+    }
     let mut config = DaemonConfig::new(queue);
+    config.run_as_submitter = args.run_as_submitter;
     config.exit_when_idle = args.exit_when_idle;
     config.stop_grace = args.stop_grace;
     config.max_tasks = args.max_tasks;
