@@ -31,6 +31,7 @@ pub use record::{Record, RecordError};
 pub use task_view::TaskView;
 
 pub(crate) use files::{disk_size, json_stems, list_names, mtime, newest_mtime, read_regular};
+pub(crate) use files::{open_no_follow, read_queue_file};
 
 use crate::queue::QueueDir;
 use crate::store::current_work::{CurrentWork, StartPoint, StoredOutput};
@@ -137,7 +138,7 @@ impl QueueReader {
     /// The tasks in flight (missing file: nothing in flight).
     pub fn current_work(&self) -> Result<CurrentWork, CurrentWorkError> {
         let path = self.dir.current_work_file();
-        match fs::read(&path) {
+        match read_queue_file(&path) {
             Ok(bytes) => serde_json::from_slice(&bytes)
                 .map_err(|source| CurrentWorkError::Json { path, source }),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(CurrentWork::default()),
@@ -148,7 +149,7 @@ impl QueueReader {
     /// The `retry_of` stamps in `current_work.json`, read from its JSON so that this reader
     /// does not depend on the field's type.
     fn retry_of(&self) -> HashMap<String, DateTime<Utc>> {
-        let Ok(bytes) = fs::read(self.dir.current_work_file()) else {
+        let Ok(bytes) = read_queue_file(self.dir.current_work_file()) else {
             return HashMap::new();
         };
         let Ok(value) = serde_json::from_slice::<Value>(&bytes) else {
@@ -311,7 +312,7 @@ impl QueueReader {
                 if !meta.is_file() || meta.len() > crate::task::MAX_TASK_FILE_BYTES {
                     return None;
                 }
-                let task = Task::parse(&fs::read(&path).ok()?).ok()?;
+                let task = Task::parse(&read_queue_file(&path).ok()?).ok()?;
                 task.id.is_some().then_some((name, task))
             })
             .collect()
@@ -370,7 +371,7 @@ impl QueueReader {
 
     /// A task's definition as accepted (`tasks/<id>.json`); `None` when there is none.
     pub fn definition_bytes(&self, id: &str) -> io::Result<Option<Vec<u8>>> {
-        match fs::read(self.dir.task_file(id)) {
+        match read_queue_file(self.dir.task_file(id)) {
             Ok(bytes) => Ok(Some(bytes)),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(e),
@@ -379,7 +380,7 @@ impl QueueReader {
 
     /// The phase a pending task starts at: 0, or a fork's start point.
     fn start_phase(&self, id: &str) -> usize {
-        fs::read(self.path_of_key(&StartPoint::key(id)))
+        read_queue_file(self.path_of_key(&StartPoint::key(id)))
             .ok()
             .and_then(|bytes| serde_json::from_slice::<Value>(&bytes).ok())
             .and_then(|v| v["phase_index"].as_u64())
@@ -391,7 +392,7 @@ impl QueueReader {
     pub fn phase_outputs(&self, id: &str) -> BTreeMap<String, Value> {
         let mut found: BTreeMap<String, Value> = BTreeMap::new();
         for path in [self.dir.done_file(id), self.dir.failed_file(id)] {
-            if let Ok(bytes) = fs::read(path) {
+            if let Ok(bytes) = read_queue_file(path) {
                 let record: Value = serde_json::from_slice(&bytes).unwrap_or_default();
                 if let Some(Value::Object(outputs)) = record.get("phase_outputs") {
                     found.extend(outputs.iter().map(|(k, v)| (k.clone(), v.clone())));
@@ -424,7 +425,7 @@ impl QueueReader {
         if !is_plain_key(key) {
             return Err(failed("not a file inside the queue".into()));
         }
-        let bytes = fs::read(&path).map_err(|e| failed(e.to_string()))?;
+        let bytes = read_queue_file(&path).map_err(|e| failed(e.to_string()))?;
         serde_json::from_slice(&bytes).map_err(|e| failed(e.to_string()))
     }
 
@@ -463,7 +464,7 @@ impl QueueReader {
         list_names(&dir)
             .into_iter()
             .filter(|n| n.starts_with("failed-") && n.ends_with(".json"))
-            .filter_map(|n| serde_json::from_slice(&fs::read(dir.join(n)).ok()?).ok())
+            .filter_map(|n| serde_json::from_slice(&read_queue_file(dir.join(n)).ok()?).ok())
             .collect()
     }
 
@@ -494,7 +495,7 @@ impl QueueReader {
 
     /// The bytes of a file the store named by key (`None` when it cannot be read).
     pub fn read_key(&self, key: &str) -> Option<Vec<u8>> {
-        fs::read(self.path_of_key(key)).ok()
+        read_queue_file(self.path_of_key(key)).ok()
     }
 }
 

@@ -12,7 +12,6 @@
 //! - `runs/<id>/events.jsonl`: the rate, from this phase's `checkpoint` events.
 
 use std::collections::HashMap;
-use std::fs;
 use std::io;
 
 use chrono::{DateTime, Utc};
@@ -204,7 +203,7 @@ pub(super) fn task_view(listing: &Listing, id: &TaskId) -> TaskView {
 /// `tasks/<id>.json`, noting a file that does not read.
 fn read_definition(reader: &QueueReader, view: &mut TaskView, id: &TaskId) {
     let task_path = reader.dir().task_file(&view.id);
-    match fs::read(&task_path) {
+    match super::files::read_queue_file(&task_path) {
         Ok(bytes) => match Task::parse_stored(&bytes) {
             Ok(mut task) => {
                 task.id = Some(id.clone());
