@@ -31,6 +31,7 @@ mod operator;
 mod postgres_backend;
 mod postgres_leases;
 mod queue_modes;
+mod run_as_submitter;
 mod service;
 mod spawn_exhaustion;
 mod spawn_path;
