@@ -156,7 +156,12 @@ pub fn spawn_in_group_via(
                 .arg0("cairn")
                 .arg(exec_trampoline::TRAMPOLINE_ARG)
                 .arg(daemon_pid.to_string())
-                .arg(confinement.run_as.as_ref().map_or("-".into(), SwitchTo::to_arg))
+                .arg(
+                    confinement
+                        .run_as
+                        .as_ref()
+                        .map_or("-".into(), SwitchTo::to_arg),
+                )
                 .arg(
                     confinement
                         .cgroup_procs

@@ -155,10 +155,8 @@ pub(super) async fn prepare(
     let id = task.id().to_string();
     let submitter = submitter_uid(task);
     let run_dir = ctx.queue.run_dir(&id);
-    let prepared = super::blocking(move || {
-        TaskConfinement::prepare(&config, &id, submitter, &run_dir)
-    })
-    .await;
+    let prepared =
+        super::blocking(move || TaskConfinement::prepare(&config, &id, submitter, &run_dir)).await;
     match prepared {
         Ok(Ok(confinement)) => Ok(confinement),
         Ok(Err(e)) => Err(super::AttemptEnd::Failed {

@@ -36,7 +36,9 @@ pub struct SwitchTo {
 /// Why a task cannot run as its submitter, or the daemon cannot switch users at all.
 #[derive(Debug, thiserror::Error)]
 pub enum IdentityError {
-    #[error("the submitter's user id {uid} has no entry in the user database (was the user removed?)")]
+    #[error(
+        "the submitter's user id {uid} has no entry in the user database (was the user removed?)"
+    )]
     UnknownUser { uid: u32 },
     #[error("looking up user id {uid}: {source}")]
     Lookup { uid: u32, source: Errno },
@@ -229,8 +231,7 @@ fn capabilities() -> Result<(u32, u32), Errno> {
     };
     let mut data = [CapData::default(); 2];
     // SAFETY: the header and two data structs are the layout capget(2) writes.
-    let done =
-        unsafe { nix::libc::syscall(nix::libc::SYS_capget, &mut header, data.as_mut_ptr()) };
+    let done = unsafe { nix::libc::syscall(nix::libc::SYS_capget, &mut header, data.as_mut_ptr()) };
     Errno::result(done)?;
     Ok((
         data[0].effective | data[1].effective,

@@ -19,14 +19,14 @@ mod worker;
 mod worker_supervision;
 
 pub use child::{spawn_in_group_via, Confinement, SpawnPath};
-pub use confinement::ConfineConfig;
-pub use task_processes::CgroupRoot;
 pub use child::{CommandRun, RunEnd, KILL_AFTER, MAX_REPLY_BYTES, NOTIFY_ENV};
+pub use confinement::ConfineConfig;
 /// The scope of loop phases' checkpoints (the queue benchmark, part of the `cli` feature,
 /// builds such checkpoints).
 #[cfg(feature = "cli")]
 pub(crate) use loop_phase::LOOP_SCOPE;
 pub use orphans::kill_orphans;
+pub use task_processes::CgroupRoot;
 pub use work_state::WorkState;
 
 use std::ops::ControlFlow;

@@ -217,13 +217,14 @@ fn cgroup2_mount() -> Option<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::kill_by_marker;
+    use std::os::unix::process::CommandExt;
     use std::process::Command;
     use std::time::{Duration, Instant};
 
     #[test]
     fn helpers_that_left_the_process_group_are_found_by_their_marker() {
         let run_dir = tempfile::tempdir().unwrap();
-        let marker_dir = run_dir.path().join("runs").join("t1");
+        let marker_dir = run_dir.path().join("t1");
         let mut child = Command::new("sleep")
             .arg("1000")
             .env("CAIRN_RUN_DIR", &marker_dir)
@@ -233,7 +234,7 @@ mod tests {
         // Another task's run directory, a prefix of this one: never matched.
         let mut other = Command::new("sleep")
             .arg("1000")
-            .env("CAIRN_RUN_DIR", run_dir.path().join("runs").join("t"))
+            .env("CAIRN_RUN_DIR", run_dir.path().join("t"))
             .spawn()
             .unwrap();
         let killed = kill_by_marker(&marker_dir);
@@ -243,11 +244,17 @@ mod tests {
             if let Some(status) = child.try_wait().unwrap() {
                 break status;
             }
-            assert!(Instant::now() < deadline, "the marked process was not killed");
+            assert!(
+                Instant::now() < deadline,
+                "the marked process was not killed"
+            );
             std::thread::sleep(Duration::from_millis(10));
         };
         assert!(!status.success());
-        assert!(other.try_wait().unwrap().is_none(), "a prefix is not a match");
+        assert!(
+            other.try_wait().unwrap().is_none(),
+            "a prefix is not a match"
+        );
         other.kill().unwrap();
         other.wait().unwrap();
     }

@@ -175,7 +175,7 @@ fn launch(
         None,
         &run.confinement.spawn,
     )
-        .map_err(|e| super::spawn_failure(&describe(run), e))?;
+    .map_err(|e| super::spawn_failure(&describe(run), e))?;
     let group = group_of(&child);
     Ok(Launched {
         child,

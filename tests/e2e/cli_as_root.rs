@@ -81,7 +81,10 @@ const QUEUE_USER: u32 = 65534;
 /// A queue owned by [`QUEUE_USER`] (reachable by that user) holding one finished loop task,
 /// `src`, with its checkpoints and journal; `None` (after a loud skip) without root.
 fn queue_of_another_user(test: &str) -> Option<TestQueue> {
-    if !require_root(test, "it shows what root's cairn does on another user's queue") {
+    if !require_root(
+        test,
+        "it shows what root's cairn does on another user's queue",
+    ) {
         return None;
     }
     let queue = TestQueue::new();
@@ -154,7 +157,11 @@ fn show_as_root_neither_reads_dev_zero_nor_hangs_on_a_fifo_planted_in_the_queue(
         nix::sys::stat::Mode::from_bits_truncate(0o644),
     )
     .unwrap();
-    for args in [&["show", "src"][..], &["status"], &["show", "--json", "src"]] {
+    for args in [
+        &["show", "src"][..],
+        &["status"],
+        &["show", "--json", "src"],
+    ] {
         let out = cairn_bounded(&queue, args, 2 << 30)
             .unwrap_or_else(|| panic!("`cairn {args:?}` hung on the FIFO"));
         let stderr = stderr_of(&out);

@@ -145,9 +145,11 @@ fn a_helper_started_with_setsid_does_not_outlive_its_finished_task() {
     );
     let mut daemon = queue.start(&[]);
     queue.wait_done("leaves");
-    wait_until("the helper to be gone", std::time::Duration::from_secs(60), || {
-        processes_with(&marker).is_empty()
-    });
+    wait_until(
+        "the helper to be gone",
+        std::time::Duration::from_secs(60),
+        || processes_with(&marker).is_empty(),
+    );
     assert!(daemon.is_running(), "the daemon itself was killed");
     daemon.signal(nix::sys::signal::Signal::SIGTERM);
     assert!(daemon
