@@ -149,8 +149,14 @@ pub fn spawn_in_group_via(
             command
         }
         SpawnPath::Trampoline => {
-            let resolved = exec_trampoline::resolve_program(program, cwd, env)
-                .map_err(|e| spawn_error(program, cwd, e))?;
+            let resolved = match exec_trampoline::resolve_program(program, cwd, env) {
+                Ok(resolved) => resolved,
+                // The daemon may not see what the submitter may run (a script only its owner
+                // can execute): the trampoline, as the submitter, looks it up itself, and a
+                // missing program ends it with 127.
+                Err(_) if confinement.run_as.is_some() => PathBuf::from(program),
+                Err(e) => return Err(spawn_error(program, cwd, e)),
+            };
             let mut command = tokio::process::Command::new("/proc/self/exe");
             command
                 .arg0("cairn")
