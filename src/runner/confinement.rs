@@ -118,13 +118,17 @@ impl TaskConfinement {
         std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
     }
 
-    /// The submitter's login variables (`USER`, `HOME`, ...), which a task's `env` may
-    /// override; none when commands run as the daemon's user.
+    /// The submitter's login variables (`USER`, `HOME`, ...), and `XDG_CACHE_HOME` in its
+    /// scratch directory (the service's cache directory is the daemon's user's), which a task's
+    /// `env` may override; none when commands run as the daemon's user.
     pub fn login_env(&self) -> Vec<(String, String)> {
-        self.run_as
-            .iter()
-            .flat_map(|run_as| run_as.login_env())
-            .collect()
+        let Some(run_as) = &self.run_as else {
+            return Vec::new();
+        };
+        let mut env = run_as.login_env().to_vec();
+        let cache = scratch_dir(&self.run_dir).join(".cache");
+        env.push(("XDG_CACHE_HOME".into(), cache.display().to_string()));
+        env
     }
 
     /// `CAIRN_SCRATCH`: the directory the task's commands may write.
