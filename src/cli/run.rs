@@ -10,7 +10,7 @@ use signal_hook_tokio::Signals;
 
 use super::error::{CliError, CliResult};
 use super::exit;
-use crate::daemon::{self, DaemonConfig, DaemonError, DaemonExit, RunSummary};
+use crate::daemon::{self, DaemonConfig, DaemonError, DaemonExit, DatabaseConfig, RunSummary};
 use crate::shutdown::Shutdown;
 
 #[derive(Debug, Args)]
@@ -39,6 +39,54 @@ pub struct RunArgs {
     /// CAP_SETGID, CAP_CHOWN and CAP_KILL (see docs/security.md).
     #[arg(long)]
     run_as_submitter: bool,
+
+    /// Share a queue in PostgreSQL with the daemons of other hosts (a postgresql:// URL or
+    /// libpq's key=value form). The queue directory is then this host's: its inbox (files
+    /// dropped there enter the shared queue), logs and scratch. See docs/cluster.md.
+    #[arg(
+        long,
+        env = "CAIRN_DATABASE_URL",
+        value_name = "URL",
+        hide_env_values = true
+    )]
+    db: Option<String>,
+
+    /// With --db: this daemon's name, unique among the live daemons [default: the host name].
+    #[arg(long, value_name = "NAME", requires = "db")]
+    node: Option<String>,
+
+    /// With --db: how long a claim of a task holds without renewal (renewed every sixth of
+    /// it). Another host takes a dead or frozen daemon's tasks over after this.
+    #[arg(long, default_value = "30s", value_parser = parse_lease, value_name = "DURATION")]
+    lease: Duration,
+}
+
+/// A lease long enough to renew (every sixth of it) without a storm of statements.
+fn parse_lease(text: &str) -> Result<Duration, String> {
+    let lease = humantime::parse_duration(text).map_err(|e| e.to_string())?;
+    if lease < Duration::from_secs(1) {
+        return Err(format!("{text} is too short: a lease is at least 1s"));
+    }
+    Ok(lease)
+}
+
+/// The name of this daemon among those sharing a queue: `--node`, else the host name.
+fn node_name(given: Option<String>) -> CliResult<String> {
+    let name = match given {
+        Some(name) => name,
+        None => nix::unistd::gethostname()
+            .map_err(|e| {
+                CliError::failure(format_args!("cannot read the host name for --node: {e}"))
+            })?
+            .to_string_lossy()
+            .into_owned(),
+    };
+    if name.is_empty() || name.len() > 255 || name.chars().any(char::is_control) {
+        return Err(CliError::usage(format_args!(
+            "--node {name:?}: a node name is 1 to 255 characters, none of them control characters"
+        )));
+    }
+    Ok(name)
 }
 
 /// Run the daemon until it is idle (`--exit-when-idle`) or stopped; `Ok` holds how it ended
@@ -59,6 +107,13 @@ pub fn run(queue: &Path, args: RunArgs) -> CliResult<u8> {
     config.exit_when_idle = args.exit_when_idle;
     config.stop_grace = args.stop_grace;
     config.max_tasks = args.max_tasks;
+    if let Some(url) = args.db {
+        config.database = Some(DatabaseConfig {
+            url,
+            node: node_name(args.node)?,
+            lease: args.lease,
+        });
+    }
     let fail_on_task_failure = args.fail_on_task_failure;
 
     let code = runtime.block_on(async move {

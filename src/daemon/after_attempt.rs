@@ -9,6 +9,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 
 use super::{AttemptOutcome, Scheduler};
+use crate::queue::HandBack;
 use crate::runner::AttemptEnd;
 use crate::store::current_work::{ActiveStatus, ActiveTask};
 use crate::store::events::Event;
@@ -94,6 +95,20 @@ pub(super) enum CrashRecord {
 }
 
 impl Decision {
+    /// How a task leaves a shared queue's daemon after this decision without a final record:
+    /// paused, or waiting for a retry (a file queue keeps such tasks in its work state).
+    pub(super) fn hand_back(&self) -> Option<HandBack> {
+        match self {
+            Decision::Pause => Some(HandBack::Paused),
+            Decision::RecordAgain { retry, .. }
+            | Decision::AttemptFailed {
+                then: AfterFailure::Retry(retry),
+                ..
+            } => Some(HandBack::RetryAfter(retry.delay)),
+            _ => None,
+        }
+    }
+
     /// The rule for the crash record that goes with this decision.
     pub(super) fn crash_record(&self) -> CrashRecord {
         match self {
@@ -197,6 +212,9 @@ impl Scheduler {
         self.running_ids.remove(&id);
         // The daemon outlived this attempt: a trial it was on is over.
         self.on_trial.remove(&id);
+        if !matches!(outcome, AttemptOutcome::Recorded(_)) && self.forget_if_lease_lost(&id).await {
+            return;
+        }
         let control = self.ctx.drop_control(&id).unwrap_or_default();
         let Some(task) = self.tasks.get(&id).cloned() else {
             return;
@@ -235,6 +253,7 @@ impl Scheduler {
             (_, None) => return,
         };
         decision.crash_record().apply_to(&mut entry);
+        let hand_back = decision.hand_back();
         match decision {
             Decision::Gone { .. } | Decision::Finished(_) => {}
             Decision::RecordAgain { error, retry, .. } => {
@@ -269,6 +288,7 @@ impl Scheduler {
             Decision::LeaveForResume => self.hold(entry, ActiveStatus::Interrupted),
         }
         self.persist().await;
+        self.hand_back_if_shared(&id, hand_back).await;
     }
 
     /// A failed attempt: journal it, count it, then retry after the backoff or give up.

@@ -21,6 +21,7 @@ mod notify;
 mod records;
 mod recovery;
 mod schedule;
+mod shared_queue;
 mod start_order;
 mod summary;
 
@@ -52,6 +53,20 @@ pub struct DaemonConfig {
     /// Run each task's commands as its submitter (`--run-as-submitter`). The caller checks
     /// first that the process may switch users (`runner::identity::check_capabilities`).
     pub run_as_submitter: bool,
+    /// Share a queue in PostgreSQL with daemons on other hosts instead (`queue_dir` is then
+    /// this host's directory: its inbox, logs and scratch).
+    pub database: Option<DatabaseConfig>,
+}
+
+/// A queue in PostgreSQL shared by several daemons (`cairn run --db`, `docs/cluster.md`).
+#[derive(Debug, Clone)]
+pub struct DatabaseConfig {
+    /// A `postgresql://` URL or libpq's `key=value` form.
+    pub url: String,
+    /// This daemon's name, unique among the live daemons (by default the host name).
+    pub node: String,
+    /// How long a claim holds without renewal; renewed every sixth of it.
+    pub lease: Duration,
 }
 
 impl DaemonConfig {
@@ -64,6 +79,7 @@ impl DaemonConfig {
             rescan_interval: Duration::from_secs(5),
             storage: None,
             run_as_submitter: false,
+            database: None,
         }
     }
 }
@@ -89,6 +105,9 @@ pub enum DaemonError {
     /// Someone other than the daemon's user could write the queue (see `queue::permissions`).
     #[error("refusing to run this queue: {0}")]
     UnsafeQueue(#[source] crate::queue::UnsafeQueue),
+    /// The shared queue's database could not be opened.
+    #[error("{0}")]
+    Database(String),
     /// [`run`] was called outside a current-thread tokio runtime (see there why it needs one).
     #[error(
         "the daemon must run on a current-thread tokio runtime \
@@ -104,6 +123,7 @@ impl From<OpenError> for DaemonError {
             OpenError::Lock(e) => DaemonError::Lock(e),
             OpenError::Setup(e) => DaemonError::Setup(e),
             OpenError::Unsafe(e) => DaemonError::UnsafeQueue(e),
+            OpenError::Database(e) => DaemonError::Database(e),
         }
     }
 }
@@ -146,7 +166,7 @@ pub async fn run_with_summary(
         return Err(DaemonError::Runtime(flavor));
     }
     // Owned (its lock held) for as long as the queue lives.
-    let queue = Queue::open_files(&config.queue_dir, config.storage.clone())?;
+    let queue = open_queue(&config).await?;
     let confine = ConfineConfig {
         run_as_submitter: config.run_as_submitter,
         cgroups: CgroupRoot::for_queue(&queue.runs_dir()),
@@ -161,7 +181,12 @@ pub async fn run_with_summary(
         controls: Default::default(),
         trial_progress: tokio::sync::Notify::new(),
         confine: confine.clone(),
+        lost_leases: Default::default(),
     });
+    let leases = ctx
+        .queue
+        .lease_length()
+        .map(|lease| tokio::spawn(shared_queue::keep_leases(Arc::clone(&ctx), lease)));
     let mut scheduler = Scheduler::new(ctx, config);
     scheduler.recover().await?;
     // The queue is locked and what was in flight is lined up again.
@@ -170,6 +195,9 @@ pub async fn run_with_summary(
     let exit = scheduler.work_until_stopped().await;
     scheduler.drain().await;
     let summary = scheduler.close().await;
+    if let Some(leases) = leases {
+        leases.abort();
+    }
     if let Some(cgroups) = &confine.cgroups {
         cgroups.remove_if_empty();
     }
@@ -179,6 +207,32 @@ pub async fn run_with_summary(
         exit
     };
     Ok((exit, summary))
+}
+
+/// Own the queue the configuration names: files, or a share of a database's.
+async fn open_queue(config: &DaemonConfig) -> Result<Queue, DaemonError> {
+    let Some(database) = config.database.clone() else {
+        return Ok(Queue::open_files(
+            &config.queue_dir,
+            config.storage.clone(),
+        )?);
+    };
+    #[cfg(feature = "postgres")]
+    {
+        let root = config.queue_dir.clone();
+        let opened = runner_blocking(move || {
+            Queue::open_postgres(&root, &database.url, &database.node, database.lease)
+        })
+        .await?;
+        Ok(opened)
+    }
+    #[cfg(not(feature = "postgres"))]
+    {
+        let _ = database;
+        Err(DaemonError::Database(
+            "this cairn was built without PostgreSQL (the cargo feature `postgres`)".into(),
+        ))
+    }
 }
 
 /// Kill what a daemon that died left running (so nothing races the tasks about to resume),
@@ -270,6 +324,8 @@ pub(crate) struct Scheduler {
     control_deferred: bool,
     /// What this run did, for the closing summary.
     summary: RunSummary,
+    /// Claiming work from a shared queue (unused with files).
+    claiming: shared_queue::Claiming,
 }
 
 /// How an attempt's future ended, as the main loop sees it.
@@ -313,13 +369,22 @@ impl Scheduler {
                 records,
                 ..RunSummary::default()
             },
+            claiming: Default::default(),
         }
     }
 
     /// After the drain: flush the journals and tell what this run did and what it leaves.
     async fn close(&mut self) -> RunSummary {
         let ctx = Arc::clone(&self.ctx);
-        runner_blocking(move || ctx.queue.flush_events()).await;
+        runner_blocking(move || {
+            ctx.queue.flush_events();
+            if ctx.queue.shares_queue() {
+                // After the drain wrote every entry: the tasks are queued again at once, for
+                // another daemon to take over in milliseconds rather than after the lease.
+                ctx.queue.release();
+            }
+        })
+        .await;
         let mut summary = std::mem::take(&mut self.summary);
         self.ctx.work.update(|work| {
             for entry in &work.active_tasks {

@@ -28,6 +28,11 @@ impl Scheduler {
         if let Some(e) = recovered.error {
             tracing::error!("finishing interrupted intake: {e}");
         }
+        if self.ctx.queue.shares_queue() {
+            // Nothing of a shared queue is this daemon's at start: it claims its work (what an
+            // earlier process under its name held comes back once that lease expired).
+            return Ok(());
+        }
 
         // Everything recovery reads, read in one pass off the async thread: a queue may hold
         // thousands of tasks in flight.

@@ -56,6 +56,13 @@ enum Wake {
     AttemptEnded(Result<(TaskId, AttemptOutcome), tokio::task::JoinError>),
     /// A suspect showed progress: its trial is over, the next may start at once.
     TrialProgress,
+    /// A claim of work from a shared queue returned.
+    Claimed(
+        Result<
+            Result<super::shared_queue::Claimed, crate::queue::QueueError>,
+            tokio::task::JoinError,
+        >,
+    ),
 }
 
 impl Scheduler {
@@ -108,6 +115,7 @@ impl Scheduler {
     fn start_what_can_start(&mut self) {
         self.promote_due_retries();
         self.start_ready();
+        self.claim_if_due(false);
     }
 
     /// With `exit_when_idle`: whether nothing is left to do, after a last look at the inbox and
@@ -142,6 +150,9 @@ impl Scheduler {
             _ = self.ctx.trial_progress.notified(), if !self.on_trial.is_empty() => {
                 Wake::TrialProgress
             }
+            claimed = self.claiming.finished(), if self.claiming.is_running() => {
+                Wake::Claimed(claimed)
+            }
         }
     }
 
@@ -167,6 +178,7 @@ impl Scheduler {
                 self.process_control().await;
             }
             Wake::AttemptEnded(joined) => self.attempt_finished(joined).await,
+            Wake::Claimed(claimed) => self.take_claimed(claimed).await,
         }
     }
 
@@ -231,6 +243,9 @@ impl Scheduler {
         if let Some(watchdog) = self.notifier.max_sleep() {
             tick = tick.min(watchdog);
         }
+        if let Some(claim) = self.claim_tick() {
+            tick = tick.min(claim);
+        }
         tick
     }
 
@@ -266,6 +281,7 @@ impl Scheduler {
             && !self.inbox_deferred
             && self.scan.is_none()
             && !self.scan_again
+            && (!self.ctx.queue.shares_queue() || self.claiming.is_idle())
     }
 
     /// Start a scan of the inbox on the blocking pool, handing it the hints gathered since the

@@ -37,18 +37,18 @@ use std::collections::HashSet;
 use std::fmt;
 use std::io;
 use std::sync::Arc;
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use serde_json::Value;
 
 use super::control::ControlRequest;
 use super::lease::{Lease, LeaseLost, OwnerLease};
 use super::{IntakeReport, QueueHint};
-use crate::store::current_work::{CurrentWork, StartPoint, CURRENT_WORK_VERSION};
+use crate::store::current_work::{ActiveTask, CurrentWork, StartPoint, CURRENT_WORK_VERSION};
 use crate::store::events::Event;
 use crate::store::records::{DoneRecord, FailedRecord};
 use crate::store::{
-    CheckpointStore, IterationCheckpoint, LoadedCheckpoint, StoreError, WriteFence,
+    CheckpointStore, IterationCheckpoint, LoadedCheckpoint, SavedCheckpoint, StoreError, WriteFence,
 };
 use crate::task::Task;
 
@@ -125,6 +125,27 @@ impl fmt::Display for ControlClaim {
     }
 }
 
+/// A task that a shared queue handed to this owner ([`QueueBackend::claim_work`]), leased.
+#[derive(Debug)]
+pub struct ClaimedWork {
+    pub task: Task,
+    pub lease: Lease,
+    /// Where the task stood when its last holder let it go or died (`None`: it starts anew).
+    pub entry: Option<ActiveTask>,
+    /// The task's holders died this many times in a row while it ran: record it failed
+    /// instead of running it (quarantine).
+    pub quarantine: Option<u32>,
+}
+
+/// How a task leaves this owner without a final record ([`QueueBackend::hand_back`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HandBack {
+    /// An operator paused it: nobody runs it until it is resumed.
+    Paused,
+    /// A failed attempt waits for its backoff: any owner may claim it once `after` has passed.
+    RetryAfter(Duration),
+}
+
 /// The operations of one queue backend. See the module docs for the fencing contract; each
 /// method's docs give its atomicity.
 pub trait QueueBackend: Send + Sync + fmt::Debug {
@@ -143,6 +164,59 @@ pub trait QueueBackend: Send + Sync + fmt::Debug {
     /// Extend `lease` (a database: one statement for all of an owner's leases, every lease/6).
     /// `Err(LeaseLost)` means another owner may run the task now: stop its commands.
     fn renew(&self, lease: &Lease) -> Result<(), QueueError>;
+
+    /// Whether other owners (daemons on other hosts) share this queue: tasks then come from
+    /// [`claim_work`](QueueBackend::claim_work), leases must be renewed, and a task paused or
+    /// waiting for a retry is handed back rather than kept. Files: false.
+    fn shares_queue(&self) -> bool {
+        false
+    }
+
+    /// This owner's name among those sharing the queue (commands get it as `CAIRN_NODE`).
+    fn node(&self) -> Option<&str> {
+        None
+    }
+
+    /// How long a lease holds without renewal, for a backend whose leases expire.
+    fn lease_length(&self) -> Option<Duration> {
+        None
+    }
+
+    /// Claim up to `limit` tasks that wait in a shared queue (expired leases first, then by
+    /// priority and age), each with its lease and where it stood. Files: none (tasks come from
+    /// intake and the work state).
+    fn claim_work(&self, _limit: usize) -> Result<Vec<ClaimedWork>, QueueError> {
+        Ok(Vec::new())
+    }
+
+    /// Whether no task of a shared queue waits or runs anywhere (paused ones aside): a daemon
+    /// asked to exit when idle exits only then. Files: true (their own lines say it).
+    fn drained(&self) -> Result<bool, QueueError> {
+        Ok(true)
+    }
+
+    /// Renew every lease this owner holds, in one step; returns the tasks whose lease could
+    /// not be renewed (another owner may run them now: stop their commands). An `Err` says
+    /// nothing was learned (the database unreachable): the caller judges from the last
+    /// successful renewal how long the leases still hold.
+    fn renew_leases(&self) -> Result<Vec<String>, QueueError> {
+        Ok(Vec::new())
+    }
+
+    /// Whether this owner still holds `task_id`'s lease, as far as it knows (a write refused
+    /// for a lost lease forgets it).
+    fn holds(&self, _task_id: &str) -> bool {
+        true
+    }
+
+    /// Give up `task_id` without a final record, after its entry was written: paused, or
+    /// waiting for a retry. Only for a shared queue; files keep such tasks in the work state.
+    fn hand_back(&self, _task_id: &str, _how: HandBack) -> Result<(), QueueError> {
+        Err(QueueError::Unsupported {
+            operation: "handing a task back",
+            backend: "file",
+        })
+    }
 
     /// End the ownership: every lease under it is refused from now on (a database hands the
     /// leases back so that another owner takes the tasks over at once).
@@ -247,12 +321,13 @@ pub trait QueueBackend: Send + Sync + fmt::Debug {
     /// Durably store `checkpoint` as the task's next generation, atomically, fenced by `lease`
     /// in the same step (a database: in the same statement). Sets its generation, format
     /// version and time as the file store does; returns the generation. The backend-neutral
-    /// way to save a checkpoint (files: the same write as the owner's checkpointers).
+    /// way to save a checkpoint (files: the same write as the owner's checkpointers). The
+    /// state comes serialized once, as the loop checkpointers hold it.
     fn save_checkpoint(
         &self,
         lease: &Lease,
-        checkpoint: &mut IterationCheckpoint,
-    ) -> Result<u64, QueueError>;
+        checkpoint: &mut IterationCheckpoint<&serde_json::value::RawValue>,
+    ) -> Result<SavedCheckpoint, QueueError>;
 
     /// A fence for the checkpoint writes of one phase under `lease`, checked before each save
     /// (see [`WriteFence`]). Checking must not allocate or block.

@@ -18,7 +18,8 @@ use crate::store::events::Event;
 use crate::store::journal::JournalWriter;
 use crate::store::records::{to_record_bytes, FailedRecord};
 use crate::store::{
-    CheckpointStore, IterationCheckpoint, LoadedCheckpoint, Storage, StoreError, WriteFence,
+    CheckpointStore, IterationCheckpoint, LoadedCheckpoint, SavedCheckpoint, Storage, StoreError,
+    WriteFence,
 };
 use crate::task::Task;
 use crate::task_id::TaskId;
@@ -318,10 +319,10 @@ impl QueueBackend for FileBackend {
     fn save_checkpoint(
         &self,
         lease: &Lease,
-        checkpoint: &mut IterationCheckpoint,
-    ) -> Result<u64, QueueError> {
+        checkpoint: &mut IterationCheckpoint<&serde_json::value::RawValue>,
+    ) -> Result<SavedCheckpoint, QueueError> {
         self.fence(lease)?;
-        Ok(self.checkpoints.save(checkpoint)?)
+        Ok(self.checkpoints.save_with_info(checkpoint)?)
     }
 
     fn checkpoint_fence(&self, lease: &Lease) -> Result<Arc<dyn WriteFence>, QueueError> {

@@ -21,7 +21,9 @@ pub mod read;
 mod safe_remove;
 mod watch;
 
-pub use backend::{ControlClaim, LoadError, QueueBackend, QueueError, TaskRecord};
+pub use backend::{
+    ClaimedWork, ControlClaim, HandBack, LoadError, QueueBackend, QueueError, TaskRecord,
+};
 pub use file_backend::FileBackend;
 pub use intake::{Intake, IntakeReport, Rejection};
 pub use layout::{QueueDir, SUBDIRS};

@@ -17,7 +17,10 @@ use super::backend::{ControlClaim, QueueBackend, QueueError};
 use super::file_backend::FileBackend;
 use super::lease::Lease;
 use super::{LockError, QueueDir, QueueHint, QueueLock, QueueWatcher};
-use crate::store::{FileStorage, LoopCheckpointer, Storage};
+use crate::store::{
+    CheckpointSink, FileStorage, IterationCheckpoint, LoadedCheckpoint, LoopCheckpointer,
+    SavedCheckpoint, Storage, StoreError,
+};
 
 /// Why a queue could not be opened for owning.
 #[derive(Debug, thiserror::Error)]
@@ -31,6 +34,10 @@ pub enum OpenError {
     /// Someone other than the owner's user could write it (see `queue::permissions`).
     #[error("refusing to run this queue: {0}")]
     Unsafe(#[from] super::UnsafeQueue),
+    /// The shared queue's database could not be opened (unreachable, refused, or this node's
+    /// name is held by another live daemon).
+    #[error("{0}")]
+    Database(String),
 }
 
 /// Where a person finds the final records, for messages.
@@ -59,6 +66,9 @@ pub struct Queue {
     backend: Arc<dyn QueueBackend>,
     /// This host's directory (absolute).
     local: QueueDir,
+    /// The lock on this host's directory when the backend does not hold it (a database):
+    /// one daemon per local directory.
+    _local_lock: Option<Arc<QueueLock>>,
 }
 
 impl Deref for Queue {
@@ -85,12 +95,55 @@ impl Queue {
         Ok(Queue {
             backend: Arc::new(FileBackend::new(dir.clone(), lock, storage)),
             local: dir,
+            _local_lock: None,
+        })
+    }
+
+    /// Own a share of the queue in the PostgreSQL database at `url`, as node `node` with
+    /// leases of `lease`, with `root` as this host's directory (its inbox, logs and scratch;
+    /// locked, one daemon each). Blocking: call it off the async thread. A node name still
+    /// held by a live daemon is waited for up to one lease (a restarted daemon finds its
+    /// earlier process's registration until that expires), then refused.
+    #[cfg(feature = "postgres")]
+    pub fn open_postgres(
+        root: &Path,
+        url: &str,
+        node: &str,
+        lease: std::time::Duration,
+    ) -> Result<Queue, OpenError> {
+        use super::postgres::{PgBackend, PgError};
+        let root = std::path::absolute(root)
+            .map_err(|e| OpenError::Setup(format!("queue {}: {e}", root.display())))?;
+        let dir = QueueDir::new(&root);
+        dir.create_all()
+            .map_err(|e| OpenError::Setup(e.to_string()))?;
+        let lock = QueueLock::acquire(&dir)?;
+        super::check_queue_permissions(&dir).map_err(OpenError::Unsafe)?;
+        let give_up = std::time::Instant::now() + lease + std::time::Duration::from_secs(2);
+        let backend = loop {
+            match PgBackend::open(url, node, lease) {
+                Ok(backend) => break backend,
+                Err(PgError::NodeNameInUse { .. }) if std::time::Instant::now() < give_up => {
+                    tracing::info!(node, "the node name is held by a daemon seen within the lease; waiting for it to lapse");
+                    std::thread::sleep(std::time::Duration::from_secs(1));
+                }
+                Err(e) => return Err(OpenError::Database(e.to_string())),
+            }
+        };
+        Ok(Queue {
+            backend: Arc::new(backend),
+            local: dir,
+            _local_lock: Some(Arc::new(lock)),
         })
     }
 
     /// An owner on any backend, with `local` as this host's directory.
     pub fn with_backend(backend: Arc<dyn QueueBackend>, local: QueueDir) -> Queue {
-        Queue { backend, local }
+        Queue {
+            backend,
+            local,
+            _local_lock: None,
+        }
     }
 
     /// This host's queue directory (commands run in it by default).
@@ -123,6 +176,13 @@ impl Queue {
 
     /// Where a person finds the final records.
     pub fn record_locations(&self) -> RecordLocations {
+        if self.backend.shares_queue() {
+            let table = "the shared queue's cairn_records (cairn show --db URL <id>)".to_string();
+            return RecordLocations {
+                done: table.clone(),
+                failed: table,
+            };
+        }
         RecordLocations::of_queue_dir(self.root())
     }
 
@@ -145,14 +205,17 @@ impl Queue {
     /// refused (and writes nothing) once the lease no longer holds.
     pub fn checkpointer(&self, lease: &Lease, scope: &str) -> Result<LoopCheckpointer, QueueError> {
         let fence = self.backend.checkpoint_fence(lease)?;
-        let store = self
-            .backend
-            .checkpoint_files()
-            .ok_or(QueueError::Unsupported {
-                operation: "a loop phase's checkpointer",
-                backend: "database",
-            })?;
-        Ok(LoopCheckpointer::new(store.clone(), lease.task_id(), scope).fenced(fence))
+        let checkpointer = match self.backend.checkpoint_files() {
+            Some(store) => LoopCheckpointer::new(store.clone(), lease.task_id(), scope),
+            None => {
+                let sink = Arc::new(LeaseSink {
+                    backend: Arc::clone(&self.backend),
+                    lease: lease.clone(),
+                });
+                LoopCheckpointer::with_sink(sink, lease.task_id(), scope)
+            }
+        };
+        Ok(checkpointer.fenced(fence))
     }
 
     /// Learn the checkpoint generations of the tasks in flight in one read (at start), so that
@@ -166,6 +229,47 @@ impl Queue {
             Some(store) => Ok(store.learn_generations_on_disk(task_ids)?),
             None => Ok(()),
         }
+    }
+}
+
+/// The checkpoints of a backend without checkpoint files: each saved through the backend under
+/// the task's lease (a database checks it in the save's own statement).
+#[derive(Debug)]
+struct LeaseSink {
+    backend: Arc<dyn QueueBackend>,
+    lease: Lease,
+}
+
+impl LeaseSink {
+    fn store_error(&self, error: QueueError) -> StoreError {
+        match error {
+            QueueError::Checkpoint(error) => error,
+            QueueError::LeaseLost(lost) => StoreError::Fenced {
+                task_id: lost.task_id.clone(),
+                reason: lost.to_string(),
+            },
+            other => StoreError::Sink {
+                what: format!("the checkpoint of task {}", self.lease.task_id()),
+                source: Box::new(other),
+            },
+        }
+    }
+}
+
+impl CheckpointSink for LeaseSink {
+    fn latest(&self, task_id: &str) -> Result<Option<LoadedCheckpoint>, StoreError> {
+        self.backend
+            .latest_checkpoint(task_id)
+            .map_err(|e| self.store_error(e))
+    }
+
+    fn save(
+        &self,
+        checkpoint: &mut IterationCheckpoint<&serde_json::value::RawValue>,
+    ) -> Result<SavedCheckpoint, StoreError> {
+        self.backend
+            .save_checkpoint(&self.lease, checkpoint)
+            .map_err(|e| self.store_error(e))
     }
 }
 

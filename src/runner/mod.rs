@@ -69,6 +69,9 @@ pub struct RunContext {
     pub trial_progress: tokio::sync::Notify,
     /// Who commands run as and how their processes are tracked.
     pub confine: ConfineConfig,
+    /// Tasks whose lease this daemon lost (a shared queue): their commands are being stopped,
+    /// and their attempt's end writes nothing.
+    pub lost_leases: std::sync::Mutex<std::collections::HashSet<String>>,
 }
 
 impl RunContext {
@@ -79,6 +82,24 @@ impl RunContext {
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         controls.entry(task_id.to_string()).or_default().clone()
+    }
+
+    /// The task's lease is lost: stop its commands (SIGTERM, then SIGKILL), and have its
+    /// attempt's end write nothing, since another daemon may run the task now.
+    pub fn lose_lease(&self, task_id: &str) {
+        self.lost_leases
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .insert(task_id.to_string());
+        self.control(task_id).cancel.cancel();
+    }
+
+    /// Whether the task's lease was lost (forgetting that it was).
+    pub fn take_lost_lease(&self, task_id: &str) -> bool {
+        self.lost_leases
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .remove(task_id)
     }
 
     /// Forget a task's control handle (its attempt has ended).
@@ -667,6 +688,15 @@ impl PhaseRun<'_> {
         ]);
         if let Some(iteration) = iteration {
             env.push(("CAIRN_ITERATION".to_string(), iteration.to_string()));
+        }
+        // On a shared queue, who runs the task under which claim: external systems fence
+        // their own writes with these as cairn fences its own.
+        if let Some(node) = self.ctx.queue.node() {
+            env.push(("CAIRN_NODE".to_string(), node.to_string()));
+            env.push((
+                "CAIRN_LEASE_EPOCH".to_string(),
+                self.lease.epoch().to_string(),
+            ));
         }
         // The worker helpers the daemon wrote at start (see `crate::clients`).
         let clients = crate::clients::clients_dir(self.ctx.queue.root());

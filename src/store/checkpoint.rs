@@ -62,6 +62,28 @@ pub struct IterationCheckpoint<S = serde_json::Value> {
     pub cost: Option<f64>,
 }
 
+impl<S> IterationCheckpoint<S> {
+    /// The same checkpoint holding `state` instead (a sink takes the state serialized once).
+    pub fn with_state<T>(&self, state: T) -> IterationCheckpoint<T> {
+        IterationCheckpoint {
+            format_version: self.format_version,
+            task_id: self.task_id.clone(),
+            phase: self.phase.clone(),
+            phase_index: self.phase_index,
+            scope: self.scope.clone(),
+            iteration_count: self.iteration_count,
+            checkpoint_interval: self.checkpoint_interval,
+            partial_results: state,
+            last_checkpoint_at: self.last_checkpoint_at,
+            attempt: self.attempt,
+            generation: self.generation,
+            done: self.done,
+            output: self.output.clone(),
+            cost: self.cost,
+        }
+    }
+}
+
 /// A cost read back must be one a checkpoint can hold: JSON has no infinity, so a number too
 /// large for an `f64` (`1e999`) would parse as infinite and be written back as `null`, a
 /// different checkpoint. Such a file is refused instead.

@@ -86,6 +86,16 @@ pub enum StoreError {
     /// A loop's state could not be converted to or from JSON.
     #[error("the loop state could not be converted to or from JSON: {0}")]
     State(#[source] serde_json::Error),
+    /// The store behind a [`CheckpointSink`](super::CheckpointSink) (a database) failed;
+    /// `what` says what was being done.
+    #[error("{what}: {source}")]
+    Sink {
+        /// What was being done, naming the task.
+        what: String,
+        /// The sink's error.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
     /// The writer's [`WriteFence`](super::WriteFence) refused the write (its lease on the task
     /// was lost): nothing was written, and the writer must stop writing for the task.
     #[error("{reason}")]

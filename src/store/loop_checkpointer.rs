@@ -25,7 +25,7 @@ use serde_json::value::RawValue;
 use std::sync::Arc;
 
 use super::checkpoint::{IterationCheckpoint, FORMAT_VERSION};
-use super::checkpoint_store::{CheckpointStore, SavedCheckpoint, StoreError};
+use super::checkpoint_store::{CheckpointStore, LoadedCheckpoint, SavedCheckpoint, StoreError};
 
 /// Asked before every checkpoint write: may this writer still write for the task? The
 /// daemon's checkpointers carry one backed by the task's lease (`queue::Lease`), so a writer
@@ -36,14 +36,37 @@ pub trait WriteFence: Send + Sync + std::fmt::Debug {
     fn check(&self) -> Result<(), StoreError>;
 }
 
-/// Writes one loop's iteration checkpoints through a [`CheckpointStore`].
+/// Where a [`LoopCheckpointer`] keeps checkpoints when not in a [`CheckpointStore`]'s files:
+/// a queue in a database saves each one under the task's lease, in one statement. Object-safe,
+/// so the state arrives serialized once, as raw JSON.
+pub trait CheckpointSink: Send + Sync + std::fmt::Debug {
+    /// The newest checkpoint of `task_id` that decodes, if any.
+    fn latest(&self, task_id: &str) -> Result<Option<LoadedCheckpoint>, StoreError>;
+
+    /// Durably store `checkpoint` as the task's next generation, setting its generation, format
+    /// version and time as the file store does.
+    fn save(
+        &self,
+        checkpoint: &mut IterationCheckpoint<&RawValue>,
+    ) -> Result<SavedCheckpoint, StoreError>;
+}
+
+/// Where a loop's checkpoints go.
+#[derive(Debug)]
+enum Target {
+    Files(CheckpointStore),
+    Sink(Arc<dyn CheckpointSink>),
+}
+
+/// Writes one loop's iteration checkpoints through a [`CheckpointStore`] (or a
+/// [`CheckpointSink`]).
 ///
 /// Dropping it flushes the pending iteration, so a loop that stops early (an error, a
 /// shutdown) still commits the last iteration it completed.
 #[derive(Debug)]
 pub struct LoopCheckpointer {
     /// Where checkpoints go.
-    store: CheckpointStore,
+    target: Target,
     /// The task the loop belongs to (names its checkpoint files).
     task_id: String,
     /// The phase's name, recorded in each checkpoint.
@@ -77,10 +100,22 @@ impl LoopCheckpointer {
         task_id: impl Into<String>,
         scope: impl Into<String>,
     ) -> Self {
-        let scope = scope.into();
+        Self::to_target(Target::Files(store), task_id.into(), scope.into())
+    }
+
+    /// A checkpointer like [`new`](Self::new) whose checkpoints go to `sink` instead of files.
+    pub fn with_sink(
+        sink: Arc<dyn CheckpointSink>,
+        task_id: impl Into<String>,
+        scope: impl Into<String>,
+    ) -> Self {
+        Self::to_target(Target::Sink(sink), task_id.into(), scope.into())
+    }
+
+    fn to_target(target: Target, task_id: String, scope: String) -> Self {
         Self {
-            store,
-            task_id: task_id.into(),
+            target,
+            task_id,
             phase: scope.clone(),
             phase_index: 0,
             scope,
@@ -134,7 +169,11 @@ impl LoopCheckpointer {
 
     /// Like [`resume`](Self::resume), but the whole checkpoint (with `done` and `output`).
     pub fn resume_checkpoint(&mut self) -> Result<Option<IterationCheckpoint>, StoreError> {
-        let Some(loaded) = self.store.latest(&self.task_id)? else {
+        let latest = match &self.target {
+            Target::Files(store) => store.latest(&self.task_id)?,
+            Target::Sink(sink) => sink.latest(&self.task_id)?,
+        };
+        let Some(loaded) = latest else {
             return Ok(None);
         };
         let cp = loaded.checkpoint;
@@ -217,7 +256,19 @@ impl LoopCheckpointer {
         if let Some(fence) = &self.fence {
             fence.check()?;
         }
-        let saved = self.store.save_with_info(cp)?;
+        let saved = match &self.target {
+            Target::Files(store) => store.save_with_info(cp)?,
+            Target::Sink(sink) => {
+                let state = serde_json::value::to_raw_value(&cp.partial_results)
+                    .map_err(StoreError::State)?;
+                let mut raw = cp.with_state(state.as_ref());
+                let saved = sink.save(&mut raw)?;
+                cp.generation = raw.generation;
+                cp.format_version = raw.format_version;
+                cp.last_checkpoint_at = raw.last_checkpoint_at;
+                saved
+            }
+        };
         self.last_saved = Some(saved);
         self.last_written = Some(cp.iteration_count);
         Ok(())

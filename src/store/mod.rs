@@ -45,7 +45,7 @@ pub use faulty::{FaultMode, FaultyFileOps};
 pub use file::FileStorage;
 pub(crate) use file_ops::TEMP_SUFFIX;
 pub use file_ops::{FileOps, RealFileOps, TempFile, UnsyncedFileOps};
-pub use loop_checkpointer::{LoopCheckpointer, WriteFence};
+pub use loop_checkpointer::{CheckpointSink, LoopCheckpointer, WriteFence};
 #[cfg(feature = "test-doubles")]
 pub use power_loss::PowerLossFileOps;
 

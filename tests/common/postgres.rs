@@ -284,3 +284,66 @@ fn check(what: &str, output: &Output) {
         String::from_utf8_lossy(&output.stderr)
     );
 }
+
+/// Rows of text columns (`NULL` as `None`) of `statement` run with text parameters, on a
+/// connection of its own (for looking at a shared queue's tables from a test).
+pub fn query_texts(url: &str, statement: &str, params: &[&str]) -> Vec<Vec<Option<String>>> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime for the test's query");
+    runtime.block_on(async {
+        let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+            .await
+            .expect("connecting to the test cluster");
+        tokio::spawn(connection);
+        let params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = params
+            .iter()
+            .map(|p| p as &(dyn tokio_postgres::types::ToSql + Sync))
+            .collect();
+        client
+            .query(statement, &params)
+            .await
+            .unwrap_or_else(|e| panic!("running {statement:?}: {e}"))
+            .iter()
+            .map(|row| (0..row.len()).map(|i| row.get(i)).collect())
+            .collect()
+    })
+}
+
+/// Put `task` (a task file's JSON, with an `id`) into the shared queue at `url`, creating the
+/// schema if needed: what `cairn submit --db` does.
+pub fn submit_task(url: &str, task: &serde_json::Value) {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime for submitting");
+    let id = task["id"].as_str().expect("the task has an id");
+    let definition = task.to_string();
+    runtime.block_on(async {
+        let queue = cairn::queue::postgres::PgQueue::connect(url).expect("connecting");
+        queue.migrate().await.expect("migrating the schema");
+        queue
+            .submit(&cairn::queue::postgres::NewTask {
+                id,
+                priority: 0,
+                crash_limit: 5,
+                definition: &definition,
+            })
+            .await
+            .expect("submitting the task");
+    });
+}
+
+/// The final record of task `id` in the shared queue, if it has one.
+pub fn final_record(url: &str, id: &str) -> Option<serde_json::Value> {
+    query_texts(
+        url,
+        "SELECT record::text FROM cairn_records WHERE task_id = $1",
+        &[id],
+    )
+    .into_iter()
+    .next()
+    .and_then(|row| row.into_iter().next().flatten())
+    .map(|text| serde_json::from_str(&text).expect("a record is JSON"))
+}

@@ -54,7 +54,7 @@ pub fn logged_iterations(lines: &[SideLine], event: &str) -> Vec<u64> {
 }
 
 /// One line of a `logging_loop.py` side file.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct SideEvent {
     /// `start` or `end`.
     pub event: String,
@@ -62,6 +62,16 @@ pub struct SideEvent {
     pub iteration: u64,
     pub attempt: u32,
     pub pid: i32,
+    /// On a shared queue: the daemon that ran it, its lease epoch, and when (Unix seconds).
+    pub lease: Option<SideLease>,
+}
+
+/// Who ran a logged iteration of a shared queue's task, and when.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SideLease {
+    pub node: String,
+    pub epoch: u64,
+    pub at: f64,
 }
 
 /// The side file's complete lines (a missing file has none; a line still being written is
@@ -71,13 +81,18 @@ pub fn side_events(path: &Path) -> Vec<SideEvent> {
         .into_iter()
         .map(|line| {
             let f: Vec<&str> = line.rest.split(' ').collect();
-            assert_eq!(f.len(), 4, "bad side-file line {line:?}");
+            assert!(f.len() == 4 || f.len() == 7, "bad side-file line {line:?}");
             SideEvent {
-                event: line.event,
+                event: line.event.clone(),
                 task: f[0].to_string(),
                 iteration: f[1].parse().unwrap(),
                 attempt: f[2].parse().unwrap(),
                 pid: f[3].parse().unwrap(),
+                lease: (f.len() == 7).then(|| SideLease {
+                    node: f[4].to_string(),
+                    epoch: f[5].parse().unwrap(),
+                    at: f[6].parse().unwrap(),
+                }),
             }
         })
         .collect()

@@ -15,6 +15,8 @@ mod cli;
 mod cli_as_root;
 mod cli_inspect;
 mod cli_status;
+#[cfg(feature = "postgres")]
+mod cluster;
 mod commands;
 mod control;
 mod crash;

@@ -9,7 +9,7 @@
 use std::time::{Duration, Instant};
 
 use cairn::queue::postgres::{NewTask, PgBackend, PgQueue};
-use cairn::queue::{QueueBackend, QueueError, TaskRecord};
+use cairn::queue::{Lease, QueueBackend, QueueError, TaskRecord};
 use cairn::store::current_work::{ActiveTask, CurrentWork};
 use cairn::store::records::DoneRecord;
 use cairn::store::IterationCheckpoint;
@@ -71,6 +71,15 @@ fn text(rt: &Runtime, url: &str, statement: &str, id: &str) -> Option<String> {
             .unwrap()
             .and_then(|row| row.get::<_, Option<String>>(0))
     })
+}
+
+/// Save through the trait, whose checkpoints carry their state serialized once; returns the
+/// generation.
+fn save(backend: &PgBackend, lease: &Lease, cp: IterationCheckpoint) -> Result<u64, QueueError> {
+    let state = serde_json::value::to_raw_value(&cp.partial_results).unwrap();
+    backend
+        .save_checkpoint(lease, &mut cp.with_state(state.as_ref()))
+        .map(|saved| saved.generation)
 }
 
 fn a_checkpoint(id: &str, iterations: u64) -> IterationCheckpoint {
@@ -152,9 +161,7 @@ fn a_claimed_task_checkpoints_writes_its_state_and_output_and_finishes_through_t
     let lease = backend.claim("t1").unwrap();
     assert_eq!(lease.epoch(), 1, "the first claim is epoch 1");
     for iterations in 1..=3 {
-        let generation = backend
-            .save_checkpoint(&lease, &mut a_checkpoint("t1", iterations))
-            .unwrap();
+        let generation = save(&backend, &lease, a_checkpoint("t1", iterations)).unwrap();
         assert_eq!(generation, iterations);
     }
     let latest = backend.latest_checkpoint("t1").unwrap().unwrap();
@@ -164,8 +171,17 @@ fn a_claimed_task_checkpoints_writes_its_state_and_output_and_finishes_through_t
     backend
         .write_work(backend.owner(), &work_with("t1", 3))
         .unwrap();
-    let work = backend.load_work().unwrap();
-    assert_eq!(work.get("t1").map(|entry| entry.iterations), Some(3));
+    let iterations = text(
+        &rt,
+        &url,
+        "SELECT phase_state->>'iterations' FROM cairn_tasks WHERE id = $1",
+        "t1",
+    );
+    assert_eq!(
+        iterations.as_deref(),
+        Some("3"),
+        "the task's row holds its entry"
+    );
 
     let reference = backend
         .put_output(&lease, 0, br#"{"big": [1, 2, 3]}"#)
@@ -189,7 +205,7 @@ fn a_claimed_task_checkpoints_writes_its_state_and_output_and_finishes_through_t
     assert_eq!(state.as_deref(), Some("done"));
     // The lease ended with the record: no later write lands.
     assert_lease_lost(
-        backend.save_checkpoint(&lease, &mut a_checkpoint("t1", 4)),
+        save(&backend, &lease, a_checkpoint("t1", 4)),
         "a checkpoint after the record",
     );
     assert!(
@@ -209,9 +225,7 @@ fn a_node_whose_lease_was_taken_over_writes_nothing_and_recovery_sees_the_new_ho
     submit(&rt, &url, "t1");
     let stale = PgBackend::open(&url, "node-a", WRITE_THEN_EXPIRE).unwrap();
     let old = stale.claim("t1").unwrap();
-    stale
-        .save_checkpoint(&old, &mut a_checkpoint("t1", 1))
-        .unwrap();
+    save(&stale, &old, a_checkpoint("t1", 1)).unwrap();
     stale
         .write_work(stale.owner(), &work_with("t1", 1))
         .unwrap();
@@ -229,9 +243,7 @@ fn a_node_whose_lease_was_taken_over_writes_nothing_and_recovery_sees_the_new_ho
         resumed.checkpoint.iteration_count, 1,
         "resumes from node-a's checkpoint"
     );
-    other
-        .save_checkpoint(&new, &mut a_checkpoint("t1", 2))
-        .unwrap();
+    save(&other, &new, a_checkpoint("t1", 2)).unwrap();
     other
         .write_work(other.owner(), &work_with("t1", 2))
         .unwrap();
@@ -247,7 +259,7 @@ fn a_node_whose_lease_was_taken_over_writes_nothing_and_recovery_sees_the_new_ho
         "t1",
     );
     assert_lease_lost(
-        stale.save_checkpoint(&old, &mut a_checkpoint("t1", 9)),
+        save(&stale, &old, a_checkpoint("t1", 9)),
         "the stale checkpoint",
     );
     assert_lease_lost(stale.put_output(&old, 0, b"{}"), "the stale output");
@@ -267,11 +279,23 @@ fn a_node_whose_lease_was_taken_over_writes_nothing_and_recovery_sees_the_new_ho
     );
     assert_eq!(before, after, "node-a's refused writes changed nothing");
 
-    // Recovery, on a third node, reads what node-b left.
+    // What node-b left is there for whoever takes the task next: node-c, once node-b lets go.
     let recovering = PgBackend::open(&url, "node-c", LONG).unwrap();
-    let work = recovering.load_work().unwrap();
-    assert_eq!(work.get("t1").map(|entry| entry.iterations), Some(2));
     let latest = recovering.latest_checkpoint("t1").unwrap().unwrap();
     assert_eq!(latest.checkpoint.iteration_count, 2);
     other.renew(&new).unwrap();
+    assert!(
+        recovering.claim_work(4).unwrap().is_empty(),
+        "node-b still holds t1"
+    );
+    other.release();
+    let claimed = recovering.claim_work(4).unwrap();
+    assert_eq!(claimed.len(), 1, "node-c claims the released task");
+    assert_eq!(
+        claimed[0].entry.as_ref().map(|entry| entry.iterations),
+        Some(2),
+        "with node-b's work state"
+    );
+    assert_eq!(claimed[0].quarantine, None, "a release is no crash");
+    assert!(recovering.holds("t1"));
 }

@@ -408,7 +408,8 @@ async fn release_hands_leases_back_at_once_and_the_old_epoch_writes_nothing() {
     let generation = b_queue
         .save_checkpoint(&mut b_lease, &mut a_checkpoint("t1", 4), 3)
         .await
-        .unwrap();
+        .unwrap()
+        .generation;
     assert_eq!(generation, 2);
     b_queue
         .finish(
@@ -589,7 +590,11 @@ async fn checkpoint_bytes_round_trip_and_decode_with_the_stores_decoder() {
     let mut written = Vec::new();
     for iterations in 1..=5 {
         let mut cp = a_checkpoint("t1", iterations);
-        let generation = queue.save_checkpoint(&mut lease, &mut cp, 2).await.unwrap();
+        let generation = queue
+            .save_checkpoint(&mut lease, &mut cp, 2)
+            .await
+            .unwrap()
+            .generation;
         assert_eq!(generation, iterations);
         assert_eq!(cp.generation, generation);
         written.push(cp);

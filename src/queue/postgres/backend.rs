@@ -23,13 +23,15 @@ use std::time::{Duration, SystemTime};
 use chrono::{DateTime, Utc};
 use serde_json::Value;
 use tokio::runtime::Runtime;
-use tokio::task::JoinHandle;
 
 use super::connect::PgQueue;
 use super::error::{During, PgError};
 use super::fenced::Outcome;
+use super::journal::EventJournal;
 use super::lease::Lease as PgLease;
-use crate::queue::backend::{ControlClaim, LoadError, QueueBackend, QueueError, TaskRecord};
+use crate::queue::backend::{
+    ClaimedWork, ControlClaim, HandBack, LoadError, QueueBackend, QueueError, TaskRecord,
+};
 use crate::queue::control::ControlRequest;
 use crate::queue::lease::{Lease, LeaseLost, OwnerLease};
 use crate::queue::{IntakeReport, QueueHint};
@@ -37,8 +39,8 @@ use crate::store::current_work::{ActiveTask, CurrentWork, StartPoint};
 use crate::store::events::Event;
 use crate::store::records::{to_record_bytes, FailedRecord};
 use crate::store::{
-    decode_checkpoint, CheckpointStore, IterationCheckpoint, LoadedCheckpoint, StoreError,
-    WriteFence,
+    decode_checkpoint, CheckpointStore, IterationCheckpoint, LoadedCheckpoint, SavedCheckpoint,
+    StoreError, WriteFence,
 };
 use crate::task::Task;
 use crate::task_id::TaskId;
@@ -73,12 +75,6 @@ WHERE t.id = p.id
        OR (t.state = 'running' AND (t.lease_node = $2 OR t.lease_expires_at <= now())))
 RETURNING t.lease_epoch, t.lease_expires_at";
 
-/// The phase-level states of the unfinished tasks: the work state, one row per task.
-const LOAD_WORK: &str = "
-SELECT id, phase_state::text FROM cairn_tasks
-WHERE phase_state IS NOT NULL AND state IN ('queued', 'running', 'paused')
-ORDER BY submitted_at, id";
-
 /// The queue's owner on one PostgreSQL database, as node `node`.
 pub struct PgBackend {
     db: PgQueue,
@@ -88,8 +84,10 @@ pub struct PgBackend {
     owner: OwnerLease,
     /// The PostgreSQL lease of each task this owner holds.
     leases: Mutex<HashMap<String, PgLease>>,
-    /// Event appends under way (see [`QueueBackend::append_event`]).
-    events: Mutex<Vec<JoinHandle<()>>>,
+    /// The leases of tasks this owner finished, until their closing event is journaled.
+    finished: Mutex<HashMap<String, PgLease>>,
+    /// Appends events in order, off the callers' threads.
+    journal: EventJournal,
     /// Drives the database client; `None` only while dropping.
     runtime: Option<Runtime>,
 }
@@ -126,13 +124,15 @@ impl PgBackend {
             db.migrate().await?;
             db.register_node(node, lease_for).await
         })?;
+        let journal = EventJournal::start(&runtime, db.clone());
         Ok(PgBackend {
             db,
             node: node.to_owned(),
             lease_for,
             owner: OwnerLease::new(OWNER_EPOCH),
             leases: Mutex::default(),
-            events: Mutex::default(),
+            finished: Mutex::default(),
+            journal,
             runtime: Some(runtime),
         })
     }
@@ -210,7 +210,8 @@ impl PgBackend {
         for entry in &work.active_tasks {
             let held = locked(&self.leases).get(entry.task_id.as_str()).cloned();
             let Some(held) = held else {
-                tracing::warn!(task_id = %entry.task_id, "not writing the work state of a task this daemon does not hold");
+                // Finished here a moment ago (its entry leaves next), or lost.
+                tracing::debug!(task_id = %entry.task_id, "not writing the work state of a task this daemon does not hold");
                 continue;
             };
             let json = serde_json::to_string(entry)
@@ -298,6 +299,104 @@ impl QueueBackend for PgBackend {
         &self.owner
     }
 
+    fn shares_queue(&self) -> bool {
+        true
+    }
+
+    fn node(&self) -> Option<&str> {
+        Some(&self.node)
+    }
+
+    fn lease_length(&self) -> Option<Duration> {
+        Some(self.lease_for)
+    }
+
+    fn claim_work(&self, limit: usize) -> Result<Vec<ClaimedWork>, QueueError> {
+        if limit == 0 || !self.owner.holds(&self.owner) {
+            return Ok(Vec::new());
+        }
+        let max = u32::try_from(limit).unwrap_or(u32::MAX);
+        let (claimed, states) = self
+            .run(self.claim_with_states(max))
+            .map_err(|e| backend_error("claiming tasks".to_string(), e))?;
+        let mut work = Vec::with_capacity(claimed.len());
+        for claimed in claimed {
+            let held = claimed.lease.clone();
+            let task_id = held.task_id.clone();
+            let lease = self.owner.lease(&task_id, epoch_of(&held));
+            locked(&self.leases).insert(task_id.clone(), held);
+            match self.claimed_work(&claimed, lease, states.get(&task_id)) {
+                Ok(claimed) => work.push(claimed),
+                Err(error) => {
+                    // Validated when it was submitted, so this is damage: hold it for a person
+                    // rather than let every daemon claim it again and again.
+                    tracing::error!(%task_id, %error, "pausing a claimed task that cannot be read");
+                    if let Err(error) = self.hand_back(&task_id, HandBack::Paused) {
+                        tracing::warn!(%task_id, %error, "could not pause it");
+                    }
+                }
+            }
+        }
+        Ok(work)
+    }
+
+    fn drained(&self) -> Result<bool, QueueError> {
+        let left = self.ids(
+            "SELECT id FROM cairn_tasks WHERE state IN ('queued', 'running') LIMIT 1",
+            "looking for unfinished tasks",
+        )?;
+        Ok(left.is_empty())
+    }
+
+    fn renew_leases(&self) -> Result<Vec<String>, QueueError> {
+        if locked(&self.leases).is_empty() {
+            // Nothing to renew; the node is still seen alive by its claims.
+            return Ok(Vec::new());
+        }
+        let renewed = self
+            .run(self.db.renew_all(&self.node, self.lease_for))
+            .map_err(|e| backend_error("renewing leases".to_string(), e))?;
+        let renewed: HashMap<&str, &super::lease::RenewedLease> =
+            renewed.iter().map(|r| (r.task_id.as_str(), r)).collect();
+        let mut leases = locked(&self.leases);
+        let mut lost = Vec::new();
+        leases.retain(|task_id, held| match renewed.get(task_id.as_str()) {
+            Some(renewal) if renewal.epoch == held.epoch => {
+                held.expires_at = renewal.expires_at;
+                true
+            }
+            _ => {
+                lost.push(task_id.clone());
+                false
+            }
+        });
+        Ok(lost)
+    }
+
+    fn holds(&self, task_id: &str) -> bool {
+        self.owner.holds(&self.owner) && locked(&self.leases).contains_key(task_id)
+    }
+
+    fn hand_back(&self, task_id: &str, how: HandBack) -> Result<(), QueueError> {
+        let Some(held) = locked(&self.leases).get(task_id).cloned() else {
+            return Err(QueueError::LeaseLost(LeaseLost {
+                task_id: task_id.to_string(),
+                epoch: 0,
+                reason: "this daemon no longer holds the task",
+            }));
+        };
+        let lease = self.owner.lease(task_id, epoch_of(&held));
+        self.flush_events();
+        let result = match how {
+            HandBack::Paused => self.run(self.db.pause(&held)),
+            // The attempt ended without killing its daemon: no crash to count.
+            HandBack::RetryAfter(after) => self.run(self.db.requeue(&held, after, true)),
+        };
+        result.map_err(|e| self.refused(&lease, e))?;
+        locked(&self.leases).remove(task_id);
+        Ok(())
+    }
+
     fn claim(&self, task_id: &str) -> Result<Lease, QueueError> {
         if !self.owner.holds(&self.owner) {
             return Err(QueueError::NotOwner {
@@ -365,31 +464,10 @@ impl QueueBackend for PgBackend {
     }
 
     fn load_work(&self) -> Result<CurrentWork, LoadError> {
-        let key = "cairn_tasks.phase_state".to_string();
-        let rows = self
-            .run(async {
-                let client = self.db.client().await?;
-                client
-                    .query(LOAD_WORK, &[])
-                    .await
-                    .during("reading the work state")
-            })
-            .map_err(|e| LoadError::Io {
-                key: key.clone(),
-                source: io::Error::other(e),
-            })?;
-        let mut work = CurrentWork::default();
-        for row in &rows {
-            let task_id: String = row.get(0);
-            let text: String = row.get(1);
-            let entry: ActiveTask =
-                serde_json::from_str(&text).map_err(|source| LoadError::Corrupt {
-                    key: format!("{key} of task {task_id}"),
-                    source,
-                })?;
-            work.active_tasks.push(entry);
-        }
-        Ok(work)
+        // Nothing is this daemon's at start: what an earlier process under this name held is
+        // claimed again once its lease expired (a crash, counted), like any other daemon's,
+        // with the state it left ([`claim_work`](QueueBackend::claim_work)).
+        Ok(CurrentWork::default())
     }
 
     fn recover_intake(&self) -> IntakeReport {
@@ -590,9 +668,13 @@ impl QueueBackend for PgBackend {
             TaskRecord::Failed(failed) => (outcome_of(failed), to_record_bytes(failed)),
         };
         let json = String::from_utf8_lossy(&bytes);
+        // The task's events so far land before the record ends the lease they are fenced by.
+        self.flush_events();
         self.run(self.db.finish(&held, outcome, &json))
             .map_err(|e| self.refused(lease, e))?;
-        locked(&self.leases).remove(lease.task_id());
+        if let Some(ended) = locked(&self.leases).remove(lease.task_id()) {
+            locked(&self.finished).insert(lease.task_id().to_string(), ended);
+        }
         Ok(())
     }
 
@@ -607,10 +689,10 @@ impl QueueBackend for PgBackend {
     fn save_checkpoint(
         &self,
         lease: &Lease,
-        checkpoint: &mut IterationCheckpoint,
-    ) -> Result<u64, QueueError> {
+        checkpoint: &mut IterationCheckpoint<&serde_json::value::RawValue>,
+    ) -> Result<SavedCheckpoint, QueueError> {
         let mut held = self.held(lease)?;
-        let generation = self
+        let saved = self
             .run(
                 self.db
                     .save_checkpoint(&mut held, checkpoint, KEEP_GENERATIONS),
@@ -621,7 +703,7 @@ impl QueueBackend for PgBackend {
                 mine.last_generation = held.last_generation;
             }
         }
-        Ok(generation)
+        Ok(saved)
     }
 
     fn checkpoint_fence(&self, lease: &Lease) -> Result<Arc<dyn WriteFence>, QueueError> {
@@ -647,45 +729,94 @@ impl QueueBackend for PgBackend {
     }
 
     fn append_event(&self, task_id: &str, event: Event) {
-        let Some(held) = locked(&self.leases).get(task_id).cloned() else {
-            tracing::debug!(
-                task_id,
-                "an event of a task this daemon does not hold is not journaled"
-            );
-            return;
+        let held = locked(&self.leases).get(task_id).cloned();
+        let (held, after_record) = match held {
+            Some(held) => (held, false),
+            None => match locked(&self.finished).remove(task_id) {
+                Some(ended) => (ended, true),
+                None => {
+                    tracing::debug!(
+                        task_id,
+                        "an event of a task this daemon does not hold is not journaled"
+                    );
+                    return;
+                }
+            },
         };
-        let json = match serde_json::to_string(&event) {
-            Ok(json) => json,
-            Err(error) => {
-                tracing::warn!(task_id, %error, "an event could not be encoded");
-                return;
-            }
-        };
-        let db = self.db.clone();
-        let Some(runtime) = self.runtime.as_ref() else {
-            return;
-        };
-        let append = runtime.spawn(async move {
-            if let Err(error) = db.append_event(&held, &json).await {
-                tracing::warn!(task_id = %held.task_id, %error, "an event was not journaled");
-            }
-        });
-        let mut events = locked(&self.events);
-        events.retain(|handle| !handle.is_finished());
-        events.push(append);
+        match serde_json::to_string(&event) {
+            Ok(json) => self.journal.append(held, json, after_record),
+            Err(error) => tracing::warn!(task_id, %error, "an event could not be encoded"),
+        }
     }
 
     fn flush_events(&self) {
-        let pending = std::mem::take(&mut *locked(&self.events));
-        self.run(async {
-            for append in pending {
-                let _ = append.await;
-            }
-        });
+        self.run(self.journal.flushed());
     }
 }
 
+/// The phase states (work-state entries) of the tasks in `$1` that have one.
+const PHASE_STATES: &str = "
+SELECT id, phase_state::text FROM cairn_tasks WHERE id = ANY($1) AND phase_state IS NOT NULL";
+
 impl PgBackend {
+    /// Claim up to `max` tasks, with the phase state each was left in.
+    async fn claim_with_states(
+        &self,
+        max: u32,
+    ) -> Result<(Vec<super::lease::ClaimedTask>, HashMap<String, String>), PgError> {
+        let claimed = self.db.claim(&self.node, max, self.lease_for).await?;
+        if claimed.is_empty() {
+            return Ok((claimed, HashMap::new()));
+        }
+        let ids: Vec<&str> = claimed.iter().map(|c| c.lease.task_id.as_str()).collect();
+        let client = self.db.client().await?;
+        let states = client
+            .query(PHASE_STATES, &[&ids])
+            .await
+            .during("reading the claimed tasks' phase states")?
+            .iter()
+            .map(|row| (row.get(0), row.get(1)))
+            .collect();
+        Ok((claimed, states))
+    }
+
+    /// What the owner needs of one claimed task: its definition and where it stood.
+    fn claimed_work(
+        &self,
+        claimed: &super::lease::ClaimedTask,
+        lease: Lease,
+        state: Option<&String>,
+    ) -> Result<ClaimedWork, QueueError> {
+        let task_id = &claimed.lease.task_id;
+        let what = format!("the definition of task {task_id} in cairn_tasks");
+        let mut task = Task::parse_stored(claimed.definition.as_bytes()).map_err(|e| {
+            QueueError::Unreadable {
+                what: what.clone(),
+                problem: e.to_string(),
+            }
+        })?;
+        task.id = Some(TaskId::parse(task_id).map_err(|e| QueueError::Unreadable {
+            what,
+            problem: format!("task id {e}"),
+        })?);
+        let entry = state
+            .map(|text| serde_json::from_str::<ActiveTask>(text))
+            .transpose()
+            .map_err(|e| QueueError::Unreadable {
+                what: format!("the phase state of task {task_id} in cairn_tasks"),
+                problem: e.to_string(),
+            })?;
+        let quarantine = claimed
+            .must_quarantine()
+            .then(|| u32::try_from(claimed.crash_count).unwrap_or(0));
+        Ok(ClaimedWork {
+            task,
+            lease,
+            entry,
+            quarantine,
+        })
+    }
+
     /// Claim `task_id` for this node: its new lease, or `None` when it is not claimable.
     async fn claim_one(&self, task_id: &str) -> Result<Option<PgLease>, PgError> {
         let client = self.db.client().await?;

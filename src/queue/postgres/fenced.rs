@@ -15,7 +15,7 @@ use serde::Serialize;
 use super::connect::PgQueue;
 use super::error::{During, PgError};
 use super::lease::Lease;
-use crate::store::{encode_checkpoint, IterationCheckpoint, FORMAT_VERSION};
+use crate::store::{encode_checkpoint, IterationCheckpoint, SavedCheckpoint, FORMAT_VERSION};
 
 /// The lease check every fenced statement starts with; `$1` task, `$2` node, `$3` epoch.
 /// `extra` adds assignments (`, crash_count = 0`).
@@ -77,6 +77,13 @@ const APPEND_EVENT: &str = fenced!(
     )
     SELECT task_id FROM saved"
 );
+
+/// Append the event `$4` (JSON text) to the journal of a task that node `$2` finished under
+/// epoch `$3` (its record says so): the closing events follow the record that ended the lease.
+const APPEND_AFTER_RECORD: &str = "
+INSERT INTO cairn_events (task_id, node, lease_epoch, event)
+SELECT task_id, $2, $3, $4::text::json FROM cairn_records WHERE task_id = $1 AND lease_epoch = $3
+RETURNING task_id";
 
 /// End the task in state `$4` with record `$6` (JSON text, status `$5`), and end the lease.
 const FINISH: &str = fenced!(
@@ -150,7 +157,7 @@ pub struct StoredCheckpoint {
 impl PgQueue {
     /// Durably store `cp` as the task's next checkpoint generation, keeping
     /// `keep_generations` older ones. Sets `cp.generation`, `cp.format_version` and
-    /// `cp.last_checkpoint_at` as the file store does. Returns the generation. The lease
+    /// `cp.last_checkpoint_at` as the file store does. Returns what was written. The lease
     /// counts the generations, so a task's saves go through one `Lease` value (a stale clone
     /// would reuse a number, and its save fail on the generation's key).
     pub async fn save_checkpoint<S: Serialize>(
@@ -158,7 +165,8 @@ impl PgQueue {
         lease: &mut Lease,
         cp: &mut IterationCheckpoint<S>,
         keep_generations: u32,
-    ) -> Result<u64, PgError> {
+    ) -> Result<SavedCheckpoint, PgError> {
+        let started = std::time::Instant::now();
         let generation = lease.last_generation + 1;
         cp.generation = u64::try_from(generation).unwrap_or(1);
         cp.format_version = FORMAT_VERSION;
@@ -177,7 +185,12 @@ impl PgQueue {
         )
         .await?;
         lease.last_generation = generation;
-        Ok(cp.generation)
+        Ok(SavedCheckpoint {
+            generation: cp.generation,
+            iteration_count: cp.iteration_count,
+            bytes: bytes.len() as u64,
+            elapsed: started.elapsed(),
+        })
     }
 
     /// Replace the task's phase-level state (JSON text).
@@ -213,6 +226,22 @@ impl PgQueue {
     pub async fn append_event(&self, lease: &Lease, event_json: &str) -> Result<(), PgError> {
         self.fenced_write(lease, APPEND_EVENT, &[&event_json], "appending an event")
             .await
+    }
+
+    /// Append an event (JSON text) to the journal of a task this lease finished: refused
+    /// unless its record was written under this lease.
+    pub async fn append_event_after_record(
+        &self,
+        lease: &Lease,
+        event_json: &str,
+    ) -> Result<(), PgError> {
+        self.fenced_write(
+            lease,
+            APPEND_AFTER_RECORD,
+            &[&event_json],
+            "appending an event after the record",
+        )
+        .await
     }
 
     /// End the task with its final record (JSON text); the lease ends with it.

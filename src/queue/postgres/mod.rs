@@ -22,6 +22,7 @@ mod backend;
 mod connect;
 mod error;
 mod fenced;
+mod journal;
 mod lease;
 mod listen;
 pub mod schema;

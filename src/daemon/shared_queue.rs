@@ -1,0 +1,276 @@
+//! The daemon's side of a queue shared with daemons on other hosts (PostgreSQL, see
+//! `docs/cluster.md`). One scheduler drives both backends; on a shared queue it differs in four
+//! places, all here:
+//! - tasks are *claimed* from the queue when slots are free (expired leases first), instead of
+//!   coming from intake and the work state;
+//! - every lease is renewed in one step every lease/6, and a task whose lease could not be
+//!   renewed has its commands stopped before the lease can expire;
+//! - a task whose lease is lost is forgotten when its attempt ends: another daemon runs it now,
+//!   and nothing is written for it;
+//! - a task paused, or waiting for a retry's backoff, is handed back rather than kept.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::task::JoinHandle;
+
+use super::{runner_blocking, Scheduler};
+use crate::queue::{ClaimedWork, HandBack, QueueError};
+use crate::runner::RunContext;
+use crate::store::current_work::ActiveTask;
+use crate::store::records::RecordStatus;
+use crate::task_id::TaskId;
+
+/// How often free slots look for claimable work when no wake-up came (a lost notification
+/// delays work by at most this).
+pub(super) const CLAIM_POLL: Duration = Duration::from_secs(1);
+
+/// The claiming of work from a shared queue, as the main loop keeps it.
+#[derive(Default)]
+pub(super) struct Claiming {
+    /// The claim running on the blocking pool.
+    running: Option<JoinHandle<Result<Claimed, QueueError>>>,
+    /// When the last claim started.
+    last: Option<Instant>,
+    /// The last claim found nothing, and no task waited or ran anywhere.
+    drained: bool,
+}
+
+/// What one claim took, and whether the shared queue is drained (nothing taken, nothing
+/// waiting or running anywhere).
+pub(super) struct Claimed {
+    work: Vec<ClaimedWork>,
+    drained: bool,
+}
+
+impl Claiming {
+    /// Whether nothing is being claimed and the last look found the shared queue drained.
+    pub(super) fn is_idle(&self) -> bool {
+        self.running.is_none() && self.drained
+    }
+
+    pub(super) fn is_running(&self) -> bool {
+        self.running.is_some()
+    }
+
+    /// The claim under way, if any (pending forever otherwise, for `select!`).
+    pub(super) async fn finished(
+        &mut self,
+    ) -> Result<Result<Claimed, QueueError>, tokio::task::JoinError> {
+        let result = match &mut self.running {
+            Some(handle) => handle.await,
+            None => std::future::pending().await,
+        };
+        self.running = None;
+        result
+    }
+}
+
+impl Scheduler {
+    /// Slots neither running nor promised to a task already lined up here.
+    fn free_slots(&self) -> usize {
+        let lined_up =
+            self.running_ids.len() + self.resume.len() + self.pending.len() + self.suspects.len();
+        self.config.max_tasks.saturating_sub(lined_up)
+    }
+
+    /// On a shared queue with free slots, claim work when the poll is due (or `now`).
+    pub(super) fn claim_if_due(&mut self, now: bool) {
+        if !self.ctx.queue.shares_queue()
+            || self.claiming.running.is_some()
+            || self.ctx.shutdown.is_stopping()
+        {
+            return;
+        }
+        let free = self.free_slots();
+        if free == 0 {
+            return;
+        }
+        let due = self
+            .claiming
+            .last
+            .is_none_or(|at| at.elapsed() >= CLAIM_POLL);
+        if !(now || due) {
+            return;
+        }
+        self.claiming.last = Some(Instant::now());
+        let queue = self.ctx.queue.clone();
+        self.claiming.running = Some(tokio::task::spawn_blocking(move || {
+            let work = queue.claim_work(free)?;
+            let drained = work.is_empty() && queue.drained()?;
+            Ok(Claimed { work, drained })
+        }));
+    }
+
+    /// How often free slots look for work: every [`CLAIM_POLL`], or every sixth of a short
+    /// lease, so that a dead daemon's task is taken over soon after its lease expired.
+    fn claim_poll(&self) -> Duration {
+        let lease = self.ctx.queue.lease_length().unwrap_or(CLAIM_POLL * 6);
+        CLAIM_POLL.min(lease / 6)
+    }
+
+    /// How long the main loop may sleep before the next claim is due.
+    pub(super) fn claim_tick(&self) -> Option<Duration> {
+        (self.ctx.queue.shares_queue() && self.free_slots() > 0).then(|| self.claim_poll())
+    }
+
+    /// Line up what a claim took: a task that stood somewhere resumes there, a new one waits
+    /// with the pending ones, and one that kept killing its daemons is recorded failed.
+    pub(super) async fn take_claimed(
+        &mut self,
+        claimed: Result<Result<Claimed, QueueError>, tokio::task::JoinError>,
+    ) {
+        let claimed = match claimed {
+            Ok(Ok(claimed)) => claimed,
+            Ok(Err(error)) => {
+                tracing::warn!(%error, "could not claim work from the shared queue");
+                return;
+            }
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            Err(e) => return tracing::error!("a claim of work was lost: {e}"),
+        };
+        self.claiming.drained = claimed.drained;
+        for work in claimed.work {
+            self.line_up_claimed(work).await;
+        }
+    }
+
+    async fn line_up_claimed(&mut self, work: ClaimedWork) {
+        let ClaimedWork {
+            task,
+            lease,
+            entry,
+            quarantine,
+        } = work;
+        let id = task.id().clone();
+        tracing::info!(task_id = %id, epoch = lease.epoch(), resumes = entry.is_some(), "claimed a task");
+        if let Some(crashes) = quarantine {
+            let first = task
+                .phases
+                .first()
+                .map(|p| p.name.clone())
+                .unwrap_or_default();
+            let entry = entry.unwrap_or_else(|| ActiveTask::new(&id, &first));
+            let task = Arc::new(task);
+            self.tasks.insert(id.clone(), Arc::clone(&task));
+            let error = format!(
+                "quarantined: the daemons running it died or lost its lease {crashes} times in a \
+                 row with no checkpoint in between, so it is taken for their cause"
+            );
+            self.record_failure(&task, entry, error, RecordStatus::Failed)
+                .await;
+            self.tasks.remove(&id);
+            return;
+        }
+        match entry {
+            Some(entry) => {
+                self.ctx.work.update(|w| w.upsert(entry));
+                self.tasks.insert(id.clone(), Arc::new(task));
+                self.resume.push_back(id);
+            }
+            None => self.add_pending(task),
+        }
+    }
+
+    /// An attempt of a task whose lease was lost ended: forget the task (its new holder owns
+    /// its state now). True if that was the case.
+    pub(super) async fn forget_if_lease_lost(&mut self, id: &TaskId) -> bool {
+        let lost = self.ctx.take_lost_lease(id);
+        if !lost && self.ctx.queue.holds(id) {
+            return false;
+        }
+        tracing::warn!(task_id = %id, "lost the task's lease: its commands were stopped and another daemon runs it now");
+        // Stopped because renewals failed, the lease may still be this daemon's: hand it back
+        // (refused, and harmless, when another daemon has it).
+        self.hand_back_if_shared(id, Some(HandBack::RetryAfter(Duration::ZERO)))
+            .await;
+        self.forget_task(id);
+        true
+    }
+
+    /// Drop every trace of a task this daemon no longer holds.
+    fn forget_task(&mut self, id: &TaskId) {
+        self.tasks.remove(id);
+        self.retries.retain(|(_, waiting)| waiting != id);
+        self.ctx.drop_control(id);
+        self.ctx.work.update(|w| w.remove(id));
+    }
+
+    /// On a shared queue, give a paused or retrying task back (its entry was written) and
+    /// forget it; any daemon takes it up when it is resumed or its backoff is over.
+    pub(super) async fn hand_back_if_shared(&mut self, id: &TaskId, how: Option<HandBack>) {
+        let Some(how) = how.filter(|_| self.ctx.queue.shares_queue()) else {
+            return;
+        };
+        let (queue, task_id) = (self.ctx.queue.clone(), id.to_string());
+        match runner_blocking(move || queue.hand_back(&task_id, how)).await {
+            Ok(()) => {}
+            Err(QueueError::LeaseLost(_)) => {}
+            // Its lease then expires and another claim takes it up, from the entry written.
+            Err(error) => tracing::warn!(task_id = %id, %error, "could not hand the task back"),
+        }
+        self.forget_task(id);
+    }
+}
+
+/// What one renewal returns: the tasks whose lease was lost.
+type LostLeases = Result<Vec<String>, QueueError>;
+
+/// Renew this daemon's leases every lease/6 until the daemon ends. A lease found lost has its
+/// task's commands stopped. While renewals fail (the database unreachable), the leases still
+/// hold until the last successful renewal's *sending* plus the lease, whatever the clocks say;
+/// the commands of every task are stopped once less than two renewal periods of that are left.
+pub(super) async fn keep_leases(ctx: Arc<RunContext>, lease: Duration) {
+    let every = (lease / 6).max(Duration::from_millis(100));
+    let mut last_renewed = Instant::now();
+    // The renewal under way: when it was sent, and the tasks it found lost.
+    let mut renewing: Option<(Instant, JoinHandle<LostLeases>)> = None;
+    loop {
+        tokio::time::sleep(every).await;
+        if let Some((sent, handle)) = renewing.take() {
+            if !handle.is_finished() {
+                // Still waiting for the database: judge by the last renewal that went through.
+                renewing = Some((sent, handle));
+            } else {
+                match handle.await {
+                    Ok(Ok(lost)) => {
+                        last_renewed = sent;
+                        for task_id in lost {
+                            tracing::warn!(%task_id, "a lease could not be renewed: stopping the task's commands");
+                            ctx.lose_lease(&task_id);
+                        }
+                    }
+                    Ok(Err(error)) => tracing::warn!(%error, "renewing the leases failed"),
+                    Err(error) => tracing::error!(%error, "a lease renewal was lost"),
+                }
+            }
+        }
+        if last_renewed.elapsed() + 2 * every >= lease {
+            stop_everything_held(&ctx);
+        }
+        if renewing.is_none() {
+            let queue = ctx.queue.clone();
+            let sent = Instant::now();
+            renewing = Some((
+                sent,
+                tokio::task::spawn_blocking(move || queue.renew_leases()),
+            ));
+        }
+    }
+}
+
+/// The leases may expire any moment: stop the commands of every task in flight here.
+fn stop_everything_held(ctx: &RunContext) {
+    let held: Vec<String> = ctx.work.update(|w| {
+        w.active_tasks
+            .iter()
+            .map(|entry| entry.task_id.to_string())
+            .collect()
+    });
+    for task_id in held {
+        if !ctx.take_lost_lease(&task_id) {
+            tracing::warn!(%task_id, "no lease renewal went through for too long: stopping the task's commands");
+        }
+        ctx.lose_lease(&task_id);
+    }
+}
