@@ -17,7 +17,7 @@ use clap::Args;
 use serde::Serialize;
 
 use super::{millis, percentile};
-use crate::runner::{spawn_in_group_via, SpawnPath};
+use crate::runner::{spawn_in_group_via, Confinement, SpawnPath};
 
 #[derive(Debug, Args)]
 pub struct SpawnArgs {
@@ -118,6 +118,7 @@ fn spawn(path: SpawnPath, argv: &[&str]) -> anyhow::Result<tokio::process::Child
         log,
         Stdio::null(),
         None,
+        &Confinement::default(),
     )
     .with_context(|| format!("starting {argv:?}"))
 }

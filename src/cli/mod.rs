@@ -1,5 +1,6 @@
 //! The `cairn` command line: one file per subcommand. `main.rs` only calls [`main`].
 
+mod as_owner;
 mod bench;
 mod checkpoint;
 mod clients_path;
@@ -173,6 +174,9 @@ fn dispatch(queue: &Path, command: Command) -> CliResult<u8> {
     if command.writes_queue() {
         refuse_exposed_queue(queue, None)?;
     }
+    if command.runs_as_queue_owner() {
+        as_owner::become_queue_owner(queue)?;
+    }
     let done = |()| exit::OK;
     match command {
         Command::Run(args) => run::run(queue, args),
@@ -211,6 +215,23 @@ impl Command {
                 | Command::Cancel(_)
                 | Command::Retry(_)
                 | Command::Prune(_)
+        )
+    }
+
+    /// Does root run the command as the queue's owner (see `as_owner`)? `submit` does so itself,
+    /// once it has read the task file; `prune` removes through opened directories instead.
+    fn runs_as_queue_owner(&self) -> bool {
+        matches!(
+            self,
+            Command::Status(_)
+                | Command::Show(_)
+                | Command::History(_)
+                | Command::Checkpoint(_)
+                | Command::Fork(_)
+                | Command::Pause(_)
+                | Command::Resume(_)
+                | Command::Cancel(_)
+                | Command::Retry(_)
         )
     }
 }

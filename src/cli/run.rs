@@ -34,6 +34,12 @@ pub struct RunArgs {
     #[arg(long, default_value_t = 4, value_name = "N")]
     max_tasks: usize,
 
+    /// Run each task's commands as the user who submitted it (the owner of its inbox file),
+    /// with that user's groups, as cron and at do. Needs root or the capabilities CAP_SETUID,
+    /// CAP_SETGID, CAP_CHOWN and CAP_KILL (see docs/security.md).
+    #[arg(long)]
+    run_as_submitter: bool,
+
     /// Share a queue in PostgreSQL with the daemons of other hosts (a postgresql:// URL or
     /// libpq's key=value form). The queue directory is then this host's: its inbox (files
     /// dropped there enter the shared queue), logs and scratch. See docs/cluster.md.
@@ -93,7 +99,12 @@ pub fn run(queue: &Path, args: RunArgs) -> CliResult<u8> {
         .max_blocking_threads(crate::runner::MAX_BLOCKING_THREADS)
         .build()
         .map_err(|e| CliError::failure(format_args!("cannot start the runtime: {e}")))?;
+    if args.run_as_submitter {
+        crate::runner::identity::check_capabilities()
+            .map_err(|e| CliError::new(exit::INVALID_TASK, e))?;
+    }
     let mut config = DaemonConfig::new(queue);
+    config.run_as_submitter = args.run_as_submitter;
     config.exit_when_idle = args.exit_when_idle;
     config.stop_grace = args.stop_grace;
     config.max_tasks = args.max_tasks;

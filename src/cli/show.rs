@@ -125,8 +125,9 @@ impl ShowFacts {
         match source {
             Source::Files(reader) => Ok(ShowFacts::of_files(reader, id, task)),
             #[cfg(feature = "postgres")]
-            Source::Database(db) => ShowFacts::of_database(db, task)
-                .map_err(|e| super::source::database_error(db, e)),
+            Source::Database(db) => {
+                ShowFacts::of_database(db, task).map_err(|e| super::source::database_error(db, e))
+            }
         }
     }
 

@@ -30,7 +30,7 @@ pub struct DbArg {
 pub enum Source {
     Files(QueueReader),
     #[cfg(feature = "postgres")]
-    Database(PgReader),
+    Database(Box<PgReader>),
 }
 
 impl Source {
@@ -81,7 +81,7 @@ impl Source {
 
 #[cfg(feature = "postgres")]
 fn database_source(reader: PgReader) -> Source {
-    Source::Database(reader)
+    Source::Database(Box::new(reader))
 }
 
 #[cfg(not(feature = "postgres"))]

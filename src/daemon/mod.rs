@@ -28,7 +28,7 @@ mod summary;
 pub use summary::RunSummary;
 
 use crate::queue::{LockError, OpenError, Queue, QueueHint};
-use crate::runner::{AttemptEnd, RunContext, WorkState};
+use crate::runner::{AttemptEnd, CgroupRoot, ConfineConfig, RunContext, WorkState};
 use crate::shutdown::Shutdown;
 use crate::store::current_work::{ActiveStatus, ActiveTask};
 use crate::store::Storage;
@@ -50,6 +50,9 @@ pub struct DaemonConfig {
     /// The storage backend; `None` is the file backend on `queue_dir`. Tests pass a
     /// fault-injecting one.
     pub storage: Option<Arc<dyn Storage>>,
+    /// Run each task's commands as its submitter (`--run-as-submitter`). The caller checks
+    /// first that the process may switch users (`runner::identity::check_capabilities`).
+    pub run_as_submitter: bool,
     /// Share a queue in PostgreSQL with daemons on other hosts instead (`queue_dir` is then
     /// this host's directory: its inbox, logs and scratch).
     pub database: Option<DatabaseConfig>,
@@ -75,6 +78,7 @@ impl DaemonConfig {
             max_tasks: 4,
             rescan_interval: Duration::from_secs(5),
             storage: None,
+            run_as_submitter: false,
             database: None,
         }
     }
@@ -165,7 +169,11 @@ pub async fn run_with_summary(
     }
     // Owned (its lock held) for as long as the queue lives.
     let queue = open_queue(&config).await?;
-    prepare_queue(&queue).await;
+    let confine = ConfineConfig {
+        run_as_submitter: config.run_as_submitter,
+        cgroups: CgroupRoot::for_queue(&queue.runs_dir()),
+    };
+    prepare_queue(&queue, &confine).await;
     clean_after_crash(&queue);
     let work = load_work(&queue)?;
     let ctx = Arc::new(RunContext {
@@ -174,6 +182,7 @@ pub async fn run_with_summary(
         shutdown: shutdown.clone(),
         controls: Default::default(),
         trial_progress: tokio::sync::Notify::new(),
+        confine: confine.clone(),
         lost_leases: Default::default(),
     });
     let leases = ctx
@@ -190,6 +199,9 @@ pub async fn run_with_summary(
     let summary = scheduler.close().await;
     if let Some(leases) = leases {
         leases.abort();
+    }
+    if let Some(cgroups) = &confine.cgroups {
+        cgroups.remove_if_empty();
     }
     let exit = if shutdown.is_immediate() {
         DaemonExit::StoppedImmediately
@@ -227,10 +239,12 @@ async fn open_queue(config: &DaemonConfig) -> Result<Queue, DaemonError> {
 
 /// Kill what a daemon that died left running (so nothing races the tasks about to resume),
 /// and write the worker helpers.
-async fn prepare_queue(queue: &Queue) {
+async fn prepare_queue(queue: &Queue, confine: &ConfineConfig) {
     let root = queue.root().to_path_buf();
     let runs_dir = queue.runs_dir();
-    let orphans = runner_blocking(move || crate::runner::kill_orphans(&runs_dir)).await;
+    let cgroups = confine.cgroups.clone();
+    let orphans =
+        runner_blocking(move || crate::runner::kill_orphans(&runs_dir, cgroups.as_ref())).await;
     if orphans > 0 {
         tracing::warn!(
             count = orphans,

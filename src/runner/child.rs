@@ -6,6 +6,7 @@
 //! the death signal fires when the *thread* that spawned the child exits.
 
 use std::io::{self, Write};
+use std::os::fd::AsRawFd;
 use std::path::PathBuf;
 use std::process::{ExitStatus, Stdio};
 use std::time::Duration;
@@ -17,7 +18,19 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 
 use super::exec_trampoline;
+use super::identity::SwitchTo;
 use crate::shutdown::Shutdown;
+
+/// What a command is confined by, applied in the new process before its `exec`: the cgroup it
+/// joins (while it still has the daemon's identity, which may write there) and the user it
+/// becomes.
+#[derive(Debug, Clone, Default)]
+pub struct Confinement {
+    /// Become this identity (`--run-as-submitter`).
+    pub run_as: Option<SwitchTo>,
+    /// Join the cgroup whose `cgroup.procs` this is.
+    pub cgroup_procs: Option<PathBuf>,
+}
 
 /// Time between SIGTERM and SIGKILL when a child is stopped.
 pub const KILL_AFTER: Duration = Duration::from_secs(5);
@@ -41,6 +54,7 @@ pub struct CommandRun {
     pub log: PathBuf,
     pub log_header: String,
     pub timeout: Option<Duration>,
+    pub confinement: Confinement,
 }
 
 /// How a command run ended.
@@ -88,12 +102,14 @@ pub fn spawn_in_group(
     log: std::fs::File,
     stdin: Stdio,
     stdout: Option<Stdio>,
+    confinement: &Confinement,
 ) -> io::Result<tokio::process::Child> {
     let path = SpawnPath::default_for_process();
-    spawn_in_group_via(path, argv, cwd, env, log, stdin, stdout)
+    spawn_in_group_via(path, argv, cwd, env, log, stdin, stdout, confinement)
 }
 
 /// [`spawn_in_group`] through the given path (the spawn benchmark compares them).
+#[allow(clippy::too_many_arguments)]
 pub fn spawn_in_group_via(
     path: SpawnPath,
     argv: &[String],
@@ -102,6 +118,7 @@ pub fn spawn_in_group_via(
     log: std::fs::File,
     stdin: Stdio,
     stdout: Option<Stdio>,
+    confinement: &Confinement,
 ) -> io::Result<tokio::process::Child> {
     let Some((program, args)) = argv.split_first() else {
         return Err(io::Error::new(io::ErrorKind::InvalidInput, "empty command"));
@@ -111,21 +128,52 @@ pub fn spawn_in_group_via(
         None => Stdio::from(log.try_clone()?),
     };
     let daemon_pid = nix::unistd::getpid();
+    // Opened here, before the fork: the child only writes to it. Closed on exec, and in the
+    // daemon when this function returns.
+    let cgroup_procs = match (path, &confinement.cgroup_procs) {
+        (SpawnPath::Fork, Some(procs)) => Some(
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open(procs)
+                .map_err(|e| spawn_error(program, cwd, e))?,
+        ),
+        _ => None,
+    };
     let mut command = match path {
         SpawnPath::Fork => {
             let mut command = tokio::process::Command::new(program);
             command.args(args);
+            let cgroup_fd = cgroup_procs.as_ref().map(|f| f.as_raw_fd());
+            confine_before_exec(&mut command, cgroup_fd, confinement.run_as.clone());
             arm_death_signal_before_exec(&mut command, daemon_pid);
             command
         }
         SpawnPath::Trampoline => {
-            let resolved = exec_trampoline::resolve_program(program, cwd, env)
-                .map_err(|e| spawn_error(program, cwd, e))?;
+            let resolved = match exec_trampoline::resolve_program(program, cwd, env) {
+                Ok(resolved) => resolved,
+                // The daemon may not see what the submitter may run (a script only its owner
+                // can execute): the trampoline, as the submitter, looks it up itself, and a
+                // missing program ends it with 127.
+                Err(_) if confinement.run_as.is_some() => PathBuf::from(program),
+                Err(e) => return Err(spawn_error(program, cwd, e)),
+            };
             let mut command = tokio::process::Command::new("/proc/self/exe");
             command
                 .arg0("cairn")
                 .arg(exec_trampoline::TRAMPOLINE_ARG)
                 .arg(daemon_pid.to_string())
+                .arg(
+                    confinement
+                        .run_as
+                        .as_ref()
+                        .map_or("-".into(), SwitchTo::to_arg),
+                )
+                .arg(
+                    confinement
+                        .cgroup_procs
+                        .as_deref()
+                        .unwrap_or(std::path::Path::new("-")),
+                )
                 .arg(resolved)
                 .arg(program)
                 .args(args);
@@ -144,7 +192,38 @@ pub fn spawn_in_group_via(
         .stderr(Stdio::from(log))
         .process_group(0)
         .kill_on_drop(true);
-    command.spawn().map_err(|e| spawn_error(program, cwd, e))
+    let child = command.spawn().map_err(|e| spawn_error(program, cwd, e));
+    drop(cgroup_procs);
+    child
+}
+
+/// Join the cgroup and switch the user in the forked child, before the death signal is armed
+/// (a change of credentials clears it).
+fn confine_before_exec(
+    command: &mut tokio::process::Command,
+    cgroup_procs: Option<std::os::fd::RawFd>,
+    run_as: Option<SwitchTo>,
+) {
+    if cgroup_procs.is_none() && run_as.is_none() {
+        return;
+    }
+    // SAFETY: as in `arm_death_signal_before_exec`: only async-signal-safe calls (write,
+    // setgroups, setresgid, setresuid, prctl, capset, capget), no allocation (the groups were
+    // allocated before the fork), bare OS error codes.
+    unsafe {
+        command.pre_exec(move || {
+            if let Some(fd) = cgroup_procs {
+                let written = nix::libc::write(fd, b"0".as_ptr().cast(), 1);
+                nix::errno::Errno::result(written).map_err(io::Error::from)?;
+            }
+            if let Some(run_as) = &run_as {
+                run_as
+                    .assume()
+                    .map_err(|(_, errno)| io::Error::from(errno))?;
+            }
+            Ok(())
+        });
+    }
 }
 
 /// Arm `PR_SET_PDEATHSIG` in the forked child (which makes the spawn a full `fork`).
@@ -241,6 +320,7 @@ pub async fn run_command(
         log,
         Stdio::piped(),
         Some(Stdio::piped()),
+        &run.confinement,
     )
     .map_err(|e| {
         if is_resource_exhaustion(&e) {

@@ -8,14 +8,16 @@
 //! (`/proc/self/exe`, the very file the daemon runs even if it was replaced on disk) through
 //! `posix_spawn` in a hidden mode, [`TRAMPOLINE_ARG`]: that small fresh process arms the death
 //! signal, checks that the daemon is still its parent, and `exec`s the command, which keeps the
-//! signal, its pid, process group, working directory, environment and file descriptors.
+//! signal, its pid, process group, working directory, environment and file descriptors. Before
+//! that it joins the task's cgroup and becomes the task's submitter when asked (see
+//! `confinement`): the daemon itself never changes identity.
 //!
 //! Only a program that knows the hidden mode can serve as the trampoline, so it is used only
 //! once the cairn binary has called [`enable`] (`CAIRN_SPAWN_VIA_FORK` in its
 //! environment keeps the fork path); a library user's process keeps the `fork` path.
 
 use std::ffi::OsString;
-use std::io;
+use std::io::{self, Write};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -24,8 +26,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use nix::sys::signal::{SigHandler, Signal};
 use nix::unistd::AccessFlags;
 
+use super::identity::SwitchTo;
+
 /// The first argument that makes the cairn binary act as the trampoline:
-/// `cairn __cairn-exec-trampoline <daemon pid> <resolved program> <argv0> [args…]`.
+/// `cairn __cairn-exec-trampoline <daemon pid> <identity> <cgroup.procs> <resolved program>
+/// <argv0> [args…]`, where `<identity>` is `uid:gid:groups` or `-` (stay the daemon's user),
+/// and `<cgroup.procs>` is the file to join a cgroup through, or `-`.
 pub const TRAMPOLINE_ARG: &str = "__cairn-exec-trampoline";
 
 /// The exit code of a trampoline that could not `exec` the command (as a shell's 127).
@@ -64,14 +70,21 @@ pub fn run_if_requested() -> Option<ExitCode> {
 }
 
 fn trampoline(args: &[OsString]) -> u8 {
-    let [daemon_pid, program, argv0, command_args @ ..] = args else {
-        eprintln!("cairn: {TRAMPOLINE_ARG} needs <daemon pid> <program> <argv0> [args...]");
+    let [daemon_pid, identity, cgroup_procs, program, argv0, command_args @ ..] = args else {
+        eprintln!(
+            "cairn: {TRAMPOLINE_ARG} needs <daemon pid> <identity> <cgroup.procs> <program> <argv0> [args...]"
+        );
         return EXEC_FAILED;
     };
     let Some(daemon_pid) = daemon_pid.to_str().and_then(|p| p.parse::<i32>().ok()) else {
         eprintln!("cairn: {TRAMPOLINE_ARG}: {daemon_pid:?} is not a process id");
         return EXEC_FAILED;
     };
+    if let Err(message) = confine(identity, cgroup_procs) {
+        eprintln!("cairn: {message}");
+        return EXEC_FAILED;
+    }
+    // Armed after the switch of user, which clears it.
     if let Err(e) = nix::sys::prctl::set_pdeathsig(Signal::SIGKILL) {
         eprintln!("cairn: cannot arm the parent-death signal: {e}");
         return EXEC_FAILED;
@@ -98,6 +111,36 @@ fn trampoline(args: &[OsString]) -> u8 {
     } else {
         EXEC_FAILED
     }
+}
+
+/// Join the cgroup (with the daemon's identity, which may write it), then become the identity:
+/// groups, group, user, capabilities dropped, verified (see `identity`). The working directory
+/// is entered again as the new user, so a task cannot run in a directory its submitter may not
+/// enter.
+fn confine(identity: &OsString, cgroup_procs: &OsString) -> Result<(), String> {
+    if cgroup_procs != "-" {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(cgroup_procs)
+            .and_then(|mut procs| procs.write_all(b"0"))
+            .map_err(|e| format!("cannot join the task's cgroup {cgroup_procs:?}: {e}"))?;
+    }
+    if identity == "-" {
+        return Ok(());
+    }
+    let switch = identity
+        .to_str()
+        .and_then(SwitchTo::from_arg)
+        .ok_or_else(|| format!("{TRAMPOLINE_ARG}: {identity:?} is not uid:gid:groups"))?;
+    switch
+        .assume()
+        .map_err(|(step, e)| format!("cannot run as user {}: {step}: {e}", switch.uid))?;
+    nix::unistd::chdir(".").map_err(|e| {
+        format!(
+            "user {} may not enter the working directory: {e}",
+            switch.uid
+        )
+    })
 }
 
 /// The file `program` names, found the way `execvp` finds it (through the command's `PATH`,

@@ -6,22 +6,27 @@
 pub mod channel;
 mod checkpointing;
 mod child;
+mod confinement;
 pub mod exec_trampoline;
+pub mod identity;
 mod items;
 mod loop_phase;
 mod once;
 mod orphans;
+mod task_processes;
 mod work_state;
 mod worker;
 mod worker_supervision;
 
-pub use child::{spawn_in_group_via, SpawnPath};
+pub use child::{spawn_in_group_via, Confinement, SpawnPath};
 pub use child::{CommandRun, RunEnd, KILL_AFTER, MAX_REPLY_BYTES, NOTIFY_ENV};
+pub use confinement::ConfineConfig;
 /// The scope of loop phases' checkpoints (the queue benchmark, part of the `cli` feature,
 /// builds such checkpoints).
 #[cfg(feature = "cli")]
 pub(crate) use loop_phase::LOOP_SCOPE;
 pub use orphans::kill_orphans;
+pub use task_processes::CgroupRoot;
 pub use work_state::WorkState;
 
 use std::ops::ControlFlow;
@@ -62,6 +67,8 @@ pub struct RunContext {
     /// Signalled when a crash suspect shows progress, so the scheduler can end its trial and
     /// start the next one at once instead of at its next tick.
     pub trial_progress: tokio::sync::Notify,
+    /// Who commands run as and how their processes are tracked.
+    pub confine: ConfineConfig,
     /// Tasks whose lease this daemon lost (a shared queue): their commands are being stopped,
     /// and their attempt's end writes nothing.
     pub lost_leases: std::sync::Mutex<std::collections::HashSet<String>>,
@@ -169,8 +176,24 @@ pub async fn run_attempt(ctx: &Arc<RunContext>, task: &Arc<Task>, lease: &Lease)
     if let Err(end) = create_run_dir(ctx, task.id()).await {
         return end;
     }
+    let confinement = match confinement::prepare(ctx, task).await {
+        Ok(confinement) => confinement,
+        Err(end) => return end,
+    };
+    let end = run_phases(ctx, task, lease, &confinement).await;
+    confinement::end(task.id(), confinement).await;
+    end
+}
+
+/// The phases of one attempt, from where the task's entry stands.
+async fn run_phases(
+    ctx: &Arc<RunContext>,
+    task: &Arc<Task>,
+    lease: &Lease,
+    confinement: &confinement::TaskConfinement,
+) -> AttemptEnd {
     loop {
-        let run = match start_phase(ctx, task, lease).await {
+        let run = match start_phase(ctx, task, lease, confinement).await {
             ControlFlow::Continue(run) => run,
             ControlFlow::Break(end) => return end,
         };
@@ -209,6 +232,7 @@ async fn start_phase<'a>(
     ctx: &'a RunContext,
     task: &'a Task,
     lease: &'a Lease,
+    confinement: &'a confinement::TaskConfinement,
 ) -> ControlFlow<AttemptEnd, PhaseRun<'a>> {
     let id = task.id();
     let Some(entry) = ctx.work.update(|w| w.get(id).cloned()) else {
@@ -271,6 +295,7 @@ async fn start_phase<'a>(
         inputs,
         control,
         lease,
+        confinement,
     })
 }
 
@@ -458,6 +483,8 @@ pub(crate) struct PhaseRun<'a> {
     pub control: TaskControl,
     /// The task's lease: every write of this phase is fenced by it.
     pub lease: &'a Lease,
+    /// Who its commands run as, which cgroup they join.
+    pub confinement: &'a confinement::TaskConfinement,
 }
 
 impl PhaseRun<'_> {
@@ -481,6 +508,7 @@ impl PhaseRun<'_> {
             log: log.clone(),
             log_header: header,
             timeout: self.phase.timeout,
+            confinement: self.confinement.spawn.clone(),
         };
         let what = self.describe(iteration);
         let end = child::run_command(run, &self.ctx.shutdown, &self.control.cancel)
@@ -650,12 +678,10 @@ impl PhaseRun<'_> {
     /// The environment every command of this phase gets.
     pub fn env(&self, iteration: Option<u64>) -> Vec<(String, String)> {
         let id = self.task.id();
-        let mut env: Vec<(String, String)> = self
-            .task
-            .env
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
+        // The submitter's USER, HOME, ... first: the task's own env may override them.
+        let mut env = self.confinement.login_env();
+        env.extend(self.task.env.iter().map(|(k, v)| (k.clone(), v.clone())));
+        env.push(self.confinement.scratch_env());
         env.extend([
             ("CAIRN_TASK_ID".to_string(), id.to_string()),
             ("CAIRN_PHASE".to_string(), self.phase.name.clone()),

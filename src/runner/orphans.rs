@@ -7,47 +7,13 @@
 
 use std::path::Path;
 
-use nix::sys::signal::{kill, Signal};
-use nix::unistd::Pid;
+use super::task_processes::{self, CgroupRoot};
 
 /// Kill every process left from an earlier daemon of the queue whose run directories are under
-/// `runs_dir` (`Queue::runs_dir`); returns how many were killed.
-pub fn kill_orphans(runs_dir: &Path) -> usize {
+/// `runs_dir` (`Queue::runs_dir`): those in the queue's task cgroups, and those whose
+/// environment names a run directory of the queue. Returns how many were killed.
+pub fn kill_orphans(runs_dir: &Path, cgroups: Option<&CgroupRoot>) -> usize {
     let marker = format!("CAIRN_RUN_DIR={}/", runs_dir.display());
-    let me = std::process::id();
-    let mut killed = 0;
-    // An orphan may start another process between the scan and the kill: scan again until a
-    // scan finds none (a few rounds at most).
-    for _ in 0..5 {
-        let found: Vec<u32> = orphan_pids(&marker)
-            .into_iter()
-            .filter(|pid| *pid != me)
-            .collect();
-        if found.is_empty() {
-            break;
-        }
-        for pid in found {
-            if kill(Pid::from_raw(pid as i32), Signal::SIGKILL).is_ok() {
-                killed += 1;
-            }
-        }
-    }
-    killed
-}
-
-fn orphan_pids(marker: &str) -> Vec<u32> {
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    entries
-        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|pid| {
-            // Unreadable (another user's, or gone): not ours to judge.
-            std::fs::read(format!("/proc/{pid}/environ")).is_ok_and(|environ| {
-                environ
-                    .split(|b| *b == 0)
-                    .any(|var| var.starts_with(marker.as_bytes()))
-            })
-        })
-        .collect()
+    let in_cgroups = cgroups.map_or(0, CgroupRoot::kill_leftovers);
+    in_cgroups + task_processes::kill_matching(|var| var.starts_with(marker.as_bytes()))
 }

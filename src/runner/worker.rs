@@ -139,7 +139,10 @@ fn launch(
             "{{\"iteration\":{count},\"state\":{}}}\n",
             serde_json::to_string(state).unwrap_or_else(|_| "null".into())
         );
+        // Removed first: with --run-as-submitter the last one belongs to the submitter.
+        let _ = std::fs::remove_file(&resume_path);
         crate::store::modes::write_file(&resume_path, line.as_bytes())
+            .and_then(|()| run.confinement.hand_over(&resume_path, 0o600))
             .map_err(|e| transient("writing the resume file", e))?;
         env.push(("CAIRN_RESUME".into(), resume_path.display().to_string()));
     } else if let Err(e) = std::fs::remove_file(&resume_path) {
@@ -151,14 +154,28 @@ fn launch(
     // into this attempt's channel.
     let channel = Channel::create(&run_dir.join(format!("channel-{}-{}", run.index, run.attempt)))
         .map_err(|e| transient("creating the worker channel", e))?;
+    run.confinement
+        .hand_over(channel.path(), 0o600)
+        .map_err(|e| transient("handing the worker channel to the submitter", e))?;
     env.push(("CAIRN_CHANNEL".into(), channel.path().display().to_string()));
     let ack = AckPipe::create(&run_dir.join(format!("ack-{}-{}", run.index, run.attempt)))
         .map_err(|e| transient("creating the worker's ack pipe", e))?;
+    run.confinement
+        .hand_over(ack.path(), 0o600)
+        .map_err(|e| transient("handing the worker's ack pipe to the submitter", e))?;
     env.push(("CAIRN_ACK".into(), ack.path().display().to_string()));
     let log = open_log(&run.log_path(), &run.log_header(None))
         .map_err(|e| transient("opening the log", e))?;
-    let child = spawn_in_group(&run.phase.run, &run.cwd(), &env, log, Stdio::null(), None)
-        .map_err(|e| super::spawn_failure(&describe(run), e))?;
+    let child = spawn_in_group(
+        &run.phase.run,
+        &run.cwd(),
+        &env,
+        log,
+        Stdio::null(),
+        None,
+        &run.confinement.spawn,
+    )
+    .map_err(|e| super::spawn_failure(&describe(run), e))?;
     let group = group_of(&child);
     Ok(Launched {
         child,

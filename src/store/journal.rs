@@ -170,7 +170,11 @@ impl Drop for JournalWriter {
 /// A task without a journal has no events.
 pub fn read(queue_root: &Path, task_id: &str) -> io::Result<Vec<JournalEvent>> {
     let path = journal_path(queue_root, task_id);
-    let file = match std::fs::File::open(&path) {
+    let file = match crate::queue::read::open_no_follow(&path) {
+        Ok(file) if !file.metadata()?.is_file() => {
+            let why = format!("{}: not a regular file", path.display());
+            return Err(io::Error::new(io::ErrorKind::InvalidData, why));
+        }
         Ok(file) => file,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
         Err(e) => return Err(e),

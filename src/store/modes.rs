@@ -73,6 +73,8 @@ pub fn create_dir_all(path: &Path) -> io::Result<()> {
 }
 
 /// Open `path` for appending, creating it [`FILE_MODE`] if it does not exist (a log, a journal).
+/// A link in its place is refused (`ELOOP`): whoever can write the queue must not make cairn,
+/// perhaps run by root, append to a file elsewhere.
 pub fn open_append(path: &Path) -> io::Result<File> {
     match OpenOptions::new()
         .append(true)
@@ -84,9 +86,10 @@ pub fn open_append(path: &Path) -> io::Result<File> {
             fix_new_file(&file)?;
             Ok(file)
         }
-        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
-            OpenOptions::new().append(true).open(path)
-        }
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => OpenOptions::new()
+            .append(true)
+            .custom_flags(nix::libc::O_NOFOLLOW)
+            .open(path),
         Err(e) => Err(e),
     }
 }

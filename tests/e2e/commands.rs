@@ -45,6 +45,7 @@ fn commands_get_the_request_their_identity_and_the_queue_as_cwd() {
             "CAIRN_ATTEMPT": "1",
             "CAIRN_IDEMPOTENCY_KEY": "ident:first:0",
             "CAIRN_CLIENTS": queue.path("clients"),
+            "CAIRN_SCRATCH": queue.path("runs/ident/scratch"),
         })
     );
     assert_eq!(first["cwd"], json!(root));
@@ -89,4 +90,96 @@ fn the_task_env_reaches_the_command() {
         queue.done("env").unwrap()["result"],
         json!(["tiny", "it's \"quoted\""])
     );
+}
+
+/// The pids of processes whose command line holds `marker` (a `sleep` duration no other
+/// process uses); a zombie's command line is empty, so it does not count.
+fn processes_with(marker: &str) -> Vec<i32> {
+    list_dir(std::path::Path::new("/proc"))
+        .into_iter()
+        .filter_map(|name| name.parse::<i32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|cmdline| {
+                cmdline
+                    .split(|b| *b == 0)
+                    .any(|arg| arg == marker.as_bytes())
+            })
+        })
+        .collect()
+}
+
+/// A `sleep` duration unique to this test run, found again in `/proc/*/cmdline`.
+fn unique_sleep() -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos();
+    format!("1000.{}{nanos:09}", std::process::id())
+}
+
+/// Kills, by pid, the processes this test started (found by their unique marker) if the test
+/// fails before the daemon did.
+struct KillMarkedOnDrop(String);
+
+impl Drop for KillMarkedOnDrop {
+    fn drop(&mut self) {
+        for pid in processes_with(&self.0) {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+    }
+}
+
+#[test]
+fn a_helper_started_with_setsid_does_not_outlive_its_finished_task() {
+    let queue = TestQueue::new();
+    let marker = unique_sleep();
+    let _cleanup = KillMarkedOnDrop(marker.clone());
+    // The helper leaves the command's process group (setsid), so stopping the group misses it.
+    let script = format!("setsid sleep {marker} </dev/null >/dev/null 2>&1 & echo '{{}}'");
+    queue.seed_task(
+        "leaves.json",
+        &json!({"id": "leaves", "phases": [{"name": "only", "run": ["sh", "-c", script]}]}),
+    );
+    let mut daemon = queue.start(&[]);
+    queue.wait_done("leaves");
+    wait_until(
+        "the helper to be gone",
+        std::time::Duration::from_secs(60),
+        || processes_with(&marker).is_empty(),
+    );
+    assert!(daemon.is_running(), "the daemon itself was killed");
+    daemon.signal(nix::sys::signal::Signal::SIGTERM);
+    assert!(daemon
+        .wait_exit(std::time::Duration::from_secs(60))
+        .success());
+}
+
+#[test]
+fn a_helper_started_with_setsid_does_not_outlive_its_cancelled_task() {
+    let queue = TestQueue::new();
+    let marker = unique_sleep();
+    let _cleanup = KillMarkedOnDrop(marker.clone());
+    let script = format!("setsid sleep {marker} </dev/null >/dev/null 2>&1 & exec sleep 1000");
+    queue.seed_task(
+        "stays.json",
+        &json!({"id": "stays", "phases": [{"name": "only", "run": ["sh", "-c", script]}]}),
+    );
+    let mut daemon = queue.start(&[]);
+    let minute = std::time::Duration::from_secs(60);
+    wait_until("the helper to start", minute, || {
+        !processes_with(&marker).is_empty()
+    });
+    let out = queue.cairn_output(&["cancel", "stays"], b"");
+    assert!(out.status.success(), "{out:?}");
+    let record = queue.wait_failed("stays");
+    assert_eq!(record["status"], "cancelled", "{record}");
+    wait_until("the helper to be gone", minute, || {
+        processes_with(&marker).is_empty()
+    });
+    assert!(daemon.is_running(), "the daemon itself was killed");
+    daemon.signal(nix::sys::signal::Signal::SIGTERM);
+    assert!(daemon.wait_exit(minute).success());
 }

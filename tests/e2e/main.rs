@@ -35,6 +35,7 @@ mod postgres_backend;
 mod postgres_intake;
 mod postgres_leases;
 mod queue_modes;
+mod run_as_submitter;
 mod service;
 mod spawn_exhaustion;
 mod spawn_path;

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use cairn::queue::control::ControlAction;
 use cairn::queue::postgres::{NewTask, PgBackend, PgQueue, SCHEMA_VERSION};
 use cairn::queue::{QueueBackend, QueueDir, QueueError};
-use cairn::store::current_work::{ActiveTask, CurrentWork, StartPoint, StoredOutput};
+use cairn::store::current_work::{ActiveTask, StartPoint, StoredOutput};
 use cairn::store::records::RecordStatus;
 use cairn::store::IterationCheckpoint;
 use cairn::task::Task;
@@ -626,9 +626,7 @@ fn fork_with_db_makes_the_task_with_its_start_point_and_checkpoint() {
     entry
         .phase_outputs
         .insert("setup".into(), StoredOutput::Inline(json!({"scale": 2})));
-    let mut work = CurrentWork::default();
-    work.upsert(entry);
-    node.write_work(node.owner(), &serde_json::to_vec(&work).unwrap())
+    node.write_work_entries(node.owner(), &[entry], &[])
         .unwrap();
     for total in 1..=3 {
         let checkpoint = loop_checkpoint("acc", total);

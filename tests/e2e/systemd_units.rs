@@ -250,6 +250,56 @@ fn system_unit_exposure_is_at_most_2() {
     assert!(level <= 2.0, "exposure {level} is above 2.0:\n{what}");
 }
 
+/// The drop-in of `--run-as-submitter`, its `ExecStart=` pointed at the built binary.
+fn run_as_submitter_drop_in() -> String {
+    let drop_in = unit_source("run-as-submitter.conf");
+    assert!(
+        drop_in.contains(&format!("ExecStart={SYSTEM_EXEC} ")),
+        "the drop-in should run {SYSTEM_EXEC}"
+    );
+    drop_in.replace(SYSTEM_EXEC, BINARY)
+}
+
+#[test]
+fn the_run_as_submitter_drop_in_verifies_and_its_exposure_is_at_most_2_3() {
+    let test = "the_run_as_submitter_drop_in_verifies_and_its_exposure_is_at_most_2_3";
+    let Some(analyze) = tool(test, "systemd-analyze") else {
+        return;
+    };
+    let drop_in = run_as_submitter_drop_in();
+    let exec: Vec<(String, String)> = section(&drop_in, "Service")
+        .into_iter()
+        .filter(|(k, v)| k == "ExecStart" && !v.is_empty())
+        .collect();
+    assert_eq!(exec.len(), 1, "one ExecStart= after the reset");
+    assert!(exec[0].1.ends_with(" --run-as-submitter"), "{exec:?}");
+    let capabilities = "CAP_SETUID CAP_SETGID CAP_CHOWN CAP_KILL";
+    for key in ["CapabilityBoundingSet", "AmbientCapabilities"] {
+        let value = section(&drop_in, "Service")
+            .into_iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v);
+        assert_eq!(value.as_deref(), Some(capabilities), "{key}=");
+    }
+    let text = with_built_binary(&unit_source("cairn.service"), SYSTEM_EXEC);
+    let (_dir, path) = unit_dir(
+        "cairn.service",
+        &text,
+        &[("run-as-submitter.conf", drop_in.as_str())],
+    );
+    assert_verifies(&analyze, &path, false);
+    let mut command = Command::new(analyze);
+    command
+        .args(["security", "--offline=true", "--no-pager"])
+        .arg(&path);
+    let output = run(command);
+    let what = describe("systemd-analyze security --offline=true", &output);
+    assert!(output.status.success(), "{what}");
+    let level = exposure(&String::from_utf8_lossy(&output.stdout))
+        .unwrap_or_else(|| panic!("no overall exposure level in the output:\n{what}"));
+    assert!(level <= 2.3, "exposure {level} is above 2.3:\n{what}");
+}
+
 /// The duration a unit gives, e.g. "60s", "1min 30s".
 fn unit_duration(value: &str) -> Duration {
     humantime::parse_duration(value).unwrap_or_else(|e| panic!("{value:?}: {e}"))

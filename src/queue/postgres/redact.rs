@@ -105,10 +105,7 @@ mod tests {
             redacted_url("host=db user=ann password = 'a se\\'cret' dbname=q"),
             "host=db user=ann password = *** dbname=q"
         );
-        assert_eq!(
-            redacted_url("host=db password=x"),
-            "host=db password=***"
-        );
+        assert_eq!(redacted_url("host=db password=x"), "host=db password=***");
         assert_eq!(
             redacted_url("postgresql:///postgres?host=/tmp/x&user=cairn"),
             "postgresql:///postgres?host=/tmp/x&user=cairn"

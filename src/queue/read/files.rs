@@ -66,6 +66,47 @@ pub fn disk_size(path: &Path) -> u64 {
         .sum()
 }
 
+/// The most the read model reads of one queue file (`current_work.json` of a very busy queue
+/// is the largest): more is refused, so a planted huge file cannot exhaust memory.
+pub const MAX_QUEUE_FILE_BYTES: u64 = 256 * 1024 * 1024;
+
+/// A queue file's bytes, for commands that may run as root on a queue other users can write:
+/// opened without following a link (a link is refused: `ELOOP`) or blocking (a FIFO), refused
+/// unless a regular file of at most [`MAX_QUEUE_FILE_BYTES`] (`/dev/zero`, a device, a FIFO
+/// planted in its place), and read through a cap. A missing file is `NotFound`, as `fs::read`.
+pub fn read_queue_file(path: impl AsRef<Path>) -> io::Result<Vec<u8>> {
+    let path = path.as_ref();
+    let file = open_no_follow(path)?;
+    let meta = file.metadata()?;
+    let refuse = |why: String| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("{}: {why}", path.display()),
+        )
+    };
+    if !meta.is_file() {
+        return Err(refuse("not a regular file".into()));
+    }
+    if meta.len() > MAX_QUEUE_FILE_BYTES {
+        return Err(refuse(format!(
+            "{} bytes, more than the {MAX_QUEUE_FILE_BYTES} read of a queue file",
+            meta.len()
+        )));
+    }
+    let mut bytes = Vec::new();
+    file.take(MAX_QUEUE_FILE_BYTES).read_to_end(&mut bytes)?;
+    Ok(bytes)
+}
+
+/// Open for reading without following a link in the last component or blocking.
+pub fn open_no_follow(path: &Path) -> io::Result<fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK | nix::libc::O_NOCTTY)
+        .open(path)
+}
+
 /// A small file's bytes, or `None` unless it is a regular file (not a link, FIFO or device) of
 /// at most `cap` bytes: reading never blocks and never runs away.
 pub fn read_regular(path: &Path, cap: u64) -> Option<Vec<u8>> {
@@ -87,12 +128,19 @@ pub fn read_regular(path: &Path, cap: u64) -> Option<Vec<u8>> {
 /// The events at the end of a journal file (at most about `max_bytes` of it; a line cut by
 /// the start of the window is skipped, as are torn lines).
 pub fn read_journal_tail(path: &Path, max_bytes: u64) -> io::Result<Vec<JournalEvent>> {
-    let mut file = match fs::File::open(path) {
+    let mut file = match open_no_follow(path) {
         Ok(file) => file,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
         Err(e) => return Err(e),
     };
-    let len = file.metadata()?.len();
+    let meta = file.metadata()?;
+    if !meta.is_file() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("{}: not a regular file", path.display()),
+        ));
+    }
+    let len = meta.len();
     let start = len.saturating_sub(max_bytes);
     file.seek(SeekFrom::Start(start))?;
     let mut bytes = Vec::new();

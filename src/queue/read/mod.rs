@@ -31,6 +31,7 @@ pub use record::{Record, RecordError};
 pub use task_view::{TaskLease, TaskView};
 
 pub(crate) use files::{disk_size, json_stems, list_names, mtime, newest_mtime, read_regular};
+pub(crate) use files::{open_no_follow, read_queue_file};
 
 use crate::queue::QueueDir;
 use crate::store::current_work::{CurrentWork, StartPoint, StoredOutput};
@@ -170,7 +171,7 @@ impl QueueReader {
     /// The tasks in flight: `current_work.json` and the log of writes since (missing files:
     /// nothing in flight).
     pub fn current_work(&self) -> Result<CurrentWork, CurrentWorkError> {
-        let read = |key: &str| match fs::read(self.path_of_key(key)) {
+        let read = |key: &str| match read_queue_file(self.path_of_key(key)) {
             Ok(bytes) => Ok(Some(bytes)),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(e),
@@ -341,7 +342,7 @@ impl QueueReader {
                 if !meta.is_file() || meta.len() > crate::task::MAX_TASK_FILE_BYTES {
                     return None;
                 }
-                let task = Task::parse(&fs::read(&path).ok()?).ok()?;
+                let task = Task::parse(&read_queue_file(&path).ok()?).ok()?;
                 task.id.is_some().then_some((name, task))
             })
             .collect()
@@ -400,7 +401,7 @@ impl QueueReader {
 
     /// A task's definition as accepted (`tasks/<id>.json`); `None` when there is none.
     pub fn definition_bytes(&self, id: &str) -> io::Result<Option<Vec<u8>>> {
-        match fs::read(self.dir.task_file(id)) {
+        match read_queue_file(self.dir.task_file(id)) {
             Ok(bytes) => Ok(Some(bytes)),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(e),
@@ -409,7 +410,7 @@ impl QueueReader {
 
     /// The phase a pending task starts at: 0, or a fork's start point.
     fn start_phase(&self, id: &str) -> usize {
-        fs::read(self.path_of_key(&StartPoint::key(id)))
+        read_queue_file(self.path_of_key(&StartPoint::key(id)))
             .ok()
             .and_then(|bytes| serde_json::from_slice::<Value>(&bytes).ok())
             .and_then(|v| v["phase_index"].as_u64())
@@ -421,7 +422,7 @@ impl QueueReader {
     pub fn phase_outputs(&self, id: &str) -> BTreeMap<String, Value> {
         let mut found: BTreeMap<String, Value> = BTreeMap::new();
         for path in [self.dir.done_file(id), self.dir.failed_file(id)] {
-            if let Ok(bytes) = fs::read(path) {
+            if let Ok(bytes) = read_queue_file(path) {
                 let record: Value = serde_json::from_slice(&bytes).unwrap_or_default();
                 if let Some(Value::Object(outputs)) = record.get("phase_outputs") {
                     found.extend(outputs.iter().map(|(k, v)| (k.clone(), v.clone())));
@@ -454,7 +455,7 @@ impl QueueReader {
         if !is_plain_key(key) {
             return Err(failed("not a file inside the queue".into()));
         }
-        let bytes = fs::read(&path).map_err(|e| failed(e.to_string()))?;
+        let bytes = read_queue_file(&path).map_err(|e| failed(e.to_string()))?;
         serde_json::from_slice(&bytes).map_err(|e| failed(e.to_string()))
     }
 
@@ -493,7 +494,7 @@ impl QueueReader {
         list_names(&dir)
             .into_iter()
             .filter(|n| n.starts_with("failed-") && n.ends_with(".json"))
-            .filter_map(|n| serde_json::from_slice(&fs::read(dir.join(n)).ok()?).ok())
+            .filter_map(|n| serde_json::from_slice(&read_queue_file(dir.join(n)).ok()?).ok())
             .collect()
     }
 
@@ -524,7 +525,7 @@ impl QueueReader {
 
     /// The bytes of a file the store named by key (`None` when it cannot be read).
     pub fn read_key(&self, key: &str) -> Option<Vec<u8>> {
-        fs::read(self.path_of_key(key)).ok()
+        read_queue_file(self.path_of_key(key)).ok()
     }
 }
 

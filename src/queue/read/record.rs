@@ -1,6 +1,5 @@
 //! A task's final record, as the read model gives it, and the order tasks are listed in.
 
-use std::fs;
 use std::path::{Path, PathBuf};
 
 use chrono::{DateTime, Utc};
@@ -58,7 +57,7 @@ pub struct Record {
 
 impl Record {
     pub fn read(path: &Path) -> Result<Record, RecordError> {
-        let bytes = fs::read(path).map_err(|source| RecordError::Io {
+        let bytes = super::files::read_queue_file(path).map_err(|source| RecordError::Io {
             path: path.to_path_buf(),
             source,
         })?;

@@ -12,7 +12,6 @@
 //! - `runs/<id>/events.jsonl`: the rate, from this phase's `checkpoint` events.
 
 use std::collections::HashMap;
-use std::fs;
 use std::io;
 
 use chrono::{DateTime, Utc};
@@ -24,9 +23,9 @@ use super::record::Record;
 use super::QueueReader;
 use crate::queue::QueueDir;
 use crate::store::current_work::{ActiveStatus, ActiveTask, CurrentWork, StoredOutput};
+use crate::store::journal::JournalEvent;
 use crate::store::records::RecordStatus;
 use crate::store::task_state::TaskState;
-use crate::store::journal::JournalEvent;
 use crate::store::{IterationCheckpoint, LoadedCheckpoint};
 use crate::task::{Phase, PhaseKind, Task};
 use crate::task_id::TaskId;
@@ -266,7 +265,7 @@ pub(super) fn task_view(listing: &Listing, id: &TaskId) -> TaskView {
 /// `tasks/<id>.json`, noting a file that does not read.
 fn read_definition(reader: &QueueReader, view: &mut TaskView, id: &TaskId) {
     let task_path = reader.dir().task_file(&view.id);
-    match fs::read(&task_path) {
+    match super::files::read_queue_file(&task_path) {
         Ok(bytes) => match Task::parse_stored(&bytes) {
             Ok(mut task) => {
                 task.id = Some(id.clone());
@@ -318,9 +317,9 @@ pub(crate) fn in_flight(
         view.total = match phase.kind {
             PhaseKind::Once => None,
             PhaseKind::Loop => phase.max_iterations,
-            PhaseKind::Items => items_total(facts, phase, |name| {
-                entry.phase_outputs.get(name).cloned()
-            }),
+            PhaseKind::Items => {
+                items_total(facts, phase, |name| entry.phase_outputs.get(name).cloned())
+            }
             PhaseKind::Worker => entry.progress.and_then(|p| p.total),
         };
     }

@@ -272,7 +272,10 @@ pub enum ReadError {
     Database(#[from] PgError),
     #[error(transparent)]
     Checkpoint(crate::store::StoreError),
-    #[error("task {task_id:?} has no checkpoint generation {generation} (kept: {})", list(kept))]
+    #[error(
+        "task {task_id:?} has no checkpoint generation {generation} (kept: {})",
+        list(kept)
+    )]
     NoGeneration {
         task_id: String,
         generation: u64,

@@ -139,16 +139,16 @@ fn task_view(row: &Row, facts: &DbFacts) -> TaskView {
         finished(facts, &mut view, record);
         return view;
     }
-    let entry = row
-        .get::<_, Option<String>>(8)
-        .and_then(|text| match serde_json::from_str::<ActiveTask>(&text) {
+    let entry = row.get::<_, Option<String>>(8).and_then(|text| {
+        match serde_json::from_str::<ActiveTask>(&text) {
             Ok(entry) => Some(entry),
             Err(e) => {
                 view.warnings
                     .push(format!("the phase state of task {id} does not read: {e}"));
                 None
             }
-        });
+        }
+    });
     let has_entry = entry.is_some();
     match entry {
         Some(entry) => in_flight(facts, true, &mut view, entry),
@@ -180,9 +180,7 @@ fn read_definition(view: &mut TaskView, text: String) {
             task.id = TaskId::parse(view.id.as_str()).ok();
             view.task = Some(task);
         }
-        Err(e) => view
-            .warnings
-            .push(format!("{}: {e}", view.definition_key)),
+        Err(e) => view.warnings.push(format!("{}: {e}", view.definition_key)),
     }
 }
 

@@ -1,0 +1,188 @@
+//! What holds one task's commands: the user they run as (with `--run-as-submitter`), the
+//! cgroup they join (where the daemon may create one), and what is left of them at the end of
+//! each attempt (see [`super::task_processes`]).
+//!
+//! With `--run-as-submitter` a task's run directory `runs/<id>/` stays the daemon's (`0750`):
+//! its logs (which the command writes through the descriptors it is given), large outputs and
+//! the FIFOs' names cannot be renamed, replaced or linked by the task. What the command uses is
+//! handed to its submitter with `chown`: the worker's FIFOs (`0600`), its resume file (`0600`)
+//! and the scratch directory `runs/<id>/scratch/` (`0700`, `$CAIRN_SCRATCH`). So only
+//! `CAP_CHOWN` is needed for this, not `CAP_DAC_OVERRIDE`, and the daemon never writes into a
+//! directory a task could fill with links.
+
+use std::io;
+use std::path::{Path, PathBuf};
+
+use super::child::Confinement;
+use super::identity::RunAs;
+use super::task_processes::{self, CgroupRoot, TaskCgroup};
+
+/// The daemon's choices, shared by every task.
+#[derive(Debug, Clone, Default)]
+pub struct ConfineConfig {
+    /// Run each task's commands as its submitter (`cairn run --run-as-submitter`).
+    pub run_as_submitter: bool,
+    /// Where task cgroups are created; `None`: the `/proc` scan is used instead.
+    pub cgroups: Option<CgroupRoot>,
+}
+
+/// One task's confinement, for one attempt.
+#[derive(Debug)]
+pub struct TaskConfinement {
+    /// What each command is started with.
+    pub spawn: Confinement,
+    /// The submitter, when commands run as their submitter.
+    pub run_as: Option<RunAs>,
+    cgroup: Option<TaskCgroup>,
+    run_dir: PathBuf,
+}
+
+/// Why a task's commands cannot be confined as asked.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfineError {
+    #[error(
+        "the daemon runs tasks as their submitters (--run-as-submitter) and this task records no \
+         submitter (it was accepted before that was recorded): resubmit it"
+    )]
+    NoSubmitter,
+    #[error("cannot run as the task's submitter: {0}")]
+    Identity(#[from] super::identity::IdentityError),
+    #[error("preparing {path}: {source}")]
+    Io { path: PathBuf, source: io::Error },
+}
+
+/// The scratch directory of a task's run directory (`$CAIRN_SCRATCH`).
+pub fn scratch_dir(run_dir: &Path) -> PathBuf {
+    run_dir.join("scratch")
+}
+
+impl TaskConfinement {
+    /// Prepare task `id`'s attempt (blocking): find its submitter's identity, create its cgroup
+    /// and its scratch directory in `run_dir` (which exists), owned by the submitter.
+    pub fn prepare(
+        config: &ConfineConfig,
+        id: &str,
+        submitter_uid: Option<u32>,
+        run_dir: &Path,
+    ) -> Result<TaskConfinement, ConfineError> {
+        let run_as = match (config.run_as_submitter, submitter_uid) {
+            (false, _) => None,
+            (true, None) => return Err(ConfineError::NoSubmitter),
+            (true, Some(uid)) => Some(RunAs::of_uid(uid)?),
+        };
+        let cgroup = match &config.cgroups {
+            Some(root) => match root.task(id) {
+                Ok(cgroup) => Some(cgroup),
+                Err(e) => {
+                    tracing::warn!(task_id = %id, error = %e, "cannot create the task's cgroup: its helpers are found by the scan of /proc instead");
+                    None
+                }
+            },
+            None => None,
+        };
+        let confinement = TaskConfinement {
+            spawn: Confinement {
+                run_as: run_as.as_ref().map(|r| r.switch.clone()),
+                cgroup_procs: cgroup.as_ref().map(TaskCgroup::procs_file),
+            },
+            run_as,
+            cgroup,
+            run_dir: run_dir.to_path_buf(),
+        };
+        let scratch = scratch_dir(run_dir);
+        crate::store::modes::create_dir_all(&scratch).map_err(|source| ConfineError::Io {
+            path: scratch.clone(),
+            source,
+        })?;
+        confinement
+            .hand_over(&scratch, 0o700)
+            .map_err(|source| ConfineError::Io {
+                path: scratch,
+                source,
+            })?;
+        Ok(confinement)
+    }
+
+    /// Give `path` (which the daemon created) to the submitter with `mode`, when commands run
+    /// as their submitter; nothing otherwise.
+    pub fn hand_over(&self, path: &Path, mode: u32) -> io::Result<()> {
+        let Some(run_as) = &self.run_as else {
+            return Ok(());
+        };
+        use std::os::unix::fs::PermissionsExt;
+        std::os::unix::fs::lchown(
+            path,
+            Some(run_as.switch.uid.as_raw()),
+            Some(run_as.switch.gid.as_raw()),
+        )?;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+    }
+
+    /// The submitter's login variables (`USER`, `HOME`, ...), and `XDG_CACHE_HOME` in its
+    /// scratch directory (the service's cache directory is the daemon's user's), which a task's
+    /// `env` may override; none when commands run as the daemon's user.
+    pub fn login_env(&self) -> Vec<(String, String)> {
+        let Some(run_as) = &self.run_as else {
+            return Vec::new();
+        };
+        let mut env = run_as.login_env().to_vec();
+        let cache = scratch_dir(&self.run_dir).join(".cache");
+        env.push(("XDG_CACHE_HOME".into(), cache.display().to_string()));
+        env
+    }
+
+    /// `CAIRN_SCRATCH`: the directory the task's commands may write.
+    pub fn scratch_env(&self) -> (String, String) {
+        (
+            "CAIRN_SCRATCH".into(),
+            scratch_dir(&self.run_dir).display().to_string(),
+        )
+    }
+
+    /// End every process of the task still alive after its attempt (blocking): everything in
+    /// its cgroup, else everything carrying its `CAIRN_RUN_DIR`. Returns how many were found.
+    pub fn end_leftovers(&self) -> usize {
+        match &self.cgroup {
+            Some(cgroup) => cgroup.end_all(),
+            None => task_processes::kill_by_marker(&self.run_dir),
+        }
+    }
+}
+
+/// Prepare the confinement of `task`'s attempt off the async thread; an attempt that cannot be
+/// confined as asked fails (and counts: it would fail the same way again).
+pub(super) async fn prepare(
+    ctx: &super::RunContext,
+    task: &crate::task::Task,
+) -> Result<TaskConfinement, super::AttemptEnd> {
+    let config = ctx.confine.clone();
+    let id = task.id().to_string();
+    let submitter = submitter_uid(task);
+    let run_dir = ctx.queue.run_dir(&id);
+    let prepared =
+        super::blocking(move || TaskConfinement::prepare(&config, &id, submitter, &run_dir)).await;
+    match prepared {
+        Ok(Ok(confinement)) => Ok(confinement),
+        Ok(Err(e)) => Err(super::AttemptEnd::Failed {
+            error: e.to_string(),
+            counts: !matches!(e, ConfineError::Io { .. }),
+        }),
+        Err(e) => Err(super::AttemptEnd::Failed {
+            error: e.to_string(),
+            counts: false,
+        }),
+    }
+}
+
+/// End what is left of the attempt's processes, off the async thread.
+pub(super) async fn end(id: &str, confinement: TaskConfinement) {
+    let ended = super::blocking(move || confinement.end_leftovers()).await;
+    if let Some(count) = ended.ok().filter(|count| *count > 0) {
+        tracing::info!(task_id = %id, count, "killed processes the task left running");
+    }
+}
+
+/// The user who submitted `task` (the owner of the file taken from `inbox/`).
+fn submitter_uid(_task: &crate::task::Task) -> Option<u32> {
+    None
+}

@@ -1,0 +1,261 @@
+//! Every process of a task, found and ended when its attempt ends.
+//!
+//! A command leads its own process group, and stopping it signals that group; but a helper
+//! started with `setsid` (or a double-forking daemon) leaves the group and would outlive the
+//! task. Two ways to find such helpers:
+//!
+//! - **A cgroup per task**, where the daemon may create one: under its own cgroup v2 (as
+//!   `systemd` delegates it with `Delegate=yes`, or any cgroup the daemon's user may write, as
+//!   root's), `cairn-<queue>/task-<id>/`. Each command joins it before its `exec`, so nothing it
+//!   starts can leave; at the attempt's end `cgroup.kill` ends everything in it, however it was
+//!   started and whoever it runs as. The queue's part of the name is a hash of its `runs/`
+//!   directory, so a restarted daemon finds the cgroups of its predecessor.
+//! - Otherwise, **the environment marker**: every command gets `CAIRN_RUN_DIR=<queue>/runs/<id>`
+//!   and a helper inherits it. Processes whose environment holds exactly that variable are
+//!   killed, scanning `/proc` again until a scan finds none. Only processes whose environment
+//!   the daemon may read are seen: its own user's (root sees all). A helper that clears its
+//!   environment escapes this scan, not a cgroup.
+
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+
+/// How many times the `/proc` scan, or a cgroup's listing, is repeated at most: a process may
+/// start another between a scan and the kill.
+const MAX_ROUNDS: usize = 50;
+
+/// The cgroup directory under which this daemon puts its queue's task cgroups.
+#[derive(Debug, Clone)]
+pub struct CgroupRoot {
+    dir: PathBuf,
+}
+
+/// One task's cgroup.
+#[derive(Debug, Clone)]
+pub struct TaskCgroup {
+    dir: PathBuf,
+}
+
+impl CgroupRoot {
+    /// The queue's cgroup under this process's own cgroup v2, created if missing; `None` when
+    /// there is no cgroup v2 or this process may not create cgroups there.
+    pub fn for_queue(runs_dir: &Path) -> Option<CgroupRoot> {
+        let own = own_cgroup_dir()?;
+        let name = format!(
+            "cairn-{:08x}",
+            crc32fast::hash(runs_dir.as_os_str().as_encoded_bytes())
+        );
+        let dir = own.join(name);
+        // Created to learn whether this process may; removed again when no task runs.
+        match std::fs::create_dir(&dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => {
+                tracing::debug!(dir = %dir.display(), error = %e, "no cgroup per task: the scan of /proc by CAIRN_RUN_DIR is used");
+                return None;
+            }
+        }
+        Some(CgroupRoot { dir })
+    }
+
+    /// The cgroup of task `id`, created if missing.
+    pub fn task(&self, id: &str) -> io::Result<TaskCgroup> {
+        let dir = self.dir.join(format!("task-{id}"));
+        // The queue's directory may have been removed by `remove_if_empty` of another task
+        // in between: create it again, once.
+        for _ in 0..2 {
+            match std::fs::create_dir(&dir) {
+                Ok(()) => return Ok(TaskCgroup { dir }),
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                    return Ok(TaskCgroup { dir })
+                }
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                    let _ = std::fs::create_dir(&self.dir);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        std::fs::create_dir(&dir).map(|()| TaskCgroup { dir })
+    }
+
+    /// End every process left in the queue's task cgroups (a previous daemon's) and remove
+    /// those cgroups; returns how many processes were killed.
+    pub fn kill_leftovers(&self) -> usize {
+        let Ok(entries) = std::fs::read_dir(&self.dir) else {
+            return 0;
+        };
+        entries
+            .filter_map(|entry| entry.ok())
+            .filter(|entry| entry.file_name().to_string_lossy().starts_with("task-"))
+            .map(|entry| TaskCgroup { dir: entry.path() }.end_all())
+            .sum()
+    }
+
+    /// Remove the queue's cgroup when no task cgroup is left in it (at the daemon's exit).
+    pub fn remove_if_empty(&self) {
+        let _ = std::fs::remove_dir(&self.dir);
+    }
+}
+
+impl TaskCgroup {
+    /// The file a process writes `0` to in order to join this cgroup.
+    pub fn procs_file(&self) -> PathBuf {
+        self.dir.join("cgroup.procs")
+    }
+
+    /// Kill every process in the cgroup, wait until it is empty, and remove it. Returns how
+    /// many processes were found in it.
+    pub fn end_all(&self) -> usize {
+        let found = self.pids().len();
+        if found > 0 {
+            // cgroup.kill (Linux 5.14) kills all, even those started meanwhile; else one by one.
+            let killed_at_once = std::fs::OpenOptions::new()
+                .write(true)
+                .open(self.dir.join("cgroup.kill"))
+                .and_then(|mut f| f.write_all(b"1"))
+                .is_ok();
+            for _ in 0..MAX_ROUNDS {
+                let pids = self.pids();
+                if pids.is_empty() {
+                    break;
+                }
+                if !killed_at_once {
+                    for pid in pids {
+                        let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        if let Err(e) = std::fs::remove_dir(&self.dir) {
+            if e.kind() != io::ErrorKind::NotFound {
+                tracing::warn!(cgroup = %self.dir.display(), error = %e, "cannot remove a task's cgroup");
+            }
+        }
+        // The queue's cgroup too, when this was its last task: a daemon killed while idle then
+        // leaves no empty cgroup behind ([`CgroupRoot::task`] creates it again).
+        if let Some(queue_dir) = self.dir.parent() {
+            let _ = std::fs::remove_dir(queue_dir);
+        }
+        found
+    }
+
+    fn pids(&self) -> Vec<i32> {
+        std::fs::read_to_string(self.procs_file())
+            .map(|text| text.lines().filter_map(|l| l.trim().parse().ok()).collect())
+            .unwrap_or_default()
+    }
+}
+
+/// Kill every process whose environment holds `CAIRN_RUN_DIR=<run_dir>` exactly (a task's
+/// helpers that left its process group), until a scan finds none; returns how many.
+pub fn kill_by_marker(run_dir: &Path) -> usize {
+    let marker = format!("CAIRN_RUN_DIR={}", run_dir.display());
+    kill_matching(|var| var == marker.as_bytes())
+}
+
+/// Kill every process (not this one) having an environment variable for which `matches` holds,
+/// scanning again until a scan finds none; returns how many were killed.
+pub fn kill_matching(matches: impl Fn(&[u8]) -> bool) -> usize {
+    let me = std::process::id();
+    let mut killed = 0;
+    for _ in 0..MAX_ROUNDS {
+        let found: Vec<u32> = pids_with_env(&matches)
+            .into_iter()
+            .filter(|pid| *pid != me)
+            .collect();
+        if found.is_empty() {
+            break;
+        }
+        for pid in found {
+            if kill(Pid::from_raw(pid as i32), Signal::SIGKILL).is_ok() {
+                killed += 1;
+            }
+        }
+    }
+    killed
+}
+
+fn pids_with_env(matches: &impl Fn(&[u8]) -> bool) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            // Unreadable (another user's, or gone): not ours to judge.
+            std::fs::read(format!("/proc/{pid}/environ"))
+                .is_ok_and(|environ| environ.split(|b| *b == 0).any(matches))
+        })
+        .collect()
+}
+
+/// This process's cgroup v2 directory, if it has one and the unified hierarchy is mounted.
+fn own_cgroup_dir() -> Option<PathBuf> {
+    let cgroups = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    let own = cgroups.lines().find_map(|l| l.strip_prefix("0::"))?;
+    let mount = cgroup2_mount()?;
+    let dir = mount.join(own.trim_start_matches('/'));
+    dir.join("cgroup.procs").exists().then_some(dir)
+}
+
+/// Where the cgroup v2 hierarchy is mounted (`/sys/fs/cgroup`, or `/sys/fs/cgroup/unified` on
+/// a hybrid system), from `/proc/self/mountinfo`.
+fn cgroup2_mount() -> Option<PathBuf> {
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    mountinfo.lines().find_map(|line| {
+        let (left, right) = line.split_once(" - ")?;
+        let fs_type = right.split_whitespace().next()?;
+        let mount_point = left.split_whitespace().nth(4)?;
+        (fs_type == "cgroup2").then(|| PathBuf::from(mount_point))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::kill_by_marker;
+    use std::os::unix::process::CommandExt;
+    use std::process::Command;
+    use std::time::{Duration, Instant};
+
+    #[test]
+    fn helpers_that_left_the_process_group_are_found_by_their_marker() {
+        let run_dir = tempfile::tempdir().unwrap();
+        let marker_dir = run_dir.path().join("t1");
+        let mut child = Command::new("sleep")
+            .arg("1000")
+            .env("CAIRN_RUN_DIR", &marker_dir)
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        // Another task's run directory, a prefix of this one: never matched.
+        let mut other = Command::new("sleep")
+            .arg("1000")
+            .env("CAIRN_RUN_DIR", run_dir.path().join("t"))
+            .spawn()
+            .unwrap();
+        let killed = kill_by_marker(&marker_dir);
+        assert!(killed >= 1, "the marked process is killed");
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let status = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the marked process was not killed"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        assert!(!status.success());
+        assert!(
+            other.try_wait().unwrap().is_none(),
+            "a prefix is not a match"
+        );
+        other.kill().unwrap();
+        other.wait().unwrap();
+    }
+}
