@@ -43,7 +43,10 @@ use crate::store::{
 use crate::task::Task;
 use crate::task_id::TaskId;
 use files::quietly;
+// The PostgreSQL read model builds its views with these.
+#[cfg(feature = "postgres")]
 pub(crate) use record::rank;
+#[cfg(feature = "postgres")]
 pub(crate) use task_view::{finished, in_flight, pending, TaskFacts};
 use task_view::{rejected_view, submitted_view, task_view, Listing};
 
