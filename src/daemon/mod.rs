@@ -391,6 +391,7 @@ impl Scheduler {
         })
         .await;
         let mut summary = std::mem::take(&mut self.summary);
+        summary.shared_queue = self.ctx.queue.shares_queue();
         self.ctx.work.update(|work| {
             for entry in work.iter() {
                 if entry.status == ActiveStatus::Paused {

@@ -437,7 +437,7 @@ impl Scheduler {
 
     /// Forget the trials that are over: a trial ends early when the suspect makes progress
     /// (its runner clears the flag).
-    fn prune_trials(&mut self) {
+    pub(super) fn prune_trials(&mut self) {
         if !self.on_trial.is_empty() {
             let on_trial = &mut self.on_trial;
             self.ctx

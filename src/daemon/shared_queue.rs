@@ -74,12 +74,19 @@ impl Scheduler {
         self.config.max_tasks.saturating_sub(lined_up)
     }
 
-    /// On a shared queue with free slots, claim work when the poll is due (or `now`).
+    /// On a shared queue with free slots, claim work when the poll is due (or `now`). Nothing
+    /// is claimed while a crash suspect is tried here: it runs alone, so that if this daemon
+    /// dies, the blame falls on it alone.
     pub(super) fn claim_if_due(&mut self, now: bool) {
         if !self.ctx.queue.shares_queue()
             || self.claiming.running.is_some()
             || self.ctx.shutdown.is_stopping()
+            || !self.suspects.is_empty()
         {
+            return;
+        }
+        self.prune_trials();
+        if !self.on_trial.is_empty() {
             return;
         }
         let free = self.free_slots();
@@ -95,8 +102,9 @@ impl Scheduler {
         }
         self.claiming.last = Some(Instant::now());
         let queue = self.ctx.queue.clone();
+        let idle = free == self.config.max_tasks;
         self.claiming.running = Some(tokio::task::spawn_blocking(move || {
-            let work = queue.claim_work(free)?;
+            let work = queue.claim_work(free, idle)?;
             let drained = work.is_empty() && queue.drained()?;
             Ok(Claimed { work, drained })
         }));
@@ -114,8 +122,9 @@ impl Scheduler {
         (self.ctx.queue.shares_queue() && self.free_slots() > 0).then(|| self.claim_poll())
     }
 
-    /// Line up what a claim took: a task that stood somewhere resumes there, a new one waits
-    /// with the pending ones, and one that kept killing its daemons is recorded failed.
+    /// Line up what a claim took: a crash suspect goes on trial, a task that stood somewhere
+    /// resumes there, a new one waits with the pending ones, and one that kept killing its
+    /// daemons is recorded failed.
     pub(super) async fn take_claimed(
         &mut self,
         claimed: Result<Result<Claimed, QueueError>, tokio::task::JoinError>,
@@ -141,9 +150,10 @@ impl Scheduler {
             lease,
             entry,
             quarantine,
+            on_trial,
         } = work;
         let id = task.id().clone();
-        tracing::info!(task_id = %id, epoch = lease.epoch(), resumes = entry.is_some(), "claimed a task");
+        tracing::info!(task_id = %id, epoch = lease.epoch(), resumes = entry.is_some(), on_trial, "claimed a task");
         if let Some(crashes) = quarantine {
             let first = task
                 .phases
@@ -155,7 +165,8 @@ impl Scheduler {
             self.tasks.insert(id.clone(), Arc::clone(&task));
             let error = format!(
                 "quarantined: the daemons running it died or lost its lease {crashes} times in a \
-                 row with no checkpoint in between, so it is taken for their cause"
+                 row while it ran alone on them, with no checkpoint or finished phase in between, \
+                 so it is taken for their cause (`cairn retry --db` brings it back)"
             );
             self.record_failure(&task, entry, error, RecordStatus::Failed)
                 .await;
@@ -163,6 +174,17 @@ impl Scheduler {
             return;
         }
         self.claimed_leases.insert(id.clone(), lease);
+        if on_trial {
+            let first = task.phases.first().map(|p| p.name.clone());
+            let mut entry =
+                entry.unwrap_or_else(|| ActiveTask::new(&id, &first.unwrap_or_default()));
+            // The runner clears the flag at the first progress, which ends the trial.
+            entry.suspect = true;
+            self.ctx.work.update(|w| w.upsert(entry));
+            self.tasks.insert(id.clone(), Arc::new(task));
+            self.suspects.push_back(id);
+            return;
+        }
         match entry {
             Some(entry) => {
                 self.ctx.work.update(|w| w.upsert(entry));

@@ -50,8 +50,11 @@ pub struct RunSummary {
     /// Tasks held by `cairn pause` when the daemon returned: they wait for `cairn resume`.
     pub paused: Tally,
     /// Other unfinished tasks when the daemon returned (after a stop): the next run resumes
-    /// them.
+    /// them, or on a shared queue any daemon that shares it.
     pub unfinished: u64,
+    /// The queue is shared with other daemons (PostgreSQL): what this one leaves is handed
+    /// back to all of them.
+    pub shared_queue: bool,
 }
 
 impl RunSummary {
@@ -110,9 +113,15 @@ impl RunSummary {
             );
         }
         if self.unfinished > 0 {
+            let when = if self.shared_queue {
+                "on another daemon sharing the queue (handed back now), or here at the next \
+                 `cairn run`"
+            } else {
+                "at the next `cairn run`"
+            };
             let _ = writeln!(
                 out,
-                "  unfinished tasks continue from their checkpoints at the next `cairn run`"
+                "  unfinished tasks continue from their checkpoints {when}"
             );
         }
         out
@@ -152,6 +161,24 @@ mod tests {
              \x20 failed:   c, d (cancelled) in /q/f/; `cairn show ID` tells why\n\
              \x20 rejected: rejected-x-1a2b3c in /q/f/\n\
              \x20 paused:   e; they stay paused until `cairn resume ID`\n"
+        );
+    }
+
+    #[test]
+    fn unfinished_tasks_continue_where_the_queue_says() {
+        let mut summary = summary();
+        summary.unfinished = 2;
+        assert!(summary.render().ends_with(
+            "  unfinished tasks continue from their checkpoints at the next `cairn run`\n"
+        ));
+        summary.shared_queue = true;
+        let rendered = summary.render();
+        assert!(
+            rendered.ends_with(
+                "  unfinished tasks continue from their checkpoints on another daemon sharing \
+                 the queue (handed back now), or here at the next `cairn run`\n"
+            ),
+            "{rendered}"
         );
     }
 

@@ -149,9 +149,12 @@ pub struct ClaimedWork {
     pub lease: Lease,
     /// Where the task stood when its last holder let it go or died (`None`: it starts anew).
     pub entry: Option<ActiveTask>,
-    /// The task's holders died this many times in a row while it ran: record it failed
-    /// instead of running it (quarantine).
+    /// The task's holders died this many times in a row while it ran alone on them: record
+    /// it failed instead of running it (quarantine).
     pub quarantine: Option<u32>,
+    /// A crash suspect, claimed to be tried alone: nothing starts or is claimed beside it
+    /// until it makes progress or its attempt ends.
+    pub on_trial: bool,
 }
 
 /// How a task leaves this owner without a final record ([`QueueBackend::hand_back`]).
@@ -200,9 +203,10 @@ pub trait QueueBackend: Send + Sync + fmt::Debug {
     }
 
     /// Claim up to `limit` tasks that wait in a shared queue (expired leases first, then by
-    /// priority and age), each with its lease and where it stood. Files: none (tasks come from
-    /// intake and the work state).
-    fn claim_work(&self, _limit: usize) -> Result<Vec<ClaimedWork>, QueueError> {
+    /// priority and age), each with its lease and where it stood. While crash suspects wait,
+    /// an owner that holds nothing (`idle`) claims one of them to try alone and the others
+    /// claim nothing. Files: none (tasks come from intake and the work state).
+    fn claim_work(&self, _limit: usize, _idle: bool) -> Result<Vec<ClaimedWork>, QueueError> {
         Ok(Vec::new())
     }
 

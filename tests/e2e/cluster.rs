@@ -518,3 +518,71 @@ fn a_task_that_keeps_killing_its_daemon_is_quarantined() {
     host.daemon().signal(SIGTERM);
     host.daemon().wait_exit(DEADLINE);
 }
+
+/// Crash blame across daemons: a task that kills its daemon while three innocent tasks run
+/// beside it makes them all suspects, not crashes; each is then tried alone, so only the
+/// killer is counted and quarantined, and the innocent ones end done.
+#[test]
+fn only_the_task_that_kills_its_daemon_is_quarantined_not_the_ones_beside_it() {
+    let test = "only_the_task_that_kills_its_daemon_is_quarantined_not_the_ones_beside_it";
+    let Some(pg) = PgCluster::start(test) else {
+        return;
+    };
+    let url = pg.url();
+    let killer = "kill -9 $PPID; sleep 60";
+    submit_task(
+        &url,
+        &json!({"id": "killer", "phases": [{"name": "p", "run": ["sh", "-c", killer]}]}),
+    );
+    let innocent: Vec<String> = (1..=3).map(|n| format!("innocent{n}")).collect();
+    for id in &innocent {
+        submit_task(
+            &url,
+            &json!({"id": id, "phases": [{"name": "p", "run": ["sleep", "2"]}]}),
+        );
+    }
+    let crash_limit = 5; // as `submit_task` sets it
+    let mut host = Host::new("victim");
+    let mut deaths = 0;
+    let all: Vec<String> = std::iter::once("killer".to_string())
+        .chain(innocent.iter().cloned())
+        .collect();
+    let all_recorded = |url: &str| all.iter().all(|id| final_record(url, id).is_some());
+    while !all_recorded(&url) {
+        assert!(
+            deaths <= crash_limit + 2,
+            "not every task was recorded after {deaths} deaths"
+        );
+        host.start(&url, &["--max-tasks", "4"]);
+        let daemon = host.daemon();
+        crate::common::wait_for(
+            "the daemon dies or every task is recorded",
+            DEADLINE,
+            || {
+                if daemon.try_status().is_some() {
+                    Some(true)
+                } else {
+                    all_recorded(&url).then_some(false)
+                }
+            },
+        );
+        if host.daemon().try_status().is_some() {
+            deaths += 1;
+        }
+    }
+    let record = final_record(&url, "killer").unwrap();
+    assert_eq!(record["status"], "failed", "{record}");
+    assert!(
+        record["error"].as_str().unwrap().contains("quarantined"),
+        "{record}"
+    );
+    for id in &innocent {
+        let record = final_record(&url, id).unwrap();
+        assert_eq!(record["status"], "done", "{id} is innocent: {record}");
+    }
+    // The first death had all four in flight: no one was counted. Then the killer died alone
+    // on each of its trials until its crash limit.
+    assert_eq!(deaths, crash_limit + 1, "deaths before the quarantine");
+    host.daemon().signal(SIGTERM);
+    host.daemon().wait_exit(DEADLINE);
+}

@@ -283,11 +283,11 @@ fn a_node_whose_lease_was_taken_over_writes_nothing_and_recovery_sees_the_new_ho
     assert_eq!(latest.checkpoint.iteration_count, 2);
     other.renew(&new).unwrap();
     assert!(
-        recovering.claim_work(4).unwrap().is_empty(),
+        recovering.claim_work(4, true).unwrap().is_empty(),
         "node-b still holds t1"
     );
     other.release();
-    let claimed = recovering.claim_work(4).unwrap();
+    let claimed = recovering.claim_work(4, true).unwrap();
     assert_eq!(claimed.len(), 1, "node-c claims the released task");
     assert_eq!(
         claimed[0].entry.as_ref().map(|entry| entry.iterations),

@@ -350,7 +350,7 @@ fn requests_for_tasks_nobody_holds_are_applied_in_the_database() {
         ]
     );
     // The task is claimable again, and resumes as the retry's entry says.
-    let claimed = node.claim_work(10).unwrap();
+    let claimed = node.claim_work(10, true).unwrap();
     let ids: Vec<&str> = claimed.iter().map(|c| c.task.id().as_str()).collect();
     assert_eq!(ids, ["q1"]);
     let resumed = claimed[0].entry.as_ref().expect("the retry's entry");

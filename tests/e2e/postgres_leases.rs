@@ -89,7 +89,7 @@ async fn submit(queue: &PgQueue, id: &str) -> Submitted {
 
 /// Claim exactly the one task there is.
 async fn claim_one(queue: &PgQueue, node: &str, lease: Duration) -> ClaimedTask {
-    let mut claimed = queue.claim(node, 1, lease).await.unwrap();
+    let mut claimed = queue.claim(node, 1, lease, true).await.unwrap();
     assert_eq!(claimed.len(), 1, "{node} claims one task: {claimed:?}");
     claimed.remove(0)
 }
@@ -329,7 +329,7 @@ async fn two_nodes_claiming_at_once_take_each_task_exactly_once() {
             barrier.wait().await;
             let mut mine = Vec::new();
             loop {
-                let claimed = queue.claim(node, 3, LONG).await.unwrap();
+                let claimed = queue.claim(node, 3, LONG, true).await.unwrap();
                 if claimed.is_empty() {
                     return mine;
                 }
@@ -380,7 +380,7 @@ async fn release_hands_leases_back_at_once_and_the_old_epoch_writes_nothing() {
     let a = claim_one(&queue, "a", LONG).await;
     let b_queue = PgQueue::connect(&cluster.url()).unwrap();
     assert!(
-        b_queue.claim("b", 5, LONG).await.unwrap().is_empty(),
+        b_queue.claim("b", 5, LONG, true).await.unwrap().is_empty(),
         "a leased task is not claimed by another node"
     );
     let mut a_lease = a.lease.clone();
@@ -429,7 +429,7 @@ async fn release_hands_leases_back_at_once_and_the_old_epoch_writes_nothing() {
         .unwrap();
     assert_eq!((state.as_str(), status.as_str()), ("done", "done"));
     assert!(b_queue.renew_all("b", LONG).await.unwrap().is_empty());
-    assert!(b_queue.claim("b", 5, LONG).await.unwrap().is_empty());
+    assert!(b_queue.claim("b", 5, LONG, true).await.unwrap().is_empty());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -462,7 +462,10 @@ async fn after_expiry_another_node_takes_over_and_the_old_nodes_writes_are_refus
     let b = claim_one(&b_queue, "b", LONG).await;
     assert_eq!(b.lease.epoch, a.lease.epoch + 1);
     assert!(b.taken_over, "{b:?}");
-    assert_eq!(b.crash_count, 1, "an expired lease counts as a crash");
+    assert_eq!(
+        b.crash_count, 0,
+        "a checkpoint under the expired lease was progress: no crash of the task's"
+    );
     assert_eq!(b.lease.last_generation(), 1);
 
     let before = everything_about(&client, "t1").await;
@@ -524,6 +527,94 @@ async fn a_task_whose_leases_keep_expiring_is_marked_for_quarantine() {
     assert_eq!(state, "failed");
 }
 
+/// Crash blame, as the file queue judges it: tasks whose node died with several of them in
+/// flight without progress become suspects, none counted; while suspects wait, a busy node
+/// claims nothing and an idle one claims one to try alone; a suspect that dies alone is
+/// counted, one that made progress is cleared, and the innocent one is never counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expiry_with_several_tasks_in_flight_makes_suspects_tried_one_per_node() {
+    let Some((cluster, queue)) =
+        migrated_queue("an_expiry_with_several_tasks_in_flight_makes_suspects_tried_one_per_node")
+            .await
+    else {
+        return;
+    };
+    for id in ["s1", "s2", "s3", "later"] {
+        submit(&queue, id).await;
+    }
+    let client = sql(&cluster.url()).await;
+    // Node a dies holding three tasks; one of them (s3) had checkpointed.
+    let held = queue.claim("a", 3, SHORT, true).await.unwrap();
+    assert_eq!(held.len(), 3);
+    let s3 = held.iter().find(|c| c.lease.task_id == "s3").unwrap();
+    let mut s3_lease = s3.lease.clone();
+    queue
+        .save_checkpoint(&mut s3_lease, &mut a_checkpoint("s3", 1), 3)
+        .await
+        .unwrap();
+    for task in &held {
+        wait_lease_expired(&client, &task.lease.task_id).await;
+    }
+    // A node holding work claims nothing while suspects wait (it drains)...
+    assert!(queue
+        .claim("busy", 4, LONG, false)
+        .await
+        .unwrap()
+        .is_empty());
+    let judged = sql_rows(
+        &client,
+        "SELECT id, suspect::text, crash_count::text FROM cairn_tasks WHERE id LIKE 's%' ORDER BY id",
+    )
+    .await;
+    assert_eq!(
+        judged,
+        [
+            ["s1", "true", "0"],
+            ["s2", "true", "0"],
+            ["s3", "false", "0"]
+        ],
+        "in flight together without progress: suspects, none counted; s3 progressed: cleared"
+    );
+    // ...and an idle node claims one suspect, alone, to try it.
+    let trial = queue.claim("b", 4, SHORT, true).await.unwrap();
+    assert_eq!(trial.len(), 1, "{trial:?}");
+    assert!(trial[0].on_trial && trial[0].taken_over, "{trial:?}");
+    assert_eq!(trial[0].lease.task_id, "s1");
+    // Another idle node tries the other suspect beside it (each alone on its node).
+    let other = queue.claim("c", 4, LONG, true).await.unwrap();
+    assert_eq!(other.len(), 1, "{other:?}");
+    assert_eq!(other[0].lease.task_id, "s2");
+    assert!(other[0].on_trial);
+    // s1 dies on trial, alone on b: counted. Now nothing is suspect: normal claims again.
+    wait_lease_expired(&client, "s1").await;
+    let next = queue.claim("d", 4, LONG, false).await.unwrap();
+    let mut ids: Vec<&str> = next.iter().map(|c| c.lease.task_id.as_str()).collect();
+    ids.sort_unstable();
+    assert_eq!(ids, ["later", "s1", "s3"], "{next:?}");
+    let s1 = next.iter().find(|c| c.lease.task_id == "s1").unwrap();
+    assert_eq!(s1.crash_count, 1, "died alone on its trial: {s1:?}");
+    assert!(!s1.on_trial);
+    let s3 = next.iter().find(|c| c.lease.task_id == "s3").unwrap();
+    assert_eq!(s3.crash_count, 0, "{s3:?}");
+    let s2 = sql_rows(
+        &client,
+        "SELECT crash_count::text FROM cairn_tasks WHERE id = 's2'",
+    )
+    .await;
+    assert_eq!(s2, [["0"]], "the innocent suspect is not counted");
+}
+
+/// The rows `query` returns, every column as text.
+async fn sql_rows(client: &tokio_postgres::Client, query: &str) -> Vec<Vec<String>> {
+    client
+        .query(query, &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| (0..row.len()).map(|i| row.get::<_, String>(i)).collect())
+        .collect()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn renewing_keeps_a_lease_alive_past_its_original_expiry() {
     let Some((cluster, queue)) =
@@ -533,7 +624,7 @@ async fn renewing_keeps_a_lease_alive_past_its_original_expiry() {
     };
     submit(&queue, "t1").await;
     submit(&queue, "t2").await;
-    let claimed = queue.claim("a", 2, WRITE_THEN_EXPIRE).await.unwrap();
+    let claimed = queue.claim("a", 2, WRITE_THEN_EXPIRE, true).await.unwrap();
     assert_eq!(claimed.len(), 2);
     let renewed = queue.renew_all("a", LONG).await.unwrap();
     assert_eq!(
@@ -569,7 +660,7 @@ async fn renewing_keeps_a_lease_alive_past_its_original_expiry() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let b_queue = PgQueue::connect(&cluster.url()).unwrap();
-    assert!(b_queue.claim("b", 5, LONG).await.unwrap().is_empty());
+    assert!(b_queue.claim("b", 5, LONG, true).await.unwrap().is_empty());
     for task in &claimed {
         queue
             .save_phase_state(&task.lease, r#"{"phase": "still mine"}"#)
@@ -709,7 +800,7 @@ async fn requeue_and_pause_end_the_lease_and_hold_the_task_as_asked() {
     submit(&queue, "backoff").await;
     let first = claim_one(&queue, "a", LONG).await;
     queue.requeue(&first.lease, LONG, false).await.unwrap();
-    assert!(other.claim("b", 5, LONG).await.unwrap().is_empty());
+    assert!(other.claim("b", 5, LONG, true).await.unwrap().is_empty());
     let before = everything_about(&client, "backoff").await;
     every_write_is_refused(&queue, &first.lease).await;
     assert_eq!(everything_about(&client, "backoff").await, before);
@@ -728,7 +819,7 @@ async fn requeue_and_pause_end_the_lease_and_hold_the_task_as_asked() {
 
     // A paused task waits for its resume.
     other.pause(&second.lease).await.unwrap();
-    assert!(queue.claim("a", 5, LONG).await.unwrap().is_empty());
+    assert!(queue.claim("a", 5, LONG, true).await.unwrap().is_empty());
     every_write_is_refused(&other, &second.lease).await;
     assert!(queue.resume_paused("again").await.unwrap());
     assert!(

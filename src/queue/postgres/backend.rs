@@ -54,24 +54,22 @@ const KEEP_GENERATIONS: u32 = 2;
 const OWNER_EPOCH: u64 = 0;
 
 /// Claim one named task for node `$2` for `$3` seconds: a queued one, one this node holds, or
-/// one whose lease expired (by the database's clock; counted as a crash). The epoch is raised.
+/// one whose lease expired (by the database's clock), once judged (`lease::JUDGE_EXPIRED`)
+/// and is not waiting for a trial. The epoch is raised.
 const CLAIM_ONE: &str = "
-WITH prior AS (
-    SELECT id, state = 'running' AND lease_expires_at <= now() AS expired
-    FROM cairn_tasks WHERE id = $1 FOR UPDATE
-)
 UPDATE cairn_tasks t
 SET state = 'running',
     lease_node = $2,
     lease_epoch = t.lease_epoch + 1,
     lease_expires_at = now() + $3::float8 * interval '1 second',
-    crash_count = t.crash_count + CASE WHEN p.expired THEN 1 ELSE 0 END,
     not_before = NULL,
     updated_at = now()
-FROM prior p
-WHERE t.id = p.id
+WHERE t.id = $1
   AND (t.state = 'queued'
-       OR (t.state = 'running' AND (t.lease_node = $2 OR t.lease_expires_at <= now())))
+       OR (t.state = 'running'
+           AND (t.lease_node = $2
+                OR (t.lease_expires_at <= now() AND NOT t.suspect
+                    AND t.judged_epoch = t.lease_epoch))))
 RETURNING t.lease_epoch, t.lease_expires_at";
 
 /// The queue's owner on one PostgreSQL database, as node `node`.
@@ -335,13 +333,13 @@ impl QueueBackend for PgBackend {
         Some(self.lease_for)
     }
 
-    fn claim_work(&self, limit: usize) -> Result<Vec<ClaimedWork>, QueueError> {
+    fn claim_work(&self, limit: usize, idle: bool) -> Result<Vec<ClaimedWork>, QueueError> {
         if limit == 0 || !self.owner.holds(&self.owner) {
             return Ok(Vec::new());
         }
         let max = u32::try_from(limit).unwrap_or(u32::MAX);
         let (claimed, states) = self
-            .run(self.claim_with_states(max))
+            .run(self.claim_with_states(max, idle))
             .map_err(|e| backend_error("claiming tasks".to_string(), e))?;
         let mut work = Vec::with_capacity(claimed.len());
         for claimed in claimed {
@@ -831,8 +829,9 @@ impl PgBackend {
     async fn claim_with_states(
         &self,
         max: u32,
+        idle: bool,
     ) -> Result<(Vec<super::lease::ClaimedTask>, HashMap<String, String>), PgError> {
-        let claimed = self.db.claim(&self.node, max, self.lease_for).await?;
+        let claimed = self.db.claim(&self.node, max, self.lease_for, idle).await?;
         if claimed.is_empty() {
             return Ok((claimed, HashMap::new()));
         }
@@ -882,12 +881,17 @@ impl PgBackend {
             lease,
             entry,
             quarantine,
+            on_trial: claimed.on_trial,
         })
     }
 
     /// Claim `task_id` for this node: its new lease, or `None` when it is not claimable.
     async fn claim_one(&self, task_id: &str) -> Result<Option<PgLease>, PgError> {
         let client = self.db.client().await?;
+        client
+            .execute(super::lease::JUDGE_EXPIRED, &[])
+            .await
+            .during("judging expired leases")?;
         let row = client
             .query_opt(
                 CLAIM_ONE,

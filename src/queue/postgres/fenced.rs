@@ -36,9 +36,9 @@ macro_rules! fenced {
 
 /// Store checkpoint generation `$4` (`$5` bytes, `$6` iterations) and drop the generations
 /// older than the `$7` kept besides it. A committed checkpoint is progress: the crash count
-/// starts again.
+/// starts again, and an expiry of this lease is no crash of the task's (see [`super::lease`]).
 const SAVE_CHECKPOINT: &str = fenced!(
-    ", crash_count = 0",
+    ", crash_count = 0, progressed_epoch = $3",
     ", saved AS (
         INSERT INTO cairn_checkpoints (task_id, generation, bytes, iteration_count, lease_epoch)
         SELECT id, $4, $5, $6, $3 FROM fence
@@ -57,7 +57,7 @@ const SAVE_PHASE_STATE: &str = fenced!(", phase_state = $4::text::json", "SELECT
 /// Store the output `$6` (JSON text) of phase `$5` at index `$4`; an empty `$5` stands for
 /// the name the task's definition gives phase `$4`. A finished phase is progress.
 const SAVE_OUTPUT: &str = fenced!(
-    ", crash_count = 0",
+    ", crash_count = 0, progressed_epoch = $3",
     ", saved AS (
         INSERT INTO cairn_outputs (task_id, phase_index, phase, output, lease_epoch)
         SELECT f.id, $4,

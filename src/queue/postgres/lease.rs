@@ -3,8 +3,8 @@
 //! A claim raises the task's `lease_epoch`; every later write for the task names the epoch it
 //! holds and is refused once another claim raised it (see [`super::fenced`]). Expiry is
 //! judged by the database's `now()` alone. A lease that expired is lost for good: renewing
-//! skips it, and another node (or this one) may claim the task again, which counts a crash
-//! against the task.
+//! skips it, and another node (or this one) may claim the task again once the expiry was
+//! judged ([`JUDGE_EXPIRED`]: cleared, a suspect to try alone, or a crash counted).
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -43,9 +43,13 @@ pub struct ClaimedTask {
     /// The task file as submitted.
     pub definition: String,
     /// True when the task was taken over from a lease that expired (its holder died, froze or
-    /// lost the database): a crash, counted in `crash_count`.
+    /// lost the database).
     pub taken_over: bool,
-    /// Expired leases in a row, with no checkpoint or clean release in between.
+    /// A crash suspect claimed to be tried alone: the claiming node runs nothing beside it
+    /// until it makes progress or its attempt ends.
+    pub on_trial: bool,
+    /// Expired leases in a row while the task was in flight alone on its node, with no
+    /// progress or clean release in between.
     pub crash_count: i32,
     /// At this many the task is taken for the cause of the crashes.
     pub crash_limit: i32,
@@ -53,7 +57,8 @@ pub struct ClaimedTask {
 
 impl ClaimedTask {
     /// Whether the task is to be quarantined (recorded failed under this lease with the
-    /// reason) instead of run: its holders died `crash_limit` times in a row while it ran.
+    /// reason) instead of run: its holders died `crash_limit` times in a row while it ran
+    /// alone on them.
     pub fn must_quarantine(&self) -> bool {
         self.crash_count >= self.crash_limit
     }
@@ -67,16 +72,49 @@ pub struct RenewedLease {
     pub expires_at: DateTime<Utc>,
 }
 
+/// Judge, once per lease, every lease that expired: the task's holder died, froze or lost the
+/// database while the task ran. The file queue's rule (`daemon::crash_blame`), with a node for
+/// the daemon:
+/// - a task that made progress under the lease (a checkpoint, a finished phase) is cleared;
+/// - one in flight with other tasks of its node, without progress, becomes a *suspect*, its
+///   count kept: it is tried alone before anything else is claimed ([`CLAIM_SUSPECT`]);
+/// - one in flight alone on its node, without progress, has a crash counted against it.
+///
+/// "In flight on its node" counts the node's running tasks that are not suspects waiting for
+/// their trial. Every claim judges first, in its own transaction, so a task is judged before
+/// any claim can take it or a sibling of its crash away.
+pub(super) const JUDGE_EXPIRED: &str = "
+UPDATE cairn_tasks t
+SET judged_epoch = t.lease_epoch,
+    suspect = t.progressed_epoch IS DISTINCT FROM t.lease_epoch AND node.in_flight > 1,
+    crash_count = CASE
+        WHEN t.progressed_epoch IS NOT DISTINCT FROM t.lease_epoch THEN 0
+        WHEN node.in_flight > 1 THEN t.crash_count
+        ELSE t.crash_count + 1
+    END
+FROM (
+    SELECT lease_node, count(*) AS in_flight FROM cairn_tasks
+    WHERE state = 'running' AND NOT suspect GROUP BY lease_node
+) node
+WHERE t.state = 'running' AND t.lease_expires_at <= now() AND NOT t.suspect
+  AND t.judged_epoch IS DISTINCT FROM t.lease_epoch
+  AND node.lease_node = t.lease_node";
+
+/// Whether a suspect waits for its trial.
+const SUSPECT_WAITING: &str = "SELECT EXISTS (SELECT 1 FROM cairn_tasks WHERE suspect)";
+
 /// Claim up to `$2` tasks for node `$1` for `$3` seconds: queued ones whose backoff is over,
-/// and running ones whose lease expired (a crash: counted). Expired leases go first (work in
-/// flight resumes before new work), then by priority and age. `SKIP LOCKED` lets daemons
-/// claiming at once take different tasks instead of queueing behind each other's locks.
+/// and running ones whose lease expired and was judged (see [`JUDGE_EXPIRED`]). Expired leases
+/// go first (work in flight resumes before new work), then by priority and age. `SKIP LOCKED`
+/// lets daemons claiming at once take different tasks instead of queueing behind each other's
+/// locks.
 const CLAIM: &str = "
 WITH candidate AS (
     SELECT id, state = 'running' AS expired
     FROM cairn_tasks
     WHERE (state = 'queued' AND (not_before IS NULL OR not_before <= now()))
-       OR (state = 'running' AND lease_expires_at <= now())
+       OR (state = 'running' AND lease_expires_at <= now() AND NOT suspect
+           AND judged_epoch = lease_epoch)
     ORDER BY state = 'running' DESC, priority DESC, submitted_at, id
     LIMIT $2
     FOR UPDATE SKIP LOCKED
@@ -86,13 +124,34 @@ SET state = 'running',
     lease_node = $1,
     lease_epoch = t.lease_epoch + 1,
     lease_expires_at = now() + $3::float8 * interval '1 second',
-    crash_count = t.crash_count + CASE WHEN c.expired THEN 1 ELSE 0 END,
     not_before = NULL,
     updated_at = now()
 FROM candidate c
 WHERE t.id = c.id
 RETURNING t.id, t.lease_epoch, t.lease_expires_at, t.definition::text, c.expired,
-          t.crash_count, t.crash_limit";
+          t.crash_count, t.crash_limit, false";
+
+/// Claim one suspect for node `$1` for `$3` seconds, to try it alone (`$2` is 1).
+const CLAIM_SUSPECT: &str = "
+WITH candidate AS (
+    SELECT id FROM cairn_tasks
+    WHERE suspect
+    ORDER BY priority DESC, submitted_at, id
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE cairn_tasks t
+SET state = 'running',
+    suspect = false,
+    lease_node = $1,
+    lease_epoch = t.lease_epoch + 1,
+    lease_expires_at = now() + $3::float8 * interval '1 second',
+    not_before = NULL,
+    updated_at = now()
+FROM candidate c
+WHERE t.id = c.id
+RETURNING t.id, t.lease_epoch, t.lease_expires_at, t.definition::text, true,
+          t.crash_count, t.crash_limit, true";
 
 /// Extend every unexpired lease of node `$1` by `$2` seconds, and note the node alive.
 const RENEW_ALL: &str = "
@@ -148,16 +207,34 @@ impl PgQueue {
         }
     }
 
-    /// Claim up to `max` tasks for `node`, each leased for `lease`.
+    /// Claim up to `max` tasks for `node`, each leased for `lease`, after judging the leases
+    /// that expired. While crash suspects wait for their trial nothing else is claimed: a node
+    /// that holds nothing (`idle`) claims one suspect to try alone, the others claim nothing
+    /// and drain, as the file queue tries its suspects before anything else starts.
     pub async fn claim(
         &self,
         node: &str,
         max: u32,
         lease: Duration,
+        idle: bool,
     ) -> Result<Vec<ClaimedTask>, PgError> {
         let client = self.client().await?;
+        client
+            .execute(JUDGE_EXPIRED, &[])
+            .await
+            .during("judging expired leases")?;
+        let suspects_wait: bool = client
+            .query_one(SUSPECT_WAITING, &[])
+            .await
+            .during("looking for crash suspects")?
+            .get(0);
+        let (statement, max) = match (suspects_wait, idle) {
+            (false, _) => (CLAIM, i64::from(max)),
+            (true, true) => (CLAIM_SUSPECT, 1),
+            (true, false) => return Ok(Vec::new()),
+        };
         let rows = client
-            .query(CLAIM, &[&node, &i64::from(max), &lease.as_secs_f64()])
+            .query(statement, &[&node, &max, &lease.as_secs_f64()])
             .await
             .during("claiming tasks")?;
         let mut claimed: Vec<ClaimedTask> = rows
@@ -174,6 +251,7 @@ impl PgQueue {
                 taken_over: row.get(4),
                 crash_count: row.get(5),
                 crash_limit: row.get(6),
+                on_trial: row.get(7),
             })
             .collect();
         if claimed.is_empty() {
