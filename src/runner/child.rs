@@ -180,11 +180,29 @@ pub fn spawn_in_group_via(
             command
         }
     };
-    command
-        .current_dir(cwd)
-        .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
-    for name in NOTIFY_ENV {
-        command.env_remove(name);
+    command.current_dir(cwd);
+    match path {
+        SpawnPath::Fork => {
+            command.envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+            for name in NOTIFY_ENV {
+                command.env_remove(name);
+            }
+        }
+        // The trampoline gets the command's environment only under names the loader does not
+        // read (see `exec_trampoline::ENV_PREFIX`): the daemon's own, then the task's.
+        SpawnPath::Trampoline => {
+            let mut command_env: std::collections::BTreeMap<
+                std::ffi::OsString,
+                std::ffi::OsString,
+            > = std::env::vars_os().collect();
+            command_env.extend(env.iter().map(|(k, v)| (k.into(), v.into())));
+            for name in NOTIFY_ENV {
+                command_env.remove(std::ffi::OsStr::new(name));
+            }
+            command
+                .env_clear()
+                .envs(exec_trampoline::wrapped_env(command_env));
+        }
     }
     command
         .stdin(stdin)

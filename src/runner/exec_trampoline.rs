@@ -37,6 +37,43 @@ pub const TRAMPOLINE_ARG: &str = "__cairn-exec-trampoline";
 /// The exit code of a trampoline that could not `exec` the command (as a shell's 127).
 pub const EXEC_FAILED: u8 = 127;
 
+/// The prefix under which the command's environment reaches the trampoline. The trampoline
+/// runs with the daemon's privileges until it switches user (with `--run-as-submitter`, the
+/// capabilities to become anyone), and the dynamic loader reads `LD_PRELOAD`,
+/// `LD_LIBRARY_PATH`, `GLIBC_TUNABLES` and the like at its start, before any of our code: a
+/// task's `env` must never be read by it as itself. So the trampoline's own environment holds
+/// nothing but the command's variables under this prefix, which no loader or libc reads, and
+/// the command gets them back under their names once the trampoline is the submitter.
+pub const ENV_PREFIX: &str = "CAIRN_TRAMPOLINE_ENV_";
+
+/// The environment to give the trampoline for a command whose environment is `command_env`.
+pub fn wrapped_env(
+    command_env: impl IntoIterator<Item = (OsString, OsString)>,
+) -> Vec<(OsString, OsString)> {
+    command_env
+        .into_iter()
+        .map(|(name, value)| {
+            let mut wrapped = OsString::from(ENV_PREFIX);
+            wrapped.push(name);
+            (wrapped, value)
+        })
+        .collect()
+}
+
+/// The command's environment, out of the trampoline's (see [`ENV_PREFIX`]).
+fn unwrapped_env(
+    trampoline_env: impl IntoIterator<Item = (OsString, OsString)>,
+) -> Vec<(OsString, OsString)> {
+    use std::os::unix::ffi::{OsStrExt, OsStringExt};
+    trampoline_env
+        .into_iter()
+        .filter_map(|(name, value)| {
+            let name = name.as_bytes().strip_prefix(ENV_PREFIX.as_bytes())?;
+            Some((OsString::from_vec(name.to_vec()), value))
+        })
+        .collect()
+}
+
 static AVAILABLE: AtomicBool = AtomicBool::new(false);
 static BY_DEFAULT: AtomicBool = AtomicBool::new(false);
 
@@ -104,6 +141,8 @@ fn trampoline(args: &[OsString]) -> u8 {
     let error = std::process::Command::new(program)
         .arg0(argv0)
         .args(command_args)
+        .env_clear()
+        .envs(unwrapped_env(std::env::vars_os()))
         .exec();
     eprintln!("cairn: cannot start {argv0:?}: {error}");
     if error.kind() == io::ErrorKind::PermissionDenied {
@@ -181,8 +220,35 @@ fn executable(path: &Path) -> io::Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::resolve_program;
+    use super::{resolve_program, unwrapped_env, wrapped_env};
+    use std::ffi::OsString;
     use std::path::Path;
+
+    #[test]
+    fn the_commands_environment_crosses_the_trampoline_under_names_no_loader_reads() {
+        use std::os::unix::ffi::OsStringExt;
+        let env: Vec<(OsString, OsString)> = [
+            ("LD_PRELOAD", "/tmp/x.so"),
+            ("GLIBC_TUNABLES", "glibc.malloc.check=3"),
+            ("PATH", "/bin"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.into(), v.into()))
+        .chain([(
+            OsString::from_vec(b"NOT_UTF8_\xff".to_vec()),
+            OsString::from_vec(b"\xfe".to_vec()),
+        )])
+        .collect();
+        let wrapped = wrapped_env(env.clone());
+        for (name, _) in &wrapped {
+            let name = name.to_string_lossy();
+            assert!(name.starts_with("CAIRN_TRAMPOLINE_ENV_"), "{name}");
+        }
+        // What the daemon's own environment might add beside them is not the command's.
+        let mut seen = wrapped.clone();
+        seen.push(("HOME".into(), "/root".into()));
+        assert_eq!(unwrapped_env(seen), env);
+    }
 
     #[test]
     fn programs_are_found_through_the_commands_path_and_the_working_directory() {

@@ -92,3 +92,33 @@ fn a_missing_program_is_still_a_failed_start_naming_it() {
         "{failed:#}"
     );
 }
+
+/// The trampoline runs with the daemon's privileges until it becomes the task's submitter, so
+/// the dynamic loader must not read a task's `env` as the trampoline's own: `LD_PRELOAD` (or
+/// `GLIBC_TUNABLES`...) from a task would otherwise run the submitter's code with the daemon's
+/// capabilities. The loader complains once per process that tries a missing preload: once for
+/// the command, never for the trampoline; and the command still gets the variable.
+#[test]
+fn a_tasks_loader_variables_reach_its_command_but_not_the_trampoline() {
+    let queue = TestQueue::new();
+    let preload = "/nonexistent/cairn-test-preload.so";
+    queue.seed_task(
+        "preload.json",
+        &json!({
+            "id": "preload",
+            "env": {"LD_PRELOAD": preload},
+            "phases": [{"name": "p", "run": ["sh", "-c", "printf '{\"seen\": \"%s\"}' \"$LD_PRELOAD\""]}],
+        }),
+    );
+    let mut daemon = queue.start(&[]);
+    let record = queue.wait_done("preload");
+    assert_eq!(record["result"]["seen"], json!(preload), "{record:#}");
+    daemon.signal(nix::sys::signal::Signal::SIGTERM);
+    daemon.wait_exit(DEADLINE);
+    let log = std::fs::read_to_string(queue.path("runs/preload/0-p.log")).unwrap();
+    let complaints = log.matches("cannot be preloaded").count();
+    assert_eq!(
+        complaints, 1,
+        "the loader read LD_PRELOAD in the command only, not in the trampoline:\n{log}"
+    );
+}
