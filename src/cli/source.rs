@@ -104,9 +104,15 @@ pub fn open_database(url: &str) -> CliResult<PgReader> {
 /// Without PostgreSQL support, `--db` is bad usage.
 #[cfg(not(feature = "postgres"))]
 pub fn open_database(_url: &str) -> CliResult<std::convert::Infallible> {
-    Err(CliError::usage(
+    Err(without_postgres())
+}
+
+/// The error of `--db` in a cairn built without PostgreSQL support: bad usage.
+#[cfg(not(feature = "postgres"))]
+pub fn without_postgres() -> CliError {
+    CliError::usage(
         "--db: this cairn was built without PostgreSQL support (the `postgres` feature)",
-    ))
+    )
 }
 
 /// A failed statement, naming the database.
