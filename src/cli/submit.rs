@@ -29,7 +29,7 @@ pub struct SubmitArgs {
     create_queue: bool,
 
     #[command(flatten)]
-    db: DbArg,
+    pub(super) db: DbArg,
 }
 
 pub fn run(queue: &Path, args: SubmitArgs) -> CliResult {

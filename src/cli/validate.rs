@@ -15,7 +15,7 @@ pub struct ValidateArgs {
     file: PathBuf,
 
     #[command(flatten)]
-    db: DbArg,
+    pub(super) db: DbArg,
 }
 
 pub fn run(args: ValidateArgs) -> CliResult {
