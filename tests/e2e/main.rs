@@ -32,6 +32,8 @@ mod operator;
 #[cfg(feature = "postgres")]
 mod postgres_backend;
 #[cfg(feature = "postgres")]
+mod postgres_cli;
+#[cfg(feature = "postgres")]
 mod postgres_intake;
 mod postgres_leases;
 mod queue_modes;
