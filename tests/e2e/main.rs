@@ -35,6 +35,7 @@ mod postgres_backend;
 mod postgres_cli;
 #[cfg(feature = "postgres")]
 mod postgres_intake;
+#[cfg(feature = "postgres")]
 mod postgres_leases;
 mod queue_modes;
 mod run_as_submitter;
