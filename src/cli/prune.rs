@@ -143,9 +143,9 @@ fn prune_db(url: &str, args: &PruneArgs) -> CliResult {
 
     let shared = super::shared_queue::SharedQueue::open(url)?;
     let rules = PruneRules {
-        older_than: args.older_than,
         keep_generations: args.keep_generations,
         dry_run: args.dry_run,
+        ..PruneRules::older_than(args.older_than)
     };
     // Batches already committed stay removed when a later one fails; the error says so.
     let pruned = shared

@@ -592,3 +592,98 @@ fn prune_with_db_removes_finished_tasks_past_retention_with_all_their_rows() {
     assert_eq!(state_of(&url, "waiting").as_deref(), Some("queued"));
     assert_eq!(state_of(&url, "retried").as_deref(), Some("failed"));
 }
+
+/// Put a task in state `state` straight into the tables, with a final record `days` old when
+/// `record_days` is given, and an earlier record (a retry's) when `history`.
+fn put_task(url: &str, id: &str, state: &str, record_days: Option<u32>, history: bool) {
+    query_texts(
+        url,
+        "INSERT INTO cairn_tasks (id, crash_limit, definition, state)
+         VALUES ($1, 5, '{\"phases\": [{\"name\": \"p\", \"run\": [\"true\"]}]}', $2)",
+        &[id, state],
+    );
+    if let Some(days) = record_days {
+        query_texts(
+            url,
+            "INSERT INTO cairn_records (task_id, status, record, lease_epoch, finished_at)
+             VALUES ($1, 'done', '{}', 1, now() - $2::text::int * interval '1 day')",
+            &[id, &days.to_string()],
+        );
+    }
+    if history {
+        query_texts(
+            url,
+            "INSERT INTO cairn_record_history (task_id, status, record, finished_at)
+             VALUES ($1, 'failed', '{}', now() - interval '40 days')",
+            &[id],
+        );
+    }
+}
+
+#[test]
+fn prune_on_the_database_goes_batch_by_batch_and_keeps_what_is_not_finished_or_is_held() {
+    let test =
+        "prune_on_the_database_goes_batch_by_batch_and_keeps_what_is_not_finished_or_is_held";
+    let Some(cluster) = PgCluster::start(test) else {
+        return;
+    };
+    let url = cluster.url();
+    ok(&url, &["db", "migrate"]);
+    // Five old finished tasks (one with an earlier record), past a batch of two.
+    let old = ["f1", "f2", "f3", "f4", "f5"];
+    for id in old {
+        put_task(&url, id, "done", Some(30), id == "f3");
+    }
+    // Old records, but not removable: held by a daemon, paused (a record in its history
+    // only), running.
+    put_task(&url, "held", "done", Some(30), false);
+    query_texts(
+        &url,
+        "UPDATE cairn_tasks SET lease_node = 'n1', lease_expires_at = now() + interval '1 hour'
+         WHERE id = $1",
+        &["held"],
+    );
+    put_task(&url, "paused", "paused", None, true);
+    put_task(&url, "running", "running", Some(30), false);
+
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let queue = cairn::queue::postgres::PgQueue::connect(&url).unwrap();
+    let prune = |dry_run: bool| {
+        let rules = cairn::queue::postgres::PruneRules {
+            dry_run,
+            batch: 2,
+            ..cairn::queue::postgres::PruneRules::older_than(std::time::Duration::from_secs(
+                7 * 86_400,
+            ))
+        };
+        runtime.block_on(queue.prune(&rules)).unwrap()
+    };
+    let ids = |pruned: &cairn::queue::postgres::DbPrune| -> Vec<String> {
+        pruned.tasks.iter().map(|t| t.id.clone()).collect()
+    };
+    let count = || one(&url, "SELECT count(*)::text FROM cairn_tasks", &[]).unwrap();
+
+    // The dry run goes through every batch once, and each is rolled back.
+    let dry = prune(true);
+    assert_eq!(ids(&dry), old);
+    assert_eq!(count(), "8");
+    let f3 = dry.tasks.iter().find(|t| t.id == "f3").unwrap();
+    assert_eq!((f3.old_records, f3.rows()), (1, 3));
+
+    let pruned = prune(false);
+    assert_eq!(ids(&pruned), old);
+    assert_eq!(pruned.rows(), dry.rows());
+    assert_eq!(count(), "3");
+    for id in old {
+        assert_eq!(rows_of(&url, "cairn_records", id), 0, "{id}");
+    }
+    assert_eq!(rows_of(&url, "cairn_record_history", "f3"), 0);
+    assert_eq!(rows_of(&url, "cairn_record_history", "paused"), 1);
+    for id in ["held", "paused", "running"] {
+        assert_eq!(rows_of(&url, "cairn_tasks", id), 1, "{id}");
+    }
+    assert!(ids(&prune(false)).is_empty());
+}

@@ -30,6 +30,20 @@ pub struct PruneRules {
     pub keep_generations: Option<usize>,
     /// Roll every batch back.
     pub dry_run: bool,
+    /// Tasks per transaction ([`PRUNE_BATCH`]; tests make it small).
+    pub batch: i64,
+}
+
+impl PruneRules {
+    /// Prune finished tasks older than `older_than`, in batches of [`PRUNE_BATCH`].
+    pub fn older_than(older_than: Duration) -> PruneRules {
+        PruneRules {
+            older_than,
+            keep_generations: None,
+            dry_run: false,
+            batch: PRUNE_BATCH,
+        }
+    }
 }
 
 /// What a prune removed (or, dry, would remove).
@@ -125,6 +139,7 @@ impl PgQueue {
     pub async fn prune(&self, rules: &PruneRules) -> Result<DbPrune, PgError> {
         let mut client = self.client().await?;
         let retention = rules.older_than.as_secs_f64();
+        let batch = rules.batch.max(1);
         let mut pruned = DbPrune::default();
         let mut after = String::new();
         loop {
@@ -133,7 +148,7 @@ impl PgQueue {
                 .await
                 .during("starting a prune batch")?;
             let batch: Vec<PrunedTask> = tx
-                .query(FINISHED_PAST_RETENTION, &[&retention, &after, &PRUNE_BATCH])
+                .query(FINISHED_PAST_RETENTION, &[&retention, &after, &batch])
                 .await
                 .during("finding the finished tasks to prune")?
                 .iter()
@@ -166,7 +181,7 @@ impl PgQueue {
             loop {
                 let tx = client.transaction().await.during("starting a trim batch")?;
                 let ids: Vec<String> = tx
-                    .query(FINISHED_STAYING, &[&after, &PRUNE_BATCH, &gone])
+                    .query(FINISHED_STAYING, &[&after, &batch, &gone])
                     .await
                     .during("finding the finished tasks that stay")?
                     .iter()
