@@ -59,7 +59,7 @@ pub struct CheckpointArgs {
 }
 
 pub fn run(queue: &Path, args: CheckpointArgs) -> CliResult {
-    if let Some(url) = &args.db.db {
+    if let Some(url) = args.db.url() {
         return run_db(url, &args);
     }
     let reader = QueueReader::open(queue);
@@ -103,17 +103,13 @@ fn print_checkpoint(mut text: String) -> CliResult {
 #[cfg(feature = "postgres")]
 fn run_db(url: &str, args: &CheckpointArgs) -> CliResult {
     let reader = super::source::open_database(url)?;
-    let mut lookup_failed = None;
-    let path = is_path(&args.target, |id| {
-        reader.task_exists(id).unwrap_or_else(|e| {
-            lookup_failed = Some(e);
-            true
-        })
-    });
-    if let Some(e) = lookup_failed {
-        return Err(super::source::database_error(&reader, e));
-    }
-    let printed = if path {
+    // Only a target that can be an id is looked up (as `is_path` does).
+    let exists = !args.target.contains('/')
+        && format::task_id_arg(&args.target).is_ok()
+        && reader
+            .task_exists(&args.target)
+            .map_err(|e| super::source::database_error(&reader, e))?;
+    let printed = if is_path(&args.target, |_| exists) {
         read_path(args)?
     } else {
         read_task_db(&reader, &args.target, args.generation)?

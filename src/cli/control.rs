@@ -50,7 +50,7 @@ pub fn run(queue: &Path, action: Action, args: ControlArgs) -> CliResult {
         Action::Retry => ControlAction::Retry,
     };
     let id = format::task_id_arg(&args.id).exit_code(exit::USAGE)?;
-    if let Some(url) = &args.db.db {
+    if let Some(url) = args.db.url() {
         return run_db(url, action, &id, args.no_wait);
     }
     let storage = FileStorage::new(queue);

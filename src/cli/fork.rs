@@ -44,7 +44,7 @@ pub struct ForkArgs {
 }
 
 pub fn run(queue: &Path, args: ForkArgs) -> CliResult {
-    if let Some(url) = &args.db.db {
+    if let Some(url) = args.db.url() {
         return print_line(fork_db(url, &args)?);
     }
     let new_id = fork(queue, &args)?;

@@ -117,7 +117,7 @@ impl Row {
 
 pub fn run(queue: &Path, args: HistoryArgs) -> CliResult {
     let id = format::task_id_arg(&args.id).exit_code(exit::USAGE)?;
-    if let Some(url) = &args.db.db {
+    if let Some(url) = args.db.url() {
         let (location, rows) = database_rows(url, &args.id)?;
         return print_rows(&args, &location, &rows);
     }

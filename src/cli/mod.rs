@@ -224,7 +224,7 @@ impl Command {
             Command::Prune(args) => &args.db,
             _ => return false,
         };
-        db.db.is_some()
+        db.url().is_some()
     }
 
     /// Does the command add to or change a queue (so must not feed one that leaks tokens)?

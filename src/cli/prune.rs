@@ -53,7 +53,7 @@ pub struct PruneArgs {
 }
 
 pub fn run(queue: &Path, args: PruneArgs) -> CliResult {
-    if let Some(url) = &args.db.db {
+    if let Some(url) = args.db.url() {
         return prune_db(url, &args);
     }
     let reader = QueueReader::open(queue);

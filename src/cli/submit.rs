@@ -38,7 +38,7 @@ pub fn run(queue: &Path, args: SubmitArgs) -> CliResult {
         .id
         .get_or_insert_with(|| TaskId::generate(&stem, &random_suffix()))
         .clone();
-    if let Some(url) = &args.db.db {
+    if let Some(url) = args.db.url() {
         return submit_db(url, &args.file, &task);
     }
     let queue_dir = QueueDir::new(queue);

@@ -27,7 +27,7 @@ pub fn run(args: ValidateArgs) -> CliResult {
         .map(|p| format!("{} ({})", p.name, p.kind.as_str()))
         .collect();
     let mut line = format!("{name}: valid; phases: {}", phases.join(", "));
-    if let Some(url) = &args.db.db {
+    if let Some(url) = args.db.url() {
         match &task.id {
             // `submit` gives it a new id (the file's name and a random suffix).
             None => line.push_str("; no id (submit gives it a new one)"),
