@@ -8,6 +8,9 @@
 //! `last_checkpoint_at`, gzip, indented or not, no `format_version` — print as well, including
 //! the `NaN`, `Infinity` and `-Infinity` that Python's `json` writes for such floats (shown as
 //! written, with a note on stderr that the file is not standard JSON).
+//!
+//! With `--db URL`, a task's checkpoints are the rows of the shared queue's
+//! `cairn_checkpoints`: the same gzip bytes, decoded by the same code, printed the same way.
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -18,6 +21,7 @@ use clap::Args;
 use super::error::{print, CliError, CliResult};
 use super::format;
 use super::python_json::PythonJson;
+use super::source::DbArg;
 use crate::queue::QueueReader;
 use crate::store::IterationCheckpoint;
 
@@ -49,31 +53,114 @@ pub struct CheckpointArgs {
     /// An older generation of the task's checkpoint (see `cairn history ID`).
     #[arg(long = "gen", value_name = "N")]
     generation: Option<u64>,
+
+    #[command(flatten)]
+    pub(super) db: DbArg,
 }
 
 pub fn run(queue: &Path, args: CheckpointArgs) -> CliResult {
+    if let Some(url) = args.db.url() {
+        return run_db(url, &args);
+    }
     let reader = QueueReader::open(queue);
-    let as_path = PathBuf::from(&args.target);
-    let is_path = args.target.contains('/')
-        || format::task_id_arg(&args.target).is_err()
-        || (!reader.task_exists(&args.target) && as_path.is_file());
-    let printed = if is_path {
-        if args.generation.is_some() {
-            return Err(CliError::usage(format_args!(
-                "--gen applies to a task id, not to a file ({})",
-                args.target
-            )));
-        }
-        read_file(&as_path).map(|parsed| {
-            note_non_standard(&as_path, &parsed);
-            parsed.to_string_pretty(&parsed.value)
-        })
+    let printed = if is_path(&args.target, |id| reader.task_exists(id)) {
+        read_path(&args)?
     } else {
-        read_task(&reader, &args.target, args.generation)
+        read_task(&reader, &args.target, args.generation)?
     };
-    let mut text = printed?;
+    print_checkpoint(printed)
+}
+
+/// Is `target` a file's path rather than a task id? It is when it contains a '/' or is no
+/// task id, or when the queue has no such task (`exists`) and a file of that name exists.
+fn is_path(target: &str, exists: impl FnOnce(&str) -> bool) -> bool {
+    target.contains('/')
+        || format::task_id_arg(target).is_err()
+        || (!exists(target) && Path::new(target).is_file())
+}
+
+/// The checkpoint file `args.target`, read leniently (`--gen` is refused for a file).
+fn read_path(args: &CheckpointArgs) -> CliResult<String> {
+    if args.generation.is_some() {
+        return Err(CliError::usage(format_args!(
+            "--gen applies to a task id, not to a file ({})",
+            args.target
+        )));
+    }
+    let path = PathBuf::from(&args.target);
+    let parsed = read_file(&path)?;
+    note_non_standard(&path, &parsed);
+    Ok(parsed.to_string_pretty(&parsed.value))
+}
+
+fn print_checkpoint(mut text: String) -> CliResult {
     text.push('\n');
     print(&text)
+}
+
+/// `cairn checkpoint --db URL TARGET`: a task of the shared queue (or a file, as without
+/// `--db`).
+#[cfg(feature = "postgres")]
+fn run_db(url: &str, args: &CheckpointArgs) -> CliResult {
+    let reader = super::source::open_database(url)?;
+    // Only a target that can be an id is looked up (as `is_path` does).
+    let exists = !args.target.contains('/')
+        && format::task_id_arg(&args.target).is_ok()
+        && reader
+            .task_exists(&args.target)
+            .map_err(|e| super::source::database_error(&reader, e))?;
+    let printed = if is_path(&args.target, |_| exists) {
+        read_path(args)?
+    } else {
+        read_task_db(&reader, &args.target, args.generation)?
+    };
+    print_checkpoint(printed)
+}
+
+#[cfg(not(feature = "postgres"))]
+fn run_db(_url: &str, _args: &CheckpointArgs) -> CliResult {
+    Err(super::source::without_postgres())
+}
+
+/// A task's latest checkpoint in the shared queue that decodes, or one generation.
+#[cfg(feature = "postgres")]
+fn read_task_db(
+    reader: &super::source::PgReader,
+    id: &str,
+    generation: Option<u64>,
+) -> anyhow::Result<String> {
+    let database = reader.database();
+    let context = |e: crate::queue::postgres::ReadError| {
+        anyhow::Error::new(e).context(format!("task {id:?} in the shared queue ({database})"))
+    };
+    let checkpoint: IterationCheckpoint = match generation {
+        Some(generation) => reader
+            .checkpoint_generation(id, generation)
+            .map_err(context)?,
+        None => {
+            let Some(loaded) = reader.latest_checkpoint(id).map_err(context)? else {
+                return Err(if reader.task_exists(id)? {
+                    anyhow!(
+                        "task {id:?} has no checkpoint in the shared queue ({database}) (only \
+                         loop, items and worker phases write them)"
+                    )
+                } else {
+                    anyhow!(
+                        "the shared queue ({database}) has no task {id:?} and no checkpoint of \
+                         it; for a file, give its path (./{id})"
+                    )
+                });
+            };
+            for (key, why) in &loaded.skipped {
+                eprintln!(
+                    "warning: {key} does not decode ({why}); printing {} instead",
+                    loaded.key
+                );
+            }
+            loaded.checkpoint
+        }
+    };
+    serde_json::to_string_pretty(&checkpoint).with_context(|| format!("task {id:?}"))
 }
 
 /// A task's latest usable checkpoint, or one generation.

@@ -10,11 +10,11 @@ use std::time::{Duration, Instant};
 use clap::Args;
 
 use super::error::{print_line, CliError, CliResult, ExitCodeExt};
+use super::source::DbArg;
 use super::{exit, format};
 use crate::queue::control::{self, ControlAction, ControlRequest};
 use crate::queue::{QueueDir, QueueReader};
 use crate::store::{FileStorage, Storage};
-#[cfg(feature = "postgres")]
 use crate::task_id::TaskId;
 
 /// Which request.
@@ -35,16 +35,8 @@ pub struct ControlArgs {
     #[arg(long)]
     no_wait: bool,
 
-    /// Steer a task of the queue shared in this PostgreSQL database (a postgresql:// URL or
-    /// libpq's key=value form) instead of the queue directory.
-    #[cfg(feature = "postgres")]
-    #[arg(
-        long,
-        env = "CAIRN_DATABASE_URL",
-        value_name = "URL",
-        hide_env_values = true
-    )]
-    db: Option<String>,
+    #[command(flatten)]
+    pub(super) db: DbArg,
 }
 
 /// How long to wait for a running daemon to take the request.
@@ -58,8 +50,7 @@ pub fn run(queue: &Path, action: Action, args: ControlArgs) -> CliResult {
         Action::Retry => ControlAction::Retry,
     };
     let id = format::task_id_arg(&args.id).exit_code(exit::USAGE)?;
-    #[cfg(feature = "postgres")]
-    if let Some(url) = &args.db {
+    if let Some(url) = args.db.url() {
         return run_db(url, action, &id, args.no_wait);
     }
     let storage = FileStorage::new(queue);
@@ -131,6 +122,11 @@ fn what_follows(action: ControlAction) -> &'static str {
         ControlAction::Cancel => "it is stopped and recorded as cancelled",
         ControlAction::Retry => "it resumes from its last checkpoint",
     }
+}
+
+#[cfg(not(feature = "postgres"))]
+fn run_db(_url: &str, _action: ControlAction, _id: &TaskId, _no_wait: bool) -> CliResult {
+    Err(super::source::without_postgres())
 }
 
 /// The request into `cairn_control` of the database at `url`: refused for a task the shared

@@ -13,6 +13,7 @@ use clap::Args;
 use serde_json::Value;
 
 use super::error::{print_line, CliError, CliResult, ExitCodeExt};
+use super::source::DbArg;
 use super::{exit, format};
 use crate::queue::{QueueDir, QueueReader};
 use crate::store::current_work::StartPoint;
@@ -38,21 +39,12 @@ pub struct ForkArgs {
     #[arg(long = "as", value_name = "NEW_ID")]
     new_id: Option<String>,
 
-    /// Fork a task of the queue shared in this PostgreSQL database (a postgresql:// URL or
-    /// libpq's key=value form) instead of the queue directory.
-    #[cfg(feature = "postgres")]
-    #[arg(
-        long,
-        env = "CAIRN_DATABASE_URL",
-        value_name = "URL",
-        hide_env_values = true
-    )]
-    db: Option<String>,
+    #[command(flatten)]
+    pub(super) db: DbArg,
 }
 
 pub fn run(queue: &Path, args: ForkArgs) -> CliResult {
-    #[cfg(feature = "postgres")]
-    if let Some(url) = &args.db {
+    if let Some(url) = args.db.url() {
         return print_line(fork_db(url, &args)?);
     }
     let new_id = fork(queue, &args)?;
@@ -292,6 +284,11 @@ fn fork_db(url: &str, args: &ForkArgs) -> CliResult<TaskId> {
         ))),
         Err(ForkError::Db(e)) => Err(e.into()),
     }
+}
+
+#[cfg(not(feature = "postgres"))]
+fn fork_db(_url: &str, _args: &ForkArgs) -> CliResult<TaskId> {
+    Err(super::source::without_postgres())
 }
 
 /// The stored generation `--gen` names, or the newest that decodes.

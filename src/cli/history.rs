@@ -1,6 +1,10 @@
 //! `cairn history ID [--json]`: the checkpoint generations kept for a task, newest first —
 //! generation, iteration, phase, when it was written, size, and why a file does not decode.
 //!
+//! With `--db URL`, the generations are the rows of `cairn_checkpoints`, the same gzip bytes as
+//! the files, decoded by the same code; each row's "file" is its key in the database
+//! (`cairn_checkpoints/<id>/<gen>`).
+//!
 //! A file that is not cairn's but a checkpoint of the Python pattern cairn's format follows (no
 //! `format_version`, no `generation`; copied into the queue by hand) has no generation: its
 //! row says `none` (`null` in `--json`), with its iteration and phase as the file gives them.
@@ -15,14 +19,17 @@ use super::checkpoint::decode_lenient;
 use super::error::{print, CliError, CliResult, ExitCodeExt};
 use super::exit;
 use super::format;
+use super::source::DbArg;
 use crate::queue::QueueReader;
-use crate::store::{decode_checkpoint, GenerationInfo};
+use crate::store::{decode_checkpoint, GenerationInfo, IterationCheckpoint};
 
 #[derive(Debug, Args)]
 #[command(after_help = "\
 The first row is the task's latest file (incremental/<id>.json.gz); the others are the older \
 generations kept beside it (incremental/<id>.<gen>.json.gz). `cairn checkpoint ID --gen N` \
-prints one. The --json document is described in docs/cli.md (\"version\": 1).")]
+prints one. The --json document is described in docs/cli.md (\"version\": 1).
+With --db URL the generations are the shared queue's rows; \"file\" is then the row's key \
+(cairn_checkpoints/<id>/<gen>).")]
 pub struct HistoryArgs {
     /// The task id.
     id: String,
@@ -30,11 +37,16 @@ pub struct HistoryArgs {
     /// Print a JSON document instead.
     #[arg(long)]
     json: bool,
+
+    #[command(flatten)]
+    pub(super) db: DbArg,
 }
 
 /// One generation, with what the file says about its phase.
 struct Row {
     info: GenerationInfo,
+    /// Where the generation is: the file's path, or its key in the database.
+    file: String,
     /// `None` for a file of the Python pattern, which has no generation.
     generation: Option<u64>,
     phase: Option<String>,
@@ -45,35 +57,48 @@ impl Row {
     /// The row of one file: cairn's checkpoint, else possibly one of the Python pattern.
     fn read(reader: &QueueReader, info: GenerationInfo) -> Row {
         let bytes = reader.read_key(&info.key);
+        let file = reader.path_of_key(&info.key).display().to_string();
         let decoded = bytes
             .as_deref()
             .and_then(|bytes| decode_checkpoint(bytes).ok())
             .filter(|_| info.error.is_none());
         if let Some(cp) = decoded {
-            return Row {
-                generation: Some(info.generation),
-                phase: Some(cp.phase),
-                phase_index: Some(cp.phase_index),
-                info,
-            };
+            return Row::decoded(info, file, &cp);
         }
         let foreign = bytes
             .as_deref()
             .and_then(|bytes| decode_lenient(bytes).ok())
             .filter(|parsed| parsed.value.get("generation").is_none());
         match foreign {
-            Some(parsed) => Row::foreign(info, &parsed.value),
-            None => Row {
-                generation: Some(info.generation),
-                phase: None,
-                phase_index: None,
-                info,
-            },
+            Some(parsed) => Row::foreign(info, file, &parsed.value),
+            None => Row::undecodable(info, file),
+        }
+    }
+
+    /// A generation that decodes.
+    fn decoded(info: GenerationInfo, file: String, cp: &IterationCheckpoint) -> Row {
+        Row {
+            generation: Some(info.generation),
+            phase: Some(cp.phase.clone()),
+            phase_index: Some(cp.phase_index),
+            info,
+            file,
+        }
+    }
+
+    /// A generation that does not decode (`info.error` says why).
+    fn undecodable(info: GenerationInfo, file: String) -> Row {
+        Row {
+            generation: Some(info.generation),
+            phase: None,
+            phase_index: None,
+            info,
+            file,
         }
     }
 
     /// A Python pattern's file: what it says, and why it is not one of cairn's generations.
-    fn foreign(mut info: GenerationInfo, value: &Value) -> Row {
+    fn foreign(mut info: GenerationInfo, file: String, value: &Value) -> Row {
         info.iteration_count = value["iteration_count"].as_u64();
         info.error = Some(
             "not a cairn checkpoint (no format_version or generation): written by the Python \
@@ -85,12 +110,17 @@ impl Row {
             phase: value["phase"].as_str().map(str::to_string),
             phase_index: None,
             info,
+            file,
         }
     }
 }
 
 pub fn run(queue: &Path, args: HistoryArgs) -> CliResult {
     let id = format::task_id_arg(&args.id).exit_code(exit::USAGE)?;
+    if let Some(url) = args.db.url() {
+        let (location, rows) = database_rows(url, &args.id)?;
+        return print_rows(&args, &location, &rows);
+    }
     let reader = QueueReader::open(queue);
     let root = reader.root();
     let history = reader.history(&id).map_err(|e| {
@@ -112,6 +142,41 @@ pub fn run(queue: &Path, args: HistoryArgs) -> CliResult {
         .into_iter()
         .map(|info| Row::read(&reader, info))
         .collect();
+    print_rows(&args, &root.display().to_string(), &rows)
+}
+
+/// The generations of task `id` in the shared queue at `url`, and the database's name.
+#[cfg(feature = "postgres")]
+fn database_rows(url: &str, id: &str) -> CliResult<(String, Vec<Row>)> {
+    let reader = super::source::open_database(url)?;
+    let failed = |e| super::source::database_error(&reader, e);
+    let history = reader.history(id).map_err(failed)?;
+    if history.is_empty() && !reader.task_exists(id).map_err(failed)? {
+        return Err(CliError::failure(format_args!(
+            "the shared queue ({}) has no task {id:?}",
+            reader.database()
+        )));
+    }
+    let rows = history
+        .into_iter()
+        .map(|(info, decoded)| {
+            let file = info.key.clone();
+            match decoded {
+                Some(cp) => Row::decoded(info, file, &cp),
+                None => Row::undecodable(info, file),
+            }
+        })
+        .collect();
+    Ok((reader.database().to_string(), rows))
+}
+
+#[cfg(not(feature = "postgres"))]
+fn database_rows(_url: &str, _id: &str) -> CliResult<(String, Vec<Row>)> {
+    Err(super::source::without_postgres())
+}
+
+/// The table, or with `--json` the document, of `rows` of the queue at `location`.
+fn print_rows(args: &HistoryArgs, location: &str, rows: &[Row]) -> CliResult {
     if rows.is_empty() && !args.json {
         eprintln!(
             "note: task {:?} has no checkpoint (only loop, items and worker phases write them)",
@@ -121,25 +186,25 @@ pub fn run(queue: &Path, args: HistoryArgs) -> CliResult {
     let text = if args.json {
         let document = json!({
             "version": format::JSON_VERSION,
-            "queue": root.display().to_string(),
+            "queue": location,
             "task_id": args.id,
-            "generations": rows.iter().enumerate().map(|(i, row)| row_json(&reader, i == 0, row)).collect::<Vec<_>>(),
+            "generations": rows.iter().enumerate().map(|(i, row)| row_json(i == 0, row)).collect::<Vec<_>>(),
         });
         let mut text = serde_json::to_string_pretty(&document).unwrap_or_default();
         text.push('\n');
         text
     } else {
-        table(&rows)
+        table(rows)
     };
     print(&text)
 }
 
-fn row_json(reader: &QueueReader, latest: bool, row: &Row) -> Value {
+fn row_json(latest: bool, row: &Row) -> Value {
     let info = &row.info;
     json!({
         "generation": row.generation,
         "latest": latest,
-        "file": reader.path_of_key(&info.key).display().to_string(),
+        "file": row.file,
         "bytes": info.bytes,
         "iteration": info.iteration_count,
         "phase": row.phase,

@@ -171,10 +171,12 @@ pub fn main() -> ExitCode {
 /// Run the subcommand. `Ok` holds the exit code of a command that did its work: 0, or for
 /// `run` how the daemon ended (6, 130).
 fn dispatch(queue: &Path, command: Command) -> CliResult<u8> {
-    if command.writes_queue() {
+    // With `--db` the queue is in the database: the queue directory's checks do not apply.
+    let local = !command.uses_database();
+    if local && command.writes_queue() {
         refuse_exposed_queue(queue, None)?;
     }
-    if command.runs_as_queue_owner() {
+    if local && command.runs_as_queue_owner() {
         as_owner::become_queue_owner(queue)?;
     }
     let done = |()| exit::OK;
@@ -204,6 +206,27 @@ fn dispatch(queue: &Path, command: Command) -> CliResult<u8> {
 /// the journal natively, keeping levels and fields (`task_id`, `phase`, ...), or, when its
 /// socket is not reachable, to stderr without timestamps, which the journal adds itself.
 impl Command {
+    /// Does the command work on the queue shared in PostgreSQL (`--db URL`, or
+    /// `CAIRN_DATABASE_URL`) rather than on the queue directory? (`run` uses both.)
+    fn uses_database(&self) -> bool {
+        let db = match self {
+            Command::Submit(args) => &args.db,
+            Command::Validate(args) => &args.db,
+            Command::Status(args) => &args.db,
+            Command::Show(args) => &args.db,
+            Command::History(args) => &args.db,
+            Command::Checkpoint(args) => &args.db,
+            Command::Fork(args) => &args.db,
+            Command::Pause(args)
+            | Command::Resume(args)
+            | Command::Cancel(args)
+            | Command::Retry(args) => &args.db,
+            Command::Prune(args) => &args.db,
+            _ => return false,
+        };
+        db.url().is_some()
+    }
+
     /// Does the command add to or change a queue (so must not feed one that leaks tokens)?
     /// `submit` makes its own check, with the task it adds.
     fn writes_queue(&self) -> bool {

@@ -1,7 +1,9 @@
 //! `cairn prune [--older-than DURATION] [--keep-generations N] [--dry-run]`: remove what
 //! finished tasks leave behind once their retention has passed, and files no task owns. What
 //! may go, and the removal itself, are the queue's (`queue::prune`, which says what is never
-//! touched); this prints each path and a summary.
+//! touched); this prints each path and a summary. With `--db URL`, the finished tasks of the
+//! queue shared in PostgreSQL go with all their rows (`PgQueue::prune`), judged by the
+//! database's clock.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -12,6 +14,7 @@ use clap::Args;
 
 use super::error::{print, CliError, CliResult};
 use super::format;
+use super::source::DbArg;
 use crate::queue::{PrunePlan, PruneReason, PruneRules, QueuePruner, QueueReader};
 
 #[derive(Debug, Args)]
@@ -21,6 +24,12 @@ than --older-than: runs/<id>/, incremental/<id>*.json.gz, tasks/<id>.json and th
 rejected intake records with their .input; orphaned runs/ and incremental/ files and control \
 requests older than the retention (and at least 10 minutes old). Tasks in flight and pending \
 tasks are never touched. Each path removed is printed, then a summary.
+
+With --db URL, finished tasks of the shared queue whose record is older than --older-than by \
+the database's clock go with all their rows (checkpoints, outputs, events, records), in \
+batches of one transaction each; tasks queued, running, paused, held by a daemon or named by a \
+pending control request are never touched. Each task removed is printed, then a summary. Each \
+host's local directory (runs/ logs, rejected files) is pruned by `cairn prune` there.
 
 Examples:
   cairn prune --dry-run                 what a prune with the 7-day default would remove
@@ -38,9 +47,15 @@ pub struct PruneArgs {
     /// Print what would be removed, remove nothing.
     #[arg(long)]
     dry_run: bool,
+
+    #[command(flatten)]
+    pub(super) db: DbArg,
 }
 
 pub fn run(queue: &Path, args: PruneArgs) -> CliResult {
+    if let Some(url) = args.db.url() {
+        return prune_db(url, &args);
+    }
     let reader = QueueReader::open(queue);
     if !reader.exists() {
         return Err(CliError::failure(format_args!(
@@ -118,4 +133,71 @@ fn summary(
         counts.values().sum::<usize>(),
         format::format_bytes(bytes),
     )
+}
+
+/// `cairn prune --db URL`: the shared queue's finished tasks past their retention, with all
+/// their rows; each task (and trimmed generation) is printed, then a summary.
+#[cfg(feature = "postgres")]
+fn prune_db(url: &str, args: &PruneArgs) -> CliResult {
+    use crate::queue::postgres::PruneRules;
+
+    let shared = super::shared_queue::SharedQueue::open(url)?;
+    let rules = PruneRules {
+        keep_generations: args.keep_generations,
+        dry_run: args.dry_run,
+        ..PruneRules::older_than(args.older_than)
+    };
+    // Batches already committed stay removed when a later one fails; the error says so.
+    let pruned = shared
+        .runtime
+        .block_on(shared.db.prune(&rules))
+        .map_err(|e| {
+            shared.error(format_args!(
+                "{e}; tasks of the batches before were removed, the others were not"
+            ))
+        })?;
+    let verb = if args.dry_run {
+        "would remove"
+    } else {
+        "removed"
+    };
+    let mut text = String::new();
+    for task in &pruned.tasks {
+        text.push_str(&format!(
+            "{verb} task {} ({}, finished {}): {} checkpoint(s), {} output(s), {} event(s), \
+             {} earlier record(s)\n",
+            task.id,
+            task.status,
+            format::rfc3339(task.finished_at),
+            task.checkpoints,
+            task.outputs,
+            task.events,
+            task.old_records,
+        ));
+    }
+    for generation in &pruned.generations {
+        text.push_str(&format!(
+            "{verb} checkpoint generation {} of {}\n",
+            generation.generation, generation.task_id
+        ));
+    }
+    text.push_str(&format!(
+        "{}: {} finished task(s), {} old generation(s), {} control request(s); {} row(s) in {}\n",
+        if args.dry_run {
+            "prune --dry-run"
+        } else {
+            "prune"
+        },
+        pruned.tasks.len(),
+        pruned.generations.len(),
+        pruned.control_requests,
+        pruned.rows(),
+        shared.database,
+    ));
+    print(&text)
+}
+
+#[cfg(not(feature = "postgres"))]
+fn prune_db(_url: &str, _args: &PruneArgs) -> CliResult {
+    Err(super::source::without_postgres())
 }

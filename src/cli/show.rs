@@ -32,7 +32,7 @@ pub struct ShowArgs {
     json: bool,
 
     #[command(flatten)]
-    db: DbArg,
+    pub(super) db: DbArg,
 }
 
 /// One phase as `show` lists it.

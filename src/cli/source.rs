@@ -23,7 +23,15 @@ pub struct DbArg {
         value_name = "URL",
         hide_env_values = true
     )]
-    pub db: Option<String>,
+    db: Option<String>,
+}
+
+impl DbArg {
+    /// The database's URL, if one was given. An empty value (`CAIRN_DATABASE_URL=` exported
+    /// empty) counts as none, as an unset variable would.
+    pub fn url(&self) -> Option<&str> {
+        self.db.as_deref().filter(|url| !url.is_empty())
+    }
 }
 
 /// The queue a command reads.
@@ -36,7 +44,7 @@ pub enum Source {
 impl Source {
     /// The database when `--db` names one, else the queue directory.
     pub fn open(queue: &Path, db: &DbArg) -> CliResult<Source> {
-        match &db.db {
+        match db.url() {
             None => Ok(Source::Files(QueueReader::open(queue))),
             Some(url) => open_database(url).map(database_source),
         }
@@ -104,9 +112,15 @@ pub fn open_database(url: &str) -> CliResult<PgReader> {
 /// Without PostgreSQL support, `--db` is bad usage.
 #[cfg(not(feature = "postgres"))]
 pub fn open_database(_url: &str) -> CliResult<std::convert::Infallible> {
-    Err(CliError::usage(
+    Err(without_postgres())
+}
+
+/// The error of `--db` in a cairn built without PostgreSQL support: bad usage.
+#[cfg(not(feature = "postgres"))]
+pub fn without_postgres() -> CliError {
+    CliError::usage(
         "--db: this cairn was built without PostgreSQL support (the `postgres` feature)",
-    ))
+    )
 }
 
 /// A failed statement, naming the database.

@@ -63,7 +63,7 @@ pub struct StatusArgs {
     all: bool,
 
     #[command(flatten)]
-    db: DbArg,
+    pub(super) db: DbArg,
 }
 
 /// Rejected intake files listed without `--all`: enough to notice them, not a flood.

@@ -1,4 +1,5 @@
-//! `cairn submit FILE|-`: validate a task and write it atomically into the inbox.
+//! `cairn submit FILE|-`: validate a task and write it atomically into the inbox, or with
+//! `--db URL` insert it into the queue several hosts share.
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -6,6 +7,7 @@ use std::path::{Path, PathBuf};
 use clap::Args;
 
 use super::error::{print_line, CliError, CliResult};
+use super::source::DbArg;
 use crate::queue::{QueueDir, QueueReader};
 use crate::store::{FileStorage, Storage};
 use crate::task::{random_suffix, Task, MAX_TASK_FILE_BYTES};
@@ -15,7 +17,9 @@ use crate::task_id::TaskId;
 #[command(after_help = "\
 The id goes to stdout (for scripts); what happened and what to run next goes to stderr.
 The queue directory must exist: a submit in the wrong directory would otherwise start a queue
-no daemon reads. --create-queue makes a new one.")]
+no daemon reads. --create-queue makes a new one.
+With --db URL the task goes straight into the shared queue in that PostgreSQL database (the
+queue directory is not used); an id the shared queue has already is refused (exit 3).")]
 pub struct SubmitArgs {
     /// The task file ("-" for stdin).
     file: PathBuf,
@@ -23,6 +27,9 @@ pub struct SubmitArgs {
     /// Create the queue directory if it does not exist yet.
     #[arg(long)]
     create_queue: bool,
+
+    #[command(flatten)]
+    pub(super) db: DbArg,
 }
 
 pub fn run(queue: &Path, args: SubmitArgs) -> CliResult {
@@ -31,6 +38,9 @@ pub fn run(queue: &Path, args: SubmitArgs) -> CliResult {
         .id
         .get_or_insert_with(|| TaskId::generate(&stem, &random_suffix()))
         .clone();
+    if let Some(url) = args.db.url() {
+        return submit_db(url, &args.file, &task);
+    }
     let queue_dir = QueueDir::new(queue);
     if !queue.is_dir() && !args.create_queue {
         let shown = std::path::absolute(queue).unwrap_or_else(|_| queue.to_path_buf());
@@ -85,6 +95,43 @@ pub fn run(queue: &Path, args: SubmitArgs) -> CliResult {
     print_line(&id)?;
     tell_what_next(queue, &id);
     Ok(())
+}
+
+/// Insert `task` (its id set) into the shared queue at `url`, once: an id the queue has
+/// already is refused as the file queue refuses it, and nothing changes.
+#[cfg(feature = "postgres")]
+fn submit_db(url: &str, file: &Path, task: &Task) -> CliResult {
+    use crate::queue::postgres::{NewTask, Submitted};
+
+    let shared = super::shared_queue::SharedQueue::open(url)?;
+    let id = task.id();
+    // Stored as the inbox's intake stores it, so a task is the same text however it came in.
+    let definition = String::from_utf8_lossy(&task.to_json_bytes()).into_owned();
+    let submitted = shared
+        .runtime
+        .block_on(shared.db.submit(&NewTask::of(task, &definition)))
+        .map_err(|e| shared.error(format_args!("{e}; nothing was submitted")))?;
+    if submitted == Submitted::AlreadyThere {
+        return Err(CliError::invalid_task(format_args!(
+            "{}: a task with id {:?} already exists in the shared queue ({}); nothing was \
+             submitted",
+            file_name(file),
+            id.as_str(),
+            shared.database
+        )));
+    }
+    print_line(id)?;
+    eprintln!(
+        "submitted {id} to the shared queue ({}); a `cairn run --db` daemon takes it within a \
+         second or two; follow it with `cairn status --db URL` or `cairn show --db URL {id}`",
+        shared.database
+    );
+    Ok(())
+}
+
+#[cfg(not(feature = "postgres"))]
+fn submit_db(_url: &str, _file: &Path, _task: &Task) -> CliResult {
+    Err(super::source::without_postgres())
 }
 
 /// For people (stderr, so the id stays alone on stdout): where the task went and what to run.

@@ -32,7 +32,7 @@ const INCREMENTAL_DIR: &str = "incremental";
 const CHECKPOINT_SUFFIX: &str = ".json.gz";
 
 /// How many older generations are kept besides the latest, unless configured otherwise.
-const DEFAULT_KEEP_GENERATIONS: usize = 3;
+pub const DEFAULT_KEEP_GENERATIONS: usize = 3;
 
 /// Why a checkpoint operation failed.
 #[derive(Debug, thiserror::Error)]

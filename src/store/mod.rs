@@ -44,7 +44,7 @@ pub use checkpoint::{
 };
 pub use checkpoint_store::{
     CheckpointFileName, CheckpointStore, GenerationInfo, LoadedCheckpoint, SavedCheckpoint,
-    StoreError,
+    StoreError, DEFAULT_KEEP_GENERATIONS,
 };
 #[cfg(feature = "test-doubles")]
 pub use faulty::{FaultMode, FaultyFileOps};

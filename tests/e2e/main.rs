@@ -32,7 +32,10 @@ mod operator;
 #[cfg(feature = "postgres")]
 mod postgres_backend;
 #[cfg(feature = "postgres")]
+mod postgres_cli;
+#[cfg(feature = "postgres")]
 mod postgres_intake;
+#[cfg(feature = "postgres")]
 mod postgres_leases;
 mod queue_modes;
 mod run_as_submitter;

@@ -47,8 +47,9 @@ use crate::store::{
 use crate::task::Task;
 use crate::task_id::TaskId;
 
-/// Checkpoint generations kept besides the newest, as the file store keeps them.
-const KEEP_GENERATIONS: u32 = 2;
+/// Checkpoint generations kept besides the newest, as the file store keeps them (so
+/// `cairn history` lists the same generations on both).
+const KEEP_GENERATIONS: u32 = crate::store::DEFAULT_KEEP_GENERATIONS as u32;
 
 /// The owner epoch of a database owner: its tasks' leases carry their own epochs.
 const OWNER_EPOCH: u64 = 0;

@@ -14,6 +14,7 @@
 //! - [`PgBackend`]: the owner's [`QueueBackend`](super::QueueBackend) on these statements,
 //!   with each host's inbox feeding the shared queue ([`PgSink`]), control requests
 //!   (`cairn_control`, applied in SQL to tasks nobody holds) and forks with start points.
+//! - [`PgQueue::prune`]: finished tasks past their retention removed with all their rows.
 //! - [`PgReader`]: the read model the operator commands use with `--db`: the same views as
 //!   the file queue's reader, from rows.
 //! - [`SubmitListener`]: LISTEN/NOTIFY wake-ups for new and released work; the caller still
@@ -32,6 +33,7 @@ mod intake;
 mod journal;
 mod lease;
 mod listen;
+mod prune;
 mod read;
 mod redact;
 pub mod schema;
@@ -47,10 +49,8 @@ pub use fork::{ForkError, ForkSource};
 pub use intake::PgSink;
 pub use lease::{ClaimedTask, Lease, RenewedLease};
 pub use listen::{SubmitListener, Wakeup, WORK_CHANNEL};
-pub use read::{
-    decode_newest, DbPrune, LeasedEvent, PgReader, PrunedGeneration, PrunedTask, ReadError,
-    NODE_SEEN_WITHIN,
-};
+pub use prune::{DbPrune, PruneRules, PrunedGeneration, PrunedTask, PRUNE_BATCH};
+pub use read::{decode_newest, LeasedEvent, PgReader, ReadError, NODE_SEEN_WITHIN};
 pub use redact::redacted_url;
 pub use schema::{Migrated, SCHEMA_VERSION};
 pub use submit::{NewTask, Submitted};

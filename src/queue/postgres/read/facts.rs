@@ -12,7 +12,10 @@ use crate::queue::read::TaskFacts;
 use crate::store::current_work::StoredOutput;
 use crate::store::events::Event;
 use crate::store::journal::JournalEvent;
-use crate::store::{decode_checkpoint, LoadedCheckpoint, StoreError};
+use crate::store::{
+    decode_checkpoint, CheckpointError, GenerationInfo, IterationCheckpoint, LoadedCheckpoint,
+    StoreError,
+};
 
 /// The rows a view of some tasks needs, by task id.
 #[derive(Debug, Default)]
@@ -88,6 +91,37 @@ pub fn decode_newest(
         Some((key, source)) => Err(StoreError::Corrupt { key, source }),
         None => Ok(None),
     }
+}
+
+/// What a stored generation says, for `cairn history`: decoded as a checkpoint file is, and
+/// refused as one of another task (as the file store refuses a file under the wrong name).
+pub(super) fn generation_info(
+    task_id: &str,
+    stored: &StoredCheckpoint,
+) -> (GenerationInfo, Option<IterationCheckpoint>) {
+    let decoded = decode_checkpoint(&stored.bytes).and_then(|cp| {
+        if cp.task_id == task_id {
+            Ok(cp)
+        } else {
+            Err(CheckpointError::WrongTask {
+                expected: task_id.to_owned(),
+                found: cp.task_id,
+            })
+        }
+    });
+    let (iteration_count, last_checkpoint_at, error) = match &decoded {
+        Ok(cp) => (Some(cp.iteration_count), Some(cp.last_checkpoint_at), None),
+        Err(error) => (None, None, Some(error.to_string())),
+    };
+    let info = GenerationInfo {
+        generation: stored.generation,
+        key: checkpoint_key(task_id, stored.generation),
+        bytes: stored.bytes.len() as u64,
+        iteration_count,
+        last_checkpoint_at,
+        error,
+    };
+    (info, decoded.ok())
 }
 
 /// An event row as the journal's type (an event this cairn does not know is left out).

@@ -1,5 +1,5 @@
 //! [`PgReader`]: the read model of a queue kept in PostgreSQL, for the operator commands
-//! (`status`, `show`, `history`, `checkpoint`, `submit`, `validate`, `prune` with `--db`).
+//! (`status`, `show`, `history`, `checkpoint`, `validate` with `--db`).
 //!
 //! It gives the same views the file queue's [`QueueReader`](crate::queue::QueueReader) gives
 //! ([`QueueView`], [`TaskView`], [`LoadedCheckpoint`]), so the commands format both the same
@@ -9,7 +9,6 @@
 //! commands that use it.
 
 mod facts;
-mod prune;
 mod view;
 
 use std::time::Duration;
@@ -22,13 +21,11 @@ use super::error::{During, PgError};
 use super::fenced::StoredCheckpoint;
 use super::redact::redacted_url;
 use super::schema::SCHEMA_VERSION;
-use super::submit::{NewTask, Submitted};
 use crate::queue::{ClusterView, LoadOptions, NodeView, QueueView, TaskView};
 use crate::store::journal::JournalEvent;
-use crate::store::{IterationCheckpoint, LoadedCheckpoint};
+use crate::store::{GenerationInfo, IterationCheckpoint, LoadedCheckpoint};
 
 pub use facts::decode_newest;
-pub use prune::{DbPrune, PrunedGeneration, PrunedTask};
 
 /// A daemon renews its leases, and with them its `last_seen_at`, every lease/6. One not seen
 /// for the default lease (30 s) and holding no unexpired lease is taken for gone. (The
@@ -44,8 +41,8 @@ pub struct LeasedEvent {
     pub lease_epoch: i64,
 }
 
-/// A reader of the queue in one PostgreSQL database; it never writes, except
-/// [`PgReader::submit`] and [`PgReader::prune`].
+/// A reader of the queue in one PostgreSQL database; it never writes (the commands that do
+/// use [`PgQueue`]'s statements).
 pub struct PgReader {
     db: PgQueue,
     runtime: Runtime,
@@ -214,6 +211,20 @@ impl PgReader {
         self.runtime.block_on(self.db.checkpoints(id))
     }
 
+    /// A task's checkpoint generations, newest first, as `cairn history` lists them: what each
+    /// says (or why it does not decode, by the checks the file store makes), and the
+    /// checkpoint itself when it decodes.
+    pub fn history(
+        &self,
+        id: &str,
+    ) -> Result<Vec<(GenerationInfo, Option<IterationCheckpoint>)>, PgError> {
+        Ok(self
+            .checkpoints(id)?
+            .into_iter()
+            .map(|stored| facts::generation_info(id, &stored))
+            .collect())
+    }
+
     /// The newest checkpoint of a task that decodes, with the generations skipped on the way
     /// (an error when none of them decodes).
     pub fn latest_checkpoint(&self, id: &str) -> Result<Option<LoadedCheckpoint>, ReadError> {
@@ -239,28 +250,6 @@ impl PgReader {
                 key: facts::checkpoint_key(id, generation),
                 source,
             })
-        })
-    }
-
-    /// Queue a task, once per id (see [`PgQueue::submit`]).
-    pub fn submit(&self, task: &NewTask<'_>) -> Result<Submitted, PgError> {
-        self.runtime.block_on(self.db.submit(task))
-    }
-
-    /// Remove finished tasks whose record is older than `older_than` (by the database's
-    /// clock) with their rows, trim the older checkpoint generations of the finished tasks
-    /// that stay to `keep_generations`, and drop handled control requests past the
-    /// retention. With `dry_run`, the same statements run and are rolled back: what it says
-    /// is what a prune would do.
-    pub fn prune(
-        &self,
-        older_than: Duration,
-        keep_generations: Option<usize>,
-        dry_run: bool,
-    ) -> Result<DbPrune, PgError> {
-        self.runtime.block_on(async {
-            let mut client = self.db.client().await?;
-            prune::prune(&mut client, older_than, keep_generations, dry_run).await
         })
     }
 }
