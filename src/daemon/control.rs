@@ -155,8 +155,14 @@ impl Scheduler {
         let verb = action.as_str();
         tracing::warn!(task_id = id, "cannot {verb} task {id}: {why}");
         let (action, reason) = (verb.to_string(), why.to_string());
-        self.ctx
-            .journal(id, Event::ControlRefused { action, reason });
+        self.ctx.journal(
+            id,
+            Event::ControlRefused {
+                action,
+                reason,
+                request: None,
+            },
+        );
     }
 
     /// A new entry for a task that is pending (accepted, never started), if it is.
