@@ -40,6 +40,13 @@ pub struct RunArgs {
     #[arg(long)]
     run_as_submitter: bool,
 
+    /// With --run-as-submitter: members of this group may pause, resume, cancel and retry
+    /// every task. Without it only a task's submitter, the daemon's user and root may; other
+    /// requests are refused (logged, in the task's journal, and told to the `cairn` that made
+    /// them).
+    #[arg(long, value_name = "GROUP", requires = "run_as_submitter")]
+    operators_group: Option<String>,
+
     /// Share a queue in PostgreSQL with the daemons of other hosts (a postgresql:// URL or
     /// libpq's key=value form). The queue directory is then this host's: its inbox (files
     /// dropped there enter the shared queue), logs and scratch. See docs/cluster.md.
@@ -105,6 +112,11 @@ pub fn run(queue: &Path, args: RunArgs) -> CliResult<u8> {
     }
     let mut config = DaemonConfig::new(queue);
     config.run_as_submitter = args.run_as_submitter;
+    if let Some(group) = &args.operators_group {
+        let group = daemon::OperatorsGroup::named(group)
+            .map_err(|e| CliError::usage(format_args!("--operators-group: {e}")))?;
+        config.operators_group = Some(group);
+    }
     config.exit_when_idle = args.exit_when_idle;
     config.stop_grace = args.stop_grace;
     config.max_tasks = args.max_tasks;
