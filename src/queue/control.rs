@@ -382,6 +382,11 @@ mod tests {
         let bytes = serde_json::to_vec(&request).unwrap();
         assert_eq!(ControlRequest::parse(&bytes).unwrap(), request);
         assert!(ControlRequest::parse(b"{}").is_err());
+        // Who asks is the file's owner; a request cannot say it.
+        assert!(ControlRequest::parse(
+            br#"{"action":"pause","task_id":"a","requested_at":"2026-01-01T00:00:00Z","origin":{"uid":0}}"#
+        )
+        .is_err());
         assert!(ControlRequest::parse(
             br#"{"action":"explode","task_id":"a","requested_at":"2026-01-01T00:00:00Z"}"#
         )
