@@ -106,17 +106,20 @@ pub fn run(queue: &Path, args: RunArgs) -> CliResult<u8> {
         .max_blocking_threads(crate::runner::MAX_BLOCKING_THREADS)
         .build()
         .map_err(|e| CliError::failure(format_args!("cannot start the runtime: {e}")))?;
+    // Named before anything else is checked: a group that does not exist is a usage error.
+    let operators_group = args
+        .operators_group
+        .as_deref()
+        .map(daemon::OperatorsGroup::named)
+        .transpose()
+        .map_err(|e| CliError::usage(format_args!("--operators-group: {e}")))?;
     if args.run_as_submitter {
         crate::runner::identity::check_capabilities()
             .map_err(|e| CliError::new(exit::INVALID_TASK, e))?;
     }
     let mut config = DaemonConfig::new(queue);
     config.run_as_submitter = args.run_as_submitter;
-    if let Some(group) = &args.operators_group {
-        let group = daemon::OperatorsGroup::named(group)
-            .map_err(|e| CliError::usage(format_args!("--operators-group: {e}")))?;
-        config.operators_group = Some(group);
-    }
+    config.operators_group = operators_group;
     config.exit_when_idle = args.exit_when_idle;
     config.stop_grace = args.stop_grace;
     config.max_tasks = args.max_tasks;

@@ -11,12 +11,15 @@ pub struct SystemUser {
     pub uid: u32,
 }
 
-/// A group and its members, removed on drop.
+/// A group and its members (and any other groups made with [`SystemUsers::add_group`]),
+/// removed on drop.
 #[derive(Debug)]
 pub struct SystemUsers {
     pub group: String,
     pub gid: u32,
     pub users: Vec<SystemUser>,
+    tag: String,
+    other_groups: Vec<String>,
 }
 
 impl SystemUsers {
@@ -37,6 +40,8 @@ impl SystemUsers {
             group: group.clone(),
             gid,
             users: Vec::new(),
+            tag: tag.clone(),
+            other_groups: Vec::new(),
         };
         for member in members {
             let name = format!("{tag}{member}");
@@ -55,10 +60,32 @@ impl SystemUsers {
     }
 }
 
+impl SystemUsers {
+    /// Another group (`<tag><suffix>`), with `members` added to it as a supplementary group;
+    /// returns its name and gid.
+    pub fn add_group(&mut self, suffix: &str, members: &[&SystemUser]) -> (String, u32) {
+        let name = format!("{}{suffix}", self.tag);
+        run(Command::new("groupadd").arg(&name));
+        self.other_groups.push(name.clone());
+        for member in members {
+            run(Command::new("usermod").args(["--append", "--groups", &name, &member.name]));
+        }
+        let gid = nix::unistd::Group::from_name(&name)
+            .expect("looking up the new group")
+            .expect("the new group exists")
+            .gid
+            .as_raw();
+        (name, gid)
+    }
+}
+
 impl Drop for SystemUsers {
     fn drop(&mut self) {
         for user in &self.users {
             let _ = Command::new("userdel").arg(&user.name).status();
+        }
+        for group in &self.other_groups {
+            let _ = Command::new("groupdel").arg(group).status();
         }
         let _ = Command::new("groupdel").arg(&self.group).status();
     }
