@@ -22,6 +22,7 @@ pub mod queue;
 pub mod runner;
 pub mod shutdown;
 pub mod store;
+pub mod submitter;
 pub mod task;
 pub mod task_id;
 

@@ -11,6 +11,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::submitter::Submitter;
 use crate::task_id::{check_name, TaskId};
 
 /// Largest task file cairn accepts; larger files are rejected unread.
@@ -41,6 +42,11 @@ pub struct Task {
     /// Free-form user data, kept and never interpreted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub meta: Option<Value>,
+    /// Who submitted the task: filled in by the daemon at intake from the owner of the file
+    /// it took (see [`crate::submitter`]). A task file that sets it is rejected
+    /// ([`Task::parse`]); only the definitions cairn stores carry it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub submitted_by: Option<Submitter>,
 }
 
 /// Limits on what a task may spend.
@@ -240,7 +246,8 @@ impl fmt::Display for TaskError {
 impl std::error::Error for TaskError {}
 
 impl Task {
-    /// Parse and validate a task file's bytes.
+    /// Parse and validate a task file's bytes, as a user wrote them: `submitted_by` is the
+    /// daemon's to fill in, so a file that sets it is refused.
     pub fn parse(bytes: &[u8]) -> Result<Task, TaskError> {
         if bytes.len() as u64 > MAX_TASK_FILE_BYTES {
             return Err(TaskError::whole_file(format!(
@@ -248,7 +255,15 @@ impl Task {
                 bytes.len()
             )));
         }
-        Self::parse_unlimited(bytes)
+        let task = Self::parse_unlimited(bytes)?;
+        if task.submitted_by.is_some() {
+            return Err(TaskError::new(
+                "submitted_by",
+                "is recorded by cairn (the owner of the file taken from the inbox) and cannot \
+                 be set in a task file; remove it",
+            ));
+        }
+        Ok(task)
     }
 
     fn parse_unlimited(bytes: &[u8]) -> Result<Task, TaskError> {
@@ -294,6 +309,13 @@ impl Task {
     /// named yet, answers [`TaskId::unnamed`].
     pub fn id(&self) -> &TaskId {
         self.id.as_ref().unwrap_or_else(|| TaskId::unnamed())
+    }
+
+    /// Who submitted the task (the daemon records it at intake); `None` for a task accepted
+    /// before cairn recorded submitters, or one not taken in by a daemon yet. The scheduler's
+    /// way to tell whose a pending task is.
+    pub fn submitted_by(&self) -> Option<&Submitter> {
+        self.submitted_by.as_ref()
     }
 
     /// Problems that do not make the task invalid but will likely make it fail, for `validate`
@@ -658,5 +680,19 @@ mod tests {
         .unwrap();
         let again = Task::parse(&task.to_json_bytes()).unwrap();
         assert_eq!(task, again);
+    }
+
+    #[test]
+    fn a_task_file_cannot_name_its_submitter_but_a_stored_definition_keeps_it() {
+        let forged =
+            r#"{"submitted_by":{"uid":0,"user":"root"},"phases":[{"name":"a","run":["x"]}]}"#;
+        let error = parse(forged).unwrap_err();
+        assert_eq!(error.field.as_deref(), Some("submitted_by"), "{error}");
+        let mut task = parse(r#"{"id":"t","phases":[{"name":"a","run":["x"]}]}"#).unwrap();
+        assert_eq!(task.submitted_by(), None);
+        task.submitted_by = Some(crate::submitter::Submitter::of_uid(0));
+        let stored = Task::parse_stored(&task.to_json_bytes()).unwrap();
+        assert_eq!(stored.submitted_by().map(|s| s.uid), Some(0));
+        assert!(Task::parse(&task.to_json_bytes()).is_err());
     }
 }

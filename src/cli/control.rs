@@ -1,7 +1,8 @@
 //! `cairn pause|resume|cancel|retry ID`: steer a task through a request in `control/`.
 //!
 //! A running daemon takes the request within a second (it watches `control/`); this command
-//! waits up to a few seconds for that and says what happened. Without a daemon the request
+//! waits up to a few seconds for that and says what happened: taken, or refused and why (the
+//! daemon's `control_refused` event naming the request, in the task's journal; exit 1). Without a daemon the request
 //! waits in `control/` and takes effect when the next one starts.
 
 use std::path::Path;
@@ -100,6 +101,12 @@ pub fn run(queue: &Path, action: Action, args: ControlArgs) -> CliResult {
     let deadline = Instant::now() + WAIT_FOR_DAEMON;
     while Instant::now() < deadline {
         if control::handled(reader.dir(), &key) {
+            if let Some(why) = control::refusal(reader.dir(), &args.id, &key) {
+                return Err(CliError::failure(format_args!(
+                    "{verb}: the daemon (pid {pid}) refused the request for {}: {why}",
+                    args.id
+                )));
+            }
             let outcome = what_follows(action);
             return print_line(format_args!(
                 "{verb}: the daemon (pid {pid}) took the request for {}; {outcome}",

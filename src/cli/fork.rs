@@ -4,7 +4,8 @@
 //! The new task gets its own copy of the checkpoint (`incremental/<new>.json.gz`, not marked
 //! done, so its loop continues from there), a start point (`runs/<new>/start.json`: the phase
 //! and the outputs of the phases before it), and is then submitted through the inbox like any
-//! task. The original is not touched.
+//! task. The original is not touched. The new task's submitter is the user who forks (the
+//! owner of the file written into the inbox), never the original's.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -137,6 +138,9 @@ fn fork(queue: &Path, args: &ForkArgs) -> CliResult<TaskId> {
         .map_err(|e| failure(format!("writing {}: {e}", StartPoint::key(&new_id))))?;
 
     task.id = Some(new_id.clone());
+    // The new task is the forking user's: intake records the owner of the file written here
+    // (this user) as its submitter, and refuses a file that names one.
+    task.submitted_by = None;
     let inbox_key = QueueDir::inbox_key(&new_id);
     storage
         .put(&inbox_key, &task.to_json_bytes(), None)
@@ -275,6 +279,8 @@ fn fork_db(url: &str, args: &ForkArgs) -> CliResult<TaskId> {
         generation: from_generation,
     };
     task.id = Some(new_id.clone());
+    // The new task is the forking user's, not the original's submitter's.
+    task.submitted_by = Some(crate::submitter::Submitter::current());
     let definition = String::from_utf8_lossy(&task.to_json_bytes()).into_owned();
     let new_task = NewTask::of(&task, &definition);
     match runtime.block_on(db.submit_fork(&new_task, &start, &mut checkpoint, patch.is_some())) {

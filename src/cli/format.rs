@@ -112,6 +112,7 @@ pub fn task_json(task: &TaskView, now: DateTime<Utc>) -> Value {
         "attempts": task.attempts,
         "failed_attempts": task.failed_attempts,
         "error": task.error,
+        "submitted_by": task.submitted_by(),
     })
 }
 

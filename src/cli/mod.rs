@@ -57,7 +57,7 @@ pub mod exit {
 const AFTER_HELP: &str = "\
 Exit codes:
   0    success
-  1    runtime failure (I/O error, unreadable queue)
+  1    runtime failure (I/O error, unreadable queue, a steering request refused)
   2    bad usage
   3    invalid task file (submit, validate)
   4    the queue is owned by another running daemon (run)

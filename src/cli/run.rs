@@ -40,6 +40,13 @@ pub struct RunArgs {
     #[arg(long)]
     run_as_submitter: bool,
 
+    /// With --run-as-submitter: members of this group may pause, resume, cancel and retry
+    /// every task. Without it only a task's submitter, the daemon's user and root may; other
+    /// requests are refused (logged, in the task's journal, and told to the `cairn` that made
+    /// them).
+    #[arg(long, value_name = "GROUP", requires = "run_as_submitter")]
+    operators_group: Option<String>,
+
     /// Share a queue in PostgreSQL with the daemons of other hosts (a postgresql:// URL or
     /// libpq's key=value form). The queue directory is then this host's: its inbox (files
     /// dropped there enter the shared queue), logs and scratch. See docs/cluster.md.
@@ -99,12 +106,20 @@ pub fn run(queue: &Path, args: RunArgs) -> CliResult<u8> {
         .max_blocking_threads(crate::runner::MAX_BLOCKING_THREADS)
         .build()
         .map_err(|e| CliError::failure(format_args!("cannot start the runtime: {e}")))?;
+    // Named before anything else is checked: a group that does not exist is a usage error.
+    let operators_group = args
+        .operators_group
+        .as_deref()
+        .map(daemon::OperatorsGroup::named)
+        .transpose()
+        .map_err(|e| CliError::usage(format_args!("--operators-group: {e}")))?;
     if args.run_as_submitter {
         crate::runner::identity::check_capabilities()
             .map_err(|e| CliError::new(exit::INVALID_TASK, e))?;
     }
     let mut config = DaemonConfig::new(queue);
     config.run_as_submitter = args.run_as_submitter;
+    config.operators_group = operators_group;
     config.exit_when_idle = args.exit_when_idle;
     config.stop_grace = args.stop_grace;
     config.max_tasks = args.max_tasks;

@@ -232,6 +232,7 @@ fn document(facts: &ShowFacts, task: &TaskView, lists: &Details, now: DateTime<U
         "daemon": format::daemon_json(facts.daemon),
         "id": task.id,
         "state": task.state.as_str(),
+        "submitted_by": task.submitted_by(),
         "status": status,
         "definition": task.task.as_ref().map(|t| serde_json::to_value(t).unwrap_or(Value::Null)),
         "phases": lists.phases.iter().map(phase_json).collect::<Vec<_>>(),
@@ -458,6 +459,9 @@ fn human(facts: &ShowFacts, task: &TaskView, lists: &Details, now: DateTime<Utc>
         (s, None) => s.as_str().to_string(),
     };
     field("state", state);
+    if let Some(submitter) = task.submitted_by() {
+        field("submitter", submitter.to_string());
+    }
     if task.state.is_rejected() {
         rejection_fields(task, &mut field);
         return out;

@@ -20,7 +20,7 @@ use crate::store::current_work::ActiveStatus;
 use crate::store::task_state::TaskState;
 
 /// The columns of the human output, in their fixed order.
-pub const COLUMNS: [&str; 8] = [
+pub const COLUMNS: [&str; 9] = [
     "ID",
     "STATE",
     "PHASE",
@@ -29,6 +29,7 @@ pub const COLUMNS: [&str; 8] = [
     "ETA",
     "COST",
     "CHECKPOINT",
+    "SUBMITTER",
 ];
 
 /// The columns a queue shared through a database adds: the daemon holding a task's lease, and
@@ -43,7 +44,8 @@ at intake: the 3 most recent are listed, --all lists every one; `cairn show NAME
 
 Columns: PHASE is name(k/n); ITER is iterations done/total (items for items phases, the \
 worker's own count for workers); RATE is iterations per minute of the phase's current run; \
-ETA is the time left at that rate; CHECKPOINT is the age of the last iteration checkpoint.
+ETA is the time left at that rate; CHECKPOINT is the age of the last iteration checkpoint; \
+SUBMITTER is the user who submitted the task (the owner of the file the daemon took in).
 With --db, a first line names the daemons sharing the queue (alive or gone), and NODE and LEASE \
 say which daemon holds a running task and how long its lease has left.
 
@@ -240,6 +242,9 @@ fn row(task: &TaskView, view: &QueueView) -> Vec<String> {
         format::cost_cell(task).unwrap_or_else(dash),
         task.checkpoint_age(view.now)
             .map(|age| format!("{} ago", format::short_duration(age)))
+            .unwrap_or_else(dash),
+        task.submitted_by()
+            .map(|submitter| submitter.short())
             .unwrap_or_else(dash),
     ]
 }

@@ -105,11 +105,15 @@ fn submit_db(url: &str, file: &Path, task: &Task) -> CliResult {
 
     let shared = super::shared_queue::SharedQueue::open(url)?;
     let id = task.id();
-    // Stored as the inbox's intake stores it, so a task is the same text however it came in.
+    // Stored as the inbox's intake stores it (with its submitter: the user running this, as
+    // a host's intake takes the owner of the file), so a task is the same text however it
+    // came in.
+    let mut task = task.clone();
+    task.submitted_by = Some(crate::submitter::Submitter::current());
     let definition = String::from_utf8_lossy(&task.to_json_bytes()).into_owned();
     let submitted = shared
         .runtime
-        .block_on(shared.db.submit(&NewTask::of(task, &definition)))
+        .block_on(shared.db.submit(&NewTask::of(&task, &definition)))
         .map_err(|e| shared.error(format_args!("{e}; nothing was submitted")))?;
     if submitted == Submitted::AlreadyThere {
         return Err(CliError::invalid_task(format_args!(

@@ -49,10 +49,22 @@ impl Scheduler {
                 self.control_deferred = true;
                 continue;
             }
+            self.applying_request = request.origin.as_ref().map(|o| o.name.clone());
+            self.request_refused = false;
             self.apply_control(request).await;
+            let refused = std::mem::take(&mut self.request_refused);
+            self.applying_request = None;
             let queue = self.ctx.queue.clone();
             let removed = claim.clone();
-            if let Err(e) = runner_blocking(move || queue.remove_control_claim(&removed)).await {
+            let removal = move || {
+                // The refusal is in the journal before the request is gone: `cairn`, which
+                // waits for that, then reads it there.
+                if refused {
+                    queue.flush_events();
+                }
+                queue.remove_control_claim(&removed)
+            };
+            if let Err(e) = runner_blocking(removal).await {
                 tracing::error!(request = %claim, "cannot remove a handled control request: {e}");
             }
         }
@@ -70,6 +82,15 @@ impl Scheduler {
         let id = &request.task_id;
         let action = request.action;
         tracing::info!(task_id = %id, action = action.as_str(), "control request");
+        if self.steering.enforced() {
+            let submitter = self.submitter_of(id).await;
+            let (rights, origin) = (self.steering.clone(), request.origin.clone());
+            let judged =
+                runner_blocking(move || rights.check(origin.as_ref(), submitter.as_ref())).await;
+            if let Err(why) = judged {
+                return self.refuse(id, action, &why);
+            }
+        }
         let in_flight = self.ctx.work.update(|w| w.get(id).cloned());
         let standing = if self.running_ids.contains(id) {
             Standing::Running
@@ -151,12 +172,34 @@ impl Scheduler {
         self.persist().await;
     }
 
-    fn refuse(&self, id: &str, action: ControlAction, why: &str) {
+    /// Leave the task as it is: log why, and journal it for the request's writer.
+    fn refuse(&mut self, id: &str, action: ControlAction, why: &str) {
         let verb = action.as_str();
-        tracing::warn!(task_id = id, "cannot {verb} task {id}: {why}");
+        // Escaped: the reason may quote a user's name.
+        tracing::warn!(
+            task_id = id,
+            "cannot {verb} task {id}: {}",
+            why.escape_debug()
+        );
         let (action, reason) = (verb.to_string(), why.to_string());
-        self.ctx
-            .journal(id, Event::ControlRefused { action, reason });
+        let request = self.applying_request.clone();
+        self.request_refused = true;
+        self.ctx.journal(
+            id,
+            Event::ControlRefused {
+                action,
+                reason,
+                request,
+            },
+        );
+    }
+
+    /// The submitter of task `id`, from its definition (loaded, or read for a finished task).
+    async fn submitter_of(&self, id: &TaskId) -> Option<crate::submitter::Submitter> {
+        if let Some(task) = self.tasks.get(id) {
+            return task.submitted_by().cloned();
+        }
+        self.read_task(id).await.ok()?.submitted_by
     }
 
     /// A new entry for a task that is pending (accepted, never started), if it is.

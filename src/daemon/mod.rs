@@ -23,8 +23,10 @@ mod recovery;
 mod schedule;
 mod shared_queue;
 mod start_order;
+mod steering;
 mod summary;
 
+pub use steering::OperatorsGroup;
 pub use summary::RunSummary;
 
 use crate::queue::{LockError, OpenError, Queue, QueueHint};
@@ -53,6 +55,9 @@ pub struct DaemonConfig {
     /// Run each task's commands as its submitter (`--run-as-submitter`). The caller checks
     /// first that the process may switch users (`runner::identity::check_capabilities`).
     pub run_as_submitter: bool,
+    /// With `run_as_submitter`: the group whose members may steer every task, besides each
+    /// task's submitter, the daemon's user and root (`--operators-group`).
+    pub operators_group: Option<OperatorsGroup>,
     /// Share a queue in PostgreSQL with daemons on other hosts instead (`queue_dir` is then
     /// this host's directory: its inbox, logs and scratch).
     pub database: Option<DatabaseConfig>,
@@ -79,6 +84,7 @@ impl DaemonConfig {
             rescan_interval: Duration::from_secs(5),
             storage: None,
             run_as_submitter: false,
+            operators_group: None,
             database: None,
         }
     }
@@ -330,6 +336,14 @@ pub(crate) struct Scheduler {
     claiming: shared_queue::Claiming,
     /// Leases a shared queue's claim gave, kept for the task's first attempt.
     claimed_leases: HashMap<TaskId, crate::queue::Lease>,
+    /// Who may steer which task (judged only with `--run-as-submitter`).
+    steering: steering::SteeringRights,
+    /// The file name of the control request being applied, for the `control_refused` event
+    /// that tells its requester (see `control.rs`).
+    applying_request: Option<String>,
+    /// Whether the request being applied was refused (its event is then flushed before the
+    /// request is removed, so that `cairn` sees the refusal once its request is gone).
+    request_refused: bool,
 }
 
 /// How an attempt's future ended, as the main loop sees it.
@@ -348,6 +362,8 @@ impl Scheduler {
     /// A scheduler with nothing lined up yet ([`Scheduler::recover`] lines up the queue).
     fn new(ctx: Arc<RunContext>, config: DaemonConfig) -> Scheduler {
         let records = ctx.queue.record_locations();
+        let steering =
+            steering::SteeringRights::new(config.run_as_submitter, config.operators_group.clone());
         Scheduler {
             ctx,
             config,
@@ -375,6 +391,9 @@ impl Scheduler {
             },
             claiming: Default::default(),
             claimed_leases: HashMap::new(),
+            steering,
+            applying_request: None,
+            request_refused: false,
         }
     }
 

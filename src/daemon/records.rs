@@ -81,6 +81,7 @@ async fn write_done(
         lost_iterations: entry.lost_iterations,
         lost_cost_estimate: entry.lost_cost_estimate(),
         phases: entry.phases.clone(),
+        submitted_by: task.submitted_by.clone(),
     };
     let (queue, lease) = (ctx.queue.clone(), lease.clone());
     runner_blocking(move || queue.finish(&lease, &TaskRecord::Done(record)))
@@ -127,7 +128,8 @@ impl Scheduler {
             .get(entry.phase_index)
             .map(|p| p.name.clone())
             .unwrap_or_else(|| entry.phase.clone());
-        let record = FailedRecord::from_entry(&entry, status, error, phase, outputs);
+        let record = FailedRecord::from_entry(&entry, status, error, phase, outputs)
+            .submitted_by(task.submitted_by.clone());
         let (queue, claim_id) = (self.ctx.queue.clone(), id.clone());
         let written = runner_blocking(move || {
             let lease = queue.claim(&claim_id)?;

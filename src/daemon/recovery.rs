@@ -312,6 +312,7 @@ fn unreadable_task(id: &TaskId) -> Task {
         budget: None,
         phases: Vec::new(),
         meta: None,
+        submitted_by: None,
     }
 }
 

@@ -342,7 +342,14 @@ impl Scheduler {
         };
         for task in report.accepted {
             let priority = task.priority;
-            self.ctx.journal(task.id(), Event::Accepted { priority });
+            let submitted_by = task.submitted_by.clone();
+            self.ctx.journal(
+                task.id(),
+                Event::Accepted {
+                    priority,
+                    submitted_by,
+                },
+            );
             self.add_pending(task);
         }
         for rejection in report.rejected {

@@ -10,7 +10,7 @@
 use std::collections::HashSet;
 use std::fs;
 use std::io::{self, Read};
-use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::Path;
 
 use chrono::{DateTime, Utc};
@@ -48,6 +48,25 @@ pub struct ControlRequest {
     pub action: ControlAction,
     pub task_id: TaskId,
     pub requested_at: DateTime<Utc>,
+    /// Where the request came from, as the daemon saw the file it read: never read from the
+    /// file itself (a request that names it is refused as unknown). `None` for a request that
+    /// came through a database.
+    #[serde(skip)]
+    pub origin: Option<RequestFile>,
+}
+
+/// The file a request was read from, as `fstat` describes the descriptor it was read through:
+/// who wrote it is who asks (see `daemon::steering`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequestFile {
+    /// Its name in `control/`, which the `cairn` command that wrote it knows it by.
+    pub name: String,
+    /// Its owner: the user who asks.
+    pub uid: u32,
+    /// Its permission bits (a file others may write could have been changed by them).
+    pub mode: u32,
+    /// Its hard links (a second name could be someone else's file linked in).
+    pub links: u64,
 }
 
 impl ControlRequest {
@@ -56,6 +75,7 @@ impl ControlRequest {
             action,
             task_id: task_id.clone(),
             requested_at: Utc::now(),
+            origin: None,
         }
     }
 
@@ -139,8 +159,14 @@ pub fn take(
     for name in claims {
         let claim = queue.tasks().join(format!("{CLAIM_PREFIX}{name}"));
         let problem = match read_claim(&claim) {
-            Ok(Some(bytes)) => match ControlRequest::parse(&bytes) {
-                Ok(request) => {
+            Ok(Some((bytes, meta))) => match ControlRequest::parse(&bytes) {
+                Ok(mut request) => {
+                    request.origin = Some(RequestFile {
+                        name: name.clone(),
+                        uid: meta.uid(),
+                        mode: meta.mode() & 0o7777,
+                        links: meta.nlink(),
+                    });
                     requests.push((format!("tasks/{CLAIM_PREFIX}{name}"), request));
                     continue;
                 }
@@ -167,6 +193,24 @@ pub fn handled(queue: &QueueDir, key: &str) -> bool {
         ),
     };
     gone(queue.control().join(name)) && gone(queue.tasks().join(format!("{CLAIM_PREFIX}{name}")))
+}
+
+/// Why the daemon refused the request `cairn` wrote under `key` (`control/<name>`) for task
+/// `task_id`, if it did: the `control_refused` event naming it in the task's journal. The
+/// daemon writes that event before it removes the request, so once [`handled`] is true the
+/// answer is final.
+pub fn refusal(queue: &QueueDir, task_id: &str, key: &str) -> Option<String> {
+    let name = key.strip_prefix("control/").unwrap_or(key);
+    let journal = crate::store::journal::journal_path(queue.root(), task_id);
+    let events = super::read::files::read_journal_tail(&journal, 256 * 1024).ok()?;
+    events.into_iter().rev().find_map(|line| match line.event {
+        crate::store::events::Event::ControlRefused {
+            reason,
+            request: Some(request),
+            ..
+        } if request == name => Some(reason),
+        _ => None,
+    })
 }
 
 /// Rename each `control/*.json` into `tasks/`. A name that will not move (a directory the
@@ -197,9 +241,10 @@ fn claim_waiting(queue: &QueueDir, reported: &mut HashSet<String>) -> io::Result
     Ok(())
 }
 
-/// A claim's bytes, read through one descriptor opened without following a link or waiting
-/// for a FIFO's writer; `Ok(None)` when it is gone. The error says what is wrong with it.
-fn read_claim(path: &Path) -> Result<Option<Vec<u8>>, BadRequest> {
+/// A claim's bytes and what `fstat` says of it (its owner is who asks), read through one
+/// descriptor opened without following a link or waiting for a FIFO's writer; `Ok(None)` when
+/// it is gone. The error says what is wrong with it.
+fn read_claim(path: &Path) -> Result<Option<(Vec<u8>, fs::Metadata)>, BadRequest> {
     let io = |action| move |source| BadRequest::Io { action, source };
     let file = match fs::OpenOptions::new()
         .read(true)
@@ -235,7 +280,7 @@ fn read_claim(path: &Path) -> Result<Option<Vec<u8>>, BadRequest> {
     if bytes.len() as u64 > MAX_REQUEST_BYTES {
         return Err(BadRequest::Grew);
     }
-    Ok(Some(bytes))
+    Ok(Some((bytes, meta)))
 }
 
 /// Remove a bad claim (a directory with everything in it: std removes it without following
@@ -337,6 +382,11 @@ mod tests {
         let bytes = serde_json::to_vec(&request).unwrap();
         assert_eq!(ControlRequest::parse(&bytes).unwrap(), request);
         assert!(ControlRequest::parse(b"{}").is_err());
+        // Who asks is the file's owner; a request cannot say it.
+        assert!(ControlRequest::parse(
+            br#"{"action":"pause","task_id":"a","requested_at":"2026-01-01T00:00:00Z","origin":{"uid":0}}"#
+        )
+        .is_err());
         assert!(ControlRequest::parse(
             br#"{"action":"explode","task_id":"a","requested_at":"2026-01-01T00:00:00Z"}"#
         )

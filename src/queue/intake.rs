@@ -31,6 +31,7 @@ use super::task_sink::{FileSink, Stored, TaskSink};
 use super::QueueDir;
 use crate::store::records::RecordStatus;
 use crate::store::Storage;
+use crate::submitter::Submitter;
 use crate::task::{random_suffix, Task, TaskError, MAX_TASK_FILE_BYTES};
 use crate::task_id::TaskId;
 
@@ -461,14 +462,17 @@ impl Intake {
                 "task files must be named <name>.json",
             ));
         }
-        let bytes = match self.read_checked(claim, &meta) {
-            Ok(bytes) => bytes,
+        let (bytes, owner) = match self.read_checked(claim, &meta) {
+            Ok(read) => read,
             Err(error) => return reject(error),
         };
         let mut task = match Task::parse(&bytes) {
             Ok(task) => task,
             Err(error) => return reject(error),
         };
+        // The submitter is whoever owns the file read, never what it says (`Task::parse`
+        // refuses a `submitted_by`).
+        task.submitted_by = Some(Submitter::of_uid(owner));
         let stem = utf8_name.strip_suffix(".json").unwrap_or(utf8_name);
         let id = task
             .id
@@ -493,8 +497,9 @@ impl Intake {
 
     /// Open the claimed file without following a link or blocking on a FIFO swapped in, check
     /// what `fstat` says of that same descriptor (the file read is the file checked), and read
-    /// it. The error is what to put in the rejection record.
-    fn read_checked(&self, claim: &Path, listed: &Metadata) -> Result<Vec<u8>, TaskError> {
+    /// it. Returns its bytes and its owner (the submitter), both of that one descriptor. The
+    /// error is what to put in the rejection record.
+    fn read_checked(&self, claim: &Path, listed: &Metadata) -> Result<(Vec<u8>, u32), TaskError> {
         let cannot_read = |e: io::Error| {
             TaskError::whole_file(format!(
                 "cannot be read by the daemon's user ({e}); make it readable by the daemon (chmod 0640, with the inbox's group) and drop it again"
@@ -521,7 +526,7 @@ impl Intake {
         file.take(MAX_TASK_FILE_BYTES + 1)
             .read_to_end(&mut bytes)
             .map_err(cannot_read)?;
-        Ok(bytes)
+        Ok((bytes, meta.uid()))
     }
 
     /// Write the rejection record, then keep the file's bytes beside it (symlinks are removed:
@@ -781,6 +786,14 @@ mod tests {
         let report = intake.scan();
         assert!(report.error.is_none(), "{:?}", report.error);
         assert_eq!(report.accepted.len(), 2, "{report:?}");
+        // Each accepted task names the owner of its file as its submitter.
+        let me = nix::unistd::Uid::effective().as_raw();
+        for task in &report.accepted {
+            assert_eq!(task.submitted_by().map(|s| s.uid), Some(me), "{task:?}");
+            let stored = fs::read(queue.tasks().join(format!("{}.json", task.id()))).unwrap();
+            let stored = crate::task::Task::parse_stored(&stored).unwrap();
+            assert_eq!(stored.submitted_by(), task.submitted_by());
+        }
         assert_eq!(report.rejected.len(), 1, "{report:?}");
         assert!(fs::read_dir(queue.inbox()).unwrap().next().is_none());
     }

@@ -182,7 +182,8 @@ pub(super) async fn end(id: &str, confinement: TaskConfinement) {
     }
 }
 
-/// The user who submitted `task` (the owner of the file taken from `inbox/`).
-fn submitter_uid(_task: &crate::task::Task) -> Option<u32> {
-    None
+/// The user who submitted `task` (the owner of the file taken from `inbox/`, recorded at
+/// intake).
+fn submitter_uid(task: &crate::task::Task) -> Option<u32> {
+    task.submitted_by().map(|submitter| submitter.uid)
 }

@@ -12,6 +12,7 @@ use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::{Map, Value};
 
 use super::records::RecordStatus;
+use crate::submitter::Submitter;
 use crate::task::PhaseKind;
 use crate::task_id::TaskId;
 
@@ -19,9 +20,12 @@ use crate::task_id::TaskId;
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "event", rename_all = "snake_case")]
 pub enum Event {
-    /// The daemon took the task from the inbox.
+    /// The daemon took the task from the inbox; `submitted_by` is the owner of the file it
+    /// took (absent in journals written before cairn recorded it).
     Accepted {
         priority: i32,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        submitted_by: Option<Submitter>,
     },
     /// A run of the task began (the first, or a resume).
     AttemptStarted {
@@ -103,6 +107,10 @@ pub enum Event {
     ControlRefused {
         action: String,
         reason: String,
+        /// The request's file name in `control/`, so that the `cairn` command that wrote it can
+        /// tell its requester it was refused (absent for requests from a database).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        request: Option<String>,
     },
     /// `cairn retry` brought back a finished record.
     Retried {
@@ -203,7 +211,13 @@ mod tests {
         let phase = || "p".to_string();
         let error = || "boom".to_string();
         vec![
-            Event::Accepted { priority: -2 },
+            Event::Accepted {
+                priority: -2,
+                submitted_by: Some(crate::submitter::Submitter {
+                    uid: 1001,
+                    user: Some("alice".into()),
+                }),
+            },
             Event::AttemptStarted {
                 attempt: 1,
                 phase: phase(),
@@ -282,6 +296,7 @@ mod tests {
             Event::ControlRefused {
                 action: "retry".into(),
                 reason: "it is not paused".into(),
+                request: Some("00000000000000000001-0a1b2c-retry.json".into()),
             },
             Event::Retried {
                 previous_status: RecordStatus::BudgetExceeded,
@@ -369,6 +384,7 @@ mod tests {
                 Event::ControlRefused {
                     action: "pause".into(),
                     reason: "why".into(),
+                    request: None,
                 },
                 json!({"action": "pause", "reason": "why"}),
                 "control_refused",

@@ -208,14 +208,27 @@ mod tests {
     #[test]
     fn events_round_trip_and_torn_lines_are_skipped() {
         let dir = tempfile::tempdir().unwrap();
-        append(dir.path(), "t1", Event::Accepted { priority: 0 });
+        append(
+            dir.path(),
+            "t1",
+            Event::Accepted {
+                priority: 0,
+                submitted_by: None,
+            },
+        );
         append(dir.path(), "t1", checkpoint(3));
         let path = journal_path(dir.path(), "t1");
         let mut file = OpenOptions::new().append(true).open(&path).unwrap();
         file.write_all(b"{\"at\": \"2026-").unwrap();
         let events = read(dir.path(), "t1").unwrap();
         assert_eq!(events.len(), 2);
-        assert_eq!(events[0].event, Event::Accepted { priority: 0 });
+        assert_eq!(
+            events[0].event,
+            Event::Accepted {
+                priority: 0,
+                submitted_by: None,
+            }
+        );
         assert_eq!(events[1].event, checkpoint(3));
         assert!(read(dir.path(), "other").unwrap().is_empty());
     }
@@ -249,7 +262,13 @@ mod tests {
             .map(|e| e.event)
             .collect();
         assert_eq!(events.len(), 5);
-        assert_eq!(events[0], Event::Accepted { priority: 0 });
+        assert_eq!(
+            events[0],
+            Event::Accepted {
+                priority: 0,
+                submitted_by: None,
+            }
+        );
         assert!(
             matches!(&events[1], Event::PhaseStarted { phase, attempt: 1, .. } if phase == "sum")
         );

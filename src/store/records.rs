@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::current_work::{ActiveTask, PhaseTiming};
+use crate::submitter::Submitter;
 use crate::task_id::TaskId;
 
 /// How a task ended, as its record's `status` says.
@@ -76,6 +77,10 @@ pub struct DoneRecord {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lost_cost_estimate: Option<f64>,
     pub phases: Vec<PhaseTiming>,
+    /// Who submitted the task (see [`crate::submitter`]); absent for a task accepted before
+    /// cairn recorded it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub submitted_by: Option<Submitter>,
 }
 
 /// Written when a task has used up its attempts, or was stopped by its budget (its
@@ -103,6 +108,9 @@ pub struct FailedRecord {
     pub failed_at: DateTime<Utc>,
     pub phase_outputs: BTreeMap<String, Value>,
     pub phases: Vec<PhaseTiming>,
+    /// As in [`DoneRecord`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub submitted_by: Option<Submitter>,
 }
 
 impl FailedRecord {
@@ -131,7 +139,14 @@ impl FailedRecord {
             failed_at: Utc::now(),
             phase_outputs: outputs,
             phases: entry.phases.clone(),
+            submitted_by: None,
         }
+    }
+
+    /// The same record, naming the task's submitter.
+    pub fn submitted_by(mut self, submitter: Option<Submitter>) -> FailedRecord {
+        self.submitted_by = submitter;
+        self
     }
 }
 

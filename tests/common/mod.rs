@@ -9,6 +9,7 @@
 #[cfg(feature = "postgres")]
 pub mod postgres;
 mod side_file;
+mod system_users;
 mod temp_files;
 
 use std::collections::BTreeMap;
@@ -30,6 +31,7 @@ use tempfile::TempDir;
 
 pub use nix::sys::signal::Signal::{SIGINT, SIGKILL, SIGTERM};
 pub use side_file::*;
+pub use system_users::{SystemUser, SystemUsers};
 pub use temp_files::temp_files;
 
 /// How long a test waits for a state before it fails. Generous: tests run in parallel on a

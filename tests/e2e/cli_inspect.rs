@@ -193,6 +193,21 @@ fn show_history_and_checkpoint_of_a_finished_task() {
     assert_eq!(document["phases"][0]["output"], json!({"greeting": "hi"}));
     assert_eq!(document["phases"][1]["iteration"], 5);
     assert_eq!(document["record"]["status"], "done");
+    // Whoever dropped the file (this test's user) is its submitter, in the document, the
+    // record and the journal's `accepted` event.
+    let me = nix::unistd::Uid::effective().as_raw();
+    assert_eq!(document["submitted_by"]["uid"], me, "{document:#}");
+    assert_eq!(
+        document["record"]["submitted_by"]["uid"], me,
+        "{document:#}"
+    );
+    assert_eq!(document["timeline"][0]["event"], "accepted", "{document:#}");
+    assert_eq!(
+        document["timeline"][0]["submitted_by"]["uid"], me,
+        "{document:#}"
+    );
+    let user = document["submitted_by"]["user"].as_str().unwrap_or("-");
+    assert!(field(&show, "submitter").starts_with(user), "{show}");
     let timeline = document["timeline"].as_array().unwrap();
     assert!(timeline
         .iter()

@@ -56,7 +56,7 @@ fn task(document: &Value, id: &str) -> Value {
 }
 
 /// The keys of a status task object and the JSON types each may have.
-const TASK_SCHEMA: [(&str, &[&str]); 16] = [
+const TASK_SCHEMA: [(&str, &[&str]); 17] = [
     ("id", &["string"]),
     ("state", &["string"]),
     ("phase", &["string", "null"]),
@@ -73,6 +73,7 @@ const TASK_SCHEMA: [(&str, &[&str]); 16] = [
     ("attempts", &["integer", "null"]),
     ("failed_attempts", &["integer", "null"]),
     ("error", &["string", "null"]),
+    ("submitted_by", &["object", "null"]),
 ];
 
 fn json_type(value: &Value) -> &'static str {
@@ -222,7 +223,8 @@ fn status_shows_each_state_in_stable_columns_and_a_documented_json() {
             "RATE",
             "ETA",
             "COST",
-            "CHECKPOINT"
+            "CHECKPOINT",
+            "SUBMITTER"
         ],
         "{table}"
     );
@@ -247,15 +249,35 @@ fn status_shows_each_state_in_stable_columns_and_a_documented_json() {
     assert!(rows[4][0].starts_with("rejected-broken-"), "{table}");
     assert_eq!(
         rows[4][1..],
-        ["rejected", "-", "-", "-", "-", "-", "-"],
+        ["rejected", "-", "-", "-", "-", "-", "-", "-"],
         "{table}"
     );
     // ghost: no rate or ETA without a daemon, its checkpoint's cost, an age.
     assert_eq!(rows[0][4..7], ["-", "-", "0.25"], "{table}");
     assert!(rows[0][7].ends_with('s') && rows[0][8] == "ago", "{table}");
     for row in &rows[1..] {
-        assert_eq!(row[4..], ["-", "-", "-", "-"], "{table}");
+        assert_eq!(row[4..8], ["-", "-", "-", "-"], "{table}");
     }
+    // The tasks a daemon took in name whoever dropped their files (this test's user); those
+    // written into tasks/ by hand, and the rejected file, name nobody.
+    let me = nix::unistd::User::from_uid(nix::unistd::Uid::effective())
+        .unwrap()
+        .map(|u| u.name)
+        .unwrap_or_else(|| nix::unistd::Uid::effective().to_string());
+    let submitters: Vec<(&str, &str)> = rows
+        .iter()
+        .map(|r| (r[0].as_str(), r.last().unwrap().as_str()))
+        .collect();
+    assert_eq!(
+        submitters[..4],
+        [
+            ("ghost", "-"),
+            ("pend", "-"),
+            ("bad", me.as_str()),
+            ("fin", me.as_str())
+        ],
+        "{table}"
+    );
 
     // Every column lines up under its header.
     let starts: Vec<usize> = [
@@ -266,6 +288,7 @@ fn status_shows_each_state_in_stable_columns_and_a_documented_json() {
         "ETA",
         "COST",
         "CHECKPOINT",
+        "SUBMITTER",
     ]
     .iter()
     .map(|h| header.find(h).unwrap())
@@ -288,7 +311,11 @@ fn status_shows_each_state_in_stable_columns_and_a_documented_json() {
         .collect();
     assert_eq!(rejected.len(), 1, "{all}");
     assert!(rejected[0][0].starts_with("rejected-broken-"), "{all}");
-    assert_eq!(rejected[0][2..], ["-", "-", "-", "-", "-", "-"], "{all}");
+    assert_eq!(
+        rejected[0][2..],
+        ["-", "-", "-", "-", "-", "-", "-"],
+        "{all}"
+    );
 
     let document = status_json(&queue);
     assert_status_schema(&document);
@@ -321,6 +348,10 @@ fn status_shows_each_state_in_stable_columns_and_a_documented_json() {
         (json!("done"), json!(3))
     );
     assert_eq!(task(&document, "pend")["attempts"], 0);
+    let uid = nix::unistd::Uid::effective().as_raw();
+    assert_eq!(fin["submitted_by"]["uid"], uid, "{fin}");
+    assert_eq!(fin["submitted_by"]["user"], me.as_str(), "{fin}");
+    assert_eq!(ghost["submitted_by"], Value::Null, "{ghost}");
     assert_eq!(document["tasks"].as_array().unwrap().len(), 5);
     assert_eq!(document["rejected"], 1);
 

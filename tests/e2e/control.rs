@@ -57,6 +57,14 @@ fn pause_resume_cancel_and_retry_a_running_loop() {
     wait_until("two more iterations", DEADLINE, || {
         ended_iterations(&side).len() >= at_pause + 2
     });
+    // A request that does not apply is refused, and the command that made it says why.
+    let out = queue.cairn_output(&["resume", "steer"], b"");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("refused the request for steer: it is not paused"),
+        "{stderr}"
+    );
     assert!(
         start_counts(&side).values().all(|&n| n == 1),
         "an iteration ran twice around the pause: {:?}",

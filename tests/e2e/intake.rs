@@ -56,6 +56,17 @@ fn bad_input_is_rejected_with_a_reason_and_the_daemon_keeps_running() {
         },
         Some(serde_json::to_vec(&unknown).unwrap()),
     );
+    // The submitter is the file's owner, never what the file says.
+    let mut forged = valid("forged-submitter");
+    forged["submitted_by"] = json!({"uid": 0, "user": "root"});
+    drop_case(
+        BadCase {
+            name: "forged-submitter.json",
+            field: Some("submitted_by"),
+            word: "is recorded by cairn",
+        },
+        Some(serde_json::to_vec(&forged).unwrap()),
+    );
     let mut wrong_type = valid("wrong-type");
     wrong_type["priority"] = json!("high");
     drop_case(

@@ -290,11 +290,19 @@ fn submit_validate_status_show_history_and_checkpoint_with_db() {
     assert_eq!(task_status["state"], "done", "{status}");
     assert_eq!(task_status["iteration"], ITERATIONS, "{status}");
     assert!(task_status.get("node").is_some(), "{status}");
+    // The submitter is the user who ran `cairn submit --db`.
+    let me = nix::unistd::Uid::effective().as_raw();
+    assert_eq!(task_status["submitted_by"]["uid"], me, "{status}");
     assert!(status_line(&ok(&url, &["status"]), "lp").contains("done"));
     let shown = ok_json(&url, &["show", "--json", "lp"]);
     assert_eq!(shown["state"], "done", "{shown}");
     assert_eq!(shown["definition"]["id"], "lp", "{shown}");
     assert_eq!(shown["definition"]["phases"], task["phases"], "{shown}");
+    assert_eq!(shown["submitted_by"]["uid"], me, "{shown}");
+    assert_eq!(
+        record["submitted_by"]["uid"], me,
+        "the record names it: {record}"
+    );
     let shown = ok(&url, &["show", "lp"]);
     assert!(shown.contains("state       done"), "{shown}");
     assert!(shown.contains("logging_loop.py"), "{shown}");

@@ -235,6 +235,9 @@ fn a_crash_between_the_insert_and_removing_the_claim_leaves_one_task() {
     std::fs::write(claim.join("report.json"), &bytes).unwrap();
     let mut task = Task::parse(&bytes).unwrap();
     task.id = Some(TaskId::generate("report", "00abcd"));
+    // As intake stored it: with the claimed file's owner (this test's user) as submitter.
+    let me = nix::unistd::Uid::effective().as_raw();
+    task.submitted_by = Some(cairn::submitter::Submitter::of_uid(me));
     let normalized = String::from_utf8(task.to_json_bytes()).unwrap();
     rt.block_on(async {
         let queue = PgQueue::connect(&url).unwrap();

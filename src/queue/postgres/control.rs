@@ -263,5 +263,7 @@ fn parse_request(
         action: action_of(action)?,
         task_id: TaskId::parse(task_id).ok()?,
         requested_at,
+        // A database's requests have no file: who may write them is the database's to say.
+        origin: None,
     })
 }

@@ -104,6 +104,7 @@ impl Unheld<'_> {
                 self.journal(&Event::ControlRefused {
                     action: verb.to_string(),
                     reason: why.clone(),
+                    request: None,
                 })
                 .await?;
                 Ok(format!("refused: {why}"))
@@ -207,7 +208,8 @@ impl Unheld<'_> {
             }
         };
         let record =
-            FailedRecord::from_entry(&entry, RecordStatus::Cancelled, error, phase, outputs);
+            FailedRecord::from_entry(&entry, RecordStatus::Cancelled, error, phase, outputs)
+                .submitted_by(task.submitted_by.clone());
         let json = String::from_utf8_lossy(&to_record_bytes(&record)).into_owned();
         self.tx
             .execute(

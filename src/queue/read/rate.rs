@@ -100,7 +100,13 @@ mod tests {
     }
 
     fn accepted() -> JournalEvent {
-        event(0, Event::Accepted { priority: 0 })
+        event(
+            0,
+            Event::Accepted {
+                priority: 0,
+                submitted_by: None,
+            },
+        )
     }
 
     #[test]

@@ -27,6 +27,7 @@ use crate::store::journal::JournalEvent;
 use crate::store::records::RecordStatus;
 use crate::store::task_state::TaskState;
 use crate::store::{IterationCheckpoint, LoadedCheckpoint};
+use crate::submitter::Submitter;
 use crate::task::{Phase, PhaseKind, Task};
 use crate::task_id::TaskId;
 
@@ -157,6 +158,16 @@ impl TaskView {
     }
 
     /// Seconds since the last checkpoint, as of `now`.
+    /// Who submitted the task: its stored definition says, or else its final record (a task
+    /// still in the inbox, or accepted before cairn recorded submitters, has none).
+    pub fn submitted_by(&self) -> Option<Submitter> {
+        if let Some(submitter) = self.task.as_ref().and_then(Task::submitted_by) {
+            return Some(submitter.clone());
+        }
+        let record = self.record.as_ref()?;
+        serde_json::from_value(record.value.get("submitted_by")?.clone()).ok()
+    }
+
     pub fn checkpoint_age(&self, now: DateTime<Utc>) -> Option<u64> {
         self.last_checkpoint_at
             .map(|at| (now - at).num_seconds().max(0) as u64)

@@ -1,0 +1,191 @@
+//! Who may steer a task (`cairn pause|resume|cancel|retry`) when tasks run as their submitters
+//! (`cairn run --run-as-submitter`): its submitter, the daemon's user, root, or a member of the
+//! operators' group (`--operators-group`). Who asks is the owner of the request file, as
+//! `fstat` says of the descriptor the daemon read it through, never what the file says (as
+//! intake judges a task file). Without `--run-as-submitter` everyone who may write `control/`
+//! may steer every task: they share one trust domain.
+
+use nix::unistd::{Gid, Group, Uid};
+
+use crate::queue::control::RequestFile;
+use crate::runner::identity::RunAs;
+use crate::submitter::Submitter;
+
+/// The group whose members may steer every task (`cairn run --operators-group`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OperatorsGroup {
+    pub gid: u32,
+    pub name: String,
+}
+
+impl OperatorsGroup {
+    /// The group named `name` (or given by number), as the group database has it.
+    pub fn named(name: &str) -> Result<OperatorsGroup, String> {
+        let found = match name.parse::<u32>() {
+            Ok(gid) => Group::from_gid(Gid::from_raw(gid)),
+            Err(_) => Group::from_name(name),
+        };
+        match found {
+            Ok(Some(group)) => Ok(OperatorsGroup {
+                gid: group.gid.as_raw(),
+                name: group.name,
+            }),
+            Ok(None) => Err(format!("there is no group {name:?}")),
+            Err(e) => Err(format!("looking up the group {name:?}: {e}")),
+        }
+    }
+}
+
+/// The daemon's rule for steering requests.
+#[derive(Debug, Clone)]
+pub(super) struct SteeringRights {
+    /// Requests are judged (`--run-as-submitter`); otherwise every one is honoured.
+    enforced: bool,
+    daemon_uid: u32,
+    operators: Option<OperatorsGroup>,
+}
+
+impl SteeringRights {
+    pub(super) fn new(enforced: bool, operators: Option<OperatorsGroup>) -> SteeringRights {
+        SteeringRights {
+            enforced,
+            daemon_uid: Uid::effective().as_raw(),
+            operators,
+        }
+    }
+
+    /// Whether requests are judged at all (the caller need not look the submitter up if not).
+    pub(super) fn enforced(&self) -> bool {
+        self.enforced
+    }
+
+    /// May the writer of `origin` steer a task submitted by `submitter`? The error is the
+    /// reason, for the log, the journal and the requester. Looks group membership up in the
+    /// user database (blocking).
+    pub(super) fn check(
+        &self,
+        origin: Option<&RequestFile>,
+        submitter: Option<&Submitter>,
+    ) -> Result<(), String> {
+        if !self.enforced {
+            return Ok(());
+        }
+        decide(
+            origin,
+            submitter,
+            self.daemon_uid,
+            self.operators.as_ref(),
+            member_of,
+        )
+    }
+}
+
+/// Whether user `uid` belongs to group `gid` (primary or supplementary, as `initgroups(3)`
+/// would set them).
+fn member_of(uid: u32, gid: u32) -> bool {
+    RunAs::of_uid(uid).is_ok_and(|run_as| run_as.switch.groups.contains(&Gid::from_raw(gid)))
+}
+
+/// The rule, with the group lookup given. Pure.
+fn decide(
+    origin: Option<&RequestFile>,
+    submitter: Option<&Submitter>,
+    daemon_uid: u32,
+    operators: Option<&OperatorsGroup>,
+    is_member: impl Fn(u32, u32) -> bool,
+) -> Result<(), String> {
+    // A request from a database: whoever may write its requests table may steer.
+    let Some(origin) = origin else {
+        return Ok(());
+    };
+    let asker = Submitter::of_uid(origin.uid);
+    if origin.mode & 0o022 != 0 {
+        return Err(format!(
+            "the request file is writable by others (mode {:04o}), so it may not be {asker}'s request",
+            origin.mode
+        ));
+    }
+    if origin.links > 1 {
+        return Err(format!(
+            "the request file has {} hard links, so it may be someone else's file linked in",
+            origin.links
+        ));
+    }
+    if origin.uid == 0 || origin.uid == daemon_uid {
+        return Ok(());
+    }
+    if submitter.is_some_and(|s| s.uid == origin.uid) {
+        return Ok(());
+    }
+    if let Some(group) = operators.filter(|g| is_member(origin.uid, g.gid)) {
+        tracing::debug!(uid = origin.uid, group = %group.name, "steering as an operator");
+        return Ok(());
+    }
+    let whose = match submitter {
+        Some(submitter) => format!("its submitter {submitter}"),
+        None => "its submitter (it records none)".to_string(),
+    };
+    let operators = match operators {
+        Some(group) => format!(", or a member of the operators' group {}", group.name),
+        None => String::new(),
+    };
+    Err(format!(
+        "{asker} may not steer it: only {whose}, the daemon's user, root{operators} may"
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{decide, OperatorsGroup, RequestFile, Submitter};
+
+    fn file(uid: u32, mode: u32, links: u64) -> RequestFile {
+        RequestFile {
+            name: "1-pause.json".into(),
+            uid,
+            mode,
+            links,
+        }
+    }
+
+    #[test]
+    fn only_the_submitter_the_daemon_root_and_operators_may_steer() {
+        const DAEMON: u32 = 900;
+        let alice = Submitter {
+            uid: 1001,
+            user: Some("alice".into()),
+        };
+        let ops = OperatorsGroup {
+            gid: 50,
+            name: "ops".into(),
+        };
+        // uid 1003 is in the operators' group, 1002 is not.
+        let member = |uid: u32, gid: u32| uid == 1003 && gid == 50;
+        let judge = |origin: Option<&RequestFile>, submitter, operators| {
+            decide(origin, submitter, DAEMON, operators, member)
+        };
+        for asker in [1001, DAEMON, 0] {
+            assert_eq!(
+                judge(Some(&file(asker, 0o640, 1)), Some(&alice), None),
+                Ok(()),
+                "{asker}"
+            );
+        }
+        let refused = judge(Some(&file(1002, 0o640, 1)), Some(&alice), Some(&ops)).unwrap_err();
+        assert!(refused.contains("may not steer it"), "{refused}");
+        assert!(refused.contains("alice (uid 1001)"), "{refused}");
+        assert!(refused.contains("ops"), "{refused}");
+        assert_eq!(
+            judge(Some(&file(1003, 0o640, 1)), Some(&alice), Some(&ops)),
+            Ok(())
+        );
+        assert!(judge(Some(&file(1003, 0o640, 1)), Some(&alice), None).is_err());
+        // A task that records no submitter: only the privileged.
+        assert!(judge(Some(&file(1001, 0o640, 1)), None, None).is_err());
+        assert_eq!(judge(Some(&file(0, 0o640, 1)), None, None), Ok(()));
+        // A file others may write, or with a second name, is nobody's word.
+        assert!(judge(Some(&file(1001, 0o660, 1)), Some(&alice), None).is_err());
+        assert!(judge(Some(&file(1001, 0o640, 2)), Some(&alice), None).is_err());
+        // A request through a database.
+        assert_eq!(judge(None, Some(&alice), None), Ok(()));
+    }
+}
