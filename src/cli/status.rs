@@ -301,7 +301,13 @@ pub fn submitters_section(view: &QueueView) -> String {
             per.max_priority.map_or_else(unlimited, |n| n.to_string()),
             limits.max_tasks
         ),
-        None => "limits per submitter: none known (no daemon runs on this queue)".to_string(),
+        None if view.cluster.is_some() => {
+            "limits per submitter: set on each daemon (cairn run), not known here".to_string()
+        }
+        None if view.daemon.running => {
+            "limits per submitter: not published by the running daemon".to_string()
+        }
+        None => "limits per submitter: none in effect (no daemon runs on this queue)".to_string(),
     };
     let rows: Vec<Vec<String>> = counts
         .iter()
