@@ -248,7 +248,7 @@ mod tests {
         let gate = Admission::new(SubmitterLimits::default());
         for n in 0..50 {
             gate.note(
-                &TaskId::parse(&format!("t{n}")).unwrap(),
+                &TaskId::parse(format!("t{n}")).unwrap(),
                 SubmitterKey::Uid(7),
             );
         }

@@ -62,26 +62,59 @@ mod tests {
         };
         // (waiting submitters 'a', 'b', 'c'..., limits) → who starts
         #[rustfmt::skip]
-        let table: Vec<(Vec<(char, Waiting)>, SubmitterLimits, Option<char>)> = vec![
+        type Row = (Vec<(char, Waiting)>, SubmitterLimits, Option<char>);
+        let table: Vec<Row> = vec![
             // Nobody waits.
             (vec![], unlimited, None),
             // One submitter: its own first task, as before submitters were shared.
             (vec![('a', w(7, 100, 3))], unlimited, Some('a')),
             // A flood at the top priority does not hold back another submitter's task: the
             // one with fewer running goes first, whatever the priorities.
-            (vec![('a', w(2, 100, 0)), ('b', w(0, 0, 200))], unlimited, Some('b')),
-            (vec![('a', w(1, 100, 0)), ('b', w(2, 1000, 1))], unlimited, Some('a')),
+            (
+                vec![('a', w(2, 100, 0)), ('b', w(0, 0, 200))],
+                unlimited,
+                Some('b'),
+            ),
+            (
+                vec![('a', w(1, 100, 0)), ('b', w(2, 1000, 1))],
+                unlimited,
+                Some('a'),
+            ),
             // As many running: the higher priority, then the task accepted first.
-            (vec![('a', w(1, 5, 9)), ('b', w(1, 6, 10))], unlimited, Some('b')),
-            (vec![('a', w(1, 5, 9)), ('b', w(1, 5, 4))], unlimited, Some('b')),
-            (vec![('a', w(0, 5, 1)), ('b', w(0, 5, 4)), ('c', w(0, -1, 0))], unlimited, Some('a')),
+            (
+                vec![('a', w(1, 5, 9)), ('b', w(1, 6, 10))],
+                unlimited,
+                Some('b'),
+            ),
+            (
+                vec![('a', w(1, 5, 9)), ('b', w(1, 5, 4))],
+                unlimited,
+                Some('b'),
+            ),
+            (
+                vec![('a', w(0, 5, 1)), ('b', w(0, 5, 4)), ('c', w(0, -1, 0))],
+                unlimited,
+                Some('a'),
+            ),
             // A submitter at its limit of running attempts waits; the others go.
             (vec![('a', w(1, 100, 0)), ('b', w(1, 0, 1))], one_each, None),
-            (vec![('a', w(1, 100, 0)), ('b', w(0, 0, 1))], one_each, Some('b')),
-            (vec![('a', w(1, 100, 0)), ('b', w(2, 0, 1))], two_each, Some('a')),
+            (
+                vec![('a', w(1, 100, 0)), ('b', w(0, 0, 1))],
+                one_each,
+                Some('b'),
+            ),
+            (
+                vec![('a', w(1, 100, 0)), ('b', w(2, 0, 1))],
+                two_each,
+                Some('a'),
+            ),
             (vec![('a', w(2, 100, 0))], two_each, None),
             // The unknown submitter (tasks with none recorded) is one more submitter.
-            (vec![('u', w(0, 0, 0)), ('a', w(3, 9, 1))], two_each, Some('u')),
+            (
+                vec![('u', w(0, 0, 0)), ('a', w(3, 9, 1))],
+                two_each,
+                Some('u'),
+            ),
         ];
         for (waiting, limits, expected) in table {
             assert_eq!(
