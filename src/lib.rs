@@ -18,6 +18,7 @@ pub mod cli;
 pub mod clients;
 pub mod cost;
 pub mod daemon;
+pub mod limits;
 pub mod queue;
 pub mod runner;
 pub mod shutdown;

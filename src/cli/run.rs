@@ -11,6 +11,7 @@ use signal_hook_tokio::Signals;
 use super::error::{CliError, CliResult};
 use super::exit;
 use crate::daemon::{self, DaemonConfig, DaemonError, DaemonExit, DatabaseConfig, RunSummary};
+use crate::limits::SubmitterLimits;
 use crate::shutdown::Shutdown;
 
 #[derive(Debug, Args)]
@@ -33,6 +34,24 @@ pub struct RunArgs {
     /// Tasks run at once.
     #[arg(long, default_value_t = 4, value_name = "N")]
     max_tasks: usize,
+
+    /// Unfinished tasks (waiting, running, waiting for a retry or paused) one submitter may have
+    /// in the queue; a file beyond it is rejected at intake with a record saying why, and the
+    /// other files go on. Tasks with no recorded submitter count as one submitter, "unknown";
+    /// root is limited like anyone [default: unlimited]. Not with --db.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    max_queued_per_submitter: Option<u64>,
+
+    /// Attempts of one submitter's tasks running at once; the others wait for one of theirs
+    /// to end. Free slots are shared between submitters whatever the limits: the one with the
+    /// fewest running goes first [default: unlimited].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    max_running_per_submitter: Option<u64>,
+
+    /// The highest priority a task may ask for; a file asking for more is rejected at intake
+    /// with a record saying why (not lowered silently) [default: unlimited].
+    #[arg(long, value_name = "P", allow_negative_numbers = true)]
+    max_priority_per_submitter: Option<i32>,
 
     /// Run each task's commands as the user who submitted it (the owner of its inbox file),
     /// with that user's groups, as cron and at do. Needs root or the capabilities CAP_SETUID,
@@ -66,6 +85,10 @@ pub struct RunArgs {
     /// it). Another host takes a dead or frozen daemon's tasks over after this.
     #[arg(long, default_value = "30s", value_parser = parse_lease, value_name = "DURATION")]
     lease: Duration,
+}
+
+fn saturating_usize(n: u64) -> usize {
+    usize::try_from(n).unwrap_or(usize::MAX)
 }
 
 /// A lease long enough to renew (every sixth of it) without a storm of statements.
@@ -123,6 +146,18 @@ pub fn run(queue: &Path, args: RunArgs) -> CliResult<u8> {
     config.exit_when_idle = args.exit_when_idle;
     config.stop_grace = args.stop_grace;
     config.max_tasks = args.max_tasks;
+    config.submitter_limits = SubmitterLimits {
+        max_queued: args.max_queued_per_submitter.map(saturating_usize),
+        max_running: args.max_running_per_submitter.map(saturating_usize),
+        max_priority: args.max_priority_per_submitter,
+    };
+    if config.submitter_limits.max_queued.is_some() && args.db.is_some() {
+        return Err(CliError::usage(
+            "--max-queued-per-submitter cannot be used with --db: a daemon does not count the \
+             tasks that wait in the shared queue (--max-running-per-submitter and \
+             --max-priority-per-submitter can)",
+        ));
+    }
     if let Some(url) = args.db {
         config.database = Some(DatabaseConfig {
             url,

@@ -4,6 +4,7 @@
 //! `--watch` redraws every second: progress bars on a terminal, plain status blocks when stdout
 //! is a pipe or a file. It ends on Ctrl-C or when the reader goes away (exit 0 either way).
 
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -15,9 +16,11 @@ use serde_json::{json, Value};
 use super::error::{print, CliError, CliResult};
 use super::format;
 use super::source::{DbArg, Source};
+use crate::limits::{PublishedLimits, SubmitterKey};
 use crate::queue::{LoadOptions, QueueView, TaskView};
 use crate::store::current_work::ActiveStatus;
 use crate::store::task_state::TaskState;
+use crate::submitter::Submitter;
 
 /// The columns of the human output, in their fixed order.
 pub const COLUMNS: [&str; 9] = [
@@ -46,6 +49,9 @@ Columns: PHASE is name(k/n); ITER is iterations done/total (items for items phas
 worker's own count for workers); RATE is iterations per minute of the phase's current run; \
 ETA is the time left at that rate; CHECKPOINT is the age of the last iteration checkpoint; \
 SUBMITTER is the user who submitted the task (the owner of the file the daemon took in).
+After the table, when the daemon runs with limits per submitter (cairn run \
+--max-queued-per-submitter, ...) or several submitters have unfinished tasks: the limits in \
+effect and each submitter's tasks QUEUED (pending or in flight) and RUNNING, as n/limit.
 With --db, a first line names the daemons sharing the queue (alive or gone), and NODE and LEASE \
 say which daemon holds a running task and how long its lease has left.
 
@@ -95,9 +101,14 @@ pub fn run(queue: &Path, args: StatusArgs) -> CliResult {
         text.push('\n');
         text
     } else if view.cluster.is_some() {
-        format!("{}\n{}", header(&view), table(&view))
+        format!(
+            "{}\n{}{}",
+            header(&view),
+            table(&view),
+            submitters_section(&view)
+        )
     } else {
-        table(&view)
+        format!("{}{}", table(&view), submitters_section(&view))
     };
     print(&text)?;
     let unreadable = view.current_work_problem.as_ref();
@@ -198,11 +209,123 @@ pub fn to_json(view: &QueueView) -> Value {
         "inbox": view.inbox,
         "rejected": view.rejected,
         "tasks": tasks,
+        "limits": view.limits.as_ref().map(limits_json),
+        "submitters": submitters_json(view),
     });
     if let Some(cluster) = &view.cluster {
         document["nodes"] = format::nodes_json(cluster);
     }
     document
+}
+
+/// Each submitter's unfinished tasks: queued (pending or in flight) and running, by uid with
+/// "unknown" (tasks with no submitter recorded) last. Tasks still in `inbox/` are not counted:
+/// the limits hold them only when they are taken in.
+pub fn submitter_counts(view: &QueueView) -> Vec<SubmitterCount> {
+    let mut counts: BTreeMap<SubmitterKey, SubmitterCount> = BTreeMap::new();
+    for task in &view.tasks {
+        let queued = task.state.is_in_flight() || task.state == TaskState::Pending;
+        if !queued {
+            continue;
+        }
+        let submitter = task.submitted_by();
+        let count = counts
+            .entry(SubmitterKey::of(submitter.as_ref()))
+            .or_insert_with(|| SubmitterCount {
+                submitter,
+                queued: 0,
+                running: 0,
+            });
+        count.queued += 1;
+        if task.state == TaskState::InFlight(ActiveStatus::Running) {
+            count.running += 1;
+        }
+    }
+    counts.into_values().collect()
+}
+
+/// One submitter's line of [`submitter_counts`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SubmitterCount {
+    /// `None`: tasks with no submitter recorded, counted as one submitter.
+    pub submitter: Option<Submitter>,
+    pub queued: usize,
+    pub running: usize,
+}
+
+fn limits_json(limits: &PublishedLimits) -> Value {
+    let per = limits.per_submitter;
+    json!({
+        "max_tasks": limits.max_tasks,
+        "max_queued_per_submitter": per.max_queued,
+        "max_running_per_submitter": per.max_running,
+        "max_priority_per_submitter": per.max_priority,
+    })
+}
+
+fn submitters_json(view: &QueueView) -> Value {
+    submitter_counts(view)
+        .into_iter()
+        .map(|count| {
+            json!({
+                "submitted_by": count.submitter,
+                "queued": count.queued,
+                "running": count.running,
+            })
+        })
+        .collect()
+}
+
+/// After the table, when limits are in effect or several submitters have unfinished tasks:
+/// the limits, and each submitter's counts against them (`3/5`: 3 of at most 5).
+pub fn submitters_section(view: &QueueView) -> String {
+    let counts = submitter_counts(view);
+    let per = view
+        .limits
+        .as_ref()
+        .map(|l| l.per_submitter)
+        .unwrap_or_default();
+    if !per.any() && counts.len() < 2 {
+        return String::new();
+    }
+    let show = |n: usize, max: Option<usize>| match max {
+        Some(max) => format!("{n}/{max}"),
+        None => n.to_string(),
+    };
+    let unlimited = || "unlimited".to_string();
+    let limits = match &view.limits {
+        Some(limits) => format!(
+            "limits per submitter: queued {}, running {}, priority {}; max tasks {}",
+            per.max_queued.map_or_else(unlimited, |n| n.to_string()),
+            per.max_running.map_or_else(unlimited, |n| n.to_string()),
+            per.max_priority.map_or_else(unlimited, |n| n.to_string()),
+            limits.max_tasks
+        ),
+        None if view.cluster.is_some() => {
+            "limits per submitter: set on each daemon (cairn run), not known here".to_string()
+        }
+        None if view.daemon.running => {
+            "limits per submitter: not published by the running daemon".to_string()
+        }
+        None => "limits per submitter: none in effect (no daemon runs on this queue)".to_string(),
+    };
+    let rows: Vec<Vec<String>> = counts
+        .iter()
+        .map(|count| {
+            vec![
+                count
+                    .submitter
+                    .as_ref()
+                    .map_or_else(|| "unknown".to_string(), Submitter::short),
+                show(count.queued, per.max_queued),
+                show(count.running, per.max_running),
+            ]
+        })
+        .collect();
+    format!(
+        "\n{limits}\n{}",
+        format::render_table(&["SUBMITTER", "QUEUED", "RUNNING"], &rows)
+    )
 }
 
 /// The human table: a header and one line per task.

@@ -210,6 +210,7 @@ impl Scheduler {
             }
         };
         self.running_ids.remove(&id);
+        self.running_by.ended(&id);
         // The daemon outlived this attempt: a trial it was on is over.
         self.on_trial.remove(&id);
         if !matches!(outcome, AttemptOutcome::Recorded(_)) && self.forget_if_lease_lost(&id).await {

@@ -4,8 +4,7 @@
 //! [`run`] takes its stop signal as a [`Shutdown`] handle, so an embedding program or a test can
 //! stop it without sending signals; the `cairn run` command wires SIGINT/SIGTERM to it.
 
-use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,8 +15,11 @@ use tokio::task::JoinSet;
 mod after_attempt;
 mod control;
 mod crash_blame;
+mod fair_share;
 mod intake_retry;
+mod known;
 mod notify;
+mod pending;
 mod records;
 mod recovery;
 mod schedule;
@@ -29,12 +31,12 @@ mod summary;
 pub use steering::OperatorsGroup;
 pub use summary::RunSummary;
 
+use crate::limits::{Admission, PublishedLimits, SubmitterLimits};
 use crate::queue::{LockError, OpenError, Queue, QueueHint};
 use crate::runner::{AttemptEnd, CgroupRoot, ConfineConfig, RunContext, WorkState};
 use crate::shutdown::Shutdown;
 use crate::store::current_work::{ActiveStatus, ActiveTask};
 use crate::store::Storage;
-use crate::task::Task;
 use crate::task_id::TaskId;
 
 /// How the daemon runs.
@@ -61,6 +63,8 @@ pub struct DaemonConfig {
     /// Share a queue in PostgreSQL with daemons on other hosts instead (`queue_dir` is then
     /// this host's directory: its inbox, logs and scratch).
     pub database: Option<DatabaseConfig>,
+    /// Limits on each submitter's tasks (`crate::limits`); unlimited by default.
+    pub submitter_limits: SubmitterLimits,
 }
 
 /// A queue in PostgreSQL shared by several daemons (`cairn run --db`, `docs/cluster.md`).
@@ -86,6 +90,7 @@ impl DaemonConfig {
             run_as_submitter: false,
             operators_group: None,
             database: None,
+            submitter_limits: SubmitterLimits::default(),
         }
     }
 }
@@ -175,6 +180,7 @@ pub async fn run_with_summary(
     }
     // Owned (its lock held) for as long as the queue lives.
     let queue = open_queue(&config).await?;
+    let admission = admit_by_limits(&queue, &config).await?;
     let confine = ConfineConfig {
         run_as_submitter: config.run_as_submitter,
         cgroups: CgroupRoot::for_queue(&queue.runs_dir()),
@@ -195,7 +201,7 @@ pub async fn run_with_summary(
         .queue
         .lease_length()
         .map(|lease| tokio::spawn(shared_queue::keep_leases(Arc::clone(&ctx), lease)));
-    let mut scheduler = Scheduler::new(ctx, config);
+    let mut scheduler = Scheduler::new(ctx, config, admission);
     scheduler.recover().await?;
     // The queue is locked and what was in flight is lined up again.
     let status = scheduler.status_line();
@@ -241,6 +247,37 @@ async fn open_queue(config: &DaemonConfig) -> Result<Queue, DaemonError> {
             "this cairn was built without PostgreSQL (the cargo feature `postgres`)".into(),
         ))
     }
+}
+
+/// Hold intake to the per-submitter limits, and publish them (with `max_tasks`) for
+/// `cairn status`.
+async fn admit_by_limits(
+    queue: &Queue,
+    config: &DaemonConfig,
+) -> Result<Arc<Admission>, DaemonError> {
+    let limits = config.submitter_limits;
+    if limits.max_queued.is_some() && queue.shares_queue() {
+        // Each daemon knows only the tasks it claimed, not what waits in the database.
+        return Err(DaemonError::Setup(
+            "--max-queued-per-submitter is not supported with --db: a daemon does not count \
+             the tasks that wait in the shared queue"
+                .into(),
+        ));
+    }
+    let admission = Arc::new(Admission::new(limits));
+    queue.set_admission(Arc::clone(&admission));
+    let published = PublishedLimits {
+        version: PublishedLimits::VERSION,
+        pid: std::process::id() as i32,
+        max_tasks: config.max_tasks.max(1),
+        per_submitter: limits,
+    };
+    let publisher = queue.clone();
+    // Not fatal: only `cairn status` reads it.
+    if let Err(e) = runner_blocking(move || publisher.publish_limits(&published)).await {
+        tracing::error!("publishing the limits for cairn status: {e}");
+    }
+    Ok(admission)
 }
 
 /// Kill what a daemon that died left running (so nothing races the tasks about to resume),
@@ -296,8 +333,8 @@ fn load_work(queue: &Queue) -> Result<WorkState, DaemonError> {
 pub(crate) struct Scheduler {
     ctx: Arc<RunContext>,
     config: DaemonConfig,
-    /// Definitions of the tasks this daemon knows to be unfinished.
-    tasks: HashMap<TaskId, Arc<Task>>,
+    /// Definitions of the tasks this daemon knows to be unfinished, counted per submitter.
+    tasks: known::KnownTasks,
     /// Tasks that were in flight: they go before new ones.
     resume: VecDeque<TaskId>,
     /// Crash suspects waiting to be tried alone, in trial order: they go before everything.
@@ -306,14 +343,16 @@ pub(crate) struct Scheduler {
     on_trial: HashSet<TaskId>,
     /// How many suspects may be on trial at once (`crash_blame::trial_width`).
     trial_width: usize,
-    /// New tasks: highest priority first, then in order of acceptance.
-    pending: BinaryHeap<(i32, Reverse<u64>, TaskId)>,
+    /// New tasks, per submitter: highest priority first, then in order of acceptance.
+    pending: pending::PendingQueues,
     next_seq: u64,
     /// Tasks waiting for their backoff to pass.
     retries: Vec<(DateTime<Utc>, TaskId)>,
     running: JoinSet<(TaskId, AttemptOutcome)>,
     /// Ids of the tasks with an attempt running now.
     running_ids: HashSet<TaskId>,
+    /// Those attempts, counted per submitter.
+    running_by: known::RunningBySubmitter,
     /// The last scan left files in the inbox that may still be being written.
     inbox_deferred: bool,
     /// The inbox scan running on the blocking pool.
@@ -360,23 +399,24 @@ pub(crate) enum AttemptOutcome {
 
 impl Scheduler {
     /// A scheduler with nothing lined up yet ([`Scheduler::recover`] lines up the queue).
-    fn new(ctx: Arc<RunContext>, config: DaemonConfig) -> Scheduler {
+    fn new(ctx: Arc<RunContext>, config: DaemonConfig, admission: Arc<Admission>) -> Scheduler {
         let records = ctx.queue.record_locations();
         let steering =
             steering::SteeringRights::new(config.run_as_submitter, config.operators_group.clone());
         Scheduler {
             ctx,
             config,
-            tasks: HashMap::new(),
+            tasks: known::KnownTasks::new(admission),
             resume: VecDeque::new(),
             suspects: VecDeque::new(),
             on_trial: HashSet::new(),
             trial_width: 1,
-            pending: BinaryHeap::new(),
+            pending: Default::default(),
             next_seq: 0,
             retries: Vec::new(),
             running: JoinSet::new(),
             running_ids: HashSet::new(),
+            running_by: Default::default(),
             inbox_deferred: false,
             scan: None,
             scan_again: false,

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use chrono::{DateTime, Utc};
 
 use super::{runner_blocking, DaemonError, Scheduler};
+use crate::limits::SubmitterKey;
 use crate::queue::Queue;
 use crate::runner::RunContext;
 use crate::store::current_work::{ActiveStatus, ActiveTask};
@@ -287,8 +288,9 @@ impl Scheduler {
 
     pub(super) fn add_pending(&mut self, task: Task) {
         let id = task.id().clone();
+        let key = SubmitterKey::of_task(&task);
         self.pending
-            .push((task.priority, Reverse(self.next_seq), id.clone()));
+            .push(key, (task.priority, Reverse(self.next_seq), id.clone()));
         self.next_seq += 1;
         self.tasks.insert(id, Arc::new(task));
     }

@@ -4,6 +4,7 @@
 use std::time::Instant;
 
 use super::control::fresh_entry;
+use super::fair_share::next_submitter;
 use super::start_order::{next_to_start, Line, StartFacts};
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,6 +14,7 @@ use futures::FutureExt;
 use tokio::sync::mpsc;
 
 use super::{records, runner_blocking, AttemptOutcome, DaemonExit, Scheduler};
+use crate::limits::SubmitterKey;
 use crate::queue::{QueueHint, QueueWatcher};
 use crate::runner::{self, AttemptEnd};
 use crate::store::current_work::ActiveStatus;
@@ -401,16 +403,25 @@ impl Scheduler {
     }
 
     /// Start attempts while a slot is free and a task waits, in the order [`next_to_start`]
-    /// gives.
+    /// gives; among new tasks, whose goes first is [`next_submitter`]'s choice. A task whose
+    /// submitter has as many attempts running as `--max-running-per-submitter` allows waits
+    /// (crash suspects excepted: they are tried one at a time, before anything else).
     pub(super) fn start_ready(&mut self) {
         // Looked up once per call, not per start: thousands of suspects may be on trial. A trial
         // that ends meanwhile is seen at the next call (its progress wakes the main loop).
         self.prune_trials();
-        while let Some(line) = next_to_start(self.start_facts()) {
+        loop {
+            let resume_at = self.startable_resume();
+            let pending_of = self.startable_pending();
+            let Some(line) =
+                next_to_start(self.start_facts(resume_at.is_some(), pending_of.is_some()))
+            else {
+                break;
+            };
             let next = match line {
                 Line::Suspects => self.suspects.pop_front(),
-                Line::Resume => self.resume.pop_front(),
-                Line::Pending => self.pending.pop().map(|(_, _, id)| id),
+                Line::Resume => resume_at.and_then(|at| self.resume.remove(at)),
+                Line::Pending => pending_of.and_then(|key| self.pending.pop_of(key)),
             };
             let Some(id) = next else {
                 break;
@@ -428,8 +439,35 @@ impl Scheduler {
         }
     }
 
-    /// What [`next_to_start`] decides from.
-    fn start_facts(&self) -> StartFacts {
+    /// The submitter of a task this daemon holds ("unknown" for one it does not).
+    fn submitter_key_of(&self, id: &str) -> SubmitterKey {
+        self.tasks
+            .get(id)
+            .map_or(SubmitterKey::Unknown, |task| SubmitterKey::of_task(task))
+    }
+
+    /// Where the first task of the resume line is whose submitter may run one more attempt.
+    /// The line is short (tasks that were in flight, retries now due), and without a limit
+    /// its first task is taken at once.
+    fn startable_resume(&self) -> Option<usize> {
+        let limits = self.config.submitter_limits;
+        if limits.max_running.is_none() {
+            return (!self.resume.is_empty()).then_some(0);
+        }
+        self.resume
+            .iter()
+            .position(|id| limits.may_run(self.running_by.of(self.submitter_key_of(id))))
+    }
+
+    /// The submitter whose first new task starts next, if one may start.
+    fn startable_pending(&self) -> Option<SubmitterKey> {
+        let running = |key| self.running_by.of(key);
+        next_submitter(self.pending.waiting(running), &self.config.submitter_limits)
+    }
+
+    /// What [`next_to_start`] decides from; `resume` and `pending` say whether those lines
+    /// hold a task that may start.
+    fn start_facts(&self, resume: bool, pending: bool) -> StartFacts {
         StartFacts {
             running: self.running.len(),
             max_tasks: self.config.max_tasks,
@@ -437,8 +475,8 @@ impl Scheduler {
             suspects: self.suspects.len(),
             on_trial: self.on_trial.len(),
             trial_width: self.trial_width,
-            resume: !self.resume.is_empty(),
-            pending: !self.pending.is_empty(),
+            resume,
+            pending,
         }
     }
 
@@ -459,6 +497,7 @@ impl Scheduler {
         // Requests meant for an earlier attempt do not carry over.
         self.ctx.drop_control(&id);
         self.running_ids.insert(id.clone());
+        self.running_by.started(&id, SubmitterKey::of_task(&task));
         let ctx = Arc::clone(&self.ctx);
         // A shared queue's claim already leased the task: its first attempt runs under that.
         let claimed = self

@@ -1,5 +1,6 @@
 //! Which waiting task starts next: crash suspects on trial first (see `crash_blame`), then the
-//! tasks that were in flight, then new ones by priority. Pure, so the unit tests below hold the
+//! tasks that were in flight, then new ones (whose submitter goes first is `fair_share`'s
+//! choice, by priority within a submitter's tasks). Pure, so the unit tests below hold the
 //! rules as a table; `Scheduler::start_ready` pops the line this names.
 
 use super::crash_blame::{self, NextStart};
@@ -11,7 +12,7 @@ pub(super) enum Line {
     Suspects,
     /// Tasks that were in flight (interrupted, or past their backoff): before new ones.
     Resume,
-    /// New tasks, highest priority first.
+    /// New tasks, shared between submitters (`fair_share`).
     Pending,
 }
 

@@ -269,6 +269,10 @@ pub trait QueueBackend: Send + Sync + fmt::Debug {
     /// before its submission is gone, exactly once whatever the crash.
     fn scan_intake(&self, hints: Vec<QueueHint>, limit: usize) -> IntakeReport;
 
+    /// Hold every new submission to the per-submitter limits of `admission` (see
+    /// `crate::limits`), counting what is accepted there.
+    fn set_admission(&self, admission: std::sync::Arc<crate::limits::Admission>);
+
     /// Whether a submission of `task_id` waits to be accepted (its requests then wait too).
     fn waiting_in_intake(&self, task_id: &str) -> bool;
 

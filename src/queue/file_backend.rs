@@ -157,6 +157,10 @@ impl QueueBackend for FileBackend {
         intake.scan_batch(limit)
     }
 
+    fn set_admission(&self, admission: Arc<crate::limits::Admission>) {
+        locked(&self.intake).set_admission(admission);
+    }
+
     fn waiting_in_intake(&self, task_id: &str) -> bool {
         // The name `cairn submit` uses; a stat neither follows into nor opens what is there.
         self.dir

@@ -29,6 +29,7 @@ use serde_json::json;
 
 use super::task_sink::{FileSink, Stored, TaskSink};
 use super::QueueDir;
+use crate::limits::{Admission, SubmitterKey};
 use crate::store::records::RecordStatus;
 use crate::store::Storage;
 use crate::submitter::Submitter;
@@ -64,6 +65,9 @@ pub struct Intake {
     /// inode) they had: skipped quietly while they stay the same, so that one such entry does
     /// not fill the log at every scan.
     stuck: HashMap<OsString, (u64, u64)>,
+    /// The per-submitter limits a new task must pass, and the counts they are held against
+    /// (`None`: no limits).
+    admission: Option<Arc<Admission>>,
 }
 
 /// What one scan did.
@@ -132,7 +136,14 @@ impl Intake {
             complete_hints: HashSet::new(),
             writing: HashSet::new(),
             stuck: HashMap::new(),
+            admission: None,
         }
+    }
+
+    /// Hold every new task to the per-submitter limits of `admission`, and count what is
+    /// accepted there.
+    pub fn set_admission(&mut self, admission: Arc<Admission>) {
+        self.admission = Some(admission);
     }
 
     /// Note that `name` in the inbox was closed after writing or renamed in, so it is complete.
@@ -473,6 +484,13 @@ impl Intake {
         // The submitter is whoever owns the file read, never what it says (`Task::parse`
         // refuses a `submitted_by`).
         task.submitted_by = Some(Submitter::of_uid(owner));
+        // A claim an earlier daemon left may hold a task already accepted (and counted): only
+        // new files are held to the limits.
+        if let (Some(admission), false) = (&self.admission, recovering) {
+            if let Err(error) = admission.check(&task) {
+                return reject(error);
+            }
+        }
         let stem = utf8_name.strip_suffix(".json").unwrap_or(utf8_name);
         let id = task
             .id
@@ -489,7 +507,13 @@ impl Intake {
                 Ok(match stored {
                     Stored::Submitted => Outcome::Submitted(id),
                     Stored::Same => Outcome::AlreadyAccepted,
-                    _ => Outcome::Accepted(task),
+                    _ => {
+                        // Counted now, before the next file of this scan is checked.
+                        if let Some(admission) = &self.admission {
+                            admission.note(&id, SubmitterKey::of_task(&task));
+                        }
+                        Outcome::Accepted(task)
+                    }
                 })
             }
         }

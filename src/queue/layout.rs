@@ -95,6 +95,10 @@ impl QueueDir {
     /// The work state's log of writes since its snapshot.
     pub const WORK_LOG_KEY: &'static str = crate::store::work_log::LOG_KEY;
 
+    /// The limits the daemon holding the queue runs with (`crate::limits::PublishedLimits`),
+    /// written at its start for `cairn status`.
+    pub const LIMITS_KEY: &'static str = "limits.json";
+
     /// Storage directory of accepted task definitions.
     pub const TASKS_DIR: &'static str = "tasks";
 

@@ -192,6 +192,14 @@ impl Queue {
     }
 
     /// The name of the work state, for messages (the file to move aside).
+    /// Publish the limits this daemon runs with in this host's directory, for `cairn status`
+    /// (see [`QueueDir::LIMITS_KEY`]). Crash-safe like every write; blocking.
+    pub fn publish_limits(&self, limits: &crate::limits::PublishedLimits) -> std::io::Result<()> {
+        let mut bytes = serde_json::to_vec_pretty(limits).map_err(std::io::Error::other)?;
+        bytes.push(b'\n');
+        FileStorage::new(self.local.root()).put(QueueDir::LIMITS_KEY, &bytes, None)
+    }
+
     pub fn work_state_name(&self) -> String {
         format!(
             "{} (and {} beside it)",

@@ -17,6 +17,7 @@ const QUEUE_NAMES: &[&str] = &[
     "incremental",
     "current_work.json",
     "current_work.log",
+    "limits.json",
     "tasks",
     "inbox",
     "control",

@@ -95,8 +95,32 @@ fn assert_status_schema(document: &Value) {
     keys.sort();
     assert_eq!(
         keys,
-        ["daemon", "inbox", "queue", "rejected", "tasks", "version"]
+        [
+            "daemon",
+            "inbox",
+            "limits",
+            "queue",
+            "rejected",
+            "submitters",
+            "tasks",
+            "version"
+        ]
     );
+    let limits = json_type(&document["limits"]);
+    assert!(limits == "null" || limits == "object", "limits is {limits}");
+    for count in document["submitters"]
+        .as_array()
+        .expect("submitters is a list")
+    {
+        let object = count
+            .as_object()
+            .expect("a submitter's counts are an object");
+        let mut keys: Vec<&str> = object.keys().map(String::as_str).collect();
+        keys.sort();
+        assert_eq!(keys, ["queued", "running", "submitted_by"], "{count}");
+        assert_eq!(json_type(&count["queued"]), "integer");
+        assert_eq!(json_type(&count["running"]), "integer");
+    }
     assert_eq!(json_type(&document["rejected"]), "integer");
     assert_eq!(document["version"], 1);
     assert_eq!(json_type(&document["queue"]), "string");

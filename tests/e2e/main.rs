@@ -44,6 +44,7 @@ mod spawn_exhaustion;
 mod spawn_path;
 mod stop_resume;
 mod strace;
+mod submitter_limits;
 mod systemd_units;
 mod torture_quick;
 mod worker;

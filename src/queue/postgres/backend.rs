@@ -510,6 +510,12 @@ impl QueueBackend for PgBackend {
             .unwrap_or_default()
     }
 
+    fn set_admission(&self, admission: std::sync::Arc<crate::limits::Admission>) {
+        if let Some(inbox) = &self.inbox {
+            inbox.set_admission(admission);
+        }
+    }
+
     fn scan_intake(&self, hints: Vec<QueueHint>, limit: usize) -> IntakeReport {
         self.inbox
             .as_ref()

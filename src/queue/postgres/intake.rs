@@ -106,6 +106,11 @@ impl LocalInbox {
         }
     }
 
+    /// Hold new files to the per-submitter limits (see `crate::limits`).
+    pub(super) fn set_admission(&self, admission: Arc<crate::limits::Admission>) {
+        locked(&self.intake).set_admission(admission);
+    }
+
     /// Finish the claims a crash left (see [`Intake::recover_claims`]).
     pub(super) fn recover(&self) -> IntakeReport {
         locked(&self.intake).recover_claims()

@@ -33,6 +33,7 @@ pub use task_view::{TaskLease, TaskView};
 pub(crate) use files::{disk_size, json_stems, list_names, mtime, newest_mtime, read_regular};
 pub(crate) use files::{open_no_follow, read_queue_file};
 
+use crate::limits::PublishedLimits;
 use crate::queue::QueueDir;
 use crate::store::current_work::{CurrentWork, StartPoint, StoredOutput};
 use crate::store::journal::{self, JournalEvent};
@@ -93,6 +94,9 @@ pub struct QueueView {
     pub current_work_problem: Option<String>,
     /// The daemons of a queue shared through a database (`None` for a queue directory).
     pub cluster: Option<ClusterView>,
+    /// The limits the running daemon published (`None`: no daemon runs, it published none,
+    /// or a database queue, whose daemons each have their own).
+    pub limits: Option<PublishedLimits>,
 }
 
 /// The daemons sharing a queue kept in a database.
@@ -249,7 +253,17 @@ impl QueueReader {
             warnings,
             current_work_problem: listing.work_problem.clone(),
             cluster: None,
+            limits: self.published_limits(listing.daemon),
         }
+    }
+
+    /// The limits the daemon running now published at its start; a file an earlier daemon
+    /// left (another pid) is not in effect.
+    fn published_limits(&self, daemon: DaemonInfo) -> Option<PublishedLimits> {
+        let pid = daemon.pid.filter(|_| daemon.running)?;
+        let bytes = read_regular(&self.root().join(QueueDir::LIMITS_KEY), 64 * 1024)?;
+        let limits: PublishedLimits = serde_json::from_slice(&bytes).ok()?;
+        (limits.pid == pid && limits.version == PublishedLimits::VERSION).then_some(limits)
     }
 
     /// The ids of accepted, finished and in-flight tasks, and the rejection records apart.

@@ -112,6 +112,7 @@ impl PgReader {
                 rejected: 0,
                 warnings,
                 current_work_problem: None,
+                limits: None,
                 cluster: Some(ClusterView {
                     database: self.database.clone(),
                     nodes,
