@@ -269,7 +269,7 @@ impl Task {
     fn parse_unlimited(bytes: &[u8]) -> Result<Task, TaskError> {
         check_shape(bytes)?;
         let mut de = serde_json::Deserializer::from_slice(bytes);
-        let task: Task = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+        let mut task: Task = serde_path_to_error::deserialize(&mut de).map_err(|e| {
             let path = e.path().to_string();
             let inner = e.into_inner();
             let problem = if inner.is_syntax() || inner.is_eof() {
@@ -286,7 +286,18 @@ impl Task {
         de.end()
             .map_err(|e| TaskError::whole_file(format!("not valid JSON: {e}")))?;
         task.validate()?;
+        task.shrink_to_fit();
         Ok(task)
+    }
+
+    /// Give back the room the parser's growing lists left: a daemon holds every task in
+    /// flight, and a one-phase task's list had room for four phases (about 750 bytes unused,
+    /// 7.5 MB at 10,000 tasks).
+    fn shrink_to_fit(&mut self) {
+        self.phases.shrink_to_fit();
+        for phase in &mut self.phases {
+            phase.run.shrink_to_fit();
+        }
     }
 
     /// Parse a task cairn stored itself (`tasks/<id>.json`): validated like any task, but

@@ -234,6 +234,14 @@ pub struct ResumeLine {
     all_resumed_ms: f64,
     /// Daemon spawned → the last task done.
     all_done_ms: f64,
+    /// The commands' own time: the same number of runs of the same command, spawned by the
+    /// bench directly (no daemon, no trampoline) with as many at once as there are CPUs, each
+    /// with its request on a stdin pipe and its reply read from a pipe, one after the other
+    /// in that window, after the daemon has stopped.
+    commands_alone_ms: f64,
+    /// `all_done_ms` − `commands_alone_ms`: what the daemon adds to the commands' own time
+    /// (issue 16's bar for 10,000 tasks: under 15 s).
+    beyond_commands_ms: f64,
     peak_rss_mib: f64,
 }
 
@@ -451,6 +459,8 @@ impl QueueBench {
             check_resumed(&queue, id)?;
         }
         let after = |t: SystemTime| millis(t.duration_since(spawned_at).unwrap_or_default());
+        let commands_alone = millis(commands_alone(&queue, tasks)?);
+        let all_done_ms = after(all_done);
         Ok(ResumeLine {
             bench: "queue",
             what: "resume",
@@ -461,7 +471,9 @@ impl QueueBench {
             ready_ms: millis(ready),
             first_resumed_ms: after(first_resumed.unwrap_or(spawned_at)),
             all_resumed_ms: after(all_resumed),
-            all_done_ms: after(all_done),
+            all_done_ms,
+            commands_alone_ms: commands_alone,
+            beyond_commands_ms: round_to(all_done_ms - commands_alone, 4),
             peak_rss_mib: peak,
         })
     }
@@ -654,6 +666,65 @@ fn own_run_time(queue: &Path, runs: u64) -> anyhow::Result<Duration> {
         }
     }
     Ok(started.elapsed() / runs as u32)
+}
+
+/// How long `runs` runs of [`RESUME_COMMAND`] take by themselves: spawned from here, as many
+/// at once as there are CPUs (a new one as the oldest ends), each with a request on a stdin
+/// pipe, its reply read from a pipe and its stderr appended to a log, in the queue directory.
+fn commands_alone(queue: &Path, runs: usize) -> anyhow::Result<Duration> {
+    let log_path = queue.join("commands-alone.log");
+    let log = fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log_path)
+        .with_context(|| format!("opening {}", log_path.display()))?;
+    let window = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let request = serde_json::to_vec(&json!({
+        "task_id": "r000000",
+        "phase": "spin",
+        "iteration": 1,
+        "state": {"resumable": true},
+        "inputs": {},
+        "attempt": 2,
+    }))
+    .context("encoding a request")?;
+    let finish = |mut child: Child| -> anyhow::Result<()> {
+        let mut reply = Vec::new();
+        if let Some(mut pipe) = child.stdout.take() {
+            pipe.read_to_end(&mut reply).context("reading a reply")?;
+        }
+        let status = child.wait().context("waiting for a command")?;
+        if !status.success() {
+            bail!("{RESUME_COMMAND:?} failed: {status}");
+        }
+        Ok(())
+    };
+    let started = Instant::now();
+    let mut running = std::collections::VecDeque::with_capacity(window);
+    for _ in 0..runs {
+        if running.len() >= window {
+            if let Some(child) = running.pop_front() {
+                finish(child)?;
+            }
+        }
+        let mut child = Command::new(RESUME_COMMAND[0])
+            .args(&RESUME_COMMAND[1..])
+            .current_dir(queue)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::from(log.try_clone().context("duplicating the log")?))
+            .spawn()
+            .with_context(|| format!("starting {RESUME_COMMAND:?}"))?;
+        if let Some(mut pipe) = child.stdin.take() {
+            // A command that does not read its stdin is fine, as in the daemon.
+            let _ = pipe.write_all(&request);
+        }
+        running.push_back(child);
+    }
+    for child in running {
+        finish(child)?;
+    }
+    Ok(started.elapsed())
 }
 
 /// Build the queue a daemon killed with SIGKILL leaves behind with `ids` in flight: each task's

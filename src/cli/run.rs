@@ -119,9 +119,27 @@ fn node_name(given: Option<String>) -> CliResult<String> {
     Ok(name)
 }
 
+/// Have glibc's allocator serve every thread from one arena, unless `MALLOC_ARENA_MAX` says
+/// otherwise. With one arena per blocking thread (up to 16 on two cores), memory freed in one
+/// arena (a work-state write's buffers, a checkpoint's) stays resident there while the next
+/// such job allocates anew in another: about 20 MB of the daemon's peak with 10,000 tasks in
+/// flight (154–163 MB against 133 MB in `cairn bench queue --only resume`). The blocking
+/// threads mostly wait on the disk, so they hardly contend for the one arena's lock. Called
+/// before any thread is started, as `mallopt` requires.
+fn one_malloc_arena() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    if std::env::var_os("MALLOC_ARENA_MAX").is_none() {
+        // SAFETY: mallopt only sets an allocator parameter; no other thread runs yet.
+        unsafe {
+            nix::libc::mallopt(nix::libc::M_ARENA_MAX, 1);
+        }
+    }
+}
+
 /// Run the daemon until it is idle (`--exit-when-idle`) or stopped; `Ok` holds how it ended
 /// as an exit code (0, 6 with `--fail-on-task-failure`, 130 after a second signal).
 pub fn run(queue: &Path, args: RunArgs) -> CliResult<u8> {
+    one_malloc_arena();
     // One thread, as `daemon::run` requires: children get PR_SET_PDEATHSIG, which fires when
     // the spawning *thread* exits.
     let runtime = tokio::runtime::Builder::new_current_thread()

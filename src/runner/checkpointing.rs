@@ -43,23 +43,49 @@ impl<'r, 'a> PhaseCheckpointer<'r, 'a> {
         &mut self,
         work: impl FnOnce(&mut LoopCheckpointer) -> Result<T, StoreError> + Send + 'static,
     ) -> Result<T, PhaseError> {
+        let (checkpointer, result, saved) = self.lend(work)?.await?;
+        self.inner = Some(checkpointer);
+        if let Some(saved) = saved {
+            self.note(saved);
+        }
+        result.map_err(checkpoint_error)
+    }
+
+    /// Lend the checkpointer to the blocking pool for `work`. The job is boxed, so that it
+    /// takes room only while it runs: inline, the checkpointer and the job's state (about
+    /// 2 KB) were part of every running phase's future, also while its command ran.
+    #[allow(clippy::type_complexity)]
+    fn lend<T: Send + 'static>(
+        &mut self,
+        work: impl FnOnce(&mut LoopCheckpointer) -> Result<T, StoreError> + Send + 'static,
+    ) -> Result<
+        std::pin::Pin<
+            Box<
+                impl std::future::Future<
+                    Output = Result<
+                        (
+                            LoopCheckpointer,
+                            Result<T, StoreError>,
+                            Option<SavedCheckpoint>,
+                        ),
+                        PhaseError,
+                    >,
+                >,
+            >,
+        >,
+        PhaseError,
+    > {
         let Some(mut checkpointer) = self.inner.take() else {
             return Err(PhaseError::Transient(self.refused.clone().unwrap_or_else(
                 || "internal error: the checkpointer was lost".into(),
             )));
         };
         checkpointer.set_cost(self.run.cost());
-        let (checkpointer, result, saved) = blocking(move || {
+        Ok(Box::pin(blocking(move || {
             let result = work(&mut checkpointer);
             let saved = checkpointer.take_last_saved();
             (checkpointer, result, saved)
-        })
-        .await?;
-        self.inner = Some(checkpointer);
-        if let Some(saved) = saved {
-            self.note(saved);
-        }
-        result.map_err(checkpoint_error)
+        })))
     }
 
     fn note(&self, saved: SavedCheckpoint) {

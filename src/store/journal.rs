@@ -13,6 +13,7 @@
 //! thread must not wait for the file system. Each event is stamped when it happens, not when
 //! its line reaches the file.
 
+use std::collections::{HashMap, HashSet};
 use std::io::{self, BufRead, Write};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
@@ -53,24 +54,107 @@ fn encode(event: Event) -> Vec<u8> {
     line
 }
 
-/// Append one encoded line to a task's journal; failures are logged.
-fn write_line(queue_root: &Path, task_id: &str, line: &[u8]) {
+/// Append encoded lines to a task's journal, creating its run directory and journal file if
+/// missing; failures are logged. Returns whether the lines were written.
+fn write_line(queue_root: &Path, task_id: &str, lines: &[u8]) -> bool {
     let path = journal_path(queue_root, task_id);
     let write = || -> io::Result<()> {
         if let Some(dir) = path.parent() {
             super::modes::create_dir_all(dir)?;
         }
-        // One write call per line, so concurrent appends never interleave.
-        super::modes::open_append(&path)?.write_all(line)
+        // One write call, so concurrent appends never interleave within a line.
+        super::modes::open_append(&path)?.write_all(lines)
     };
-    if let Err(e) = write() {
-        // The name is worked out only here: the line is all the writer keeps.
-        let event = serde_json::from_slice::<JournalEvent>(line)
-            .map(|entry| entry.event.name())
-            .unwrap_or_default();
-        tracing::warn!(task_id, event, "cannot append to {}: {e}", path.display());
+    match write() {
+        Ok(()) => true,
+        Err(e) => {
+            warn_unwritten(task_id, lines, &path, &e);
+            false
+        }
     }
 }
+
+fn warn_unwritten(task_id: &str, lines: &[u8], path: &Path, e: &io::Error) {
+    // The name is worked out only here: the lines are all the writer keeps.
+    let first = lines.split(|&b| b == b'\n').next().unwrap_or_default();
+    let event = serde_json::from_slice::<JournalEvent>(first)
+        .map(|entry| entry.event.name())
+        .unwrap_or_default();
+    tracing::warn!(task_id, event, "cannot append to {}: {e}", path.display());
+}
+
+/// How many journals the writer remembers as existing; past that it forgets them all (and
+/// learns them again, one `mkdir` and create attempt each).
+const MAX_KNOWN_JOURNALS: usize = 100_000;
+
+/// The writer thread's side: appends each batch of lines, one open and one write per task's
+/// journal, and skips creating the run directory and journal of a task it has written to
+/// before (with thousands of tasks in flight, those attempts were most of its system calls).
+struct Appender {
+    queue_root: PathBuf,
+    /// Tasks whose journal this writer has created or appended to.
+    known: HashSet<String>,
+}
+
+impl Appender {
+    fn append(&mut self, task_id: &str, lines: &[u8]) {
+        if self.known.contains(task_id) {
+            let path = journal_path(&self.queue_root, task_id);
+            match super::modes::open_append_existing(&path).and_then(|mut f| f.write_all(lines)) {
+                Ok(()) => return,
+                // Removed since (`cairn prune`): create it again below.
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                    self.known.remove(task_id);
+                }
+                Err(e) => {
+                    warn_unwritten(task_id, lines, &path, &e);
+                    return;
+                }
+            }
+        }
+        if write_line(&self.queue_root, task_id, lines) {
+            if self.known.len() >= MAX_KNOWN_JOURNALS {
+                self.known.clear();
+            }
+            self.known.insert(task_id.to_string());
+        }
+    }
+
+    /// Write what `first` and the messages already queued behind it hold, grouped by task
+    /// (each task's lines in order), then answer the flushes among them.
+    fn drain(&mut self, first: Message, receiver: &mpsc::Receiver<Message>) {
+        let mut tasks: Vec<(String, Vec<u8>)> = Vec::new();
+        let mut index: HashMap<String, usize> = HashMap::new();
+        let mut flushes = Vec::new();
+        let mut next = Some(first);
+        let mut taken = 0;
+        while let Some(message) = next.take() {
+            match message {
+                Message::Line { task_id, line } => match index.get(&task_id) {
+                    Some(&i) => tasks[i].1.extend_from_slice(&line),
+                    None => {
+                        index.insert(task_id.clone(), tasks.len());
+                        tasks.push((task_id, line));
+                    }
+                },
+                Message::Flush(done) => flushes.push(done),
+            }
+            taken += 1;
+            if taken < MAX_BATCH {
+                next = receiver.try_recv().ok();
+            }
+        }
+        for (task_id, lines) in &tasks {
+            self.append(task_id, lines);
+        }
+        for done in flushes {
+            let _ = done.send(());
+        }
+    }
+}
+
+/// The most messages the writer takes at once.
+const MAX_BATCH: usize = 4096;
 
 /// What the writer thread is handed.
 enum Message {
@@ -101,13 +185,12 @@ impl JournalWriter {
         let thread = std::thread::Builder::new()
             .name("cairn-journal".into())
             .spawn(move || {
-                for message in receiver {
-                    match message {
-                        Message::Line { task_id, line } => write_line(&root, &task_id, &line),
-                        Message::Flush(done) => {
-                            let _ = done.send(());
-                        }
-                    }
+                let mut appender = Appender {
+                    queue_root: root,
+                    known: HashSet::new(),
+                };
+                while let Ok(first) = receiver.recv() {
+                    appender.drain(first, &receiver);
                 }
             });
         match thread {
@@ -295,6 +378,33 @@ mod tests {
             rest,
             ":\"checkpoint\",\"phase\":\"p\",\"iteration\":7,\"generation\":7,\"bytes\":120,\"ms\":0.5}\n"
         );
+    }
+
+    /// The writer remembers the journals it made; one removed since (by `cairn prune`) is
+    /// made again, with its run directory.
+    #[test]
+    fn a_journal_removed_behind_the_writer_is_made_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let writer = JournalWriter::start(dir.path());
+        writer.append("t1", checkpoint(1));
+        writer.flush();
+        let run_dir = journal_path(dir.path(), "t1")
+            .parent()
+            .unwrap()
+            .to_path_buf();
+        std::fs::remove_dir_all(&run_dir).unwrap();
+        writer.append("t1", checkpoint(2));
+        writer.append("t1", checkpoint(3));
+        writer.flush();
+        let iterations: Vec<u64> = read(dir.path(), "t1")
+            .unwrap()
+            .into_iter()
+            .map(|e| match e.event {
+                Event::Checkpoint { iteration, .. } => iteration,
+                _ => panic!("not a checkpoint: {e:?}"),
+            })
+            .collect();
+        assert_eq!(iterations, [2, 3]);
     }
 
     #[test]

@@ -86,12 +86,18 @@ pub fn open_append(path: &Path) -> io::Result<File> {
             fix_new_file(&file)?;
             Ok(file)
         }
-        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => OpenOptions::new()
-            .append(true)
-            .custom_flags(nix::libc::O_NOFOLLOW)
-            .open(path),
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => open_append_existing(path),
         Err(e) => Err(e),
     }
+}
+
+/// Open the existing file `path` for appending; a link in its place is refused (`ELOOP`), as
+/// by [`open_append`].
+pub fn open_append_existing(path: &Path) -> io::Result<File> {
+    OpenOptions::new()
+        .append(true)
+        .custom_flags(nix::libc::O_NOFOLLOW)
+        .open(path)
 }
 
 /// Write `bytes` as the whole content of `path`, created [`FILE_MODE`] if it does not exist.

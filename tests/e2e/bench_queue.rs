@@ -127,6 +127,12 @@ fn every_measurement_prints_its_line() {
     assert!(num(resume, "first_resumed_ms") > 0.0);
     assert!(num(resume, "all_resumed_ms") >= num(resume, "first_resumed_ms"));
     assert!(num(resume, "all_done_ms") >= num(resume, "all_resumed_ms"));
+    assert!(num(resume, "commands_alone_ms") > 0.0);
+    let beyond = num(resume, "all_done_ms") - num(resume, "commands_alone_ms");
+    assert!(
+        (num(resume, "beyond_commands_ms") - beyond).abs() < 0.01,
+        "{resume}"
+    );
 
     // Without --keep, the run's queues are removed.
     let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
