@@ -45,7 +45,17 @@ impl Source {
     /// The database when `--db` names one, else the queue directory.
     pub fn open(queue: &Path, db: &DbArg) -> CliResult<Source> {
         match db.url() {
-            None => Ok(Source::Files(QueueReader::open(queue))),
+            None => {
+                let reader = QueueReader::open(queue);
+                if let Some((dir, e)) = reader.unlistable_dir() {
+                    return Err(CliError::failure(format_args!(
+                        "cannot list {}: {e}; reading the queue needs read access to its \
+                         directories (the queue's group, see docs/service.md)",
+                        dir.display()
+                    )));
+                }
+                Ok(Source::Files(reader))
+            }
             Some(url) => open_database(url).map(database_source),
         }
     }

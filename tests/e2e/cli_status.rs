@@ -667,3 +667,57 @@ fn a_finished_worker_keeps_the_total_it_reported() {
         "{show}"
     );
 }
+
+/// A user who may not list the queue's `tasks/` is told so, naming the directory, rather than
+/// shown a queue that looks empty; `inbox/`, which readers who may not submit cannot list,
+/// does not stop them.
+#[test]
+fn status_by_a_user_who_cannot_list_the_queues_state_names_the_directory() {
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::process::CommandExt;
+    let test = "status_by_a_user_who_cannot_list_the_queues_state_names_the_directory";
+    if !require_root(test, "it runs cairn status as another user") {
+        return;
+    }
+    let queue = TestQueue::new();
+    queue.seed_task("t.json", &once_task("t", &json!({"ok": true})));
+    queue.run_until_idle(&[]);
+    queue.wait_done("t");
+    let open = |path: &std::path::Path, mode: u32| {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap()
+    };
+    // Everything readable by others (as by the queue's group), but inbox/.
+    fn open_all(path: &std::path::Path, open: &dyn Fn(&std::path::Path, u32)) {
+        if std::fs::symlink_metadata(path).unwrap().is_dir() {
+            open(path, 0o755);
+            for entry in std::fs::read_dir(path).unwrap() {
+                open_all(&entry.unwrap().path(), open);
+            }
+        } else {
+            open(path, 0o644);
+        }
+    }
+    open(queue.root().parent().unwrap(), 0o755);
+    open_all(queue.root(), &open);
+    open(&queue.path("inbox"), 0o700);
+    let status_as_nobody = || {
+        let mut command = queue.cairn();
+        command.args(["status"]).uid(65534).gid(65534);
+        command.output().unwrap()
+    };
+    let readable = status_as_nobody();
+    assert_eq!(
+        readable.status.code(),
+        Some(0),
+        "an unlistable inbox/ does not stop a reader: {}",
+        String::from_utf8_lossy(&readable.stderr)
+    );
+    open(&queue.path("tasks"), 0o700);
+    let refused = status_as_nobody();
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(&format!("cannot list {}", queue.path("tasks").display())),
+        "{stderr}"
+    );
+}

@@ -165,6 +165,26 @@ impl QueueReader {
         self.root().is_dir()
     }
 
+    /// The first of the directories holding the queue's state (the queue, `tasks/`,
+    /// `incremental/`, `done/`, `failed/`) that exists but cannot be listed by this user, with
+    /// the error: the read model would show it as empty, so a command says so instead of
+    /// listing a queue that looks emptier than it is. `inbox/` and `control/` are left out: a
+    /// reader who may not submit (not in `inbox/`'s group) may still read the queue.
+    pub fn unlistable_dir(&self) -> Option<(PathBuf, std::io::Error)> {
+        const STATE_DIRS: [&str; 4] = [
+            QueueDir::TASKS_DIR,
+            "incremental",
+            QueueDir::DONE_DIR,
+            QueueDir::FAILED_DIR,
+        ];
+        std::iter::once(self.root().to_path_buf())
+            .chain(STATE_DIRS.iter().map(|dir| self.root().join(dir)))
+            .find_map(|dir| match std::fs::read_dir(&dir) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => Some((dir, e)),
+                _ => None,
+            })
+    }
+
     /// The path of a storage key, for messages and for reading a file the store named.
     pub fn path_of_key(&self, key: &str) -> PathBuf {
         self.root().join(key)
