@@ -487,25 +487,13 @@ fn a_task_that_keeps_killing_its_daemon_is_quarantined() {
     );
     let crash_limit = 5; // as `submit_task` sets it
     let mut host = Host::new("victim");
-    let mut deaths = 0;
-    while final_record(&url, "killer").is_none() {
-        assert!(
-            deaths <= crash_limit + 1,
-            "the task was not quarantined after {deaths} deaths"
-        );
-        host.start(&url, &["--max-tasks", "1"]);
-        let daemon = host.daemon();
-        crate::common::wait_for("the daemon dies or the task is recorded", DEADLINE, || {
-            if daemon.try_status().is_some() {
-                Some(true)
-            } else {
-                final_record(&url, "killer").map(|_| false)
-            }
-        });
-        if host.daemon().try_status().is_some() {
-            deaths += 1;
-        }
-    }
+    let deaths = restart_until_recorded(
+        &mut host,
+        &url,
+        &["killer"],
+        &["--max-tasks", "1"],
+        crash_limit + 1,
+    );
     let record = final_record(&url, "killer").unwrap();
     assert_eq!(record["status"], "failed", "{record}");
     assert!(
@@ -543,33 +531,16 @@ fn only_the_task_that_kills_its_daemon_is_quarantined_not_the_ones_beside_it() {
     }
     let crash_limit = 5; // as `submit_task` sets it
     let mut host = Host::new("victim");
-    let mut deaths = 0;
-    let all: Vec<String> = std::iter::once("killer".to_string())
-        .chain(innocent.iter().cloned())
+    let all: Vec<&str> = std::iter::once("killer")
+        .chain(innocent.iter().map(String::as_str))
         .collect();
-    let all_recorded = |url: &str| all.iter().all(|id| final_record(url, id).is_some());
-    while !all_recorded(&url) {
-        assert!(
-            deaths <= crash_limit + 2,
-            "not every task was recorded after {deaths} deaths"
-        );
-        host.start(&url, &["--max-tasks", "4"]);
-        let daemon = host.daemon();
-        crate::common::wait_for(
-            "the daemon dies or every task is recorded",
-            DEADLINE,
-            || {
-                if daemon.try_status().is_some() {
-                    Some(true)
-                } else {
-                    all_recorded(&url).then_some(false)
-                }
-            },
-        );
-        if host.daemon().try_status().is_some() {
-            deaths += 1;
-        }
-    }
+    let deaths = restart_until_recorded(
+        &mut host,
+        &url,
+        &all,
+        &["--max-tasks", "4"],
+        crash_limit + 2,
+    );
     let record = final_record(&url, "killer").unwrap();
     assert_eq!(record["status"], "failed", "{record}");
     assert!(
@@ -585,4 +556,40 @@ fn only_the_task_that_kills_its_daemon_is_quarantined_not_the_ones_beside_it() {
     assert_eq!(deaths, crash_limit + 1, "deaths before the quarantine");
     host.daemon().signal(SIGTERM);
     host.daemon().wait_exit(DEADLINE);
+}
+
+/// Start the host's daemon again each time it dies (a task of `ids` kills it), until every
+/// task of `ids` has its final record; returns how many times it died (at most `max_deaths`).
+fn restart_until_recorded(
+    host: &mut Host,
+    url: &str,
+    ids: &[&str],
+    args: &[&str],
+    max_deaths: usize,
+) -> usize {
+    let all_recorded = || ids.iter().all(|id| final_record(url, id).is_some());
+    let mut deaths = 0;
+    while !all_recorded() {
+        assert!(
+            deaths <= max_deaths,
+            "not every task of {ids:?} was recorded after {deaths} deaths"
+        );
+        host.start(url, args);
+        let daemon = host.daemon();
+        crate::common::wait_for(
+            "the daemon dies or every task is recorded",
+            DEADLINE,
+            || {
+                if daemon.try_status().is_some() {
+                    Some(true)
+                } else {
+                    all_recorded().then_some(false)
+                }
+            },
+        );
+        if host.daemon().try_status().is_some() {
+            deaths += 1;
+        }
+    }
+    deaths
 }
