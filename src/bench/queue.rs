@@ -235,7 +235,7 @@ pub struct ResumeLine {
     /// Daemon spawned → the last task done.
     all_done_ms: f64,
     /// The commands' own time: the same number of runs of the same command, spawned by the
-    /// bench directly (no daemon, no trampoline) with as many at once as there are CPUs, each
+    /// bench directly (no daemon) with as many at once as there are CPUs, each
     /// with its request on a stdin pipe and its reply read from a pipe, one after the other
     /// in that window, after the daemon has stopped.
     commands_alone_ms: f64,

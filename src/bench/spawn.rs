@@ -2,14 +2,16 @@
 //! path, while the process is as large as a daemon with thousands of tasks in flight.
 //!
 //! A `fork` copies the page tables of the whole process, so its cost grows with the daemon's
-//! resident memory; `posix_spawn` of the trampoline does not. The bench makes the process large
+//! resident memory; the daemon's `clone(CLONE_VM | CLONE_VFORK)` (see `runner::spawn`) does
+//! not. The reference, `fork`, is what the standard library does when the death signal is
+//! armed in a `pre_exec` hook, as cairn once did. The bench makes the process large
 //! (`--resident-mb` of touched heap, like the daemon's per-task state), optionally keeps
 //! `--resident-children` commands running (as tasks in flight would), then starts `--count`
 //! short commands (`true`) one after another through each path and prints, per path, how long
 //! the spawn call blocked the thread and how long until the command had exited.
 
-use std::path::PathBuf;
-use std::process::Stdio;
+use std::path::Path;
+use std::process::{ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
@@ -17,7 +19,31 @@ use clap::Args;
 use serde::Serialize;
 
 use super::{millis, percentile};
-use crate::runner::{spawn_in_group_via, Confinement, SpawnPath};
+use crate::runner::{spawn_in_group, CommandProcess, Confinement, StdinFrom, StdoutTo};
+
+/// How a command is started.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SpawnPath {
+    /// A full `fork` whose child arms the death signal before `exec` (a `pre_exec` hook).
+    Fork,
+    /// The daemon's path: a `vfork`-style clone that shares the daemon's memory.
+    Clone,
+}
+
+/// A started command, by path.
+enum Started {
+    Fork(tokio::process::Child),
+    Clone(CommandProcess),
+}
+
+impl Started {
+    async fn wait(&mut self) -> std::io::Result<ExitStatus> {
+        match self {
+            Started::Fork(child) => child.wait().await,
+            Started::Clone(child) => child.wait().await,
+        }
+    }
+}
 
 #[derive(Debug, Args)]
 pub struct SpawnArgs {
@@ -50,9 +76,6 @@ pub struct SpawnResult {
 
 /// Run the bench and return one result per path, the fork first.
 pub fn run(args: &SpawnArgs) -> anyhow::Result<Vec<SpawnResult>> {
-    if !crate::runner::exec_trampoline::is_available() {
-        anyhow::bail!("the spawn bench must run in the cairn binary (it starts its trampoline)");
-    }
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -61,10 +84,10 @@ pub fn run(args: &SpawnArgs) -> anyhow::Result<Vec<SpawnResult>> {
     let results = runtime.block_on(async {
         let mut sleepers = Vec::new();
         for _ in 0..args.resident_children {
-            sleepers.push(spawn(SpawnPath::Trampoline, &["sleep", "600"])?);
+            sleepers.push(spawn(SpawnPath::Clone, &["sleep", "600"])?);
         }
         let mut results = Vec::new();
-        for path in [SpawnPath::Fork, SpawnPath::Trampoline] {
+        for path in [SpawnPath::Fork, SpawnPath::Clone] {
             results.push(measure(path, args).await?);
         }
         drop(sleepers); // kill_on_drop
@@ -92,7 +115,7 @@ async fn measure(path: SpawnPath, args: &SpawnArgs) -> anyhow::Result<SpawnResul
         bench: "spawn",
         path: match path {
             SpawnPath::Fork => "fork",
-            SpawnPath::Trampoline => "trampoline",
+            SpawnPath::Clone => "clone",
         },
         resident_mb: args.resident_mb,
         resident_children: args.resident_children,
@@ -104,23 +127,45 @@ async fn measure(path: SpawnPath, args: &SpawnArgs) -> anyhow::Result<SpawnResul
     })
 }
 
-fn spawn(path: SpawnPath, argv: &[&str]) -> anyhow::Result<tokio::process::Child> {
+fn spawn(path: SpawnPath, argv: &[&str]) -> anyhow::Result<Started> {
     let argv: Vec<String> = argv.iter().map(|a| a.to_string()).collect();
     let log = std::fs::File::options()
         .append(true)
         .open("/dev/null")
         .context("opening /dev/null")?;
-    spawn_in_group_via(
-        path,
-        &argv,
-        &PathBuf::from("/"),
-        &[],
-        log,
-        Stdio::null(),
-        None,
-        &Confinement::default(),
-    )
-    .with_context(|| format!("starting {argv:?}"))
+    let started = match path {
+        SpawnPath::Fork => {
+            let mut command = tokio::process::Command::new(&argv[0]);
+            command
+                .args(&argv[1..])
+                .current_dir("/")
+                .stdin(Stdio::null())
+                .stdout(Stdio::from(log.try_clone()?))
+                .stderr(Stdio::from(log))
+                .process_group(0)
+                .kill_on_drop(true);
+            // SAFETY: between fork and exec only async-signal-safe system calls (prctl), and
+            // the error is a bare OS code, which does not allocate.
+            unsafe {
+                command.pre_exec(|| {
+                    nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)
+                        .map_err(std::io::Error::from)
+                });
+            }
+            command.spawn().map(Started::Fork)
+        }
+        SpawnPath::Clone => spawn_in_group(
+            &argv,
+            Path::new("/"),
+            &[],
+            log,
+            StdinFrom::Null,
+            StdoutTo::Log,
+            &Confinement::default(),
+        )
+        .map(Started::Clone),
+    };
+    started.with_context(|| format!("starting {argv:?}"))
 }
 
 /// `mb` megabytes of heap in 4 KiB pieces, each written to, as the daemon's many small

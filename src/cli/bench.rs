@@ -27,7 +27,7 @@ enum Bench {
     /// of the real daemon.
     Queue(QueueArgs),
     /// What starting one command costs the daemon's thread, by spawn path (fork with a
-    /// pre-exec hook, or posix_spawn of the exec trampoline), with the process made as large as
+    /// pre-exec hook, or the daemon's vfork-style clone), with the process made as large as
     /// a daemon with thousands of tasks in flight.
     Spawn(crate::bench::spawn::SpawnArgs),
 }

@@ -5,10 +5,10 @@
 //! orphan doing the same work. The daemon runs on a single-threaded runtime, which matters here:
 //! the death signal fires when the *thread* that spawned the child exits.
 
+use std::ffi::OsString;
 use std::io::{self, Write};
-use std::os::fd::AsRawFd;
 use std::path::PathBuf;
-use std::process::{ExitStatus, Stdio};
+use std::process::ExitStatus;
 use std::time::Duration;
 
 use nix::sys::signal::{killpg, Signal};
@@ -17,8 +17,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use tokio_util::sync::CancellationToken;
 
-use super::exec_trampoline;
 use super::identity::SwitchTo;
+use super::spawn::{self, CommandProcess, ProcessSpec, StdinFrom, StdoutTo};
 use crate::shutdown::Shutdown;
 
 /// What a command is confined by, applied in the new process before its `exec`: the cgroup it
@@ -71,197 +71,46 @@ pub enum RunEnd {
     ReplyTooLarge,
 }
 
-/// How a command's process is started.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SpawnPath {
-    /// A full `fork` whose child arms the death signal before `exec` (`pre_exec`): it copies
-    /// the daemon's page tables, so it costs more the larger the daemon.
-    Fork,
-    /// `posix_spawn` of the cairn binary's trampoline, which arms the death signal and `exec`s
-    /// the command (see `exec_trampoline`): independent of the daemon's size.
-    Trampoline,
-}
-
-impl SpawnPath {
-    /// The trampoline when this process is the cairn binary, else the fork.
-    pub fn default_for_process() -> Self {
-        if exec_trampoline::is_default() {
-            SpawnPath::Trampoline
-        } else {
-            SpawnPath::Fork
-        }
-    }
-}
-
-/// Start `argv` as the leader of a new process group that dies with the daemon.
-/// `log` receives stderr (and stdout, when `stdout` is `None`).
+/// Start `argv` as the leader of a new process group that dies with the daemon (see
+/// `spawn`). `log` receives stderr (and stdout, with [`StdoutTo::Log`]).
 pub fn spawn_in_group(
     argv: &[String],
     cwd: &std::path::Path,
     env: &[(String, String)],
     log: std::fs::File,
-    stdin: Stdio,
-    stdout: Option<Stdio>,
+    stdin: StdinFrom,
+    stdout: StdoutTo,
     confinement: &Confinement,
-) -> io::Result<tokio::process::Child> {
-    let path = SpawnPath::default_for_process();
-    spawn_in_group_via(path, argv, cwd, env, log, stdin, stdout, confinement)
-}
-
-/// [`spawn_in_group`] through the given path (the spawn benchmark compares them).
-#[allow(clippy::too_many_arguments)]
-pub fn spawn_in_group_via(
-    path: SpawnPath,
-    argv: &[String],
-    cwd: &std::path::Path,
-    env: &[(String, String)],
-    log: std::fs::File,
-    stdin: Stdio,
-    stdout: Option<Stdio>,
-    confinement: &Confinement,
-) -> io::Result<tokio::process::Child> {
-    let Some((program, args)) = argv.split_first() else {
-        return Err(io::Error::new(io::ErrorKind::InvalidInput, "empty command"));
-    };
-    let stdout = match stdout {
-        Some(stdout) => stdout,
-        None => Stdio::from(log.try_clone()?),
-    };
-    let daemon_pid = nix::unistd::getpid();
-    // Opened here, before the fork: the child only writes to it. Closed on exec, and in the
-    // daemon when this function returns.
-    let cgroup_procs = match (path, &confinement.cgroup_procs) {
-        (SpawnPath::Fork, Some(procs)) => Some(
+) -> io::Result<CommandProcess> {
+    let program = argv.first().map_or("", String::as_str);
+    // Opened here: the new process only writes to it.
+    let cgroup_procs = match &confinement.cgroup_procs {
+        Some(procs) => Some(
             std::fs::OpenOptions::new()
                 .write(true)
                 .open(procs)
                 .map_err(|e| spawn_error(program, cwd, e))?,
         ),
-        _ => None,
+        None => None,
     };
-    let mut command = match path {
-        SpawnPath::Fork => {
-            let mut command = tokio::process::Command::new(program);
-            command.args(args);
-            let cgroup_fd = cgroup_procs.as_ref().map(|f| f.as_raw_fd());
-            confine_before_exec(&mut command, cgroup_fd, confinement.run_as.clone());
-            arm_death_signal_before_exec(&mut command, daemon_pid);
-            command
-        }
-        SpawnPath::Trampoline => {
-            let resolved = match exec_trampoline::resolve_program(program, cwd, env) {
-                Ok(resolved) => resolved,
-                // The daemon may not see what the submitter may run (a script only its owner
-                // can execute): the trampoline, as the submitter, looks it up itself, and a
-                // missing program ends it with 127.
-                Err(_) if confinement.run_as.is_some() => PathBuf::from(program),
-                Err(e) => return Err(spawn_error(program, cwd, e)),
-            };
-            let mut command = tokio::process::Command::new("/proc/self/exe");
-            command
-                .arg0("cairn")
-                .arg(exec_trampoline::TRAMPOLINE_ARG)
-                .arg(daemon_pid.to_string())
-                .arg(
-                    confinement
-                        .run_as
-                        .as_ref()
-                        .map_or("-".into(), SwitchTo::to_arg),
-                )
-                .arg(
-                    confinement
-                        .cgroup_procs
-                        .as_deref()
-                        .unwrap_or(std::path::Path::new("-")),
-                )
-                .arg(resolved)
-                .arg(program)
-                .args(args);
-            command
-        }
-    };
-    command.current_dir(cwd);
-    match path {
-        SpawnPath::Fork => {
-            command.envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
-            for name in NOTIFY_ENV {
-                command.env_remove(name);
-            }
-        }
-        // The trampoline gets the command's environment only under names the loader does not
-        // read (see `exec_trampoline::ENV_PREFIX`): the daemon's own, then the task's.
-        SpawnPath::Trampoline => {
-            let mut command_env: std::collections::BTreeMap<
-                std::ffi::OsString,
-                std::ffi::OsString,
-            > = std::env::vars_os().collect();
-            command_env.extend(env.iter().map(|(k, v)| (k.into(), v.into())));
-            for name in NOTIFY_ENV {
-                command_env.remove(std::ffi::OsStr::new(name));
-            }
-            command
-                .env_clear()
-                .envs(exec_trampoline::wrapped_env(command_env));
-        }
+    // The daemon's environment, then the task's, without the daemon's own notification socket.
+    let mut command_env: std::collections::BTreeMap<OsString, OsString> =
+        std::env::vars_os().collect();
+    command_env.extend(env.iter().map(|(k, v)| (k.into(), v.into())));
+    for name in NOTIFY_ENV {
+        command_env.remove(std::ffi::OsStr::new(name));
     }
-    command
-        .stdin(stdin)
-        .stdout(stdout)
-        .stderr(Stdio::from(log))
-        .process_group(0)
-        .kill_on_drop(true);
-    let child = command.spawn().map_err(|e| spawn_error(program, cwd, e));
-    drop(cgroup_procs);
-    child
-}
-
-/// Join the cgroup and switch the user in the forked child, before the death signal is armed
-/// (a change of credentials clears it).
-fn confine_before_exec(
-    command: &mut tokio::process::Command,
-    cgroup_procs: Option<std::os::fd::RawFd>,
-    run_as: Option<SwitchTo>,
-) {
-    if cgroup_procs.is_none() && run_as.is_none() {
-        return;
-    }
-    // SAFETY: as in `arm_death_signal_before_exec`: only async-signal-safe calls (write,
-    // setgroups, setresgid, setresuid, prctl, capset, capget), no allocation (the groups were
-    // allocated before the fork), bare OS error codes.
-    unsafe {
-        command.pre_exec(move || {
-            if let Some(fd) = cgroup_procs {
-                let written = nix::libc::write(fd, b"0".as_ptr().cast(), 1);
-                nix::errno::Errno::result(written).map_err(io::Error::from)?;
-            }
-            if let Some(run_as) = &run_as {
-                run_as
-                    .assume()
-                    .map_err(|(_, errno)| io::Error::from(errno))?;
-            }
-            Ok(())
-        });
-    }
-}
-
-/// Arm `PR_SET_PDEATHSIG` in the forked child (which makes the spawn a full `fork`).
-fn arm_death_signal_before_exec(command: &mut tokio::process::Command, daemon_pid: Pid) {
-    // SAFETY: the closure runs between fork and exec, where another thread may have held the
-    // allocator's lock at the fork, so it must not allocate: it only makes async-signal-safe
-    // system calls (prctl, getppid) and its errors are bare OS error codes
-    // (`from_raw_os_error`, and nix's `Errno` converts the same way), which live inline in the
-    // `io::Error` with no allocation. A message would allocate, and would be lost anyway: the
-    // standard library sends only the error's OS code to the parent.
-    unsafe {
-        command.pre_exec(move || {
-            nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(io::Error::from)?;
-            // The daemon may have died before the death signal was armed: "no such process".
-            if nix::unistd::getppid() != daemon_pid {
-                return Err(io::Error::from_raw_os_error(nix::libc::ESRCH));
-            }
-            Ok(())
-        });
-    }
+    spawn::start(ProcessSpec {
+        argv,
+        cwd,
+        env: command_env.into_iter().collect(),
+        log,
+        stdin,
+        stdout,
+        cgroup_procs: cgroup_procs.as_ref(),
+        run_as: confinement.run_as.as_ref(),
+    })
+    .map_err(|e| spawn_error(program, cwd, e))
 }
 
 /// Name what is missing when a spawn fails: `execve` reports a missing working directory and
@@ -294,7 +143,7 @@ pub fn open_log(path: &std::path::Path, header: &str) -> io::Result<std::fs::Fil
 }
 
 /// The process group a spawned child leads.
-pub fn group_of(child: &tokio::process::Child) -> Option<Pid> {
+pub fn group_of(child: &CommandProcess) -> Option<Pid> {
     child.id().map(|id| Pid::from_raw(id as i32))
 }
 
@@ -336,8 +185,8 @@ pub async fn run_command(
         &run.cwd,
         &run.env,
         log,
-        Stdio::piped(),
-        Some(Stdio::piped()),
+        StdinFrom::Pipe,
+        StdoutTo::Pipe,
         &run.confinement,
     )
     .map_err(|e| {
@@ -374,8 +223,8 @@ pub async fn run_command(
 /// Write the request on the command's stdin (then close it) while reading its reply, up to
 /// one byte past [`MAX_REPLY_BYTES`].
 async fn exchange(
-    stdin: &mut Option<tokio::process::ChildStdin>,
-    stdout: &mut Option<tokio::process::ChildStdout>,
+    stdin: &mut Option<tokio::net::unix::pipe::Sender>,
+    stdout: &mut Option<tokio::net::unix::pipe::Receiver>,
     request: &[u8],
 ) -> io::Result<Vec<u8>> {
     let write = async {
@@ -401,7 +250,7 @@ async fn exchange(
 /// the exchange short (`None`).
 async fn settle(
     replied: Option<io::Result<Vec<u8>>>,
-    child: &mut tokio::process::Child,
+    child: &mut CommandProcess,
     group: Option<Pid>,
     shutdown: &Shutdown,
     cancel: &CancellationToken,
@@ -442,11 +291,7 @@ async fn settle(
 }
 
 /// SIGTERM the group, give it [`KILL_AFTER`] (none after a second signal), then SIGKILL it.
-pub async fn stop_group(
-    group: Option<Pid>,
-    child: &mut tokio::process::Child,
-    shutdown: &Shutdown,
-) {
+pub async fn stop_group(group: Option<Pid>, child: &mut CommandProcess, shutdown: &Shutdown) {
     if shutdown.is_immediate() {
         kill_group(group, Signal::SIGKILL);
     } else {

@@ -2,9 +2,8 @@
 //! Slurm run a job as the user who submitted it.
 //!
 //! The daemon itself never changes identity: the switch happens in the process that becomes the
-//! command, between its start and its `exec` (the trampoline, or the `pre_exec` hook of the
-//! fork path), in the order that leaves no way back: supplementary groups, then the group, then
-//! the user. Then every capability the daemon had is dropped (ambient ones would otherwise
+//! command, between its start and its `exec` (see `spawn`), in the order that leaves no way
+//! back: supplementary groups, then the group, then the user. Then every capability the daemon had is dropped (ambient ones would otherwise
 //! survive the `exec` of a daemon that is not root), and the result is verified: all three user
 //! ids and group ids are the submitter's, no capability is left, and `setuid(0)` fails.
 
@@ -120,34 +119,34 @@ impl RunAs {
 }
 
 impl SwitchTo {
-    /// The identity as one argument of the trampoline: `uid:gid:g1,g2,...`.
-    pub fn to_arg(&self) -> String {
-        let groups: Vec<String> = self.groups.iter().map(|g| g.to_string()).collect();
-        format!("{}:{}:{}", self.uid, self.gid, groups.join(","))
-    }
-
-    /// The inverse of [`SwitchTo::to_arg`].
-    pub fn from_arg(arg: &str) -> Option<SwitchTo> {
-        let mut parts = arg.splitn(3, ':');
-        let uid = parts.next()?.parse().ok()?;
-        let gid = parts.next()?.parse().ok()?;
-        let groups = match parts.next()? {
-            "" => Vec::new(),
-            list => list
-                .split(',')
-                .map(|g| g.parse().ok().map(Gid::from_raw))
-                .collect::<Option<Vec<Gid>>>()?,
-        };
-        Some(SwitchTo {
-            uid: Uid::from_raw(uid),
-            gid: Gid::from_raw(gid),
-            groups,
-        })
-    }
-
-    /// Become this identity for good. Async-signal-safe (no allocation, plain system calls), so
-    /// that the fork path may call it between `fork` and `exec`; an error names the step.
+    /// Become this identity for good, for the whole process (glibc's wrappers change every
+    /// thread's credentials). An error names the step.
     pub fn assume(&self) -> Result<(), (&'static str, Errno)> {
+        self.switch(Scope::Process, &[])
+    }
+
+    /// Become this identity in a process started by `clone(CLONE_VM)` that shares the daemon's
+    /// memory (see `spawn`): with raw system calls that change the calling thread alone, since
+    /// glibc's wrappers would try to change the daemon's threads too. Async-signal-safe: no
+    /// allocation (`groups` is [`SwitchTo::groups`] as prepared by [`SwitchTo::raw_groups`]),
+    /// plain system calls only.
+    pub(crate) fn assume_in_new_process(
+        &self,
+        groups: &[nix::libc::gid_t],
+    ) -> Result<(), (&'static str, Errno)> {
+        self.switch(Scope::Thread, groups)
+    }
+
+    /// The supplementary groups as `setgroups(2)` takes them.
+    pub(crate) fn raw_groups(&self) -> Vec<nix::libc::gid_t> {
+        self.groups.iter().map(|g| g.as_raw()).collect()
+    }
+
+    fn switch(
+        &self,
+        scope: Scope,
+        raw_groups: &[nix::libc::gid_t],
+    ) -> Result<(), (&'static str, Errno)> {
         // SAFETY: prctl with integer arguments only.
         let cleared = unsafe {
             nix::libc::prctl(
@@ -159,9 +158,27 @@ impl SwitchTo {
             )
         };
         Errno::result(cleared).map_err(|e| ("clearing the ambient capabilities", e))?;
-        nix::unistd::setgroups(&self.groups).map_err(|e| ("setgroups", e))?;
-        nix::unistd::setresgid(self.gid, self.gid, self.gid).map_err(|e| ("setresgid", e))?;
-        nix::unistd::setresuid(self.uid, self.uid, self.uid).map_err(|e| ("setresuid", e))?;
+        let (uid, gid) = (self.uid.as_raw(), self.gid.as_raw());
+        match scope {
+            Scope::Process => {
+                nix::unistd::setgroups(&self.groups).map_err(|e| ("setgroups", e))?;
+                nix::unistd::setresgid(self.gid, self.gid, self.gid)
+                    .map_err(|e| ("setresgid", e))?;
+                nix::unistd::setresuid(self.uid, self.uid, self.uid)
+                    .map_err(|e| ("setresuid", e))?;
+            }
+            // SAFETY: the raw system calls with integer arguments and a slice that outlives
+            // the call.
+            Scope::Thread => unsafe {
+                use nix::libc::{syscall, SYS_setgroups, SYS_setresgid, SYS_setresuid};
+                let set = syscall(SYS_setgroups, raw_groups.len(), raw_groups.as_ptr());
+                Errno::result(set).map_err(|e| ("setgroups", e))?;
+                let set = syscall(SYS_setresgid, gid, gid, gid);
+                Errno::result(set).map_err(|e| ("setresgid", e))?;
+                let set = syscall(SYS_setresuid, uid, uid, uid);
+                Errno::result(set).map_err(|e| ("setresuid", e))?;
+            },
+        }
         if !self.uid.is_root() {
             drop_all_capabilities().map_err(|e| ("dropping the capabilities", e))?;
         }
@@ -184,12 +201,22 @@ impl SwitchTo {
         if effective != 0 || permitted != 0 {
             return Err(("verifying that no capability is left", Errno::EPERM));
         }
-        // SAFETY: setuid with an integer; success here would be the failure we check for.
-        if unsafe { nix::libc::setuid(0) } == 0 {
+        // SAFETY: a raw setuid with an integer (this thread only, as above); success here
+        // would be the failure we check for.
+        if unsafe { nix::libc::syscall(nix::libc::SYS_setuid, 0) } == 0 {
             return Err(("verifying that root cannot be regained", Errno::EPERM));
         }
         Ok(())
     }
+}
+
+/// Whose credentials a switch changes.
+#[derive(Clone, Copy)]
+enum Scope {
+    /// Every thread of the process (glibc's `setxid` broadcast).
+    Process,
+    /// The calling thread only: a new process that shares the daemon's memory.
+    Thread,
 }
 
 /// `struct __user_cap_header_struct` of `capget(2)`/`capset(2)`.
@@ -241,22 +268,8 @@ fn capabilities() -> Result<(u32, u32), Errno> {
 
 #[cfg(test)]
 mod tests {
-    use super::{RunAs, SwitchTo};
-    use nix::unistd::{Gid, Uid};
-
-    #[test]
-    fn an_identity_survives_the_trampoline_argument() {
-        let switch = SwitchTo {
-            uid: Uid::from_raw(1001),
-            gid: Gid::from_raw(1002),
-            groups: vec![Gid::from_raw(1002), Gid::from_raw(27)],
-        };
-        assert_eq!(SwitchTo::from_arg(&switch.to_arg()), Some(switch));
-        let no_groups = SwitchTo::from_arg("5:6:").unwrap();
-        assert!(no_groups.groups.is_empty());
-        assert_eq!(SwitchTo::from_arg("5:x:"), None);
-        assert_eq!(SwitchTo::from_arg("5"), None);
-    }
+    use super::RunAs;
+    use nix::unistd::Gid;
 
     #[test]
     fn root_is_found_with_its_groups() {

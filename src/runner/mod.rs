@@ -7,18 +7,18 @@ pub mod channel;
 mod checkpointing;
 mod child;
 mod confinement;
-pub mod exec_trampoline;
 pub mod identity;
 mod items;
 mod loop_phase;
 mod once;
 mod orphans;
+mod spawn;
 mod task_processes;
 mod work_state;
 mod worker;
 mod worker_supervision;
 
-pub use child::{spawn_in_group_via, Confinement, SpawnPath};
+pub use child::{spawn_in_group, Confinement};
 pub use child::{CommandRun, RunEnd, KILL_AFTER, MAX_REPLY_BYTES, NOTIFY_ENV};
 pub use confinement::ConfineConfig;
 /// The scope of loop phases' checkpoints (the queue benchmark, part of the `cli` feature,
@@ -26,6 +26,7 @@ pub use confinement::ConfineConfig;
 #[cfg(feature = "cli")]
 pub(crate) use loop_phase::LOOP_SCOPE;
 pub use orphans::kill_orphans;
+pub use spawn::{CommandProcess, StdinFrom, StdoutTo};
 pub use task_processes::CgroupRoot;
 pub use work_state::WorkState;
 

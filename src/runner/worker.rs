@@ -16,17 +16,17 @@
 //! dies, the worker is stopped for a failed write or its budget) ends the worker: the answer
 //! goes out before the SIGTERM's effect matters, and SIGKILL follows.
 
-use std::process::{ExitStatus, Stdio};
+use std::process::ExitStatus;
 
 use nix::sys::signal::Signal;
 use nix::unistd::Pid;
 use serde_json::Value;
-use tokio::process::Child;
 use tokio::time::Instant;
 
 use super::channel::{AckPipe, Channel, ChannelError, CheckpointMessage, Message};
 use super::checkpointing::PhaseCheckpointer;
 use super::child::{group_of, kill_group, open_log, spawn_in_group, KILL_AFTER};
+use super::spawn::{CommandProcess, StdinFrom, StdoutTo};
 use super::worker_supervision::{Event, KillReason, Supervision};
 use super::{PhaseEnd, PhaseError, PhaseRun};
 
@@ -63,7 +63,7 @@ impl WorkerState<'_, '_> {
 
 /// A started worker process and its two pipes.
 struct Launched {
-    child: Child,
+    child: CommandProcess,
     group: Option<Pid>,
     channel: Channel,
     ack: AckPipe,
@@ -171,8 +171,8 @@ fn launch(
         &run.cwd(),
         &env,
         log,
-        Stdio::null(),
-        None,
+        StdinFrom::Null,
+        StdoutTo::Log,
         &run.confinement.spawn,
     )
     .map_err(|e| super::spawn_failure(&describe(run), e))?;

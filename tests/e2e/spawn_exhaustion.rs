@@ -9,15 +9,11 @@ use serde_json::json;
 /// Run the daemon until idle under strace, its first `failures` forks failing with `errno`;
 /// returns what it logged.
 fn run_with_failing_forks(queue: &TestQueue, errno: &str, failures: u32) -> String {
-    // Without -f only the daemon's main thread is traced: forks are its `clone` calls, while
-    // threads are started with `clone3`.
-    // Commands are started with `clone3` through posix_spawn by default, as threads are: the
-    // daemon is asked for the fork path, whose forks are its only `clone` calls.
+    // Without -f only the daemon's main thread is traced: commands are started with its
+    // `clone` calls, while threads are started with `clone3`.
     let inject = format!("inject=clone:error={errno}:when=1..{failures}");
     let mut daemon = queue.start_wrapped(
         &[
-            "env",
-            "CAIRN_SPAWN_VIA_FORK=1",
             "strace",
             "-qq",
             "-o",

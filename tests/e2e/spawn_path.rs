@@ -1,5 +1,5 @@
-//! How commands are started: through the cairn binary's exec trampoline (`posix_spawn`, no copy
-//! of the daemon), which must hand the command everything the `fork` path gave it: the
+//! How commands are started: by a `vfork`-style clone that shares the daemon's memory (no copy
+//! of the daemon, no helper process), which must hand the command what a `fork` gave it: the
 //! parent-death signal armed, the daemon as its parent, its own process group, its argv[0] as
 //! written and SIGPIPE at its default. `crash::a_command_dies_with_the_daemon` shows the signal
 //! firing; this shows what the command itself sees.
@@ -55,25 +55,18 @@ fn inspect_through(wrapper: &[&str]) -> Value {
 }
 
 #[test]
-fn a_command_started_through_the_trampoline_sees_what_a_forked_one_saw() {
-    let trampoline = inspect_through(&[]);
-    assert_eq!(trampoline["pdeathsig"], json!(9), "{trampoline:#}");
-    assert_eq!(
-        trampoline["sigpipe_ignored"],
-        json!(false),
-        "{trampoline:#}"
-    );
-    assert_eq!(trampoline["group_leader"], json!(true), "{trampoline:#}");
+fn a_command_sees_the_death_signal_its_group_its_argv_and_sigpipe_at_its_default() {
+    let seen = inspect_through(&[]);
+    assert_eq!(seen["pdeathsig"], json!(9), "{seen:#}");
+    assert_eq!(seen["sigpipe_ignored"], json!(false), "{seen:#}");
+    assert_eq!(seen["group_leader"], json!(true), "{seen:#}");
     assert!(
-        trampoline["argv"]
+        seen["argv"]
             .as_str()
             .unwrap_or_default()
             .starts_with("sh -c "),
-        "{trampoline:#}"
+        "{seen:#}"
     );
-    let mut forked = inspect_through(&["env", "CAIRN_SPAWN_VIA_FORK=1"]);
-    forked["cwd"] = trampoline["cwd"].clone(); // each queue has its own directory
-    assert_eq!(trampoline, forked);
 }
 
 #[test]
@@ -93,13 +86,14 @@ fn a_missing_program_is_still_a_failed_start_naming_it() {
     );
 }
 
-/// The trampoline runs with the daemon's privileges until it becomes the task's submitter, so
-/// the dynamic loader must not read a task's `env` as the trampoline's own: `LD_PRELOAD` (or
-/// `GLIBC_TUNABLES`...) from a task would otherwise run the submitter's code with the daemon's
-/// capabilities. The loader complains once per process that tries a missing preload: once for
-/// the command, never for the trampoline; and the command still gets the variable.
+/// Nothing but the command may be `exec`ed with a task's `env`: a helper program started with
+/// the daemon's privileges before the switch to the submitter would have its dynamic loader
+/// read the task's `LD_PRELOAD` (or `GLIBC_TUNABLES`...), running the submitter's code with the
+/// daemon's capabilities (cairn once started commands through such a helper). The loader
+/// complains once per process that tries a missing preload: once, for the command; and the
+/// command still gets the variable.
 #[test]
-fn a_tasks_loader_variables_reach_its_command_but_not_the_trampoline() {
+fn a_tasks_loader_variables_reach_its_command_and_no_other_program() {
     let queue = TestQueue::new();
     let preload = "/nonexistent/cairn-test-preload.so";
     queue.seed_task(
@@ -119,6 +113,6 @@ fn a_tasks_loader_variables_reach_its_command_but_not_the_trampoline() {
     let complaints = log.matches("cannot be preloaded").count();
     assert_eq!(
         complaints, 1,
-        "the loader read LD_PRELOAD in the command only, not in the trampoline:\n{log}"
+        "the loader read LD_PRELOAD in the command only:\n{log}"
     );
 }

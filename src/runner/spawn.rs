@@ -1,0 +1,666 @@
+//! Starting a command's process without copying the daemon.
+//!
+//! Before its `exec`, a command's process must lead its own process group, join its task's
+//! cgroup, become its submitter (`--run-as-submitter`), enter its working directory as that
+//! user and arm its parent-death signal, so that it dies with the daemon. Only the new process
+//! itself can do those. The standard library does such work only in a full `fork`, which copies
+//! the page tables of the whole daemon (with thousands of tasks in flight, most of the cost of
+//! every command), and starting a helper binary that does them costs a second `exec` with its
+//! dynamic linking, which cost more than the command itself did.
+//!
+//! So commands start the way `posix_spawn` starts them: `clone(CLONE_VM | CLONE_VFORK)` onto a
+//! small stack of the spawning thread's. The new process shares the daemon's memory (nothing is
+//! copied) while that thread waits; it does the steps above with plain system calls and `exec`s
+//! the command, or records which step failed (in the shared memory) and exits. Everything it
+//! needs is prepared before the clone, so it allocates nothing, takes no lock, and calls no libc
+//! function that acts on the whole process: glibc's `setresuid`, for one, would try to change
+//! the daemon's threads too (see `identity`). All signals stay blocked across the clone and
+//! the new process resets every handler to the default before unblocking them, so no handler of
+//! the daemon's ever runs in it.
+//!
+//! The parent-death signal fires when the *thread* that started the process exits: the daemon
+//! starts commands from its runtime's one thread, which lives as long as the daemon.
+
+use std::cell::{Cell, RefCell};
+use std::ffi::{CStr, CString, OsStr, OsString};
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::os::unix::process::ExitStatusExt;
+use std::path::Path;
+use std::process::ExitStatus;
+
+use nix::libc::{self, c_char, c_int, c_void};
+use tokio::io::unix::AsyncFd;
+use tokio::net::unix::pipe;
+
+use super::identity::SwitchTo;
+
+/// Where a command's stdin comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StdinFrom {
+    Null,
+    /// A pipe the daemon writes: [`CommandProcess::stdin`].
+    Pipe,
+}
+
+/// Where a command's stdout goes (its stderr always goes to its log).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StdoutTo {
+    /// A pipe the daemon reads: [`CommandProcess::stdout`].
+    Pipe,
+    Log,
+}
+
+/// What a new process is to become.
+pub struct ProcessSpec<'a> {
+    /// The program as written (found through `PATH` if it has no `/`) and its arguments.
+    pub argv: &'a [String],
+    pub cwd: &'a Path,
+    /// The whole environment.
+    pub env: Vec<(OsString, OsString)>,
+    pub log: File,
+    pub stdin: StdinFrom,
+    pub stdout: StdoutTo,
+    /// The `cgroup.procs` file to join, opened for writing.
+    pub cgroup_procs: Option<&'a File>,
+    pub run_as: Option<&'a SwitchTo>,
+}
+
+/// A started command: its pipes, and its exit to wait for. Dropping it before it was waited
+/// for kills it (SIGKILL) and reaps it in the background.
+#[derive(Debug)]
+pub struct CommandProcess {
+    pid: libc::pid_t,
+    /// Readable once the process has exited; `None` once it has been reaped.
+    pidfd: Option<AsyncFd<OwnedFd>>,
+    status: Option<ExitStatus>,
+    pub stdin: Option<pipe::Sender>,
+    pub stdout: Option<pipe::Receiver>,
+}
+
+impl CommandProcess {
+    /// The process id, until it has been reaped.
+    pub fn id(&self) -> Option<u32> {
+        self.status.is_none().then_some(self.pid as u32)
+    }
+
+    /// Wait for the process to exit and reap it (cancel-safe).
+    pub async fn wait(&mut self) -> io::Result<ExitStatus> {
+        if let Some(status) = self.status {
+            return Ok(status);
+        }
+        let Some(pidfd) = &self.pidfd else {
+            return Err(io::Error::other("the process was reaped already"));
+        };
+        let status = wait_exit(self.pid, pidfd).await?;
+        self.status = Some(status);
+        self.pidfd = None;
+        Ok(status)
+    }
+}
+
+impl Drop for CommandProcess {
+    fn drop(&mut self) {
+        let Some(pidfd) = self.pidfd.take() else {
+            return;
+        };
+        // SAFETY: kill with integers; the process is not reaped yet, so its pid is still ours.
+        unsafe { libc::kill(self.pid, libc::SIGKILL) };
+        let pid = self.pid;
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(async move {
+                    let _ = wait_exit(pid, &pidfd).await;
+                });
+            }
+            Err(_) => {
+                let _ = reap(pid, 0);
+            }
+        }
+    }
+}
+
+async fn wait_exit(pid: libc::pid_t, pidfd: &AsyncFd<OwnedFd>) -> io::Result<ExitStatus> {
+    loop {
+        let mut ready = pidfd.readable().await?;
+        if let Some(status) = reap(pid, libc::WNOHANG)? {
+            return Ok(status);
+        }
+        ready.clear_ready();
+    }
+}
+
+/// `waitpid` for one child: its status once it has exited.
+fn reap(pid: libc::pid_t, flags: c_int) -> io::Result<Option<ExitStatus>> {
+    let mut status = 0;
+    loop {
+        // SAFETY: waitpid writes the status into our local.
+        let reaped = unsafe { libc::waitpid(pid, &mut status, flags) };
+        match reaped {
+            0 => return Ok(None),
+            -1 if io::Error::last_os_error().kind() == io::ErrorKind::Interrupted => continue,
+            -1 => return Err(io::Error::last_os_error()),
+            _ => return Ok(Some(ExitStatus::from_raw(status))),
+        }
+    }
+}
+
+/// Start the process `spec` describes, leading a new process group, dying with the daemon.
+/// An error names the step that failed (the `exec` failing: the OS error alone, as
+/// `std::process::Command` gives it).
+pub fn start(spec: ProcessSpec<'_>) -> io::Result<CommandProcess> {
+    let Some(program) = spec.argv.first() else {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, "empty command"));
+    };
+    let argv = c_strings(spec.argv.iter().map(OsStr::new), "an argument")?;
+    let env = c_strings(
+        spec.env.iter().map(|(name, value)| {
+            let mut pair = name.clone();
+            pair.push("=");
+            pair.push(value);
+            pair
+        }),
+        "an environment variable",
+    )?;
+    let candidates = candidates(program, &spec.env)?;
+    let cwd = c_string(spec.cwd.as_os_str(), "the working directory")?;
+    let groups = spec.run_as.map(SwitchTo::raw_groups).unwrap_or_default();
+
+    let (stdin_ours, stdin_theirs) = match spec.stdin {
+        StdinFrom::Pipe => {
+            let (read, write) = pipe_pair()?;
+            (Some(write), read)
+        }
+        StdinFrom::Null => (None, above_stdio(File::open("/dev/null")?.into())?),
+    };
+    let (stdout_ours, stdout_theirs) = match spec.stdout {
+        StdoutTo::Pipe => {
+            let (read, write) = pipe_pair()?;
+            (Some(read), write)
+        }
+        StdoutTo::Log => (None, above_stdio(spec.log.try_clone()?.into())?),
+    };
+    let stderr_theirs = above_stdio(spec.log.into())?;
+
+    let argv_ptrs = null_terminated(&argv);
+    let env_ptrs = null_terminated(&env);
+    let plan = Plan {
+        candidates: &candidates,
+        argv: argv_ptrs.as_ptr(),
+        envp: env_ptrs.as_ptr(),
+        cwd: &cwd,
+        stdio: [
+            stdin_theirs.as_raw_fd(),
+            stdout_theirs.as_raw_fd(),
+            stderr_theirs.as_raw_fd(),
+        ],
+        cgroup_procs: spec.cgroup_procs.map(AsRawFd::as_raw_fd),
+        run_as: spec.run_as,
+        groups: &groups,
+        // SAFETY: getpid has no preconditions.
+        daemon_pid: unsafe { libc::getpid() },
+        failure: Cell::new(None),
+    };
+    let (pid, pidfd) = clone_and_exec(&plan)?;
+    drop((stdin_theirs, stdout_theirs, stderr_theirs));
+    if let Some((step, errno)) = plan.failure.get() {
+        // It has exited (that ended the clone's wait); reap it.
+        drop(pidfd);
+        let _ = reap(pid, 0);
+        let error = io::Error::from_raw_os_error(errno);
+        return Err(match step {
+            Step::Exec => error,
+            step => io::Error::new(error.kind(), format!("{}: {error}", step.describe())),
+        });
+    }
+    // SAFETY: the pidfd is an open descriptor owned by the `OwnedFd` handed over, which keeps
+    // it open and unchanged for as long as the `AsyncFd` holds it.
+    let registered =
+        unsafe { AsyncFd::register_with_interest(pidfd, tokio::io::Interest::READABLE) };
+    let pidfd = match registered {
+        Ok(pidfd) => pidfd,
+        Err(e) => {
+            // SAFETY: kill with integers; the process is ours and not reaped.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+            let _ = reap(pid, 0);
+            return Err(e.into());
+        }
+    };
+    let mut process = CommandProcess {
+        pid,
+        pidfd: Some(pidfd),
+        status: None,
+        stdin: None,
+        stdout: None,
+    };
+    // From here a failure drops `process`, which kills and reaps it.
+    process.stdin = stdin_ours.map(pipe::Sender::from_owned_fd).transpose()?;
+    process.stdout = stdout_ours.map(pipe::Receiver::from_owned_fd).transpose()?;
+    Ok(process)
+}
+
+/// Everything the new process needs, prepared before the clone.
+struct Plan<'a> {
+    /// The files to try to `exec`, in order (`execvp`'s search, done ahead).
+    candidates: &'a [CString],
+    argv: *const *const c_char,
+    envp: *const *const c_char,
+    cwd: &'a CStr,
+    /// The descriptors that become 0, 1 and 2 (all above 2, so none is overwritten first).
+    stdio: [RawFd; 3],
+    cgroup_procs: Option<RawFd>,
+    run_as: Option<&'a SwitchTo>,
+    groups: &'a [libc::gid_t],
+    daemon_pid: libc::pid_t,
+    /// Written by the new process (which shares this memory) if a step failed.
+    failure: Cell<Option<(Step, i32)>>,
+}
+
+/// The step of starting a process that failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Step {
+    ProcessGroup,
+    Stdio,
+    Cgroup,
+    RunAs(&'static str, u32),
+    WorkingDir,
+    DeathSignal,
+    DaemonGone,
+    SignalMask,
+    Exec,
+}
+
+impl Step {
+    fn describe(self) -> String {
+        match self {
+            Step::ProcessGroup => "cannot make it a process group leader".into(),
+            Step::Stdio => "cannot set up its stdin, stdout and stderr".into(),
+            Step::Cgroup => "cannot join the task's cgroup".into(),
+            Step::RunAs(step, uid) => format!("cannot run as user {uid}: {step}"),
+            Step::WorkingDir => "cannot enter its working directory".into(),
+            Step::DeathSignal => "cannot arm the parent-death signal".into(),
+            Step::DaemonGone => "the daemon exited while it started".into(),
+            Step::SignalMask => "cannot unblock its signals".into(),
+            Step::Exec => "exec".into(),
+        }
+    }
+}
+
+/// The stack the new process runs on until its `exec`: one per spawning thread, reused (the
+/// thread waits while the process uses it), with a guard page below it.
+struct ChildStack {
+    base: *mut c_void,
+    len: usize,
+}
+
+const STACK_LEN: usize = 256 * 1024;
+const GUARD_LEN: usize = 4096;
+
+impl ChildStack {
+    fn new() -> io::Result<ChildStack> {
+        let len = STACK_LEN + GUARD_LEN;
+        // SAFETY: a fresh anonymous private mapping; nothing else refers to it.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_STACK,
+                -1,
+                0,
+            )
+        };
+        if base == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: the lowest page of the mapping made above.
+        if unsafe { libc::mprotect(base, GUARD_LEN, libc::PROT_NONE) } != 0 {
+            let error = io::Error::last_os_error();
+            // SAFETY: unmapping what was mapped above.
+            unsafe { libc::munmap(base, len) };
+            return Err(error);
+        }
+        Ok(ChildStack { base, len })
+    }
+
+    /// The top of the stack (it grows down), 16-byte aligned.
+    fn top(&self) -> *mut c_void {
+        // SAFETY: one past the end of the mapping, which is page-aligned.
+        unsafe { self.base.cast::<u8>().add(self.len).cast() }
+    }
+}
+
+impl Drop for ChildStack {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `new`; no process runs on it (threads end after their
+        // spawns returned).
+        unsafe { libc::munmap(self.base, self.len) };
+    }
+}
+
+thread_local! {
+    static STACK: RefCell<Option<ChildStack>> = const { RefCell::new(None) };
+}
+
+/// Clone the new process onto this thread's child stack and wait until it has `exec`ed or
+/// exited; returns its pid and pidfd.
+fn clone_and_exec(plan: &Plan<'_>) -> io::Result<(libc::pid_t, OwnedFd)> {
+    STACK.with(|slot| {
+        let mut slot = slot.borrow_mut();
+        if slot.is_none() {
+            *slot = Some(ChildStack::new()?);
+        }
+        let Some(stack) = slot.as_ref() else {
+            return Err(io::Error::other("no stack for the new process"));
+        };
+        let mut pidfd: c_int = -1;
+        let flags = libc::CLONE_VM | libc::CLONE_VFORK | libc::CLONE_PIDFD | libc::SIGCHLD;
+        // SAFETY: every signal is blocked in this thread across the clone (restored after), so
+        // no handler runs on the new process's stack before it resets them; the new process
+        // runs `child_main` on its own stack with `plan`, which outlives it (this thread waits
+        // until it has exec'ed or exited: CLONE_VFORK), and `child_main` never returns.
+        let pid = unsafe {
+            let mut all: libc::sigset_t = std::mem::zeroed();
+            let mut before: libc::sigset_t = std::mem::zeroed();
+            libc::sigfillset(&mut all);
+            libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut before);
+            let pid = libc::clone(
+                child_main,
+                stack.top(),
+                flags,
+                (plan as *const Plan<'_>).cast_mut().cast(),
+                &mut pidfd as *mut c_int,
+            );
+            let error = io::Error::last_os_error();
+            libc::pthread_sigmask(libc::SIG_SETMASK, &before, std::ptr::null_mut());
+            if pid == -1 {
+                return Err(error);
+            }
+            pid
+        };
+        // SAFETY: CLONE_PIDFD stored a new descriptor, which is ours alone.
+        Ok((pid, unsafe { OwnedFd::from_raw_fd(pidfd) }))
+    })
+}
+
+/// The new process: set itself up and `exec`, or record the failed step and exit 127.
+extern "C" fn child_main(plan: *mut c_void) -> c_int {
+    // SAFETY: `clone_and_exec` passed a `Plan` that outlives this process's use of it.
+    let plan = unsafe { &*plan.cast_const().cast::<Plan<'_>>() };
+    let failure = match prepare(plan) {
+        Ok(()) => exec(plan),
+        Err(failure) => failure,
+    };
+    plan.failure.set(Some(failure));
+    // SAFETY: ends this process only (it is its own thread group).
+    unsafe { libc::_exit(127) }
+}
+
+/// The steps before `exec`, in order. Only async-signal-safe system calls: see the module doc.
+fn prepare(plan: &Plan<'_>) -> Result<(), (Step, i32)> {
+    // SAFETY, for every call below: plain system calls with integers, or pointers into `plan`
+    // and locals, which live through them.
+    unsafe {
+        reset_signal_handlers();
+        check(libc::setpgid(0, 0), Step::ProcessGroup)?;
+        for (target, &source) in plan.stdio.iter().enumerate() {
+            check(libc::dup2(source, target as c_int), Step::Stdio)?;
+        }
+        if let Some(procs) = plan.cgroup_procs {
+            let written = libc::write(procs, b"0".as_ptr().cast(), 1);
+            check(written as c_int, Step::Cgroup)?;
+        }
+        if let Some(run_as) = plan.run_as {
+            run_as
+                .assume_in_new_process(plan.groups)
+                .map_err(|(step, errno)| (Step::RunAs(step, run_as.uid.as_raw()), errno as i32))?;
+        }
+        // Entered after the switch of user: as the submitter, who must be allowed to.
+        check(libc::chdir(plan.cwd.as_ptr()), Step::WorkingDir)?;
+        // Armed after the switch of user, which clears it.
+        check(
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0),
+            Step::DeathSignal,
+        )?;
+        // The daemon may have died before the signal was armed: then die as it would have
+        // made us.
+        if libc::getppid() != plan.daemon_pid {
+            libc::kill(libc::getpid(), libc::SIGKILL);
+            return Err((Step::DaemonGone, libc::ESRCH));
+        }
+        let mut none: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut none);
+        check(
+            libc::sigprocmask(libc::SIG_SETMASK, &none, std::ptr::null_mut()),
+            Step::SignalMask,
+        )?;
+    }
+    Ok(())
+}
+
+/// Every signal with a handler gets the default disposition (handlers are the daemon's code,
+/// which must not run here), and so does SIGPIPE, which Rust's runtime ignores in the daemon
+/// (ignored signals stay ignored across `exec`; commands expect the default). Other ignored
+/// signals stay ignored, as with any spawn.
+///
+/// # Safety
+/// Only in the new process, with every signal blocked.
+unsafe fn reset_signal_handlers() {
+    let mut default: libc::sigaction = std::mem::zeroed();
+    default.sa_sigaction = libc::SIG_DFL;
+    for signal in 1..65 {
+        if signal == libc::SIGKILL || signal == libc::SIGSTOP {
+            continue;
+        }
+        let mut current: libc::sigaction = std::mem::zeroed();
+        if libc::sigaction(signal, std::ptr::null(), &mut current) != 0 {
+            continue; // a signal glibc keeps for itself
+        }
+        let handled =
+            current.sa_sigaction != libc::SIG_DFL && current.sa_sigaction != libc::SIG_IGN;
+        if handled || signal == libc::SIGPIPE {
+            libc::sigaction(signal, &default, std::ptr::null_mut());
+        }
+    }
+}
+
+/// `execve` each candidate in turn, as `execvp` searches: a missing file or directory tries the
+/// next; a file that may not be executed is remembered (reported if nothing else runs); any
+/// other error stops the search.
+fn exec(plan: &Plan<'_>) -> (Step, i32) {
+    let mut denied = false;
+    let mut last = libc::ENOENT;
+    for program in plan.candidates {
+        // SAFETY: NUL-terminated strings and NULL-terminated arrays prepared before the clone.
+        unsafe { libc::execve(program.as_ptr(), plan.argv, plan.envp) };
+        let errno = io::Error::last_os_error()
+            .raw_os_error()
+            .unwrap_or(libc::ENOENT);
+        match errno {
+            libc::EACCES => denied = true,
+            libc::ENOENT | libc::ENOTDIR | libc::ESTALE | libc::ENODEV | libc::ETIMEDOUT => {}
+            other => return (Step::Exec, other),
+        }
+        last = errno;
+    }
+    (Step::Exec, if denied { libc::EACCES } else { last })
+}
+
+fn check(result: c_int, step: Step) -> Result<(), (Step, i32)> {
+    if result == -1 {
+        Err((step, io::Error::last_os_error().raw_os_error().unwrap_or(0)))
+    } else {
+        Ok(())
+    }
+}
+
+/// The files `execvp` would try for `program`: itself if it names a path (relative to the
+/// working directory, which the new process has entered), else each directory of the command's
+/// `PATH` (from its environment; else `/bin:/usr/bin`, as glibc's default).
+fn candidates(program: &str, env: &[(OsString, OsString)]) -> io::Result<Vec<CString>> {
+    if program.contains('/') {
+        return Ok(vec![c_string(OsStr::new(program), "the program")?]);
+    }
+    let path = env
+        .iter()
+        .rev()
+        .find(|(name, _)| name == "PATH")
+        .map_or(OsStr::new("/bin:/usr/bin"), |(_, value)| value.as_os_str());
+    std::env::split_paths(path)
+        .map(|dir| {
+            let mut file = dir.into_os_string().into_vec();
+            if !file.is_empty() && !file.ends_with(b"/") {
+                file.push(b'/');
+            }
+            file.extend_from_slice(program.as_bytes());
+            c_string(OsStr::from_bytes(&file), "the program")
+        })
+        .collect()
+}
+
+fn c_string(value: &OsStr, what: &str) -> io::Result<CString> {
+    CString::new(value.as_bytes()).map_err(|_| {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{what} {value:?} holds a NUL byte"),
+        )
+    })
+}
+
+fn c_strings<'a, S: AsRef<OsStr> + 'a>(
+    values: impl Iterator<Item = S>,
+    what: &str,
+) -> io::Result<Vec<CString>> {
+    values.map(|value| c_string(value.as_ref(), what)).collect()
+}
+
+fn null_terminated(strings: &[CString]) -> Vec<*const c_char> {
+    strings
+        .iter()
+        .map(|s| s.as_ptr())
+        .chain(std::iter::once(std::ptr::null()))
+        .collect()
+}
+
+/// A pipe, both ends close-on-exec and above 2: (read, write).
+fn pipe_pair() -> io::Result<(OwnedFd, OwnedFd)> {
+    let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
+    Ok((above_stdio(read)?, above_stdio(write)?))
+}
+
+/// `fd`, or a close-on-exec duplicate of it above 2 if it is one of 0, 1, 2 (a daemon started
+/// with a standard stream closed), so that setting up the new process's 0, 1 and 2 never
+/// overwrites a descriptor it still has to duplicate.
+fn above_stdio(fd: OwnedFd) -> io::Result<OwnedFd> {
+    if fd.as_raw_fd() > 2 {
+        return Ok(fd);
+    }
+    // SAFETY: F_DUPFD_CLOEXEC makes a new descriptor, which we own.
+    let duplicate = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 3) };
+    if duplicate == -1 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: just made, owned by no one else.
+    Ok(unsafe { OwnedFd::from_raw_fd(duplicate) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec<'a>(argv: &'a [String], stdin: StdinFrom, stdout: StdoutTo) -> ProcessSpec<'a> {
+        ProcessSpec {
+            argv,
+            cwd: Path::new("/"),
+            env: std::env::vars_os().collect(),
+            log: File::options().append(true).open("/dev/null").unwrap(),
+            stdin,
+            stdout,
+            cgroup_procs: None,
+            run_as: None,
+        }
+    }
+
+    fn argv(words: &[&str]) -> Vec<String> {
+        words.iter().map(|w| w.to_string()).collect()
+    }
+
+    #[tokio::test]
+    async fn a_command_gets_its_stdin_and_its_reply_comes_back() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let words = argv(&["sh", "-c", "read line; echo \"got $line\"; exit 3"]);
+        let mut process = start(spec(&words, StdinFrom::Pipe, StdoutTo::Pipe)).unwrap();
+        let mut stdin = process.stdin.take().unwrap();
+        stdin.write_all(b"hello\n").await.unwrap();
+        drop(stdin);
+        let mut reply = String::new();
+        let mut stdout = process.stdout.take().unwrap();
+        stdout.read_to_string(&mut reply).await.unwrap();
+        assert_eq!(reply, "got hello\n");
+        let status = process.wait().await.unwrap();
+        assert_eq!(status.code(), Some(3));
+        assert_eq!(process.id(), None);
+    }
+
+    #[tokio::test]
+    async fn a_missing_program_or_directory_is_an_error_of_the_start() {
+        let words = argv(&["cairn-test-no-such-program"]);
+        let error = start(spec(&words, StdinFrom::Null, StdoutTo::Log)).unwrap_err();
+        assert_eq!(error.kind(), io::ErrorKind::NotFound, "{error}");
+        let words = argv(&["true"]);
+        let mut nowhere = spec(&words, StdinFrom::Null, StdoutTo::Log);
+        nowhere.cwd = Path::new("/nonexistent-cairn-dir");
+        let error = start(nowhere).unwrap_err();
+        assert!(error.to_string().contains("working directory"), "{error}");
+    }
+
+    #[tokio::test]
+    async fn the_new_process_leads_its_group_with_no_signal_blocked_and_sigpipe_default() {
+        use tokio::io::AsyncReadExt;
+        let words = argv(&[
+            "sh",
+            "-c",
+            "echo $(cut -d' ' -f5 /proc/$$/stat) $$ $(grep -E '^SigIgn|^SigBlk' /proc/$$/status | tr -d '\\t ')",
+        ]);
+        let mut process = start(spec(&words, StdinFrom::Null, StdoutTo::Pipe)).unwrap();
+        let pid = process.id().unwrap();
+        let mut out = String::new();
+        process
+            .stdout
+            .take()
+            .unwrap()
+            .read_to_string(&mut out)
+            .await
+            .unwrap();
+        assert!(process.wait().await.unwrap().success());
+        let fields: Vec<&str> = out.split_whitespace().collect();
+        assert_eq!(fields[0], pid.to_string(), "{out}");
+        assert_eq!(fields[1], pid.to_string(), "{out}");
+        // Nothing blocked, SIGPIPE (bit 13) not ignored.
+        assert!(out.contains("SigBlk:0000000000000000"), "{out}");
+        let ignored = fields
+            .iter()
+            .find_map(|f| f.strip_prefix("SigIgn:"))
+            .map(|hex| u64::from_str_radix(hex, 16).unwrap())
+            .unwrap();
+        assert_eq!(ignored & (1 << 12), 0, "{out}");
+    }
+
+    #[tokio::test]
+    async fn dropping_an_unwaited_process_kills_it() {
+        let words = argv(&["sleep", "600"]);
+        let process = start(spec(&words, StdinFrom::Null, StdoutTo::Log)).unwrap();
+        let pid = process.id().unwrap() as i32;
+        drop(process);
+        // The reaper runs on this runtime: give it turns until the pid is gone.
+        for _ in 0..1000 {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            if nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_err() {
+                return;
+            }
+        }
+        panic!("process {pid} outlived its handle");
+    }
+}
