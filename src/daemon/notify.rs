@@ -13,7 +13,16 @@ pub(crate) struct ServiceNotifier {
     watchdog_every: Option<Duration>,
     last_ping: Option<Instant>,
     last_status: String,
+    /// When the status was last worked out: at most every [`STATUS_EVERY`].
+    last_status_at: Option<Instant>,
+    /// Whether a service manager listens (`NOTIFY_SOCKET`): else no status is worked out.
+    listened_to: bool,
 }
+
+/// How often the status line is worked out at most. It counts over every task in flight, which
+/// at thousands of tasks and a main-loop turn per event was a tenth of the daemon's thread; the
+/// loop ticks at least every second, so a change shows within about a second.
+const STATUS_EVERY: Duration = Duration::from_millis(250);
 
 impl ServiceNotifier {
     pub fn new() -> Self {
@@ -22,6 +31,8 @@ impl ServiceNotifier {
             watchdog_every,
             last_ping: None,
             last_status: String::new(),
+            last_status_at: None,
+            listened_to: std::env::var_os("NOTIFY_SOCKET").is_some_and(|s| !s.is_empty()),
         }
     }
 
@@ -37,11 +48,23 @@ impl ServiceNotifier {
         self.last_ping = Some(Instant::now());
     }
 
-    /// Send STATUS= when it changed, and WATCHDOG=1 when one is due.
-    pub fn tick(&mut self, status: String) {
-        if status != self.last_status {
-            self.send(&[NotifyState::Status(&status)]);
-            self.last_status = status;
+    /// Whether a status line should be worked out for the next [`ServiceNotifier::tick`].
+    pub fn status_due(&self) -> bool {
+        self.listened_to
+            && self
+                .last_status_at
+                .is_none_or(|last| last.elapsed() >= STATUS_EVERY)
+    }
+
+    /// Send STATUS= when it changed (`None`: not worked out, see [`ServiceNotifier::status_due`]),
+    /// and WATCHDOG=1 when one is due.
+    pub fn tick(&mut self, status: Option<String>) {
+        if let Some(status) = status {
+            self.last_status_at = Some(Instant::now());
+            if status != self.last_status {
+                self.send(&[NotifyState::Status(&status)]);
+                self.last_status = status;
+            }
         }
         if let Some(every) = self.watchdog_every {
             if self.last_ping.is_none_or(|last| last.elapsed() >= every) {

@@ -147,7 +147,7 @@ impl Scheduler {
 
     /// Tell systemd how things stand (and feed its watchdog).
     fn report_status(&mut self) {
-        let status = self.status_line();
+        let status = self.notifier.status_due().then(|| self.status_line());
         self.notifier.tick(status);
     }
 
@@ -600,8 +600,7 @@ impl Scheduler {
         tokio::pin!(grace);
         let mut terminating = false;
         while !self.running.is_empty() {
-            let status = self.status_line();
-            self.notifier.tick(status);
+            self.report_status();
             tokio::select! {
                 Some(joined) = self.running.join_next() => self.attempt_finished(joined).await,
                 _ = tokio::time::sleep(self.notifier.max_sleep().unwrap_or(Duration::from_secs(1))) => {}
