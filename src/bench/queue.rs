@@ -242,6 +242,11 @@ pub struct ResumeLine {
     /// `all_done_ms` − `commands_alone_ms`: what the daemon adds to the commands' own time
     /// (issue 16's bar for 10,000 tasks: under 15 s).
     beyond_commands_ms: f64,
+    /// CPU time of the daemon's own threads (user + system), and of the commands it ran and
+    /// reaped, read from `/proc/<pid>/stat` before it is stopped: unlike the times above, these
+    /// hardly move with what else the machine runs.
+    daemon_cpu_ms: f64,
+    commands_cpu_ms: f64,
     peak_rss_mib: f64,
 }
 
@@ -444,6 +449,7 @@ impl QueueBench {
         wait_for_done(&mut daemon, &queue, tasks)?;
         let ready = notify.ready_after(spawned)?;
         let peak = daemon.peak_rss_mib()?;
+        let cpu = cpu_times(daemon.pid())?;
         daemon.stop()?;
         drop(notify);
 
@@ -474,6 +480,8 @@ impl QueueBench {
             all_done_ms,
             commands_alone_ms: commands_alone,
             beyond_commands_ms: round_to(all_done_ms - commands_alone, 4),
+            daemon_cpu_ms: cpu.own_ms,
+            commands_cpu_ms: cpu.children_ms,
             peak_rss_mib: peak,
         })
     }
@@ -780,8 +788,32 @@ fn build_crashed_queue(queue: &Path, ids: &[String]) -> anyhow::Result<u64> {
             total: None,
         });
         work.active_tasks.push(entry);
+        // What the killed daemon had made for the attempt: its run directory with the
+        // journal of its start, the phase's log with the header of its first iteration, and
+        // the scratch directory (`$CAIRN_SCRATCH`).
         let run_dir = QueueDir::new(queue).run_dir(id);
-        fs::create_dir_all(&run_dir).with_context(|| format!("creating {}", run_dir.display()))?;
+        fs::create_dir_all(run_dir.join("scratch"))
+            .with_context(|| format!("creating {}", run_dir.display()))?;
+        for event in [
+            Event::AttemptStarted {
+                attempt: 1,
+                phase: "spin".into(),
+            },
+            Event::PhaseStarted {
+                phase: "spin".into(),
+                phase_index: 0,
+                kind: crate::task::PhaseKind::Loop,
+                attempt: 1,
+            },
+        ] {
+            journal::append(queue, id, event);
+        }
+        let log = run_dir.join("0-spin.log");
+        fs::write(
+            &log,
+            format!("=== {} attempt 1 iteration 1 ===\n", crashed_at.to_rfc3339()),
+        )
+        .with_context(|| format!("writing {}", log.display()))?;
     }
     work.updated_at = crashed_at;
     let bytes = serde_json::to_vec_pretty(&work)
@@ -816,6 +848,38 @@ fn check_resumed(queue: &Path, id: &str) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// CPU time (user + system) of a process and of its reaped children, in ms.
+struct CpuTimes {
+    own_ms: f64,
+    children_ms: f64,
+}
+
+/// [`CpuTimes`] of process `pid`, from `/proc/<pid>/stat`.
+fn cpu_times(pid: i32) -> anyhow::Result<CpuTimes> {
+    let path = format!("/proc/{pid}/stat");
+    let stat = fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
+    // Fields after the command name, which is in parentheses and may hold spaces: utime,
+    // stime, cutime and cstime are fields 14 to 17 of the whole line, 12 to 15 of these.
+    let after_name = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+    let fields: Vec<f64> = after_name
+        .split_whitespace()
+        .skip(11)
+        .take(4)
+        .map(|f| f.parse().unwrap_or(f64::NAN))
+        .collect();
+    anyhow::ensure!(
+        fields.len() == 4 && fields.iter().all(|f| f.is_finite()),
+        "{path} has no CPU times"
+    );
+    // SAFETY: sysconf with a constant.
+    let ticks = unsafe { nix::libc::sysconf(nix::libc::_SC_CLK_TCK) } as f64;
+    let ms = |t: f64| round_to(t * 1000.0 / ticks, 1);
+    Ok(CpuTimes {
+        own_ms: ms(fields[0] + fields[1]),
+        children_ms: ms(fields[2] + fields[3]),
+    })
 }
 
 /// The peak resident memory so far (`VmHWM`) of process `pid`, in MiB.
