@@ -75,6 +75,13 @@ pub trait FileOps: Send + Sync + Debug {
     /// Write `bytes` into the log at offset `at` (its end): an append not yet durable.
     fn append_log(&self, log: &File, at: u64, bytes: &[u8]) -> io::Result<()>;
 
+    /// [`append_log`](Self::append_log) of the concatenation of `parts` (a record's head and
+    /// a checkpoint's bytes), as one write. The default copies them together; the real
+    /// syscalls write them as they are (`pwritev`).
+    fn append_log_parts(&self, log: &File, at: u64, parts: &[&[u8]]) -> io::Result<()> {
+        self.append_log(log, at, &parts.concat())
+    }
+
     /// Make the log's content durable (`fdatasync`): the one barrier of a logged commit.
     fn sync_log(&self, log: &File) -> io::Result<()>;
 
@@ -226,6 +233,32 @@ impl FileOps for RealFileOps {
         log.write_all_at(bytes, at)
     }
 
+    fn append_log_parts(&self, log: &File, mut at: u64, parts: &[&[u8]]) -> io::Result<()> {
+        let mut parts: Vec<&[u8]> = parts.iter().copied().filter(|p| !p.is_empty()).collect();
+        while !parts.is_empty() {
+            let slices: Vec<io::IoSlice<'_>> = parts.iter().map(|p| io::IoSlice::new(p)).collect();
+            let offset = nix::libc::off_t::try_from(at)
+                .map_err(|_| io::Error::other("the commit log is too large to append to"))?;
+            let mut written = match nix::sys::uio::pwritev(log, &slices, offset) {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(written) => written,
+                Err(nix::errno::Errno::EINTR) => continue,
+                Err(errno) => return Err(errno.into()),
+            };
+            at += written as u64;
+            // A short write (rare for a regular file): go on from where it stopped.
+            while let Some(first) = parts.first_mut() {
+                if written < first.len() {
+                    *first = &first[written..];
+                    break;
+                }
+                written -= first.len();
+                parts.remove(0);
+            }
+        }
+        Ok(())
+    }
+
     fn sync_log(&self, log: &File) -> io::Result<()> {
         log.sync_data()
     }
@@ -293,6 +326,10 @@ impl FileOps for UnsyncedFileOps {
 
     fn append_log(&self, log: &File, at: u64, bytes: &[u8]) -> io::Result<()> {
         RealFileOps.append_log(log, at, bytes)
+    }
+
+    fn append_log_parts(&self, log: &File, at: u64, parts: &[&[u8]]) -> io::Result<()> {
+        RealFileOps.append_log_parts(log, at, parts)
     }
 
     fn sync_log(&self, _log: &File) -> io::Result<()> {
