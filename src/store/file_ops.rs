@@ -14,6 +14,9 @@ use std::path::{Path, PathBuf};
 /// Suffix of every temp file cairn creates; startup cleanup removes files that end with it.
 pub(crate) const TEMP_SUFFIX: &str = ".cairn.tmp";
 
+/// Up to this many bytes, the parts of a log record are copied together and written at once.
+const SMALL_APPEND: usize = 64 * 1024;
+
 /// How many random names `create_temp` tries before giving up on collisions.
 const TEMP_NAME_ATTEMPTS: usize = 16;
 
@@ -76,8 +79,8 @@ pub trait FileOps: Send + Sync + Debug {
     fn append_log(&self, log: &File, at: u64, bytes: &[u8]) -> io::Result<()>;
 
     /// [`append_log`](Self::append_log) of the concatenation of `parts` (a record's head and
-    /// a checkpoint's bytes), as one write. The default copies them together; the real
-    /// syscalls write them as they are (`pwritev`).
+    /// a checkpoint's bytes). The default copies them together; the real syscalls write a
+    /// large record's parts one after the other, so its bytes are not copied.
     fn append_log_parts(&self, log: &File, at: u64, parts: &[&[u8]]) -> io::Result<()> {
         self.append_log(log, at, &parts.concat())
     }
@@ -233,28 +236,17 @@ impl FileOps for RealFileOps {
         log.write_all_at(bytes, at)
     }
 
-    fn append_log_parts(&self, log: &File, mut at: u64, parts: &[&[u8]]) -> io::Result<()> {
-        let mut parts: Vec<&[u8]> = parts.iter().copied().filter(|p| !p.is_empty()).collect();
-        while !parts.is_empty() {
-            let slices: Vec<io::IoSlice<'_>> = parts.iter().map(|p| io::IoSlice::new(p)).collect();
-            let offset = nix::libc::off_t::try_from(at)
-                .map_err(|_| io::Error::other("the commit log is too large to append to"))?;
-            let mut written = match nix::sys::uio::pwritev(log, &slices, offset) {
-                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-                Ok(written) => written,
-                Err(nix::errno::Errno::EINTR) => continue,
-                Err(errno) => return Err(errno.into()),
-            };
-            at += written as u64;
-            // A short write (rare for a regular file): go on from where it stopped.
-            while let Some(first) = parts.first_mut() {
-                if written < first.len() {
-                    *first = &first[written..];
-                    break;
-                }
-                written -= first.len();
-                parts.remove(0);
-            }
+    fn append_log_parts(&self, log: &File, at: u64, parts: &[&[u8]]) -> io::Result<()> {
+        let total: usize = parts.iter().map(|part| part.len()).sum();
+        if total <= SMALL_APPEND {
+            // One write: copying a small record costs less than a second syscall.
+            return log.write_all_at(&parts.concat(), at);
+        }
+        // A large record part by part, without copying the checkpoint's bytes.
+        let mut at = at;
+        for part in parts {
+            log.write_all_at(part, at)?;
+            at += part.len() as u64;
         }
         Ok(())
     }
