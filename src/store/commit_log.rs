@@ -69,33 +69,45 @@ pub(crate) enum Record<'a> {
     Remove { key: &'a str },
 }
 
-impl Record<'_> {
+impl<'a> Record<'a> {
     /// The record as it is appended: length, CRC-32 of the payload, payload.
     pub(crate) fn encode(&self) -> Vec<u8> {
-        let mut payload = Vec::new();
-        match self {
+        let (mut out, bytes) = self.encode_parts();
+        out.extend_from_slice(bytes);
+        out
+    }
+
+    /// The record in two parts, appended one after the other: its head (length, CRC-32 of
+    /// the payload, the payload up to the bytes) and the file's bytes, borrowed, so a large
+    /// checkpoint is not copied to be logged.
+    pub(crate) fn encode_parts(&self) -> (Vec<u8>, &'a [u8]) {
+        let mut head = vec![0; 8];
+        let bytes: &'a [u8] = match *self {
             Record::Put {
                 key,
                 keep,
                 retire,
                 bytes,
             } => {
-                payload.push(KIND_PUT);
-                for name in [Some(*key), *keep, *retire] {
-                    put_name(&mut payload, name.unwrap_or(""));
+                head.push(KIND_PUT);
+                for name in [Some(key), keep, retire] {
+                    put_name(&mut head, name.unwrap_or(""));
                 }
-                payload.extend_from_slice(bytes);
+                bytes
             }
             Record::Remove { key } => {
-                payload.push(KIND_REMOVE);
-                put_name(&mut payload, key);
+                head.push(KIND_REMOVE);
+                put_name(&mut head, key);
+                &[]
             }
-        }
-        let mut out = Vec::with_capacity(payload.len() + 8);
-        out.extend_from_slice(&(payload.len() as u32).to_le_bytes());
-        out.extend_from_slice(&crc32fast::hash(&payload).to_le_bytes());
-        out.extend_from_slice(&payload);
-        out
+        };
+        let mut crc = crc32fast::Hasher::new();
+        crc.update(&head[8..]);
+        crc.update(bytes);
+        let len = (head.len() - 8 + bytes.len()) as u32;
+        head[..4].copy_from_slice(&len.to_le_bytes());
+        head[4..8].copy_from_slice(&crc.finalize().to_le_bytes());
+        (head, bytes)
     }
 }
 
@@ -369,20 +381,22 @@ impl CommitLog {
         } else {
             None
         };
-        let mut encoded = pre_image
-            .as_deref()
-            .map(|bytes| {
-                Record::Put {
-                    key,
-                    keep: None,
-                    retire: None,
-                    bytes,
-                }
-                .encode()
-            })
-            .unwrap_or_default();
-        encoded.extend_from_slice(&record.encode());
-        self.append(&encoded, key)?;
+        let pre_image = pre_image.as_deref().map(|bytes| {
+            Record::Put {
+                key,
+                keep: None,
+                retire: None,
+                bytes,
+            }
+            .encode_parts()
+        });
+        let (head, bytes) = record.encode_parts();
+        let mut parts: Vec<&[u8]> = Vec::with_capacity(4);
+        if let Some((pre_head, pre_bytes)) = &pre_image {
+            parts.extend([pre_head.as_slice(), pre_bytes]);
+        }
+        parts.extend([head.as_slice(), bytes]);
+        self.append(&parts, key)?;
         self.commit.barrier(|| self.ops.sync_log(&self.file))?;
         Ok(write)
     }
@@ -397,21 +411,21 @@ impl CommitLog {
             _gate: gate,
             done: false,
         };
-        self.append(&Record::Remove { key }.encode(), key)?;
+        self.append(&[&Record::Remove { key }.encode()], key)?;
         Ok(write)
     }
 
-    /// Append `encoded` at the end; on failure, cut back what may have been written, so no
-    /// torn record sits before later ones.
-    fn append(&self, encoded: &[u8], key: &str) -> io::Result<()> {
+    /// Append the concatenation of `parts` at the end; on failure, cut back what may have been
+    /// written, so no torn record sits before later ones.
+    fn append(&self, parts: &[&[u8]], key: &str) -> io::Result<()> {
         let mut tail = self.lock_tail();
-        if let Err(err) = self.ops.append_log(&self.file, tail.len, encoded) {
+        if let Err(err) = self.ops.append_log_parts(&self.file, tail.len, parts) {
             if self.ops.truncate_log(&self.file, tail.len).is_err() {
                 tail.dirty = true;
             }
             return Err(err);
         }
-        tail.len += encoded.len() as u64;
+        tail.len += parts.iter().map(|part| part.len() as u64).sum::<u64>();
         tail.logged.insert(key.to_owned());
         Ok(())
     }

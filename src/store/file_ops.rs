@@ -14,6 +14,9 @@ use std::path::{Path, PathBuf};
 /// Suffix of every temp file cairn creates; startup cleanup removes files that end with it.
 pub(crate) const TEMP_SUFFIX: &str = ".cairn.tmp";
 
+/// Up to this many bytes, the parts of a log record are copied together and written at once.
+const SMALL_APPEND: usize = 64 * 1024;
+
 /// How many random names `create_temp` tries before giving up on collisions.
 const TEMP_NAME_ATTEMPTS: usize = 16;
 
@@ -74,6 +77,13 @@ pub trait FileOps: Send + Sync + Debug {
 
     /// Write `bytes` into the log at offset `at` (its end): an append not yet durable.
     fn append_log(&self, log: &File, at: u64, bytes: &[u8]) -> io::Result<()>;
+
+    /// [`append_log`](Self::append_log) of the concatenation of `parts` (a record's head and
+    /// a checkpoint's bytes). The default copies them together; the real syscalls write a
+    /// large record's parts one after the other, so its bytes are not copied.
+    fn append_log_parts(&self, log: &File, at: u64, parts: &[&[u8]]) -> io::Result<()> {
+        self.append_log(log, at, &parts.concat())
+    }
 
     /// Make the log's content durable (`fdatasync`): the one barrier of a logged commit.
     fn sync_log(&self, log: &File) -> io::Result<()>;
@@ -226,6 +236,21 @@ impl FileOps for RealFileOps {
         log.write_all_at(bytes, at)
     }
 
+    fn append_log_parts(&self, log: &File, at: u64, parts: &[&[u8]]) -> io::Result<()> {
+        let total: usize = parts.iter().map(|part| part.len()).sum();
+        if total <= SMALL_APPEND {
+            // One write: copying a small record costs less than a second syscall.
+            return log.write_all_at(&parts.concat(), at);
+        }
+        // A large record part by part, without copying the checkpoint's bytes.
+        let mut at = at;
+        for part in parts {
+            log.write_all_at(part, at)?;
+            at += part.len() as u64;
+        }
+        Ok(())
+    }
+
     fn sync_log(&self, log: &File) -> io::Result<()> {
         log.sync_data()
     }
@@ -293,6 +318,10 @@ impl FileOps for UnsyncedFileOps {
 
     fn append_log(&self, log: &File, at: u64, bytes: &[u8]) -> io::Result<()> {
         RealFileOps.append_log(log, at, bytes)
+    }
+
+    fn append_log_parts(&self, log: &File, at: u64, parts: &[&[u8]]) -> io::Result<()> {
+        RealFileOps.append_log_parts(log, at, parts)
     }
 
     fn sync_log(&self, _log: &File) -> io::Result<()> {

@@ -40,8 +40,11 @@ pub fn gzip(input: &[u8]) -> io::Result<Vec<u8>> {
 }
 
 /// What `produce` writes, as one complete gzip member. Full blocks are compressed on other
-/// cores while `produce` goes on writing.
-pub fn gzip_with(produce: impl FnOnce(&mut dyn Write) -> io::Result<()>) -> io::Result<Vec<u8>> {
+/// cores while `produce` goes on writing. The writer is a concrete type, not `dyn Write`: a
+/// serializer makes a call per token, and each one is then an inlined copy.
+pub fn gzip_with(
+    produce: impl FnOnce(&mut BlockWriter<'_, '_>) -> io::Result<()>,
+) -> io::Result<Vec<u8>> {
     let (job_tx, job_rx) = mpsc::channel::<Block>();
     let job_rx = Mutex::new(job_rx);
     let (done_tx, done_rx) = mpsc::channel::<Compressed>();
@@ -154,7 +157,7 @@ struct Compressed {
 }
 
 /// Collects the document into blocks and hands each full one to a helper thread.
-struct BlockWriter<'scope, 'env> {
+pub struct BlockWriter<'scope, 'env> {
     scope: &'scope Scope<'scope, 'env>,
     /// Where full blocks go; `None` once the document is complete.
     jobs: Option<mpsc::Sender<Block>>,
@@ -173,7 +176,8 @@ struct BlockWriter<'scope, 'env> {
 impl BlockWriter<'_, '_> {
     /// Queue the full block, starting a helper thread if one is still allowed.
     fn ship(&mut self) {
-        let data = std::mem::take(&mut self.block);
+        // The document is at least a block long: the next one is allocated whole at once.
+        let data = std::mem::replace(&mut self.block, Vec::with_capacity(BLOCK_BYTES));
         let block = Block {
             index: self.blocks_sent,
             data,
@@ -215,6 +219,22 @@ impl Write for BlockWriter<'_, '_> {
             self.ship();
         }
         Ok(taken)
+    }
+
+    /// Most calls are a few bytes that fit the current block: one inlined copy.
+    #[inline]
+    fn write_all(&mut self, buf: &[u8]) -> io::Result<()> {
+        if buf.len() < BLOCK_BYTES - self.block.len() {
+            self.block.extend_from_slice(buf);
+            self.total_len += buf.len();
+            return Ok(());
+        }
+        let mut rest = buf;
+        while !rest.is_empty() {
+            let taken = self.write(rest)?;
+            rest = &rest[taken..];
+        }
+        Ok(())
     }
 
     fn flush(&mut self) -> io::Result<()> {
@@ -303,7 +323,7 @@ fn give_back(mut compressor: Compress) {
 
 #[cfg(test)]
 mod tests {
-    use std::io::{self, Read};
+    use std::io::{self, Read, Write};
 
     use super::{gzip, gzip_with, BLOCK_BYTES};
 
