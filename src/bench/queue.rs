@@ -811,7 +811,10 @@ fn build_crashed_queue(queue: &Path, ids: &[String]) -> anyhow::Result<u64> {
         let log = run_dir.join("0-spin.log");
         fs::write(
             &log,
-            format!("=== {} attempt 1 iteration 1 ===\n", crashed_at.to_rfc3339()),
+            format!(
+                "=== {} attempt 1 iteration 1 ===\n",
+                crashed_at.to_rfc3339()
+            ),
         )
         .with_context(|| format!("writing {}", log.display()))?;
     }
