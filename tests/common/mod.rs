@@ -332,6 +332,18 @@ impl TestQueue {
     /// Put `bytes` into `inbox/<name>` atomically (temp dot-file, then rename); `backdate`
     /// dates the file ten minutes back, as if it had been there for a while.
     pub fn drop_bytes(&self, name: &str, bytes: &[u8], backdate: bool) {
+        self.drop_bytes_owned_by(name, bytes, backdate, None);
+    }
+
+    /// [`TestQueue::drop_bytes`], the file given to user `owner` (`None`: this process's user)
+    /// before it is renamed in, as a submitter's own file would be.
+    pub fn drop_bytes_owned_by(
+        &self,
+        name: &str,
+        bytes: &[u8],
+        backdate: bool,
+        owner: Option<u32>,
+    ) {
         let temp = self.path(&format!("inbox/.{:016x}.writing", fastrand::u64(..)));
         // 0644 whatever the umask: intake refuses files others may write.
         let mut file = fs::OpenOptions::new()
@@ -346,6 +358,10 @@ impl TestQueue {
                 .expect("backdating a task file");
         }
         drop(file);
+        if let Some(uid) = owner {
+            std::os::unix::fs::chown(&temp, Some(uid), None)
+                .expect("giving the file to its submitter");
+        }
         fs::rename(&temp, self.path(&format!("inbox/{name}"))).expect("renaming into the inbox");
     }
 

@@ -347,3 +347,19 @@ pub fn final_record(url: &str, id: &str) -> Option<serde_json::Value> {
     .and_then(|row| row.into_iter().next().flatten())
     .map(|text| serde_json::from_str(&text).expect("a record is JSON"))
 }
+
+/// `cairn ARGS` with the database in `CAIRN_DATABASE_URL` (as operators set it), run in a
+/// directory with no queue: with `--db` the queue directory is not used.
+pub fn cairn_db(url: &str, args: &[&str]) -> std::process::Command {
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_cairn"));
+    command
+        .args(args)
+        .current_dir(std::env::temp_dir())
+        .env("CAIRN_DATABASE_URL", url)
+        .env_remove("CAIRN_QUEUE")
+        .env_remove("RUST_LOG")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    command
+}

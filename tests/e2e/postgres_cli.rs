@@ -7,30 +7,14 @@
 //! their rows.
 
 use std::fs;
-use std::process::{Command, Output, Stdio};
+use std::process::{Output, Stdio};
 
 use serde_json::{json, Value};
 
-use crate::common::postgres::{query_texts, PgCluster};
+use crate::common::postgres::{cairn_db, query_texts, PgCluster};
 use crate::common::{
     loop_result, loop_task, once_task, stderr_of, stdout_of, wait_for, Daemon, TestQueue, DEADLINE,
 };
-
-/// `cairn ARGS` with the database in `CAIRN_DATABASE_URL` (as operators set it), run in a
-/// directory with no queue: with `--db` the queue directory is not used.
-fn cairn_db(url: &str, args: &[&str]) -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_cairn"));
-    command
-        .args(args)
-        .current_dir(std::env::temp_dir())
-        .env("CAIRN_DATABASE_URL", url)
-        .env_remove("CAIRN_QUEUE")
-        .env_remove("RUST_LOG")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    command
-}
 
 /// Run `cairn ARGS` on the shared queue at `url` to its end.
 fn run(url: &str, args: &[&str]) -> Output {

@@ -8,7 +8,6 @@
 //! The backend is blocking: the tests call it from their own thread, and use a separate
 //! runtime for the statements they make themselves.
 
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use cairn::queue::control::ControlAction;
@@ -22,7 +21,7 @@ use cairn::task_id::TaskId;
 use serde_json::{json, Value};
 use tokio::runtime::Runtime;
 
-use crate::common::postgres::{final_record, submit_task, PgCluster};
+use crate::common::postgres::{cairn_db, final_record, submit_task, PgCluster};
 use crate::common::{
     loop_result, loop_task, side_events, stderr_of, stdout_of, wait_for, wait_until, Daemon,
     TestQueue, DEADLINE, SIGTERM,
@@ -500,20 +499,6 @@ fn archive_failed_moves_the_record_to_the_history_under_the_lease_only() {
         "f1",
     );
     assert_eq!(history, [Some("boom".to_string())]);
-}
-
-/// `cairn ARGS` with the database in `CAIRN_DATABASE_URL` (as operators set it).
-fn cairn_db(url: &str, args: &[&str]) -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_cairn"));
-    command
-        .args(args)
-        .env("CAIRN_DATABASE_URL", url)
-        .env_remove("CAIRN_QUEUE")
-        .env_remove("RUST_LOG")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    command
 }
 
 #[test]

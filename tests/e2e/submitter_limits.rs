@@ -8,11 +8,10 @@
 //! the inbox's group, removed at the end.
 
 use std::fs;
-use std::io::Write;
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::process::Command;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use serde_json::{json, Value};
 
@@ -81,24 +80,7 @@ impl Drop for TempUser {
 /// submitter does: a dot-file, owned and closed before it is renamed in. `backdate` lets the
 /// daemon's first scan take it at once.
 fn drop_as(queue: &TestQueue, name: &str, task: &Value, uid: Option<u32>, backdate: bool) {
-    let temp = queue.path(&format!("inbox/.{:016x}.writing", fastrand::u64(..)));
-    let mut file = fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o644)
-        .open(&temp)
-        .expect("creating a temp file in the inbox");
-    file.write_all(&serde_json::to_vec(task).unwrap())
-        .expect("writing a task file");
-    if backdate {
-        file.set_modified(SystemTime::now() - Duration::from_secs(600))
-            .expect("backdating a task file");
-    }
-    drop(file);
-    if let Some(uid) = uid {
-        std::os::unix::fs::chown(&temp, Some(uid), None).expect("giving the file to its submitter");
-    }
-    fs::rename(&temp, queue.path(&format!("inbox/{name}"))).expect("renaming into the inbox");
+    queue.drop_bytes_owned_by(name, &serde_json::to_vec(task).unwrap(), backdate, uid);
 }
 
 /// A task that logs `start <id>` and `end <id>` to `side` around a sleep of `seconds`.
