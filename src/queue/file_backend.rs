@@ -154,7 +154,19 @@ impl QueueBackend for FileBackend {
                 QueueHint::InboxChanged | QueueHint::Control => {}
             }
         }
-        intake.scan_batch(limit)
+        let report = intake.scan_batch(limit);
+        drop(intake);
+        // One listing for the whole batch, so that each task's first save need not list
+        // `incremental/` on its own (quadratic with thousands of new tasks). A failure only
+        // costs that saving: the first save then lists as it would have.
+        let accepted = report.accepted.iter().map(|task| task.id().as_str());
+        if report.accepted.is_empty() {
+            return report;
+        }
+        if let Err(err) = self.checkpoints.learn_generations_on_disk(accepted) {
+            tracing::warn!(error = %err, "could not list the checkpoints of newly taken tasks; their first saves list them");
+        }
+        report
     }
 
     fn set_admission(&self, admission: Arc<crate::limits::Admission>) {

@@ -328,7 +328,9 @@ impl CheckpointStore {
     /// The newest checkpoint of the task that decodes: the latest file, else older generations
     /// newest first. Files that do not decode (or belong to another task) are logged and
     /// listed in `skipped`. `Ok(None)` only when the task has no checkpoint file at all; when
-    /// files exist but none decodes, the error of the newest one is returned.
+    /// files exist but none decodes, the error of the newest one is returned. A task without a
+    /// latest file whose older files a listing ([`CheckpointStore::learn_generations_on_disk`])
+    /// found to be none is not listed again: files added by hand since are not seen.
     pub fn latest(&self, task_id: &str) -> Result<Option<LoadedCheckpoint>, StoreError> {
         validate_task_id(task_id)?;
         // Unusable files met on the way, newest first.
@@ -353,6 +355,9 @@ impl CheckpointStore {
                     tracing::warn!(task_id, key = %key, error = %err, "skipping an unusable checkpoint");
                     failures.push((key, err));
                 }
+                // No latest file, and a listing made earlier found no older ones either (a new
+                // task): nothing to look for.
+                None if older.is_none() && self.knows_no_older_files(task_id) => break,
                 // No such file (or an older one pruned since the listing): nothing to report.
                 None => {}
             }
@@ -475,6 +480,19 @@ impl CheckpointStore {
             }
         }
         Ok(())
+    }
+
+    /// Whether a listing told that the task has no older files, and no save happened since.
+    fn knows_no_older_files(&self, task_id: &str) -> bool {
+        let slot = self
+            .latest_generations
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(task_id)
+            .cloned();
+        slot.is_some_and(|slot| {
+            *slot.lock().unwrap_or_else(PoisonError::into_inner) == KnownGeneration::NewestOlder(0)
+        })
     }
 
     /// The task's cache slot, created empty on first use.

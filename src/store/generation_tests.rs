@@ -262,6 +262,13 @@ fn first_saves_of_learned_tasks_list_nothing_and_others_list_once() {
     let store = CheckpointStore::with_storage(Arc::clone(&storage) as Arc<dyn Storage>);
     store.learn_generations_on_disk(["a", "b", "new"]).unwrap();
     assert_eq!(storage.listings.load(Ordering::SeqCst), 1);
+    // A learned task without files has no checkpoint to resume from, known without a listing.
+    assert!(store.latest("new").unwrap().is_none());
+    assert_eq!(
+        storage.listings.load(Ordering::SeqCst),
+        1,
+        "looking for a learned new task's checkpoint listed incremental/"
+    );
     assert_eq!(store.save(&mut checkpoint("a", 0)).unwrap(), 6);
     assert_eq!(store.save(&mut checkpoint("b", 0)).unwrap(), 6);
     assert_eq!(store.save(&mut checkpoint("new", 0)).unwrap(), 1);
@@ -270,7 +277,10 @@ fn first_saves_of_learned_tasks_list_nothing_and_others_list_once() {
         1,
         "a learned task's first save listed incremental/"
     );
-    // A task the store did not learn lists the directory at its first save, as before.
+    // A task the store did not learn lists the directory at its first save, as before, and
+    // when its checkpoint is looked for before one exists.
     store.save(&mut checkpoint("other", 0)).unwrap();
     assert_eq!(storage.listings.load(Ordering::SeqCst), 2);
+    assert!(store.latest("unseen").unwrap().is_none());
+    assert_eq!(storage.listings.load(Ordering::SeqCst), 3);
 }

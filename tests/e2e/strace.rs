@@ -323,3 +323,68 @@ fn check_thread(text: &str, incremental: &str) -> usize {
     );
     committed
 }
+
+/// Tasks taken in from the inbox together learn their checkpoint generations from one listing
+/// of `incremental/`, not one each at their first save: with thousands of new tasks against a
+/// large `incremental/`, a listing per task made first saves quadratic.
+#[test]
+fn new_tasks_taken_in_together_list_incremental_once_not_once_each() {
+    if !require_strace("new_tasks_taken_in_together_list_incremental_once_not_once_each") {
+        return;
+    }
+    let queue = TestQueue::new();
+    let tasks = 12;
+    for n in 0..tasks {
+        let task = serde_json::json!({
+            "id": format!("new-{n}"),
+            "phases": [{
+                "name": "count",
+                "kind": "loop",
+                "run": ["sh", "-c", "read -r request; printf '{\"state\": 1}'"],
+                "max_iterations": 2,
+            }]
+        });
+        queue.seed_task(&format!("new-{n}.json"), &task);
+    }
+    let trace = queue.aux("trace");
+    let mut daemon = queue.start_wrapped(
+        &[
+            "strace",
+            "-f",
+            "-qq",
+            "-o",
+            trace.to_str().unwrap(),
+            "-e",
+            "trace=openat",
+            "--",
+        ],
+        &["--exit-when-idle"],
+    );
+    let status = daemon.wait_exit(DEADLINE);
+    assert!(status.success(), "cairn under strace failed: {status}");
+    for n in 0..tasks {
+        let done = queue.wait_done(&format!("new-{n}"));
+        assert_eq!(done["status"], "done", "{done}");
+    }
+    let incremental = fs::canonicalize(queue.path("incremental")).unwrap();
+    let incremental = incremental.to_str().unwrap().to_string();
+    let listings = fs::read_to_string(&trace)
+        .unwrap()
+        .lines()
+        // A listing opens the directory as `opendir` does (a directory fsync does not
+        // ask for O_NONBLOCK).
+        .filter(|line| line.contains("O_NONBLOCK") && line.contains("O_DIRECTORY"))
+        .filter(|line| {
+            let Some(call) = line.find("openat(").map(|at| &line[at..]) else {
+                return false;
+            };
+            quoted(call).first() == Some(&incremental)
+        })
+        .count();
+    // At start the daemon looks through its directories once (leftover temp files); each
+    // batch taken in from the inbox lists `incremental/` once more. Far fewer than one per task.
+    assert!(
+        listings < tasks / 2,
+        "incremental/ was listed {listings} times for {tasks} new tasks"
+    );
+}
