@@ -22,7 +22,7 @@ use crate::store::{
     CheckpointStore, IterationCheckpoint, LoadedCheckpoint, SavedCheckpoint, Storage, StoreError,
     WriteFence,
 };
-use crate::task::Task;
+use crate::task::{PhaseKind, Task};
 use crate::task_id::TaskId;
 
 /// The file backend's one epoch: the `flock` is held for the owner's whole life, so no other
@@ -159,11 +159,17 @@ impl QueueBackend for FileBackend {
         // One listing for the whole batch, so that each task's first save need not list
         // `incremental/` on its own (quadratic with thousands of new tasks). A failure only
         // costs that saving: the first save then lists as it would have.
-        let accepted = report.accepted.iter().map(|task| task.id().as_str());
-        if report.accepted.is_empty() {
+        // Only tasks with a phase that checkpoints: a queue of `once` tasks never lists it.
+        let checkpointing: Vec<&str> = report
+            .accepted
+            .iter()
+            .filter(|task| task.phases.iter().any(|p| p.kind != PhaseKind::Once))
+            .map(|task| task.id().as_str())
+            .collect();
+        if checkpointing.is_empty() {
             return report;
         }
-        if let Err(err) = self.checkpoints.learn_generations_on_disk(accepted) {
+        if let Err(err) = self.checkpoints.learn_generations_on_disk(checkpointing) {
             tracing::warn!(error = %err, "could not list the checkpoints of newly taken tasks; their first saves list them");
         }
         report
