@@ -48,6 +48,7 @@ pub fn open(
                 priority: 0,
                 crash_limit: 5,
                 definition: &definition,
+                submitted_by: None,
             })
             .await?;
         }

@@ -329,6 +329,7 @@ pub fn submit_task(url: &str, task: &serde_json::Value) {
                 priority: 0,
                 crash_limit: 5,
                 definition: &definition,
+                submitted_by: None,
             })
             .await
             .expect("submitting the task");

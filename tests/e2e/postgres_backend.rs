@@ -46,6 +46,7 @@ fn submit(rt: &Runtime, url: &str, id: &str) {
                 priority: 0,
                 crash_limit: 5,
                 definition: &text,
+                submitted_by: None,
             })
             .await
             .unwrap();

@@ -182,6 +182,23 @@ fn inbox_files_of_two_hosts_enter_the_shared_queue_once_and_bad_ones_get_records
 
     assert_eq!(task_count(&rt, &url), 2);
     assert_eq!(state_of(&rt, &url, "shared-1").as_deref(), Some("queued"));
+    // Journaled once, when the first host took it in, naming the owner of the file it took.
+    let accepted = column(
+        &rt,
+        &url,
+        "SELECT event::text FROM cairn_events WHERE task_id = $1 ORDER BY id",
+        "shared-1",
+    );
+    assert_eq!(accepted.len(), 1, "{accepted:?}");
+    let accepted: Value = serde_json::from_str(accepted[0].as_deref().unwrap()).unwrap();
+    assert_eq!(accepted["event"], "accepted", "{accepted}");
+    // The test made the files, so they are its user's, as is the inbox it made them in.
+    let owner = std::fs::metadata(host_a.path("inbox")).unwrap();
+    assert_eq!(
+        accepted["submitted_by"]["uid"],
+        json!(std::os::unix::fs::MetadataExt::uid(&owner)),
+        "{accepted}"
+    );
     assert!(host_a.list("inbox").is_empty() && host_b.list("inbox").is_empty());
     let rejected_a = host_a.rejections();
     assert_eq!(
@@ -343,6 +360,7 @@ fn requests_for_tasks_nobody_holds_are_applied_in_the_database() {
     assert_eq!(
         event_types(&rt, &url, "q1"),
         [
+            "accepted",
             "paused",
             "resumed",
             "control_refused",
@@ -392,7 +410,7 @@ fn two_nodes_handling_the_same_requests_at_once_apply_each_once() {
         );
         assert_eq!(
             event_types(&rt, &url, id),
-            ["cancelled"],
+            ["accepted", "cancelled"],
             "{id}: applied once"
         );
     }
@@ -675,7 +693,8 @@ fn fork_with_db_makes_the_task_with_its_start_point_and_checkpoint() {
     assert_eq!(forked.partial_results, json!({"total": 2, "step": 10}));
     assert_eq!((forked.cost, forked.attempt, forked.done), (None, 0, false));
     assert_eq!(node.task("acc-10").unwrap().phases.len(), 2);
-    assert_eq!(event_types(&rt, &url, "acc"), ["forked"]);
+    assert_eq!(event_types(&rt, &url, "acc"), ["accepted", "forked"]);
+    assert_eq!(event_types(&rt, &url, "acc-10"), ["accepted"]);
     // The source is untouched.
     assert_eq!(
         node.latest_checkpoint("acc")

@@ -83,6 +83,7 @@ async fn submit(queue: &PgQueue, id: &str) -> Submitted {
         priority: 0,
         crash_limit: 5,
         definition: &text,
+        submitted_by: None,
     };
     queue.submit(&task).await.unwrap()
 }
@@ -281,6 +282,7 @@ async fn submitting_the_same_id_twice_makes_one_task_kept_verbatim() {
         priority: 9,
         crash_limit: 5,
         definition: r#"{"id": "t1", "phases": []}"#,
+        submitted_by: None,
     };
     assert_eq!(
         other.submit(&second).await.unwrap(),
@@ -498,6 +500,7 @@ async fn a_task_whose_leases_keep_expiring_is_marked_for_quarantine() {
         priority: 0,
         crash_limit: 2,
         definition: &text,
+        submitted_by: None,
     };
     queue.submit(&task).await.unwrap();
     let client = sql(&cluster.url()).await;

@@ -159,6 +159,7 @@ impl PgQueue {
         if inserted.is_none() {
             return Err(ForkError::IdTaken(task.id.to_owned()));
         }
+        super::submit::journal_accepted(&tx, task).await?;
         tx.execute(
             "INSERT INTO cairn_checkpoints (task_id, generation, bytes, iteration_count, lease_epoch)
              VALUES ($1, 1, $2, $3, 0)",

@@ -2,6 +2,8 @@
 
 use super::connect::PgQueue;
 use super::error::{During, PgError};
+use crate::store::events::Event;
+use crate::submitter::Submitter;
 
 /// A task to submit.
 #[derive(Debug, Clone, Copy)]
@@ -14,6 +16,8 @@ pub struct NewTask<'a> {
     pub crash_limit: u32,
     /// The task file, JSON text, stored verbatim.
     pub definition: &'a str,
+    /// Who submitted it (the owner of the file an inbox took), for its `accepted` event.
+    pub submitted_by: Option<&'a Submitter>,
 }
 
 impl<'a> NewTask<'a> {
@@ -25,6 +29,7 @@ impl<'a> NewTask<'a> {
             priority: task.priority,
             crash_limit: task.retry.max_attempts.saturating_add(2),
             definition,
+            submitted_by: task.submitted_by.as_ref(),
         }
     }
 }
@@ -68,6 +73,7 @@ impl PgQueue {
         if inserted.is_none() {
             return Ok(Submitted::AlreadyThere);
         }
+        journal_accepted(&tx, task).await?;
         super::listen::notify_work(&tx, task.id).await?;
         tx.commit().await.during("committing the submission")?;
         Ok(Submitted::Queued)
@@ -119,4 +125,27 @@ impl PgQueue {
             .during("removing a node")?;
         Ok(removed)
     }
+}
+
+/// Journal `task`'s `accepted` event in the transaction that inserts it, as the file queue
+/// journals a task it takes in. No node holds the task yet: no node, epoch 0.
+pub(super) async fn journal_accepted(
+    tx: &tokio_postgres::Transaction<'_>,
+    task: &NewTask<'_>,
+) -> Result<(), PgError> {
+    let accepted = Event::Accepted {
+        priority: task.priority,
+        submitted_by: task.submitted_by.cloned(),
+    };
+    tx.execute(
+        "INSERT INTO cairn_events (task_id, node, lease_epoch, event)
+         VALUES ($1, '', 0, $2::text::json)",
+        &[
+            &task.id,
+            &serde_json::to_string(&accepted).unwrap_or_default(),
+        ],
+    )
+    .await
+    .during("journaling the task's acceptance")?;
+    Ok(())
 }
