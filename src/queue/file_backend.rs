@@ -156,10 +156,10 @@ impl QueueBackend for FileBackend {
         }
         let report = intake.scan_batch(limit);
         drop(intake);
-        // One listing for the whole batch, so that each task's first save need not list
-        // `incremental/` on its own (quadratic with thousands of new tasks). A failure only
-        // costs that saving: the first save then lists as it would have.
-        // Only tasks with a phase that checkpoints: a queue of `once` tasks never lists it.
+        // One listing of `incremental/` for the whole batch, so that the first saves of
+        // thousands of new tasks do not list it each (quadratic), and only for tasks with a
+        // phase that checkpoints (a queue of `once` tasks never lists it). A failure only
+        // costs that saving: the first saves then list as they would have.
         let checkpointing: Vec<&str> = report
             .accepted
             .iter()
