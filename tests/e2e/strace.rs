@@ -67,6 +67,19 @@ fn traced_task(queue: &TestQueue, iterations: u64) {
 /// Run the daemon under strace with `CAIRN_COMMIT_PATH=<commit_path>` until the traced task is
 /// done; every thread's trace.
 fn traced_run(queue: &TestQueue, commit_path: &str) -> Vec<String> {
+    let traces = strace_until_idle(
+        queue,
+        commit_path,
+        "trace=open,openat,creat,write,pwrite64,fsync,fdatasync,rename,renameat,renameat2,link,linkat,close",
+    );
+    let done = queue.wait_done("traced");
+    assert_eq!(done["status"], "done", "{done}");
+    traces
+}
+
+/// Run the daemon with `CAIRN_COMMIT_PATH=<commit_path>` under strace, tracing `calls` (an
+/// strace `-e` expression), until it is idle; every thread's trace, one per thread.
+fn strace_until_idle(queue: &TestQueue, commit_path: &str, calls: &str) -> Vec<String> {
     let trace_dir = queue.aux("trace");
     fs::create_dir_all(&trace_dir).unwrap();
     let trace_prefix = trace_dir.join("t");
@@ -82,15 +95,13 @@ fn traced_run(queue: &TestQueue, commit_path: &str) -> Vec<String> {
             "-o",
             trace_prefix.to_str().unwrap(),
             "-e",
-            "trace=open,openat,creat,write,pwrite64,fsync,fdatasync,rename,renameat,renameat2,link,linkat,close",
+            calls,
             "--",
         ],
         &["--exit-when-idle"],
     );
     let status = daemon.wait_exit(DEADLINE);
     assert!(status.success(), "cairn under strace failed: {status}");
-    let done = queue.wait_done("traced");
-    assert_eq!(done["status"], "done", "{done}");
     fs::read_dir(&trace_dir)
         .unwrap()
         .map(|trace| fs::read_to_string(trace.unwrap().path()).unwrap())
@@ -346,39 +357,24 @@ fn new_tasks_taken_in_together_list_incremental_once_not_once_each() {
         });
         queue.seed_task(&format!("new-{n}.json"), &task);
     }
-    let trace = queue.aux("trace");
-    let mut daemon = queue.start_wrapped(
-        &[
-            "strace",
-            "-f",
-            "-qq",
-            "-o",
-            trace.to_str().unwrap(),
-            "-e",
-            "trace=openat",
-            "--",
-        ],
-        &["--exit-when-idle"],
-    );
-    let status = daemon.wait_exit(DEADLINE);
-    assert!(status.success(), "cairn under strace failed: {status}");
+    let traces = strace_until_idle(&queue, "log", "trace=openat");
     for n in 0..tasks {
         let done = queue.wait_done(&format!("new-{n}"));
         assert_eq!(done["status"], "done", "{done}");
     }
     let incremental = fs::canonicalize(queue.path("incremental")).unwrap();
     let incremental = incremental.to_str().unwrap().to_string();
-    let listings = fs::read_to_string(&trace)
-        .unwrap()
-        .lines()
-        // A listing opens the directory as `opendir` does (a directory fsync does not
-        // ask for O_NONBLOCK).
-        .filter(|line| line.contains("O_NONBLOCK") && line.contains("O_DIRECTORY"))
-        .filter(|line| {
-            let Some(call) = line.find("openat(").map(|at| &line[at..]) else {
-                return false;
-            };
-            quoted(call).first() == Some(&incremental)
+    let listings = traces
+        .iter()
+        .flat_map(|text| text.lines())
+        .filter_map(parse_line)
+        // A listing opens the directory as `opendir` does (a directory fsync does not ask
+        // for O_NONBLOCK).
+        .filter(|call| {
+            call.name == "openat"
+                && call.args.contains("O_NONBLOCK")
+                && call.args.contains("O_DIRECTORY")
+                && quoted(&call.args).first() == Some(&incremental)
         })
         .count();
     // At start the daemon looks through its directories once (leftover temp files); each
