@@ -5,7 +5,8 @@ Each configuration of the checkpoint workload (bench/workload.md) runs `--rounds
 (default 3), interleaved with the others so that a noisy moment of the machine spreads over all
 of them: cairn durable through the commit log (the default) and by the atomic replace alone,
 cairn published (no fsync), the raw atomic-replace reference and the appended, fdatasync'd
-record of the same bytes. `--sizes` and `--flavours` pick a subset. Every run's JSON line is printed as it comes; a Markdown table of the medians of the
+record of the same bytes. `--variants` and `--flavours` pick a subset; `--baseline` adds
+another build's commit-log runs to the same rounds, to compare two builds fairly. Every run's JSON line is printed as it comes; a Markdown table of the medians of the
 per-run values follows.
 
     cargo build --release && python3 bench/checkpoint_matrix.py [--rounds 5] [--cairn PATH]
@@ -32,6 +33,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--cairn", default=os.path.join(ROOT, "target", "release", "cairn"))
+    ap.add_argument("--baseline", help="another cairn binary whose commit-log runs join the rounds")
     ap.add_argument("--dir", default=os.path.join(ROOT, "bench", ".data"))
     ap.add_argument("--variants", default=",".join(f"{s}/{c}" for s, c in VARIANTS),
                     help="size/conc pairs, comma-separated (default: all)")
@@ -39,7 +41,9 @@ def main():
                     help="comma-separated, of: " + ", ".join(FLAVOURS))
     args = ap.parse_args()
     variants = [(v.split("/")[0], int(v.split("/")[1])) for v in args.variants.split(",")]
-    flavours = [(name, FLAVOURS[name]) for name in args.flavours.split(",")]
+    flavours = [(name, args.cairn, FLAVOURS[name]) for name in args.flavours.split(",")]
+    if args.baseline:
+        flavours.append(("baseline", args.baseline, FLAVOURS["log"]))
     os.makedirs(args.dir, exist_ok=True)
     fs = subprocess.run(["df", "-T", args.dir], capture_output=True, text=True).stdout
     print(fs.strip(), file=sys.stderr)
@@ -47,11 +51,12 @@ def main():
     rows = {}
     for _ in range(args.rounds):
         for size, conc in variants:
-            for name, flags in flavours:
-                cmd = [args.cairn, "bench", "checkpoint", "--size", size, "--conc", str(conc),
+            for name, binary, flags in flavours:
+                cmd = [binary, "bench", "checkpoint", "--size", size, "--conc", str(conc),
                        "--dir", args.dir] + flags
                 out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
                 line = json.loads(out)
+                line["run"] = name
                 print(json.dumps(line), flush=True)
                 rows.setdefault((name, line["mode"], size, conc), []).append(line)
 

@@ -55,7 +55,6 @@ pub fn gzip_with(produce: impl FnOnce(&mut BlockWriter) -> io::Result<()>) -> io
     let mut writer = BlockWriter {
         queued: Arc::new(Mutex::new(VecDeque::new())),
         done_tx,
-        helpers: helpers(),
         block: Vec::new(),
         blocks_sent: 0,
         total_len: 0,
@@ -81,22 +80,26 @@ pub fn gzip_with(produce: impl FnOnce(&mut BlockWriter) -> io::Result<()>) -> io
         },
         FlushCompress::Finish,
     );
-    let _ = done_tx.send(tail);
-    assemble(&done_rx, blocks_sent + 1, total_len)
+    // `done_tx` lives until the blocks are collected, so `recv` there cannot fail.
+    let assembled = assemble(&done_rx, blocks_sent, tail, total_len);
+    drop(done_tx);
+    assembled
 }
 
-/// Collect the `count` compressed blocks and put the member together: header, blocks in
-/// order, CRC-32 and length. Exactly `count` results come: helpers send one for every block
-/// they take, even when compressing it panicked.
+/// Collect the `blocks` full blocks' results, then put the member together: header, blocks in
+/// order, the tail, CRC-32 and length. Exactly `blocks` results come: helpers send one for
+/// every block they take, even when compressing it panicked. A document smaller than a block
+/// is its tail alone and never touches the channel.
 fn assemble(
     done_rx: &mpsc::Receiver<Compressed>,
-    count: usize,
+    blocks: usize,
+    tail: Compressed,
     total_len: usize,
 ) -> io::Result<Vec<u8>> {
     let mut parts: Vec<Option<(Vec<u8>, crc32fast::Hasher)>> = Vec::new();
-    parts.resize_with(count, || None);
-    for _ in 0..count {
-        // This function holds a sender until it returns, so `recv` cannot fail.
+    parts.resize_with(blocks + 1, || None);
+    parts[tail.index] = Some(tail.result?);
+    for _ in 0..blocks {
         let done = done_rx
             .recv()
             .map_err(|_| io::Error::other("a compressed block went missing"))?;
@@ -212,7 +215,6 @@ fn help(inbox: &Mutex<mpsc::Receiver<Ticket>>) {
 pub struct BlockWriter {
     queued: Queued,
     done_tx: mpsc::Sender<Compressed>,
-    helpers: Option<&'static mpsc::Sender<Ticket>>,
     /// The block being filled (grows as needed, so a small document stays small).
     block: Vec<u8>,
     blocks_sent: usize,
@@ -232,7 +234,8 @@ impl BlockWriter {
                 data,
             });
         self.blocks_sent += 1;
-        if let Some(helpers) = self.helpers {
+        // Looked up here, not per document: a small one never starts the helpers.
+        if let Some(helpers) = helpers() {
             // Fails only if every helper is gone; the block is then compressed here.
             let _ = helpers.send(Ticket {
                 queued: Arc::clone(&self.queued),
