@@ -6,8 +6,9 @@ Each configuration of the checkpoint workload (bench/workload.md) runs `--rounds
 of them: cairn durable through the commit log (the default) and by the atomic replace alone,
 cairn published (no fsync), the raw atomic-replace reference and the appended, fdatasync'd
 record of the same bytes. `--variants` and `--flavours` pick a subset; `--baseline` adds
-another build's commit-log runs to the same rounds, to compare two builds fairly. Every run's JSON line is printed as it comes; a Markdown table of the medians of the
-per-run values follows.
+another build's commit-log runs to the same rounds, to compare two builds fairly. Every run's
+JSON line is printed as it comes; a Markdown table of the medians of the per-run values
+follows.
 
     cargo build --release && python3 bench/checkpoint_matrix.py [--rounds 5] [--cairn PATH]
 """
