@@ -80,10 +80,8 @@ pub fn gzip_with(produce: impl FnOnce(&mut BlockWriter) -> io::Result<()>) -> io
         },
         FlushCompress::Finish,
     );
-    // `done_tx` lives until the blocks are collected, so `recv` there cannot fail.
-    let assembled = assemble(&done_rx, blocks_sent, tail, total_len);
-    drop(done_tx);
-    assembled
+    // `done_tx` lives until this returns, so `recv` in `assemble` cannot fail.
+    assemble(&done_rx, blocks_sent, tail, total_len)
 }
 
 /// Collect the `blocks` full blocks' results, then put the member together: header, blocks in
