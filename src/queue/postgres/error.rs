@@ -67,6 +67,13 @@ pub enum PgError {
     /// A number does not fit the column that stores it (nothing was written).
     #[error("{what} {value} does not fit its column")]
     OutOfRange { what: &'static str, value: String },
+    /// A value stored as JSON could not be encoded; nothing was written.
+    #[error("encoding {what} as JSON: {source}")]
+    EncodeJson {
+        what: &'static str,
+        #[source]
+        source: serde_json::Error,
+    },
     /// The checkpoint could not be encoded; nothing was written.
     #[error("encoding the checkpoint of task {task_id:?}: {source}")]
     Encode {
@@ -85,6 +92,15 @@ impl<T> During<T> for Result<T, tokio_postgres::Error> {
     fn during(self, action: &'static str) -> Result<T, PgError> {
         self.map_err(|source| PgError::Query { action, source })
     }
+}
+
+/// `value` as JSON text for a `$n::text::json` parameter (the text goes in as it is, so numbers
+/// keep their digits), or [`PgError::EncodeJson`] naming `what` it is.
+pub(super) fn json_text<T: serde::Serialize + ?Sized>(
+    what: &'static str,
+    value: &T,
+) -> Result<String, PgError> {
+    serde_json::to_string(value).map_err(|source| PgError::EncodeJson { what, source })
 }
 
 /// `value` as the column's type, or [`PgError::OutOfRange`] naming `what` it is.

@@ -11,7 +11,7 @@ use chrono::Utc;
 use serde_json::Value;
 
 use super::connect::PgQueue;
-use super::error::{During, PgError};
+use super::error::{json_text, During, PgError};
 use super::submit::NewTask;
 use crate::store::current_work::{ActiveTask, StartPoint, StoredOutput};
 use crate::store::events::Event;
@@ -138,7 +138,7 @@ impl PgQueue {
             task_id: task.id.to_owned(),
             source,
         })?;
-        let start_json = serde_json::to_string(start).unwrap_or_default();
+        let start_json = json_text("the fork's start", start)?;
         let crash_limit = i32::try_from(task.crash_limit).unwrap_or(i32::MAX);
         let iterations = i64::try_from(checkpoint.iteration_count).unwrap_or(i64::MAX);
         let mut client = self.client().await?;
@@ -172,14 +172,12 @@ impl PgQueue {
             generation: start.generation,
             patched,
         };
+        let event = json_text("the fork's event", &event)?;
         // Written by a command, not a daemon: no node, the source's epoch as it stands.
         tx.execute(
             "INSERT INTO cairn_events (task_id, node, lease_epoch, event)
              SELECT id, '', lease_epoch, $2::text::json FROM cairn_tasks WHERE id = $1",
-            &[
-                &start.forked_from,
-                &serde_json::to_string(&event).unwrap_or_default(),
-            ],
+            &[&start.forked_from, &event],
         )
         .await
         .during("journaling the fork")?;

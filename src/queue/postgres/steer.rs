@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use serde_json::Value;
 use tokio_postgres::Transaction;
 
-use super::error::{During, PgError};
+use super::error::{json_text, During, PgError};
 use crate::queue::control::ControlAction;
 use crate::store::current_work::{ActiveStatus, ActiveTask, StartPoint, StoredOutput};
 use crate::store::events::Event;
@@ -132,7 +132,7 @@ impl Unheld<'_> {
 
     /// Append `event` to the task's journal, by this node under the task's current epoch.
     async fn journal(&self, event: &Event) -> Result<(), PgError> {
-        let json = serde_json::to_string(event).unwrap_or_default();
+        let json = json_text("a control request's event", event)?;
         self.tx
             .execute(
                 "INSERT INTO cairn_events (task_id, node, lease_epoch, event)
@@ -146,7 +146,9 @@ impl Unheld<'_> {
 
     /// Set the task's state and phase-level state (`None` keeps it) and ends any lease.
     async fn set(&self, state: &str, entry: Option<&ActiveTask>) -> Result<(), PgError> {
-        let json = entry.map(|e| serde_json::to_string(e).unwrap_or_default());
+        let json = entry
+            .map(|e| json_text("the task's phase state", e))
+            .transpose()?;
         self.tx
             .execute(
                 "UPDATE cairn_tasks

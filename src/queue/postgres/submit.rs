@@ -1,7 +1,7 @@
 //! Submitting tasks: one row per task id, whoever submits it and however often.
 
 use super::connect::PgQueue;
-use super::error::{During, PgError};
+use super::error::{json_text, During, PgError};
 use crate::store::events::Event;
 use crate::submitter::Submitter;
 
@@ -137,13 +137,11 @@ pub(super) async fn journal_accepted(
         priority: task.priority,
         submitted_by: task.submitted_by.cloned(),
     };
+    let accepted = json_text("the task's acceptance event", &accepted)?;
     tx.execute(
         "INSERT INTO cairn_events (task_id, node, lease_epoch, event)
          VALUES ($1, '', 0, $2::text::json)",
-        &[
-            &task.id,
-            &serde_json::to_string(&accepted).unwrap_or_default(),
-        ],
+        &[&task.id, &accepted],
     )
     .await
     .during("journaling the task's acceptance")?;
