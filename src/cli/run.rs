@@ -136,10 +136,31 @@ fn one_malloc_arena() {
     }
 }
 
+/// Raise the soft limit on open files to the hard one (see `runner::fd_limit`), and say so when
+/// even that is too low for `max_tasks` commands at once: those past it wait and retry.
+fn open_files_for(max_tasks: usize) {
+    use crate::runner::fd_limit;
+    let needed = fd_limit::needed_for(max_tasks);
+    match fd_limit::raise_soft_limit() {
+        Ok(limit) if limit.now < needed => tracing::warn!(
+            limit = limit.now,
+            max_tasks,
+            "the limit on open files ({}) is below the about {needed} that {max_tasks} tasks at \
+             once may need: commands that find no descriptor wait their backoff and start \
+             later, without using up an attempt; raise LimitNOFILE= (or `ulimit -Hn`) to run \
+             them all at once",
+            limit.now
+        ),
+        Ok(limit) => tracing::debug!(was = limit.was, now = limit.now, "the limit on open files"),
+        Err(e) => tracing::warn!("cannot raise the limit on open files: {e}"),
+    }
+}
+
 /// Run the daemon until it is idle (`--exit-when-idle`) or stopped; `Ok` holds how it ended
 /// as an exit code (0, 6 with `--fail-on-task-failure`, 130 after a second signal).
 pub fn run(queue: &Path, args: RunArgs) -> CliResult<u8> {
     one_malloc_arena();
+    open_files_for(args.max_tasks);
     // One thread, as `daemon::run` requires: children get PR_SET_PDEATHSIG, which fires when
     // the spawning *thread* exits.
     let runtime = tokio::runtime::Builder::new_current_thread()

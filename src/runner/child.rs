@@ -122,16 +122,55 @@ fn spawn_error(program: &str, cwd: &std::path::Path, error: io::Error) -> io::Er
         Ok(_) => Some("is not a directory".to_string()),
         Err(e) => Some(e.to_string()),
     };
-    match cwd_problem {
-        Some(problem) => io::Error::new(
-            error.kind(),
-            format!(
-                "cannot start {program:?}: its working directory {} (the task's cwd): {problem}",
-                cwd.display()
-            ),
+    let message = match cwd_problem {
+        Some(problem) => format!(
+            "cannot start {program:?}: its working directory {} (the task's cwd): {problem}",
+            cwd.display()
         ),
-        None => io::Error::new(error.kind(), format!("cannot start {program:?}: {error}")),
+        None => format!("cannot start {program:?}: {error}"),
+    };
+    StartFailure::wrap(&error, message)
+}
+
+/// The error inside an `io::Error` of a failed start. A message that says what failed replaces
+/// the system's error number in a plain `io::Error`, and an `ErrorKind` does not tell every
+/// number apart (`EMFILE` has none of its own), so the number is kept here for
+/// [`is_resource_exhaustion`].
+#[derive(Debug)]
+struct StartFailure {
+    message: String,
+    errno: Option<i32>,
+}
+
+impl StartFailure {
+    /// `error`'s kind and number under `message`.
+    fn wrap(error: &io::Error, message: String) -> io::Error {
+        io::Error::new(
+            error.kind(),
+            StartFailure {
+                message,
+                errno: errno_of(error),
+            },
+        )
     }
+}
+
+impl std::fmt::Display for StartFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for StartFailure {}
+
+/// The system's error number behind `error`, also through a [`StartFailure`].
+fn errno_of(error: &io::Error) -> Option<i32> {
+    error.raw_os_error().or_else(|| {
+        error
+            .get_ref()
+            .and_then(|inner| inner.downcast_ref::<StartFailure>())
+            .and_then(|failure| failure.errno)
+    })
 }
 
 /// Open a command's log for appending and write its header line.
@@ -156,20 +195,29 @@ pub enum RunError {
     /// The command could not be started or waited for.
     #[error("{0}")]
     Command(#[from] io::Error),
-    /// The system is out of processes or memory (`EAGAIN`, `ENOMEM` at fork or exec): a
-    /// passing condition, often another task's doing, so no fault of this task.
+    /// The system or the daemon is out of processes, memory or open files (`EAGAIN`,
+    /// `ENOMEM`, `EMFILE`, `ENFILE` while starting it): a passing condition, often other tasks'
+    /// doing, so no fault of this task.
     #[error("{0}")]
     Exhausted(io::Error),
 }
 
 /// Whether starting a process failed because the system ran out of processes or memory
-/// (`EAGAIN`, `ENOMEM`), which passes, rather than because of the command itself.
+/// (`EAGAIN`, `ENOMEM`), or the daemon or the system out of file descriptors (`EMFILE`,
+/// `ENFILE`: the pipes and the pidfd of every command in flight count), which passes, rather
+/// than because of the command itself.
 pub fn is_resource_exhaustion(e: &io::Error) -> bool {
-    // EAGAIN is `WouldBlock`, ENOMEM `OutOfMemory`; the kind survives the message added above.
-    matches!(
-        e.kind(),
-        io::ErrorKind::WouldBlock | io::ErrorKind::OutOfMemory
-    )
+    match errno_of(e) {
+        Some(errno) => matches!(
+            errno,
+            nix::libc::EAGAIN | nix::libc::ENOMEM | nix::libc::EMFILE | nix::libc::ENFILE
+        ),
+        // No number (an error made with a kind only): EAGAIN's kind, or ENOMEM's.
+        None => matches!(
+            e.kind(),
+            io::ErrorKind::WouldBlock | io::ErrorKind::OutOfMemory
+        ),
+    }
 }
 
 /// Run the command to its end, or until the shutdown's grace runs out, `cancel` fires (an
@@ -310,5 +358,38 @@ pub fn kill_group(group: Option<Pid>, signal: Signal) {
     if let Some(group) = group {
         // ESRCH: the group is already gone, which is what we want.
         let _ = killpg(group, signal);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{is_resource_exhaustion, spawn_error};
+    use nix::libc;
+    use std::io;
+
+    #[test]
+    fn running_out_of_processes_memory_or_descriptors_passes_even_behind_a_message() {
+        let cwd = std::env::temp_dir();
+        for errno in [libc::EAGAIN, libc::ENOMEM, libc::EMFILE, libc::ENFILE] {
+            let raw = io::Error::from_raw_os_error(errno);
+            assert!(is_resource_exhaustion(&raw), "{raw}");
+            let wrapped = spawn_error("sleep", &cwd, io::Error::from_raw_os_error(errno));
+            assert!(
+                wrapped.raw_os_error().is_none(),
+                "the message replaced the number"
+            );
+            assert!(is_resource_exhaustion(&wrapped), "{wrapped}");
+            assert!(
+                wrapped.to_string().starts_with("cannot start \"sleep\": "),
+                "{wrapped}"
+            );
+        }
+        for errno in [libc::ENOENT, libc::EACCES, libc::ENOEXEC] {
+            let wrapped = spawn_error("sleep", &cwd, io::Error::from_raw_os_error(errno));
+            assert!(!is_resource_exhaustion(&wrapped), "{wrapped}");
+        }
+        // An error with a kind only, as a step of the start reports it.
+        let kind_only = io::Error::new(io::ErrorKind::WouldBlock, "cannot run as user 1000");
+        assert!(is_resource_exhaustion(&kind_only));
     }
 }

@@ -7,6 +7,7 @@ pub mod channel;
 mod checkpointing;
 mod child;
 mod confinement;
+pub mod fd_limit;
 pub mod identity;
 mod items;
 mod loop_phase;
@@ -421,13 +422,14 @@ pub(crate) fn checkpoint_error(e: StoreError) -> PhaseError {
     }
 }
 
-/// A command that could not be started: out of processes or memory (`EAGAIN`, `ENOMEM`) is
-/// transient and retried without using up an attempt (a fork bomb in one task must not fail
-/// the others for good); anything else is the command's failure.
+/// A command that could not be started: out of processes, memory or open files (`EAGAIN`,
+/// `ENOMEM`, `EMFILE`, `ENFILE`) is transient and retried without using up an attempt (a fork
+/// bomb in one task, or thousands of tasks at once, must not fail others for good); anything
+/// else is the command's failure.
 pub(crate) fn spawn_failure(what: &str, e: std::io::Error) -> PhaseError {
     if child::is_resource_exhaustion(&e) {
         PhaseError::Transient(format!(
-            "{what}: {e} (the system is out of processes or memory; retried without using up an attempt)"
+            "{what}: {e} (out of processes, memory or open files; retried without using up an attempt)"
         ))
     } else {
         PhaseError::Command(format!("{what}: {e}"))

@@ -201,6 +201,7 @@ pub fn start(spec: ProcessSpec<'_>) -> io::Result<CommandProcess> {
         groups: &groups,
         // SAFETY: getpid has no preconditions.
         daemon_pid: unsafe { libc::getpid() },
+        file_limit: super::fd_limit::for_commands(),
         failure: Cell::new(None),
     };
     let (pid, pidfd) = clone_and_exec(&plan)?;
@@ -254,6 +255,8 @@ struct Plan<'a> {
     run_as: Option<&'a SwitchTo>,
     groups: &'a [libc::gid_t],
     daemon_pid: libc::pid_t,
+    /// The open-files limit the command gets, when the daemon raised its own (`fd_limit`).
+    file_limit: Option<libc::rlimit>,
     /// Written by the new process (which shares this memory) if a step failed.
     failure: Cell<Option<(Step, i32)>>,
 }
@@ -265,6 +268,7 @@ enum Step {
     Stdio,
     Cgroup,
     RunAs(&'static str, u32),
+    FileLimit,
     WorkingDir,
     DeathSignal,
     DaemonGone,
@@ -279,6 +283,7 @@ impl Step {
             Step::Stdio => "cannot set up its stdin, stdout and stderr".into(),
             Step::Cgroup => "cannot join the task's cgroup".into(),
             Step::RunAs(step, uid) => format!("cannot run as user {uid}: {step}"),
+            Step::FileLimit => "cannot set its limit on open files".into(),
             Step::WorkingDir => "cannot enter its working directory".into(),
             Step::DeathSignal => "cannot arm the parent-death signal".into(),
             Step::DaemonGone => "the daemon exited while it started".into(),
@@ -416,6 +421,10 @@ fn prepare(plan: &Plan<'_>) -> Result<(), (Step, i32)> {
             run_as
                 .assume_in_new_process(plan.groups)
                 .map_err(|(step, errno)| (Step::RunAs(step, run_as.uid.as_raw()), errno as i32))?;
+        }
+        // The soft limit the daemon started with (lowering it needs no privilege).
+        if let Some(limit) = &plan.file_limit {
+            check(libc::setrlimit(libc::RLIMIT_NOFILE, limit), Step::FileLimit)?;
         }
         // Entered after the switch of user: as the submitter, who must be allowed to.
         check(libc::chdir(plan.cwd.as_ptr()), Step::WorkingDir)?;

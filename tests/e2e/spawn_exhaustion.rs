@@ -1,7 +1,8 @@
 //! A command that cannot be started because the system is out of processes or memory (`EAGAIN`,
-//! `ENOMEM` from fork) is retried after the backoff without using up an attempt: a fork bomb in
-//! one task must not fail the others for good. The failures are injected into the real daemon's
-//! forks with strace (`.ci/run` installs it).
+//! `ENOMEM` from fork) or the daemon out of descriptors (`EMFILE`) is retried after the backoff
+//! without using up an attempt: a fork bomb in one task, or many tasks at once, must not fail
+//! the others for good. The fork failures are injected into the real daemon's forks with
+//! strace (`.ci/run` installs it); the descriptors run out under a low `ulimit -n`.
 
 use crate::common::*;
 use serde_json::json;
@@ -59,8 +60,88 @@ fn a_spawn_failing_with_eagain_or_enomem_uses_up_no_attempt() {
         let work = queue.wait_done("work");
         assert_eq!(work["failed_attempts"], 0, "{errno}: {work:#}");
         assert!(
-            log.contains("out of processes or memory"),
+            log.contains("out of processes, memory or open files"),
             "{errno}: no failed spawn was reported: {log}"
         );
+    }
+}
+
+/// `bash` setting the daemon's soft and hard limits on open files, then running it.
+fn with_file_limits(soft: u32, hard: u32) -> Vec<String> {
+    vec![
+        "bash".into(),
+        "-c".into(),
+        // Soft first: a hard limit below the soft one is refused.
+        format!("ulimit -Sn {soft} && ulimit -Hn {hard} && exec \"$0\" \"$@\""),
+    ]
+}
+
+/// `count` tasks of one attempt each whose command sleeps a second, so that they are all in
+/// flight at once, and replies with its soft and hard limits on open files.
+fn seed_sleepers(queue: &TestQueue, count: usize) -> Vec<String> {
+    let ids: Vec<String> = (0..count).map(|i| format!("s{i:02}")).collect();
+    for id in &ids {
+        queue.seed_task(
+            &format!("{id}.json"),
+            &json!({
+                "id": id,
+                "retry": {"max_attempts": 1, "backoff": "100ms"},
+                "phases": [{
+                    "name": "limits",
+                    "run": ["sh", "-c", "sleep 1; echo \"\\\"$(ulimit -Sn) $(ulimit -Hn)\\\"\""],
+                }],
+            }),
+        );
+    }
+    ids
+}
+
+#[test]
+fn a_daemon_out_of_descriptors_starts_the_rest_later_without_using_up_attempts() {
+    let queue = TestQueue::new();
+    // Thirty commands at once hold about sixty descriptors in the daemon (a pidfd and a pipe
+    // each), beside its own: far past 48.
+    let ids = seed_sleepers(&queue, 30);
+    let wrapper = with_file_limits(48, 48);
+    let wrapper: Vec<&str> = wrapper.iter().map(String::as_str).collect();
+    let mut daemon = queue.start_wrapped(&wrapper, &["--max-tasks", "30", "--exit-when-idle"]);
+    let status = daemon.wait_exit(DEADLINE);
+    let log = daemon.stderr();
+    assert_eq!(status.code(), Some(0), "{status}: {log}");
+    assert!(
+        log.contains("the limit on open files (48) is below"),
+        "no warning about the limit at start: {log}"
+    );
+    assert!(
+        log.contains("Too many open files") && log.contains("without using up an attempt"),
+        "no command found the descriptors exhausted, so nothing was tested: {log}"
+    );
+    for id in &ids {
+        let done = queue.wait_done(id);
+        assert_eq!(done["failed_attempts"], 0, "{id}: {done:#}");
+        assert_eq!(done["result"], json!("48 48"), "{id}: {done:#}");
+    }
+}
+
+#[test]
+fn the_daemon_raises_its_soft_limit_and_commands_get_the_one_it_started_with() {
+    let queue = TestQueue::new();
+    let ids = seed_sleepers(&queue, 30);
+    // 48 would run out as in the test above; the hard limit leaves room for all thirty.
+    let wrapper = with_file_limits(48, 4096);
+    let wrapper: Vec<&str> = wrapper.iter().map(String::as_str).collect();
+    let mut daemon = queue.start_wrapped(&wrapper, &["--max-tasks", "30", "--exit-when-idle"]);
+    let status = daemon.wait_exit(DEADLINE);
+    let log = daemon.stderr();
+    assert_eq!(status.code(), Some(0), "{status}: {log}");
+    assert!(
+        !log.contains("Too many open files") && !log.contains("limit on open files"),
+        "the daemon did not raise its soft limit: {log}"
+    );
+    for id in &ids {
+        let done = queue.wait_done(id);
+        assert_eq!(done["attempts"], 1, "{id}: {done:#}");
+        // What `select()` users were started with, not the daemon's raised limit.
+        assert_eq!(done["result"], json!("48 4096"), "{id}: {done:#}");
     }
 }
