@@ -1,7 +1,7 @@
 //! `cairn bench queue`: the real daemon (`cairn run`, this very binary) against fresh queue
 //! directories, with real task files renamed into `inbox/`, as users drop them.
 //!
-//! Four measurements, one JSON line each (the loop one twice):
+//! Five measurements, one JSON line each (the loop one twice):
 //! - `throughput`: `--tasks` one-phase tasks running `true` renamed into the inbox of an idle
 //!   daemon all at once; tasks/s from the first rename to the last task's `done` event. Their
 //!   pickup latencies are printed too, but in a burst they are mostly queueing behind
@@ -19,6 +19,11 @@
 //!   ready (READY=1 on `NOTIFY_SOCKET`), until every task has resumed (its new attempt durably
 //!   on record and its phase under way), and until every task is done. Its `--max-tasks` is
 //!   the number of tasks, since that many were running when the daemon was killed.
+//! - `running`: `--running-tasks` tasks whose one command sleeps for an hour, in `inbox/` when
+//!   a daemon with that `--max-tasks` starts; once they all run (or their number has not grown
+//!   for [`PLATEAU`]), how many ran at once, how long they took to start and the daemon's peak
+//!   memory. The resume figure's commands end within milliseconds, so its tasks are never all
+//!   running together; this one's are. The daemon is then stopped, which ends the commands.
 //!
 //! Times come from the daemon's own records: the event journal `runs/<id>/events.jsonl`
 //! (nanosecond RFC 3339 timestamps from the same clock as the bench's), never from polling.
@@ -65,6 +70,8 @@ pub struct QueueOptions {
     pub max_tasks: usize,
     /// The daemon's --max-tasks in the resume run (default: `resume_tasks`).
     pub resume_max_tasks: Option<usize>,
+    /// Tasks started at once, and kept running, for the running figure.
+    pub running_tasks: usize,
     /// Only these measurements; all of them when empty.
     pub only: Vec<Measurement>,
     /// Where run directories are made.
@@ -82,6 +89,8 @@ pub enum Measurement {
     Resume,
     /// cairn and pueue (when installed) on the same one-command tasks, same parallelism.
     SideBySide,
+    /// --running-tasks tasks running at once: the daemon's peak memory with all of them.
+    Running,
 }
 
 /// The command of the one-phase tasks: `true` prints nothing, and a `once` phase takes empty
@@ -94,6 +103,14 @@ const LOOP_COMMAND: &[&str] = &["echo", "{}"];
 
 /// The reply of a resumed task's last iteration: done, so the loop ends there.
 const RESUME_COMMAND: &[&str] = &["echo", "{\"done\": true}"];
+
+/// The command of the running figure's tasks: it outlives the measurement, and stopping the
+/// daemon ends it.
+const RUNNING_COMMAND: &[&str] = &["sleep", "3600"];
+
+/// When the number of commands running has not grown for this long, the running figure is
+/// taken with what runs (commands that found no descriptor wait their backoff to start).
+const PLATEAU: Duration = Duration::from_secs(30);
 
 /// With no task finishing for this long, the bench gives up (the daemon's log says why).
 const STALL_LIMIT: Duration = Duration::from_secs(120);
@@ -130,6 +147,9 @@ pub fn run(args: &QueueOptions) -> anyhow::Result<()> {
         if wanted(Measurement::Resume) {
             let max_tasks = args.resume_max_tasks.unwrap_or(args.resume_tasks.max(1));
             print_line(&bench.resume(args.resume_tasks, max_tasks)?)?;
+        }
+        if wanted(Measurement::Running) {
+            print_line(&bench.running(args.running_tasks.max(1))?)?;
         }
         anyhow::Ok(())
     })();
@@ -213,6 +233,26 @@ pub struct LoopLine {
     /// The difference: what the daemon adds to each iteration.
     overhead_ms: f64,
     peak_rss_mib: f64,
+}
+
+/// The `running` line.
+#[derive(Debug, Serialize)]
+pub struct RunningLine {
+    bench: &'static str,
+    what: &'static str,
+    tasks: usize,
+    max_tasks: usize,
+    command: String,
+    /// The most commands the daemon had running at once (its children): `tasks`, unless some
+    /// found no descriptor (or process) free and were still waiting to start.
+    running_at_once: usize,
+    /// Daemon spawned → that many running.
+    all_running_ms: f64,
+    /// The daemon's peak resident memory once they ran (issue 16's bar for 10,000: under
+    /// 150 MB).
+    peak_rss_mib: f64,
+    /// The daemon's limit on open files, as it raised it (two per command in flight).
+    open_files_limit: u64,
 }
 
 /// The `resume` line.
@@ -485,6 +525,71 @@ impl QueueBench {
             peak_rss_mib: peak,
         })
     }
+
+    /// `tasks` long commands started at once; see the module doc.
+    fn running(&self, tasks: usize) -> anyhow::Result<RunningLine> {
+        let (queue, _) = self.prepare("running")?;
+        let inbox = QueueDir::new(&queue).inbox();
+        for i in 0..tasks {
+            let id = format!("w{i:06}");
+            let task = json!({"id": id, "phases": [{"name": "hold", "run": RUNNING_COMMAND}]});
+            let path = inbox.join(format!("{id}.json"));
+            let bytes = serde_json::to_vec(&task).context("encoding a task")?;
+            fs::write(&path, bytes).with_context(|| format!("writing {}", path.display()))?;
+        }
+        let spawned = Instant::now();
+        let mut daemon = Daemon::start(&queue, tasks, None)?;
+        let (mut most, mut grew_at) = (0, Instant::now());
+        let mut all_running = Duration::ZERO;
+        while most < tasks && grew_at.elapsed() < PLATEAU {
+            std::thread::sleep(Duration::from_millis(100));
+            daemon.check_running()?;
+            let running = children_of(daemon.pid());
+            if running > most {
+                (most, grew_at) = (running, Instant::now());
+                all_running = spawned.elapsed();
+            }
+        }
+        let peak = daemon.peak_rss_mib()?;
+        let open_files_limit = open_files_limit(daemon.pid())?;
+        daemon.stop()?;
+        Ok(RunningLine {
+            bench: "queue",
+            what: "running",
+            tasks,
+            max_tasks: tasks,
+            command: RUNNING_COMMAND.join(" "),
+            running_at_once: most,
+            all_running_ms: millis(all_running),
+            peak_rss_mib: peak,
+            open_files_limit,
+        })
+    }
+}
+
+/// How many child processes `pid` has (`/proc/<pid>/task/*/children`).
+fn children_of(pid: i32) -> usize {
+    let Ok(threads) = fs::read_dir(format!("/proc/{pid}/task")) else {
+        return 0;
+    };
+    threads
+        .filter_map(Result::ok)
+        .filter_map(|thread| fs::read_to_string(thread.path().join("children")).ok())
+        .map(|children| children.split_whitespace().count())
+        .sum()
+}
+
+/// The soft limit on open files of process `pid` (`/proc/<pid>/limits`).
+fn open_files_limit(pid: i32) -> anyhow::Result<u64> {
+    let path = format!("/proc/{pid}/limits");
+    let limits = fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
+    limits
+        .lines()
+        .find_map(|line| {
+            let rest = line.strip_prefix("Max open files")?;
+            rest.split_whitespace().next()?.parse().ok()
+        })
+        .with_context(|| format!("no \"Max open files\" in {path}"))
 }
 
 /// A one-phase task running [`ONCE_COMMAND`].

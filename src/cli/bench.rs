@@ -50,6 +50,10 @@ struct QueueArgs {
     /// Tasks in flight in current_work.json for the resume figure.
     #[arg(long, default_value_t = 10_000, value_name = "N")]
     resume_tasks: usize,
+    /// Tasks started at once and kept running (`sleep 3600`) for the running figure: the
+    /// daemon's memory with all of them in flight.
+    #[arg(long, default_value_t = 10_000, value_name = "N")]
+    running_tasks: usize,
     /// One-command tasks run by cairn and by pueue (when installed) for the side-by-side figure.
     #[arg(long, default_value_t = 500, value_name = "N")]
     side_by_side_tasks: usize,
@@ -83,6 +87,7 @@ impl QueueArgs {
             side_by_side_tasks: self.side_by_side_tasks,
             max_tasks: self.max_tasks,
             resume_max_tasks: self.resume_max_tasks,
+            running_tasks: self.running_tasks,
             only: self.only,
             dir: self.dir,
             keep: self.keep,

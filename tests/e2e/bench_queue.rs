@@ -24,6 +24,8 @@ fn run_bench(dir: &std::path::Path) -> Vec<Value> {
             "20",
             "--side-by-side-tasks",
             "10",
+            "--running-tasks",
+            "20",
             "--dir",
         ])
         .arg(dir)
@@ -63,7 +65,8 @@ fn every_measurement_prints_its_line() {
             "loop",
             "side_by_side",
             "side_by_side",
-            "resume"
+            "resume",
+            "running"
         ]
     );
     assert!(lines.iter().all(|l| l["bench"] == "queue"));
@@ -133,6 +136,14 @@ fn every_measurement_prints_its_line() {
         (num(resume, "beyond_commands_ms") - beyond).abs() < 0.01,
         "{resume}"
     );
+
+    // All twenty commands ran at once: nothing here limits twenty.
+    let running = &lines[7];
+    assert_eq!(running["tasks"], 20);
+    assert_eq!(running["command"], "sleep 3600");
+    assert_eq!(running["running_at_once"], 20, "{running}");
+    assert!(num(running, "all_running_ms") > 0.0, "{running}");
+    assert!(num(running, "open_files_limit") >= 40.0, "{running}");
 
     // Without --keep, the run's queues are removed.
     let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
