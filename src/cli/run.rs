@@ -145,8 +145,8 @@ fn open_files_for(max_tasks: usize) {
         Ok(limit) if limit.now < needed => tracing::warn!(
             limit = limit.now,
             max_tasks,
-            "the limit on open files ({}) is below the about {needed} that {max_tasks} tasks at \
-             once may need: commands that find no descriptor wait their backoff and start \
+            "the limit on open files ({}) is below what {max_tasks} tasks at once may need \
+             (about {needed}): commands that find no descriptor wait their backoff and start \
              later, without using up an attempt; raise LimitNOFILE= (or `ulimit -Hn`) to run \
              them all at once",
             limit.now
