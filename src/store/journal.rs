@@ -11,7 +11,8 @@
 //! The daemon appends through a [`JournalWriter`], which writes from a thread of its own: the
 //! first line of a task creates its run directory and journal file, and the daemon's async
 //! thread must not wait for the file system. Each event is stamped when it happens, not when
-//! its line reaches the file.
+//! its line reaches the file. A line that finds no descriptor free (`EMFILE`, with thousands of
+//! commands in flight) is held back and written before the next batch, up to a megabyte of them.
 
 use std::collections::{HashMap, HashSet};
 use std::io::{self, BufRead, Write};
@@ -57,21 +58,32 @@ fn encode(event: Event) -> Vec<u8> {
 /// Append encoded lines to a task's journal, creating its run directory and journal file if
 /// missing; failures are logged. Returns whether the lines were written.
 fn write_line(queue_root: &Path, task_id: &str, lines: &[u8]) -> bool {
-    let path = journal_path(queue_root, task_id);
-    let write = || -> io::Result<()> {
-        if let Some(dir) = path.parent() {
-            super::modes::create_dir_all(dir)?;
-        }
-        // One write call, so concurrent appends never interleave within a line.
-        super::modes::open_append(&path)?.write_all(lines)
-    };
-    match write() {
+    match try_write_line(queue_root, task_id, lines) {
         Ok(()) => true,
         Err(e) => {
-            warn_unwritten(task_id, lines, &path, &e);
+            warn_unwritten(task_id, lines, &journal_path(queue_root, task_id), &e);
             false
         }
     }
+}
+
+/// [`write_line`], handing the error back.
+fn try_write_line(queue_root: &Path, task_id: &str, lines: &[u8]) -> io::Result<()> {
+    let path = journal_path(queue_root, task_id);
+    if let Some(dir) = path.parent() {
+        super::modes::create_dir_all(dir)?;
+    }
+    // One write call, so concurrent appends never interleave within a line.
+    super::modes::open_append(&path)?.write_all(lines)
+}
+
+/// Whether an append failed only because the daemon or the system had no descriptor free
+/// (`EMFILE`, `ENFILE`): with thousands of commands in flight that passes as they end.
+fn out_of_descriptors(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(nix::libc::EMFILE | nix::libc::ENFILE)
+    )
 }
 
 fn warn_unwritten(task_id: &str, lines: &[u8], path: &Path, e: &io::Error) {
@@ -87,6 +99,10 @@ fn warn_unwritten(task_id: &str, lines: &[u8], path: &Path, e: &io::Error) {
 /// learns them again, one `mkdir` and create attempt each).
 const MAX_KNOWN_JOURNALS: usize = 100_000;
 
+/// The most bytes of lines the writer holds back for want of a descriptor (see
+/// [`Appender::deferred`]); lines past it are lost, with a warning, as any unwritten line.
+const MAX_DEFERRED_BYTES: usize = 1 << 20;
+
 /// The writer thread's side: appends each batch of lines, one open and one write per task's
 /// journal, and skips creating the run directory and journal of a task it has written to
 /// before (with thousands of tasks in flight, those attempts were most of its system calls).
@@ -94,37 +110,79 @@ struct Appender {
     queue_root: PathBuf,
     /// Tasks whose journal this writer has created or appended to.
     known: HashSet<String>,
+    /// Lines that found no descriptor free (`EMFILE`), by task, oldest first: written before
+    /// the next batch, which comes as other work goes on and ends, and at the end.
+    deferred: Vec<(String, Vec<u8>)>,
 }
 
 impl Appender {
-    fn append(&mut self, task_id: &str, lines: &[u8]) {
+    /// Append a task's lines; lines that found no descriptor free are deferred, others that
+    /// cannot be written are logged and lost.
+    fn append(&mut self, task_id: &str, lines: Vec<u8>) {
+        let Err(e) = self.try_append(task_id, &lines) else {
+            return;
+        };
+        let deferred: usize = self.deferred.iter().map(|(_, lines)| lines.len()).sum();
+        if out_of_descriptors(&e) && deferred + lines.len() <= MAX_DEFERRED_BYTES {
+            self.deferred.push((task_id.to_string(), lines));
+        } else {
+            warn_unwritten(
+                task_id,
+                &lines,
+                &journal_path(&self.queue_root, task_id),
+                &e,
+            );
+        }
+    }
+
+    fn try_append(&mut self, task_id: &str, lines: &[u8]) -> io::Result<()> {
         if self.known.contains(task_id) {
             let path = journal_path(&self.queue_root, task_id);
             match super::modes::open_append_existing(&path).and_then(|mut f| f.write_all(lines)) {
-                Ok(()) => return,
+                Ok(()) => return Ok(()),
                 // Removed since (`cairn prune`): create it again below.
                 Err(e) if e.kind() == io::ErrorKind::NotFound => {
                     self.known.remove(task_id);
                 }
-                Err(e) => {
-                    warn_unwritten(task_id, lines, &path, &e);
-                    return;
-                }
+                Err(e) => return Err(e),
             }
         }
-        if write_line(&self.queue_root, task_id, lines) {
-            if self.known.len() >= MAX_KNOWN_JOURNALS {
-                self.known.clear();
+        try_write_line(&self.queue_root, task_id, lines)?;
+        if self.known.len() >= MAX_KNOWN_JOURNALS {
+            self.known.clear();
+        }
+        self.known.insert(task_id.to_string());
+        Ok(())
+    }
+
+    /// Try the deferred lines once more; those that fail now are logged and lost.
+    fn finish(&mut self) {
+        for (task_id, lines) in std::mem::take(&mut self.deferred) {
+            if let Err(e) = self.try_append(&task_id, &lines) {
+                warn_unwritten(
+                    &task_id,
+                    &lines,
+                    &journal_path(&self.queue_root, &task_id),
+                    &e,
+                );
             }
-            self.known.insert(task_id.to_string());
         }
     }
 
-    /// Write what `first` and the messages already queued behind it hold, grouped by task
-    /// (each task's lines in order), then answer the flushes among them.
+    /// Write the deferred lines, then what `first` and the messages already queued behind it
+    /// hold, grouped by task (each task's lines in order), then answer the flushes among them.
     fn drain(&mut self, first: Message, receiver: &mpsc::Receiver<Message>) {
         let mut tasks: Vec<(String, Vec<u8>)> = Vec::new();
         let mut index: HashMap<String, usize> = HashMap::new();
+        for (task_id, lines) in std::mem::take(&mut self.deferred) {
+            match index.get(&task_id) {
+                Some(&i) => tasks[i].1.extend_from_slice(&lines),
+                None => {
+                    index.insert(task_id.clone(), tasks.len());
+                    tasks.push((task_id, lines));
+                }
+            }
+        }
         let mut flushes = Vec::new();
         let mut next = Some(first);
         let mut taken = 0;
@@ -144,8 +202,8 @@ impl Appender {
                 next = receiver.try_recv().ok();
             }
         }
-        for (task_id, lines) in &tasks {
-            self.append(task_id, lines);
+        for (task_id, lines) in tasks {
+            self.append(&task_id, lines);
         }
         for done in flushes {
             let _ = done.send(());
@@ -188,10 +246,12 @@ impl JournalWriter {
                 let mut appender = Appender {
                     queue_root: root,
                     known: HashSet::new(),
+                    deferred: Vec::new(),
                 };
                 while let Ok(first) = receiver.recv() {
                     appender.drain(first, &receiver);
                 }
+                appender.finish();
             });
         match thread {
             Ok(thread) => JournalWriter {

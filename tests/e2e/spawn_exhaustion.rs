@@ -5,7 +5,8 @@
 //! strace (`.ci/run` installs it); the descriptors run out under a low `ulimit -n`.
 
 use crate::common::*;
-use serde_json::json;
+use serde_json::{json, Value};
+use std::fs;
 
 /// Run the daemon until idle under strace, its first `failures` forks failing with `errno`;
 /// returns what it logged.
@@ -120,6 +121,29 @@ fn a_daemon_out_of_descriptors_starts_the_rest_later_without_using_up_attempts()
         let done = queue.wait_done(id);
         assert_eq!(done["failed_attempts"], 0, "{id}: {done:#}");
         assert_eq!(done["result"], json!("48 48"), "{id}: {done:#}");
+        // Journal lines that found no descriptor were written later, not lost.
+        let journal = fs::read_to_string(queue.path(&format!("runs/{id}/events.jsonl"))).unwrap();
+        let names: Vec<String> = journal
+            .lines()
+            .map(|line| serde_json::from_str::<Value>(line).unwrap()["event"].to_string())
+            .collect();
+        let count = |name: &str| {
+            names
+                .iter()
+                .filter(|n| *n == &format!("\"{name}\""))
+                .count()
+        };
+        // The phase started once per command that found no descriptor, and once more to run
+        // (a done record that found none is written again in an attempt of its own, with no
+        // phase to start).
+        assert_eq!(count("accepted"), 1, "{id}: {journal}");
+        assert_eq!(count("phase_finished"), 1, "{id}: {journal}");
+        assert_eq!(
+            count("phase_started"),
+            count("attempt_failed") + 1,
+            "{id}: {journal}"
+        );
+        assert_eq!(count("done"), 1, "{id}: {journal}");
     }
 }
 
