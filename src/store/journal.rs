@@ -113,6 +113,8 @@ struct Appender {
     /// Lines that found no descriptor free (`EMFILE`), by task, oldest first: written before
     /// the next batch, which comes as other work goes on and ends, and at the end.
     deferred: Vec<(String, Vec<u8>)>,
+    /// The bytes in `deferred`.
+    deferred_bytes: usize,
 }
 
 impl Appender {
@@ -122,8 +124,8 @@ impl Appender {
         let Err(e) = self.try_append(task_id, &lines) else {
             return;
         };
-        let deferred: usize = self.deferred.iter().map(|(_, lines)| lines.len()).sum();
-        if out_of_descriptors(&e) && deferred + lines.len() <= MAX_DEFERRED_BYTES {
+        if out_of_descriptors(&e) && self.deferred_bytes + lines.len() <= MAX_DEFERRED_BYTES {
+            self.deferred_bytes += lines.len();
             self.deferred.push((task_id.to_string(), lines));
         } else {
             warn_unwritten(
@@ -157,6 +159,7 @@ impl Appender {
 
     /// Try the deferred lines once more; those that fail now are logged and lost.
     fn finish(&mut self) {
+        self.deferred_bytes = 0;
         for (task_id, lines) in std::mem::take(&mut self.deferred) {
             if let Err(e) = self.try_append(&task_id, &lines) {
                 warn_unwritten(
@@ -174,6 +177,7 @@ impl Appender {
     fn drain(&mut self, first: Message, receiver: &mpsc::Receiver<Message>) {
         let mut tasks: Vec<(String, Vec<u8>)> = Vec::new();
         let mut index: HashMap<String, usize> = HashMap::new();
+        self.deferred_bytes = 0;
         for (task_id, lines) in std::mem::take(&mut self.deferred) {
             match index.get(&task_id) {
                 Some(&i) => tasks[i].1.extend_from_slice(&lines),
@@ -247,6 +251,7 @@ impl JournalWriter {
                     queue_root: root,
                     known: HashSet::new(),
                     deferred: Vec::new(),
+                    deferred_bytes: 0,
                 };
                 while let Ok(first) = receiver.recv() {
                     appender.drain(first, &receiver);
