@@ -18,6 +18,10 @@
 //! the new process resets every handler to the default before unblocking them, so no handler of
 //! the daemon's ever runs in it.
 //!
+//! The new process also shares the daemon's descriptor table at first, and makes its own of the
+//! few it needs before it changes any (see `Slots`): a copy of the whole table would have its
+//! `exec` close every pipe and pidfd of thousands of commands in flight, one by one.
+//!
 //! The parent-death signal fires when the *thread* that started the process exits: the daemon
 //! starts commands from its runtime's one thread, which lives as long as the daemon.
 
