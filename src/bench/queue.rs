@@ -21,9 +21,9 @@
 //!   the number of tasks, since that many were running when the daemon was killed.
 //! - `running`: `--running-tasks` tasks whose one command sleeps for an hour, in `inbox/` when
 //!   a daemon with that `--max-tasks` starts; once they all run (or their number has not grown
-//!   for [`PLATEAU`]), how many ran at once, how long they took to start and the daemon's peak
-//!   memory. The resume figure's commands end within milliseconds, so its tasks are never all
-//!   running together; this one's are. The daemon is then stopped, which ends the commands.
+//!   for `PLATEAU`, 30 s), how many ran at once, how long they took to start and the daemon's
+//!   peak memory. The resume figure's commands end within milliseconds, so its tasks are never
+//!   all running together; this one's are. The daemon is then stopped, which ends the commands.
 //!
 //! Times come from the daemon's own records: the event journal `runs/<id>/events.jsonl`
 //! (nanosecond RFC 3339 timestamps from the same clock as the bench's), never from polling.

@@ -27,7 +27,7 @@ pub struct FileLimit {
 }
 
 /// Raise this process's soft limit on open files to its hard limit, and remember the old one
-/// for the commands it starts ([`for_commands`]). For the `cairn run` process only: a program
+/// for the commands it starts (`for_commands`). For the `cairn run` process only: a program
 /// that embeds the library keeps the limits it chose.
 pub fn raise_soft_limit() -> std::io::Result<FileLimit> {
     let mut limit = libc::rlimit {
