@@ -533,9 +533,8 @@ impl QueueBench {
         for i in 0..tasks {
             let id = format!("w{i:06}");
             let task = json!({"id": id, "phases": [{"name": "hold", "run": RUNNING_COMMAND}]});
-            let path = inbox.join(format!("{id}.json"));
-            let bytes = serde_json::to_vec(&task).context("encoding a task")?;
-            fs::write(&path, bytes).with_context(|| format!("writing {}", path.display()))?;
+            // Into the inbox itself: no daemon watches it yet.
+            stage(&inbox, &id, &task)?;
         }
         let spawned = Instant::now();
         let mut daemon = Daemon::start(&queue, tasks, None)?;

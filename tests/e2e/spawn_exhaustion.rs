@@ -67,14 +67,20 @@ fn a_spawn_failing_with_eagain_or_enomem_uses_up_no_attempt() {
     }
 }
 
-/// `bash` setting the daemon's soft and hard limits on open files, then running it.
-fn with_file_limits(soft: u32, hard: u32) -> Vec<String> {
-    vec![
-        "bash".into(),
-        "-c".into(),
-        // Soft first: a hard limit below the soft one is refused.
-        format!("ulimit -Sn {soft} && ulimit -Hn {hard} && exec \"$0\" \"$@\""),
-    ]
+/// Run the daemon until idle under `ulimit -Sn soft` and `-Hn hard`, with room for `tasks` at
+/// once; returns what it logged, once it has exited 0.
+fn run_with_file_limits(queue: &TestQueue, soft: u32, hard: u32, tasks: usize) -> String {
+    // Soft first: a hard limit below the soft one is refused.
+    let script = format!("ulimit -Sn {soft} && ulimit -Hn {hard} && exec \"$0\" \"$@\"");
+    let max_tasks = tasks.to_string();
+    let mut daemon = queue.start_wrapped(
+        &["bash", "-c", &script],
+        &["--max-tasks", &max_tasks, "--exit-when-idle"],
+    );
+    let status = daemon.wait_exit(DEADLINE);
+    let log = daemon.stderr();
+    assert_eq!(status.code(), Some(0), "{status}: {log}");
+    log
 }
 
 /// `count` tasks of one attempt each whose command sleeps a second, so that they are all in
@@ -103,12 +109,7 @@ fn a_daemon_out_of_descriptors_starts_the_rest_later_without_using_up_attempts()
     // Sixty commands at once hold about 120 descriptors in the daemon (a pidfd and a pipe
     // each), beside its own: far past 48.
     let ids = seed_sleepers(&queue, 60);
-    let wrapper = with_file_limits(48, 48);
-    let wrapper: Vec<&str> = wrapper.iter().map(String::as_str).collect();
-    let mut daemon = queue.start_wrapped(&wrapper, &["--max-tasks", "60", "--exit-when-idle"]);
-    let status = daemon.wait_exit(DEADLINE);
-    let log = daemon.stderr();
-    assert_eq!(status.code(), Some(0), "{status}: {log}");
+    let log = run_with_file_limits(&queue, 48, 48, ids.len());
     assert!(
         log.contains("the limit on open files (48) is below"),
         "no warning about the limit at start: {log}"
@@ -154,12 +155,7 @@ fn the_daemon_raises_its_soft_limit_and_commands_get_the_one_it_started_with() {
     let queue = TestQueue::new();
     let ids = seed_sleepers(&queue, 30);
     // 48 would run out as in the test above; the hard limit leaves room for all thirty.
-    let wrapper = with_file_limits(48, 4096);
-    let wrapper: Vec<&str> = wrapper.iter().map(String::as_str).collect();
-    let mut daemon = queue.start_wrapped(&wrapper, &["--max-tasks", "30", "--exit-when-idle"]);
-    let status = daemon.wait_exit(DEADLINE);
-    let log = daemon.stderr();
-    assert_eq!(status.code(), Some(0), "{status}: {log}");
+    let log = run_with_file_limits(&queue, 48, 4096, ids.len());
     assert!(
         !log.contains("Too many open files") && !log.contains("limit on open files"),
         "the daemon did not raise its soft limit: {log}"
