@@ -1,6 +1,6 @@
 //! `cairn bench checkpoint`: the checkpoint workload of `bench/workload.md` through cairn's real
 //! checkpoint path ([`Queue::checkpointer`]: a [`LoopCheckpointer`] fenced by the task's lease →
-//! [`CheckpointStore`](crate::store::CheckpointStore) → [`FileStorage`]), the code the daemon's
+//! [`CheckpointStore`] → [`FileStorage`]), the code the daemon's
 //! loop phases run.
 //!
 //! Sequential runs call the checkpointer on one thread, as an embedding program does.

@@ -111,7 +111,7 @@ pub fn print(text: &str) -> CliResult {
     Ok(())
 }
 
-/// [`print`] with a newline after `line`.
+/// [`print()`] with a newline after `line`.
 pub fn print_line(line: impl fmt::Display) -> CliResult {
     print(&format!("{line}\n"))
 }

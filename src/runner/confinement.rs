@@ -141,8 +141,8 @@ impl TaskConfinement {
 
     /// End every process of the task still alive after its attempt (blocking): everything in
     /// its cgroup, else everything carrying its `CAIRN_RUN_DIR`. Returns how many were found.
-    pub fn end_leftovers(&self) -> usize {
-        match &self.cgroup {
+    pub fn end_leftovers(self) -> usize {
+        match self.cgroup {
             Some(cgroup) => cgroup.end_all(),
             None => task_processes::kill_by_marker(&self.run_dir),
         }

@@ -18,6 +18,8 @@
 
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use nix::sys::signal::{kill, Signal};
@@ -31,12 +33,18 @@ const MAX_ROUNDS: usize = 50;
 #[derive(Debug, Clone)]
 pub struct CgroupRoot {
     dir: PathBuf,
+    /// Task cgroups made by [`CgroupRoot::task`] and not yet ended: the queue's cgroup is
+    /// removed only when the last one ends. Trying it at every task's end would take the
+    /// kernel's global cgroup lock once more per task, only to fail while others run.
+    live: Arc<AtomicUsize>,
 }
 
-/// One task's cgroup.
-#[derive(Debug, Clone)]
+/// One task's cgroup; ended once, by value.
+#[derive(Debug)]
 pub struct TaskCgroup {
     dir: PathBuf,
+    /// The count of its queue's live task cgroups; `None` for a predecessor's leftover.
+    live: Option<Arc<AtomicUsize>>,
 }
 
 impl CgroupRoot {
@@ -58,27 +66,43 @@ impl CgroupRoot {
                 return None;
             }
         }
-        Some(CgroupRoot { dir })
+        Some(CgroupRoot {
+            dir,
+            live: Arc::new(AtomicUsize::new(0)),
+        })
     }
 
     /// The cgroup of task `id`, created if missing.
     pub fn task(&self, id: &str) -> io::Result<TaskCgroup> {
         let dir = self.dir.join(format!("task-{id}"));
-        // The queue's directory may have been removed by `remove_if_empty` of another task
-        // in between: create it again, once.
+        // Counted before it exists, so the queue's cgroup is not removed under it.
+        self.live.fetch_add(1, Ordering::SeqCst);
+        let made = TaskCgroup {
+            dir,
+            live: Some(Arc::clone(&self.live)),
+        };
+        // The queue's directory may have been removed when another task's cgroup, then the
+        // last one, ended in between: create it again, once.
         for _ in 0..2 {
-            match std::fs::create_dir(&dir) {
-                Ok(()) => return Ok(TaskCgroup { dir }),
-                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
-                    return Ok(TaskCgroup { dir })
-                }
+            match std::fs::create_dir(&made.dir) {
+                Ok(()) => return Ok(made),
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => return Ok(made),
                 Err(e) if e.kind() == io::ErrorKind::NotFound => {
                     let _ = std::fs::create_dir(&self.dir);
                 }
-                Err(e) => return Err(e),
+                Err(e) => {
+                    self.live.fetch_sub(1, Ordering::SeqCst);
+                    return Err(e);
+                }
             }
         }
-        std::fs::create_dir(&dir).map(|()| TaskCgroup { dir })
+        match std::fs::create_dir(&made.dir) {
+            Ok(()) => Ok(made),
+            Err(e) => {
+                self.live.fetch_sub(1, Ordering::SeqCst);
+                Err(e)
+            }
+        }
     }
 
     /// End every process left in the queue's task cgroups (a previous daemon's) and remove
@@ -90,7 +114,13 @@ impl CgroupRoot {
         entries
             .filter_map(|entry| entry.ok())
             .filter(|entry| entry.file_name().to_string_lossy().starts_with("task-"))
-            .map(|entry| TaskCgroup { dir: entry.path() }.end_all())
+            .map(|entry| {
+                TaskCgroup {
+                    dir: entry.path(),
+                    live: None,
+                }
+                .end_all()
+            })
             .sum()
     }
 
@@ -108,7 +138,7 @@ impl TaskCgroup {
 
     /// Kill every process in the cgroup, wait until it is empty, and remove it. Returns how
     /// many processes were found in it.
-    pub fn end_all(&self) -> usize {
+    pub fn end_all(self) -> usize {
         let found = self.pids().len();
         if found > 0 {
             // cgroup.kill (Linux 5.14) kills all, even those started meanwhile; else one by one.
@@ -136,9 +166,16 @@ impl TaskCgroup {
             }
         }
         // The queue's cgroup too, when this was its last task: a daemon killed while idle then
-        // leaves no empty cgroup behind ([`CgroupRoot::task`] creates it again).
-        if let Some(queue_dir) = self.dir.parent() {
-            let _ = std::fs::remove_dir(queue_dir);
+        // leaves no empty cgroup behind ([`CgroupRoot::task`] creates it again). A leftover of
+        // a predecessor tries it at once (the daemon is just starting).
+        let last = self
+            .live
+            .as_ref()
+            .is_none_or(|live| live.fetch_sub(1, Ordering::SeqCst) == 1);
+        if last {
+            if let Some(queue_dir) = self.dir.parent() {
+                let _ = std::fs::remove_dir(queue_dir);
+            }
         }
         found
     }
@@ -216,7 +253,7 @@ fn cgroup2_mount() -> Option<PathBuf> {
 
 #[cfg(test)]
 mod tests {
-    use super::kill_by_marker;
+    use super::{kill_by_marker, CgroupRoot};
     use std::os::unix::process::CommandExt;
     use std::process::Command;
     use std::time::{Duration, Instant};
@@ -257,5 +294,31 @@ mod tests {
         );
         other.kill().unwrap();
         other.wait().unwrap();
+    }
+
+    #[test]
+    fn the_queue_cgroup_is_removed_with_its_last_task_cgroup_and_made_again_for_the_next() {
+        let runs = tempfile::tempdir().unwrap();
+        let Some(root) = CgroupRoot::for_queue(runs.path()) else {
+            assert!(
+                std::env::var("CI").as_deref() != Ok("true"),
+                "CI runs as root on cgroup v2, where this process may create cgroups"
+            );
+            eprintln!("SKIPPED: this process may not create a cgroup v2 under its own");
+            return;
+        };
+        let first = root.task("a").unwrap();
+        let second = root.task("b").unwrap();
+        assert_eq!(first.end_all(), 0);
+        assert!(root.dir.is_dir(), "the other task's cgroup is still in it");
+        assert_eq!(second.end_all(), 0);
+        assert!(
+            !root.dir.exists(),
+            "the last task's end removes the queue's cgroup"
+        );
+        let third = root.task("c").unwrap();
+        assert!(third.dir.is_dir(), "the queue's cgroup is made again");
+        third.end_all();
+        assert!(!root.dir.exists());
     }
 }

@@ -139,7 +139,7 @@ impl PgBackend {
     }
 
     /// Take task files dropped into the `inbox/` of `local` (this host's queue directory,
-    /// absolute, its directories made) into the shared queue: see [`super::intake`].
+    /// absolute, its directories made) into the shared queue: see the `intake` module.
     pub fn with_inbox(mut self, local: QueueDir) -> PgBackend {
         let runtime = self
             .runtime
