@@ -442,6 +442,12 @@ impl Default for TestQueue {
 
 impl Drop for TestQueue {
     fn drop(&mut self) {
+        // A daemon the test killed leaves its queue's cgroups behind (empty: its commands died
+        // with it). A restarted daemon would remove them; nothing restarts on a temp queue.
+        if let Some(cgroups) = cairn::runner::CgroupRoot::for_queue(&self.root.join("runs")) {
+            cgroups.kill_leftovers();
+            cgroups.remove_if_empty();
+        }
         if !std::thread::panicking() {
             return;
         }
