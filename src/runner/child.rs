@@ -175,10 +175,32 @@ fn errno_of(error: &io::Error) -> Option<i32> {
 
 /// Open a command's log for appending and write its header line.
 pub fn open_log(path: &std::path::Path, header: &str) -> io::Result<std::fs::File> {
-    let mut log = crate::store::modes::open_append(path)
-        .map_err(|e| io::Error::new(e.kind(), format!("opening log {}: {e}", path.display())))?;
+    let mut log = crate::store::modes::open_append(path).map_err(|e| log_error(path, e))?;
     writeln!(log, "{header}")?;
     Ok(log)
+}
+
+/// [`open_log`] from the async thread, which must not wait for the disk: a phase's log exists
+/// after its first command and is only opened here; creating it (an inode to allocate, the
+/// directory locked) is left to the blocking pool.
+async fn open_log_from_async(path: &std::path::Path, header: &str) -> io::Result<std::fs::File> {
+    match crate::store::modes::open_append_existing(path) {
+        Ok(mut log) => {
+            writeln!(log, "{header}")?;
+            Ok(log)
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            let (path, header) = (path.to_path_buf(), header.to_string());
+            super::spawn_limited(move || open_log(&path, &header))
+                .await
+                .map_err(io::Error::other)?
+        }
+        Err(e) => Err(log_error(path, e)),
+    }
+}
+
+fn log_error(path: &std::path::Path, e: io::Error) -> io::Error {
+    io::Error::new(e.kind(), format!("opening log {}: {e}", path.display()))
 }
 
 /// The process group a spawned child leads.
@@ -227,7 +249,9 @@ pub async fn run_command(
     shutdown: &Shutdown,
     cancel: &CancellationToken,
 ) -> Result<RunEnd, RunError> {
-    let log = open_log(&run.log, &run.log_header).map_err(RunError::Log)?;
+    let log = open_log_from_async(&run.log, &run.log_header)
+        .await
+        .map_err(RunError::Log)?;
     let mut child = spawn_in_group(
         &run.argv,
         &run.cwd,

@@ -384,3 +384,61 @@ fn new_tasks_taken_in_together_list_incremental_once_not_once_each() {
         "incremental/ was listed {listings} times for {tasks} new tasks"
     );
 }
+
+#[test]
+fn a_phase_log_is_created_off_the_async_thread_and_then_only_opened() {
+    if !require_strace("a_phase_log_is_created_off_the_async_thread_and_then_only_opened") {
+        return;
+    }
+    let queue = TestQueue::new();
+    let iterations = 3;
+    traced_task(&queue, iterations);
+    let traces = strace_until_idle(&queue, "log", "trace=openat,execve");
+    let done = queue.wait_done("traced");
+    assert_eq!(done["status"], "done", "{done}");
+    let log = fs::canonicalize(queue.path("runs/traced/0-count.log")).unwrap();
+    let log = log.to_str().unwrap().to_string();
+    // The async thread is the daemon's first: its trace starts with the exec of cairn. The
+    // blocking pool's threads exec nothing; the commands' processes exec `sh`.
+    let is_async_thread = |text: &&String| {
+        text.lines()
+            .filter_map(parse_line)
+            .find(|call| call.name == "execve")
+            .is_some_and(|call| {
+                quoted(&call.args)
+                    .first()
+                    .is_some_and(|p| p.ends_with("/cairn"))
+            })
+    };
+    let opens_of_log = |text: &String| -> Vec<Call> {
+        text.lines()
+            .filter_map(parse_line)
+            .filter(|call| call.name == "openat" && quoted(&call.args).first() == Some(&log))
+            .collect()
+    };
+    let async_thread: Vec<&String> = traces.iter().filter(is_async_thread).collect();
+    assert_eq!(async_thread.len(), 1, "one trace starts with cairn's exec");
+    let on_async = opens_of_log(async_thread[0]);
+    assert!(
+        on_async.iter().all(|call| !call.args.contains("O_CREAT")),
+        "the async thread created the log: {on_async:?}"
+    );
+    let opened = on_async
+        .iter()
+        .filter(|call| call.result.parse::<i64>().is_ok_and(|fd| fd >= 0))
+        .count();
+    assert_eq!(
+        opened,
+        iterations as usize - 1,
+        "every command after the first opens the existing log on the async thread: {on_async:?}"
+    );
+    let created = traces
+        .iter()
+        .filter(|text| !is_async_thread(text))
+        .flat_map(opens_of_log)
+        .filter(|call| {
+            call.args.contains("O_CREAT") && call.result.parse::<i64>().is_ok_and(|fd| fd >= 0)
+        })
+        .count();
+    assert_eq!(created, 1, "the log is created once, on the blocking pool");
+}
