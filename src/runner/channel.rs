@@ -80,9 +80,14 @@ impl std::fmt::Debug for Channel {
 }
 
 impl Channel {
-    /// Make a fresh FIFO at `path` (replacing a stale one) and open it.
-    pub fn create(path: &Path) -> io::Result<Channel> {
-        make_fifo(path)?;
+    /// Make a fresh FIFO at `path`, replacing a stale one (blocking: an inode to allocate);
+    /// [`Channel::open`] then opens it.
+    pub fn make(path: &Path) -> io::Result<()> {
+        make_fifo(path)
+    }
+
+    /// Open the FIFO made at `path` (on the runtime: its reader joins the runtime's reactor).
+    pub fn open(path: &Path) -> io::Result<Channel> {
         let receiver = pipe::OpenOptions::new()
             .read_write(true)
             .open_receiver(path)?;

@@ -106,16 +106,16 @@ impl TaskConfinement {
     /// Give `path` (which the daemon created) to the submitter with `mode`, when commands run
     /// as their submitter; nothing otherwise.
     pub fn hand_over(&self, path: &Path, mode: u32) -> io::Result<()> {
-        let Some(run_as) = &self.run_as else {
-            return Ok(());
-        };
-        use std::os::unix::fs::PermissionsExt;
-        std::os::unix::fs::lchown(
-            path,
-            Some(run_as.switch.uid.as_raw()),
-            Some(run_as.switch.gid.as_raw()),
-        )?;
-        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+        self.file_owner().hand_over(path, mode)
+    }
+
+    /// Who [`TaskConfinement::hand_over`] gives files to, as a value a blocking job can take.
+    pub fn file_owner(&self) -> FileOwner {
+        FileOwner(
+            self.run_as
+                .as_ref()
+                .map(|run_as| (run_as.switch.uid.as_raw(), run_as.switch.gid.as_raw())),
+        )
     }
 
     /// The submitter's login variables (`USER`, `HOME`, ...), and `XDG_CACHE_HOME` in its
@@ -146,6 +146,23 @@ impl TaskConfinement {
             Some(cgroup) => cgroup.end_all(),
             None => task_processes::kill_by_marker(&self.run_dir),
         }
+    }
+}
+
+/// The submitter's uid and gid when commands run as their submitter, else nobody: the owner
+/// the files a task's commands use are handed to.
+#[derive(Debug, Clone, Copy)]
+pub struct FileOwner(Option<(u32, u32)>);
+
+impl FileOwner {
+    /// Give `path` to the owner with `mode`; nothing when there is none.
+    pub fn hand_over(self, path: &Path, mode: u32) -> io::Result<()> {
+        let Some((uid, gid)) = self.0 else {
+            return Ok(());
+        };
+        use std::os::unix::fs::PermissionsExt;
+        std::os::unix::fs::lchown(path, Some(uid), Some(gid))?;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
     }
 }
 

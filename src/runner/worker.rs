@@ -16,6 +16,7 @@
 //! dies, the worker is stopped for a failed write or its budget) ends the worker: the answer
 //! goes out before the SIGTERM's effect matters, and SIGKILL follows.
 
+use std::path::PathBuf;
 use std::process::ExitStatus;
 
 use nix::sys::signal::Signal;
@@ -26,6 +27,7 @@ use tokio::time::Instant;
 use super::channel::{AckPipe, Channel, ChannelError, CheckpointMessage, Message};
 use super::checkpointing::PhaseCheckpointer;
 use super::child::{group_of, kill_group, open_log, spawn_in_group, KILL_AFTER};
+use super::confinement::FileOwner;
 use super::spawn::{CommandProcess, StdinFrom, StdoutTo};
 use super::worker_supervision::{Event, KillReason, Supervision};
 use super::{PhaseEnd, PhaseError, PhaseRun};
@@ -85,7 +87,7 @@ pub(super) async fn run(run: &PhaseRun<'_>) -> Result<PhaseEnd, PhaseError> {
         Some(cp) => (cp.iteration_count, cp.partial_results.clone()),
         None => (0, Value::Null),
     };
-    let mut launched = launch(run, resumed.is_some(), count, &state)?;
+    let mut launched = launch(run, resumed.is_some(), count, &state).await?;
     tracing::info!(task_id = %run.task.id(), phase = %run.phase.name, iteration = count, "worker started");
     let worker = WorkerState {
         checkpoints,
@@ -119,7 +121,7 @@ fn transient(what: &str, e: std::io::Error) -> PhaseError {
 }
 
 /// Start the worker with its environment, its resume file (when it resumes) and fresh pipes.
-fn launch(
+async fn launch(
     run: &PhaseRun<'_>,
     resumed: bool,
     count: u64,
@@ -127,45 +129,40 @@ fn launch(
 ) -> Result<Launched, PhaseError> {
     let task_id = run.task.id();
     let run_dir = run.ctx.queue.run_dir(task_id);
-    let resume_path = run_dir.join(format!("resume-{}.json", run.index));
     let mut env = run.env(None);
     env.retain(|(k, _)| k != "CAIRN_IDEMPOTENCY_KEY");
     env.push((
         "CAIRN_IDEMPOTENCY_KEY".into(),
         format!("{task_id}:{}:{count}", run.phase.name),
     ));
-    if resumed {
-        let line = format!(
-            "{{\"iteration\":{count},\"state\":{}}}\n",
-            serde_json::to_string(state).unwrap_or_else(|_| "null".into())
-        );
-        // Removed first: with --run-as-submitter the last one belongs to the submitter.
-        let _ = std::fs::remove_file(&resume_path);
-        crate::store::modes::write_file(&resume_path, line.as_bytes())
-            .and_then(|()| run.confinement.hand_over(&resume_path, 0o600))
-            .map_err(|e| transient("writing the resume file", e))?;
-        env.push(("CAIRN_RESUME".into(), resume_path.display().to_string()));
-    } else if let Err(e) = std::fs::remove_file(&resume_path) {
-        if e.kind() != std::io::ErrorKind::NotFound {
-            return Err(transient("removing a stale resume file", e));
-        }
-    }
     // A fresh name per attempt: a helper process orphaned by an earlier crash cannot write
     // into this attempt's channel.
-    let channel = Channel::create(&run_dir.join(format!("channel-{}-{}", run.index, run.attempt)))
-        .map_err(|e| transient("creating the worker channel", e))?;
-    run.confinement
-        .hand_over(channel.path(), 0o600)
-        .map_err(|e| transient("handing the worker channel to the submitter", e))?;
-    env.push(("CAIRN_CHANNEL".into(), channel.path().display().to_string()));
-    let ack = AckPipe::create(&run_dir.join(format!("ack-{}-{}", run.index, run.attempt)))
-        .map_err(|e| transient("creating the worker's ack pipe", e))?;
-    run.confinement
-        .hand_over(ack.path(), 0o600)
-        .map_err(|e| transient("handing the worker's ack pipe to the submitter", e))?;
-    env.push(("CAIRN_ACK".into(), ack.path().display().to_string()));
-    let log = open_log(&run.log_path(), &run.log_header(None))
-        .map_err(|e| transient("opening the log", e))?;
+    let files = WorkerFiles {
+        resume_path: run_dir.join(format!("resume-{}.json", run.index)),
+        resume_line: resumed.then(|| {
+            format!(
+                "{{\"iteration\":{count},\"state\":{}}}\n",
+                serde_json::to_string(state).unwrap_or_else(|_| "null".into())
+            )
+        }),
+        channel_path: run_dir.join(format!("channel-{}-{}", run.index, run.attempt)),
+        ack_path: run_dir.join(format!("ack-{}-{}", run.index, run.attempt)),
+        log_path: run.log_path(),
+        log_header: run.log_header(None),
+        owner: run.confinement.file_owner(),
+    };
+    if resumed {
+        env.push((
+            "CAIRN_RESUME".into(),
+            files.resume_path.display().to_string(),
+        ));
+    }
+    let channel_path = files.channel_path.clone();
+    env.push(("CAIRN_CHANNEL".into(), channel_path.display().to_string()));
+    env.push(("CAIRN_ACK".into(), files.ack_path.display().to_string()));
+    let (ack, log) = super::blocking(move || files.make()).await??;
+    let channel =
+        Channel::open(&channel_path).map_err(|e| transient("opening the worker channel", e))?;
     let child = spawn_in_group(
         &run.phase.run,
         &run.cwd(),
@@ -183,6 +180,55 @@ fn launch(
         channel,
         ack,
     })
+}
+
+/// The files a worker's start makes in its run directory, made on the blocking pool (each is
+/// an inode to allocate, which can wait for the disk): its resume file, its channel and ack
+/// FIFOs, its log.
+struct WorkerFiles {
+    resume_path: PathBuf,
+    /// The resume file's line, when the worker resumes; without it a stale file is removed.
+    resume_line: Option<String>,
+    channel_path: PathBuf,
+    ack_path: PathBuf,
+    log_path: PathBuf,
+    log_header: String,
+    /// Who the files are handed to (the submitter, with `--run-as-submitter`).
+    owner: FileOwner,
+}
+
+impl WorkerFiles {
+    /// Blocking. The channel is made here and opened by the caller, on the runtime.
+    fn make(self) -> Result<(AckPipe, std::fs::File), PhaseError> {
+        match &self.resume_line {
+            Some(line) => {
+                // Removed first: with --run-as-submitter the last one belongs to the submitter.
+                let _ = std::fs::remove_file(&self.resume_path);
+                crate::store::modes::write_file(&self.resume_path, line.as_bytes())
+                    .and_then(|()| self.owner.hand_over(&self.resume_path, 0o600))
+                    .map_err(|e| transient("writing the resume file", e))?;
+            }
+            None => match std::fs::remove_file(&self.resume_path) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    return Err(transient("removing a stale resume file", e));
+                }
+                _ => {}
+            },
+        }
+        Channel::make(&self.channel_path)
+            .map_err(|e| transient("creating the worker channel", e))?;
+        self.owner
+            .hand_over(&self.channel_path, 0o600)
+            .map_err(|e| transient("handing the worker channel to the submitter", e))?;
+        let ack = AckPipe::create(&self.ack_path)
+            .map_err(|e| transient("creating the worker's ack pipe", e))?;
+        self.owner
+            .hand_over(ack.path(), 0o600)
+            .map_err(|e| transient("handing the worker's ack pipe to the submitter", e))?;
+        let log = open_log(&self.log_path, &self.log_header)
+            .map_err(|e| transient("opening the log", e))?;
+        Ok((ack, log))
+    }
 }
 
 /// Handle the worker's messages until it exits, moving its supervision on at every stop

@@ -385,6 +385,20 @@ fn new_tasks_taken_in_together_list_incremental_once_not_once_each() {
     );
 }
 
+/// Whether `text` is the trace of the daemon's async thread: the daemon's first thread, whose
+/// trace starts with the exec of cairn. The blocking pool's threads exec nothing; the commands'
+/// processes exec their programs.
+fn is_async_thread(text: &str) -> bool {
+    text.lines()
+        .filter_map(parse_line)
+        .find(|call| call.name == "execve")
+        .is_some_and(|call| {
+            quoted(&call.args)
+                .first()
+                .is_some_and(|p| p.ends_with("/cairn"))
+        })
+}
+
 #[test]
 fn a_phase_log_is_created_off_the_async_thread_and_then_only_opened() {
     if !require_strace("a_phase_log_is_created_off_the_async_thread_and_then_only_opened") {
@@ -398,25 +412,13 @@ fn a_phase_log_is_created_off_the_async_thread_and_then_only_opened() {
     assert_eq!(done["status"], "done", "{done}");
     let log = fs::canonicalize(queue.path("runs/traced/0-count.log")).unwrap();
     let log = log.to_str().unwrap().to_string();
-    // The async thread is the daemon's first: its trace starts with the exec of cairn. The
-    // blocking pool's threads exec nothing; the commands' processes exec `sh`.
-    let is_async_thread = |text: &&String| {
-        text.lines()
-            .filter_map(parse_line)
-            .find(|call| call.name == "execve")
-            .is_some_and(|call| {
-                quoted(&call.args)
-                    .first()
-                    .is_some_and(|p| p.ends_with("/cairn"))
-            })
-    };
     let opens_of_log = |text: &String| -> Vec<Call> {
         text.lines()
             .filter_map(parse_line)
             .filter(|call| call.name == "openat" && quoted(&call.args).first() == Some(&log))
             .collect()
     };
-    let async_thread: Vec<&String> = traces.iter().filter(is_async_thread).collect();
+    let async_thread: Vec<&String> = traces.iter().filter(|text| is_async_thread(text)).collect();
     assert_eq!(async_thread.len(), 1, "one trace starts with cairn's exec");
     let on_async = opens_of_log(async_thread[0]);
     assert!(
@@ -441,4 +443,51 @@ fn a_phase_log_is_created_off_the_async_thread_and_then_only_opened() {
         })
         .count();
     assert_eq!(created, 1, "the log is created once, on the blocking pool");
+}
+
+#[test]
+fn a_workers_fifos_resume_file_and_log_are_made_off_the_async_thread() {
+    if !require_strace("a_workers_fifos_resume_file_and_log_are_made_off_the_async_thread") {
+        return;
+    }
+    let queue = TestQueue::new();
+    let task = serde_json::json!({
+        "id": "traced",
+        "phases": [{"name": "work", "kind": "worker", "run": ["sh", "-c", "exit 0"]}]
+    });
+    queue.seed_task("traced.json", &task);
+    let traces = strace_until_idle(&queue, "log", "trace=openat,mknod,mknodat,execve");
+    let done = queue.wait_done("traced");
+    assert_eq!(done["status"], "done", "{done}");
+    let run_dir = fs::canonicalize(queue.path("runs/traced")).unwrap();
+    let run_dir = format!("{}/", run_dir.to_str().unwrap());
+    let makes_in_run_dir = |text: &String| -> Vec<String> {
+        text.lines()
+            .filter_map(parse_line)
+            .filter(|call| {
+                quoted(&call.args)
+                    .first()
+                    .is_some_and(|path| path.starts_with(&run_dir))
+                    && (call.name.starts_with("mknod") || call.args.contains("O_CREAT"))
+            })
+            .map(|call| format!("{}({})", call.name, call.args))
+            .collect()
+    };
+    let (on_async, elsewhere): (Vec<&String>, Vec<&String>) =
+        traces.iter().partition(|text| is_async_thread(text));
+    assert_eq!(on_async.len(), 1, "one trace starts with cairn's exec");
+    let made_on_async = makes_in_run_dir(on_async[0]);
+    assert!(
+        made_on_async.is_empty(),
+        "the async thread made files: {made_on_async:?}"
+    );
+    let fifos = elsewhere
+        .into_iter()
+        .flat_map(makes_in_run_dir)
+        .filter(|call| call.starts_with("mknod"))
+        .count();
+    assert_eq!(
+        fifos, 2,
+        "the channel and the ack pipe are made on the blocking pool"
+    );
 }
