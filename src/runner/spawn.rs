@@ -172,21 +172,26 @@ pub fn start(spec: ProcessSpec<'_>) -> io::Result<CommandProcess> {
     let cwd = c_string(spec.cwd.as_os_str(), "the working directory")?;
     let groups = spec.run_as.map(SwitchTo::raw_groups).unwrap_or_default();
 
-    let (stdin_ours, stdin_theirs) = match spec.stdin {
+    // The new process's ends are put into this thread's slots (numbers above 2) for the
+    // clone, so they may be any descriptor here, 0 to 2 included.
+    let (stdin_ours, stdin_theirs): (_, OwnedFd) = match spec.stdin {
         StdinFrom::Pipe => {
             let (read, write) = pipe_pair()?;
             (Some(write), read)
         }
-        StdinFrom::Null => (None, above_stdio(File::open("/dev/null")?.into())?),
+        StdinFrom::Null => (None, File::open("/dev/null")?.into()),
     };
-    let (stdout_ours, stdout_theirs) = match spec.stdout {
+    let (stdout_ours, stdout_pipe) = match spec.stdout {
         StdoutTo::Pipe => {
             let (read, write) = pipe_pair()?;
-            (Some(read), write)
+            (Some(read), Some(write))
         }
-        StdoutTo::Log => (None, above_stdio(spec.log.try_clone()?.into())?),
+        StdoutTo::Log => (None, None),
     };
-    let stderr_theirs = above_stdio(spec.log.into())?;
+    let log = spec.log;
+    let stdout_theirs = stdout_pipe
+        .as_ref()
+        .map_or(log.as_raw_fd(), AsRawFd::as_raw_fd);
 
     let argv_ptrs = null_terminated(&argv);
     let env_ptrs = null_terminated(&env);
@@ -197,11 +202,7 @@ pub fn start(spec: ProcessSpec<'_>) -> io::Result<CommandProcess> {
             None => slots.insert(Slots::open()?),
         };
         let placed = slots.place(
-            [
-                stdin_theirs.as_raw_fd(),
-                stdout_theirs.as_raw_fd(),
-                stderr_theirs.as_raw_fd(),
-            ],
+            [stdin_theirs.as_raw_fd(), stdout_theirs, log.as_raw_fd()],
             spec.cgroup_procs.map(AsRawFd::as_raw_fd),
         )?;
         let plan = Plan {
@@ -222,7 +223,7 @@ pub fn start(spec: ProcessSpec<'_>) -> io::Result<CommandProcess> {
         let (pid, pidfd) = clone_and_exec(&plan)?;
         io::Result::Ok((pid, pidfd, plan.failure.get()))
     })?;
-    drop((stdin_theirs, stdout_theirs, stderr_theirs));
+    drop((stdin_theirs, stdout_pipe, log));
     if let Some((step, errno)) = failure {
         // It has exited (that ended the clone's wait); reap it.
         drop(pidfd);
@@ -407,6 +408,9 @@ impl Slots {
             .write(true)
             .open("/dev/null")?
             .into();
+        // Above 2 (a daemon started with a standard stream closed has its first files there),
+        // so that setting up the new process's 0, 1 and 2 never overwrites a slot it has yet
+        // to read.
         let slot = || -> io::Result<OwnedFd> {
             // SAFETY: F_DUPFD_CLOEXEC makes a new descriptor, which we own.
             let fd = unsafe { libc::fcntl(null.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 3) };
@@ -454,9 +458,13 @@ impl Drop for Placed<'_> {
     /// never see the command's stdout end).
     fn drop(&mut self) {
         for slot in self.stdio.into_iter().chain(self.cgroup_procs) {
-            if slot >= 0 {
-                // SAFETY: dup3 onto a slot descriptor the `Slots` owns.
-                unsafe { libc::dup3(self.slots.null.as_raw_fd(), slot, libc::O_CLOEXEC) };
+            if slot < 0 {
+                continue;
+            }
+            // SAFETY: dup3 onto a slot descriptor the `Slots` owns.
+            let reset = unsafe { libc::dup3(self.slots.null.as_raw_fd(), slot, libc::O_CLOEXEC) };
+            if reset == -1 {
+                tracing::error!(slot, error = %io::Error::last_os_error(), "cannot put a spawn slot back on /dev/null: the command's end of a pipe stays open in the daemon");
             }
         }
     }
@@ -684,26 +692,9 @@ fn null_terminated(strings: &[CString]) -> Vec<*const c_char> {
         .collect()
 }
 
-/// A pipe, both ends close-on-exec and above 2: (read, write).
+/// A pipe, both ends close-on-exec: (read, write).
 fn pipe_pair() -> io::Result<(OwnedFd, OwnedFd)> {
-    let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
-    Ok((above_stdio(read)?, above_stdio(write)?))
-}
-
-/// `fd`, or a close-on-exec duplicate of it above 2 if it is one of 0, 1, 2 (a daemon started
-/// with a standard stream closed), so that setting up the new process's 0, 1 and 2 never
-/// overwrites a descriptor it still has to duplicate.
-fn above_stdio(fd: OwnedFd) -> io::Result<OwnedFd> {
-    if fd.as_raw_fd() > 2 {
-        return Ok(fd);
-    }
-    // SAFETY: F_DUPFD_CLOEXEC makes a new descriptor, which we own.
-    let duplicate = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 3) };
-    if duplicate == -1 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: just made, owned by no one else.
-    Ok(unsafe { OwnedFd::from_raw_fd(duplicate) })
+    Ok(nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?)
 }
 
 #[cfg(test)]

@@ -65,13 +65,18 @@ fn traced_task(queue: &TestQueue, iterations: u64) {
 }
 
 /// Run the daemon under strace with `CAIRN_COMMIT_PATH=<commit_path>` until the traced task is
-/// done; every thread's trace.
+/// done; every thread's trace of the file calls.
 fn traced_run(queue: &TestQueue, commit_path: &str) -> Vec<String> {
-    let traces = strace_until_idle(
+    traced_until_done(
         queue,
         commit_path,
         "trace=open,openat,creat,write,pwrite64,fsync,fdatasync,rename,renameat,renameat2,link,linkat,close",
-    );
+    )
+}
+
+/// [`strace_until_idle`], then check that the traced task is done.
+fn traced_until_done(queue: &TestQueue, commit_path: &str, calls: &str) -> Vec<String> {
+    let traces = strace_until_idle(queue, commit_path, calls);
     let done = queue.wait_done("traced");
     assert_eq!(done["status"], "done", "{done}");
     traces
@@ -407,9 +412,7 @@ fn a_phase_log_is_created_off_the_async_thread_and_then_only_opened() {
     let queue = TestQueue::new();
     let iterations = 3;
     traced_task(&queue, iterations);
-    let traces = strace_until_idle(&queue, "log", "trace=openat,execve");
-    let done = queue.wait_done("traced");
-    assert_eq!(done["status"], "done", "{done}");
+    let traces = traced_until_done(&queue, "log", "trace=openat,execve");
     let log = fs::canonicalize(queue.path("runs/traced/0-count.log")).unwrap();
     let log = log.to_str().unwrap().to_string();
     let opens_of_log = |text: &String| -> Vec<Call> {
@@ -456,9 +459,7 @@ fn a_workers_fifos_resume_file_and_log_are_made_off_the_async_thread() {
         "phases": [{"name": "work", "kind": "worker", "run": ["sh", "-c", "exit 0"]}]
     });
     queue.seed_task("traced.json", &task);
-    let traces = strace_until_idle(&queue, "log", "trace=openat,mknod,mknodat,execve");
-    let done = queue.wait_done("traced");
-    assert_eq!(done["status"], "done", "{done}");
+    let traces = traced_until_done(&queue, "log", "trace=openat,mknod,mknodat,execve");
     let run_dir = fs::canonicalize(queue.path("runs/traced")).unwrap();
     let run_dir = format!("{}/", run_dir.to_str().unwrap());
     let makes_in_run_dir = |text: &String| -> Vec<String> {
