@@ -19,7 +19,9 @@ use clap::Args;
 use serde::Serialize;
 
 use super::{millis, percentile};
-use crate::runner::{spawn_in_group, CommandProcess, Confinement, StdinFrom, StdoutTo};
+use crate::runner::{
+    spawn_in_group, CommandProcess, Confinement, Environment, InheritedEnv, StdinFrom, StdoutTo,
+};
 
 /// How a command is started.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -127,6 +129,10 @@ async fn measure(path: SpawnPath, args: &SpawnArgs) -> anyhow::Result<SpawnResul
     })
 }
 
+/// The bench's environment, prepared once as the daemon prepares its own.
+static INHERITED_ENV: std::sync::LazyLock<InheritedEnv> =
+    std::sync::LazyLock::new(crate::runner::daemon_env);
+
 fn spawn(path: SpawnPath, argv: &[&str]) -> anyhow::Result<Started> {
     let argv: Vec<String> = argv.iter().map(|a| a.to_string()).collect();
     let log = std::fs::File::options()
@@ -157,7 +163,10 @@ fn spawn(path: SpawnPath, argv: &[&str]) -> anyhow::Result<Started> {
         SpawnPath::Clone => spawn_in_group(
             &argv,
             Path::new("/"),
-            &[],
+            Environment {
+                inherited: &INHERITED_ENV,
+                task: &[],
+            },
             log,
             StdinFrom::Null,
             StdoutTo::Log,

@@ -196,6 +196,7 @@ pub async fn run_with_summary(
         trial_progress: tokio::sync::Notify::new(),
         confine: confine.clone(),
         lost_leases: Default::default(),
+        inherited_env: crate::runner::daemon_env(),
     });
     let leases = ctx
         .queue

@@ -5,7 +5,6 @@
 //! orphan doing the same work. The daemon runs on a single-threaded runtime, which matters here:
 //! the death signal fires when the *thread* that spawned the child exits.
 
-use std::ffi::OsString;
 use std::io::{self, Write};
 use std::path::PathBuf;
 use std::process::ExitStatus;
@@ -18,7 +17,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 
 use super::identity::SwitchTo;
-use super::spawn::{self, CommandProcess, ProcessSpec, StdinFrom, StdoutTo};
+use super::spawn::{
+    self, CommandProcess, Environment, InheritedEnv, ProcessSpec, StdinFrom, StdoutTo,
+};
 use crate::shutdown::Shutdown;
 
 /// What a command is confined by, applied in the new process before its `exec`: the cgroup it
@@ -43,12 +44,20 @@ pub const MAX_REPLY_BYTES: usize = 64 * 1024 * 1024;
 /// daemon.
 pub const NOTIFY_ENV: [&str; 3] = ["NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID"];
 
+/// The daemon's environment as its commands inherit it: without [`NOTIFY_ENV`], which a task's
+/// own variables cannot set either.
+pub fn daemon_env() -> InheritedEnv {
+    InheritedEnv::of_this_process(&NOTIFY_ENV)
+}
+
 /// One command run.
 #[derive(Debug)]
 pub struct CommandRun {
     pub argv: Vec<String>,
     pub cwd: PathBuf,
+    /// The task's variables, over the daemon's environment.
     pub env: Vec<(String, String)>,
+    pub inherited_env: InheritedEnv,
     pub stdin: Vec<u8>,
     /// stderr is appended here, after `log_header`.
     pub log: PathBuf,
@@ -76,7 +85,7 @@ pub enum RunEnd {
 pub fn spawn_in_group(
     argv: &[String],
     cwd: &std::path::Path,
-    env: &[(String, String)],
+    env: Environment<'_>,
     log: std::fs::File,
     stdin: StdinFrom,
     stdout: StdoutTo,
@@ -93,17 +102,10 @@ pub fn spawn_in_group(
         ),
         None => None,
     };
-    // The daemon's environment, then the task's, without the daemon's own notification socket.
-    let mut command_env: std::collections::BTreeMap<OsString, OsString> =
-        std::env::vars_os().collect();
-    command_env.extend(env.iter().map(|(k, v)| (k.into(), v.into())));
-    for name in NOTIFY_ENV {
-        command_env.remove(std::ffi::OsStr::new(name));
-    }
     spawn::start(ProcessSpec {
         argv,
         cwd,
-        env: command_env.into_iter().collect(),
+        env,
         log,
         stdin,
         stdout,
@@ -255,7 +257,10 @@ pub async fn run_command(
     let mut child = spawn_in_group(
         &run.argv,
         &run.cwd,
-        &run.env,
+        Environment {
+            inherited: &run.inherited_env,
+            task: &run.env,
+        },
         log,
         StdinFrom::Pipe,
         StdoutTo::Pipe,

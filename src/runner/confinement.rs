@@ -49,6 +49,9 @@ pub enum ConfineError {
     Identity(#[from] super::identity::IdentityError),
     #[error("preparing {path}: {source}")]
     Io { path: PathBuf, source: io::Error },
+    /// The run directory could not be created (the error names it).
+    #[error("{0}")]
+    RunDir(#[source] io::Error),
 }
 
 /// The scratch directory of a task's run directory (`$CAIRN_SCRATCH`).
@@ -57,8 +60,9 @@ pub fn scratch_dir(run_dir: &Path) -> PathBuf {
 }
 
 impl TaskConfinement {
-    /// Prepare task `id`'s attempt (blocking): find its submitter's identity, create its cgroup
-    /// and its scratch directory in `run_dir` (which exists), owned by the submitter.
+    /// Prepare task `id`'s attempt (blocking): find its submitter's identity, create its
+    /// scratch directory in `run_dir` (which exists), owned by the submitter, then its cgroup
+    /// (last, so that no failure leaves a cgroup that nothing ends).
     pub fn prepare(
         config: &ConfineConfig,
         id: &str,
@@ -70,6 +74,13 @@ impl TaskConfinement {
             (true, None) => return Err(ConfineError::NoSubmitter),
             (true, Some(uid)) => Some(RunAs::of_uid(uid)?),
         };
+        let scratch = scratch_dir(run_dir);
+        crate::store::modes::create_dir_all(&scratch)
+            .and_then(|()| FileOwner::of(run_as.as_ref()).hand_over(&scratch, 0o700))
+            .map_err(|source| ConfineError::Io {
+                path: scratch,
+                source,
+            })?;
         let cgroup = match &config.cgroups {
             Some(root) => match root.task(id) {
                 Ok(cgroup) => Some(cgroup),
@@ -80,7 +91,7 @@ impl TaskConfinement {
             },
             None => None,
         };
-        let confinement = TaskConfinement {
+        Ok(TaskConfinement {
             spawn: Confinement {
                 run_as: run_as.as_ref().map(|r| r.switch.clone()),
                 cgroup_procs: cgroup.as_ref().map(TaskCgroup::procs_file),
@@ -88,34 +99,12 @@ impl TaskConfinement {
             run_as,
             cgroup,
             run_dir: run_dir.to_path_buf(),
-        };
-        let scratch = scratch_dir(run_dir);
-        crate::store::modes::create_dir_all(&scratch).map_err(|source| ConfineError::Io {
-            path: scratch.clone(),
-            source,
-        })?;
-        confinement
-            .hand_over(&scratch, 0o700)
-            .map_err(|source| ConfineError::Io {
-                path: scratch,
-                source,
-            })?;
-        Ok(confinement)
+        })
     }
 
-    /// Give `path` (which the daemon created) to the submitter with `mode`, when commands run
-    /// as their submitter; nothing otherwise.
-    pub fn hand_over(&self, path: &Path, mode: u32) -> io::Result<()> {
-        self.file_owner().hand_over(path, mode)
-    }
-
-    /// Who [`TaskConfinement::hand_over`] gives files to, as a value a blocking job can take.
+    /// Who the files a task's commands use are handed to, as a value a blocking job can take.
     pub fn file_owner(&self) -> FileOwner {
-        FileOwner(
-            self.run_as
-                .as_ref()
-                .map(|run_as| (run_as.switch.uid.as_raw(), run_as.switch.gid.as_raw())),
-        )
+        FileOwner::of(self.run_as.as_ref())
     }
 
     /// The submitter's login variables (`USER`, `HOME`, ...), and `XDG_CACHE_HOME` in its
@@ -155,6 +144,10 @@ impl TaskConfinement {
 pub struct FileOwner(Option<(u32, u32)>);
 
 impl FileOwner {
+    fn of(run_as: Option<&RunAs>) -> FileOwner {
+        FileOwner(run_as.map(|run_as| (run_as.switch.uid.as_raw(), run_as.switch.gid.as_raw())))
+    }
+
     /// Give `path` to the owner with `mode`; nothing when there is none.
     pub fn hand_over(self, path: &Path, mode: u32) -> io::Result<()> {
         let Some((uid, gid)) = self.0 else {
@@ -166,23 +159,27 @@ impl FileOwner {
     }
 }
 
-/// Prepare the confinement of `task`'s attempt off the async thread; an attempt that cannot be
-/// confined as asked fails (and counts: it would fail the same way again).
+/// Create `task`'s run directory and prepare its attempt's confinement, in one job off the
+/// async thread (each hand-off to the blocking pool costs the async thread a wake-up, and a
+/// resume of thousands makes them by the thousand); an attempt that cannot be confined as asked
+/// fails (and counts: it would fail the same way again).
 pub(super) async fn prepare(
     ctx: &super::RunContext,
     task: &crate::task::Task,
 ) -> Result<TaskConfinement, super::AttemptEnd> {
-    let config = ctx.confine.clone();
+    let (config, queue) = (ctx.confine.clone(), ctx.queue.clone());
     let id = task.id().to_string();
     let submitter = submitter_uid(task);
-    let run_dir = ctx.queue.run_dir(&id);
-    let prepared =
-        super::blocking(move || TaskConfinement::prepare(&config, &id, submitter, &run_dir)).await;
+    let prepared = super::blocking(move || {
+        let run_dir = queue.create_run_dir(&id).map_err(ConfineError::RunDir)?;
+        TaskConfinement::prepare(&config, &id, submitter, &run_dir)
+    })
+    .await;
     match prepared {
         Ok(Ok(confinement)) => Ok(confinement),
         Ok(Err(e)) => Err(super::AttemptEnd::Failed {
             error: e.to_string(),
-            counts: !matches!(e, ConfineError::Io { .. }),
+            counts: !matches!(e, ConfineError::Io { .. } | ConfineError::RunDir(_)),
         }),
         Err(e) => Err(super::AttemptEnd::Failed {
             error: e.to_string(),

@@ -19,7 +19,7 @@ mod work_state;
 mod worker;
 mod worker_supervision;
 
-pub use child::{spawn_in_group, Confinement};
+pub use child::{daemon_env, spawn_in_group, Confinement};
 pub use child::{CommandRun, RunEnd, KILL_AFTER, MAX_REPLY_BYTES, NOTIFY_ENV};
 pub use confinement::ConfineConfig;
 /// The scope of loop phases' checkpoints (the queue benchmark, part of the `cli` feature,
@@ -27,7 +27,7 @@ pub use confinement::ConfineConfig;
 #[cfg(feature = "cli")]
 pub(crate) use loop_phase::LOOP_SCOPE;
 pub use orphans::kill_orphans;
-pub use spawn::{CommandProcess, StdinFrom, StdoutTo};
+pub use spawn::{CommandProcess, Environment, InheritedEnv, StdinFrom, StdoutTo};
 pub use task_processes::CgroupRoot;
 pub use work_state::WorkState;
 
@@ -74,6 +74,8 @@ pub struct RunContext {
     /// Tasks whose lease this daemon lost (a shared queue): their commands are being stopped,
     /// and their attempt's end writes nothing.
     pub lost_leases: std::sync::Mutex<std::collections::HashSet<String>>,
+    /// The daemon's environment, which every command inherits under its task's variables.
+    pub inherited_env: InheritedEnv,
 }
 
 impl RunContext {
@@ -175,9 +177,6 @@ pub enum PhaseEnd {
 /// Run the task from where its `current_work` entry stands to its end (or to a stop/failure),
 /// writing under `lease`. The entry must exist and carry the attempt number.
 pub async fn run_attempt(ctx: &Arc<RunContext>, task: &Arc<Task>, lease: &Lease) -> AttemptEnd {
-    if let Err(end) = create_run_dir(ctx, task.id()).await {
-        return end;
-    }
     let confinement = match confinement::prepare(ctx, task).await {
         Ok(confinement) => confinement,
         Err(end) => return end,
@@ -211,20 +210,6 @@ async fn run_phases(
             return end;
         }
     }
-}
-
-/// The task's run directory (logs, large outputs, worker pipes), created off the async
-/// thread: creating a directory allocates an inode, which can take a while.
-async fn create_run_dir(ctx: &RunContext, id: &str) -> Result<(), AttemptEnd> {
-    let (queue, id) = (ctx.queue.clone(), id.to_string());
-    let created = blocking(move || queue.create_run_dir(&id))
-        .await
-        .map_err(|e| e.to_string())
-        .and_then(|created| created.map(drop).map_err(|e| e.to_string()));
-    created.map_err(|error| AttemptEnd::Failed {
-        error,
-        counts: false,
-    })
 }
 
 /// The next phase to run, with its inputs, marked started in the task's entry; or how the
@@ -507,6 +492,7 @@ impl PhaseRun<'_> {
             argv: self.phase.run.clone(),
             cwd: self.cwd(),
             env,
+            inherited_env: self.ctx.inherited_env.clone(),
             stdin,
             log: log.clone(),
             log_header: header,

@@ -57,13 +57,122 @@ pub enum StdoutTo {
     Log,
 }
 
+/// The daemon's own environment as commands inherit it, prepared once as the `NAME=value`
+/// strings `execve` takes: reading and converting the whole environment for every command was
+/// about a quarter of a spawn's time on the async thread. Taken when the daemon starts (a
+/// process that runs threads cannot change its environment safely anyway).
+#[derive(Debug, Clone)]
+pub struct InheritedEnv(std::sync::Arc<InheritedVars>);
+
+#[derive(Debug)]
+struct InheritedVars {
+    /// `(name, "name=value")`, sorted by name, without the withheld names.
+    vars: Vec<(OsString, CString)>,
+    /// Names no command gets, neither from the daemon nor from its task.
+    withheld: &'static [&'static str],
+}
+
+impl InheritedEnv {
+    /// This process's environment now, without the `withheld` names. A variable whose name or
+    /// value holds a NUL byte cannot exist in an environment, so none is skipped.
+    pub fn of_this_process(withheld: &'static [&'static str]) -> InheritedEnv {
+        let mut vars: Vec<(OsString, CString)> = std::env::vars_os()
+            .filter(|(name, _)| !withheld.iter().any(|w| OsStr::new(w) == name))
+            .filter_map(|(name, value)| {
+                let mut pair = name.clone().into_vec();
+                pair.push(b'=');
+                pair.extend_from_slice(value.as_bytes());
+                CString::new(pair).ok().map(|pair| (name, pair))
+            })
+            .collect();
+        vars.sort_by(|a, b| a.0.cmp(&b.0));
+        vars.dedup_by(|a, b| a.0 == b.0);
+        InheritedEnv(std::sync::Arc::new(InheritedVars { vars, withheld }))
+    }
+
+    /// The value of `name` as inherited.
+    fn get(&self, name: &str) -> Option<&[u8]> {
+        let vars = &self.0.vars;
+        let found = vars.binary_search_by(|(n, _)| n.as_os_str().cmp(OsStr::new(name)));
+        found.ok().map(|i| &vars[i].1.as_bytes()[name.len() + 1..])
+    }
+}
+
+/// A command's whole environment: the inherited one, with its task's variables over it (the
+/// last of a name wins).
+#[derive(Debug, Clone, Copy)]
+pub struct Environment<'a> {
+    pub inherited: &'a InheritedEnv,
+    pub task: &'a [(String, String)],
+}
+
+impl<'a> Environment<'a> {
+    /// The task's variables that reach the command: not withheld, the last of each name.
+    fn task_vars(&self) -> Vec<&'a (String, String)> {
+        let (task, withheld) = (self.task, self.inherited.0.withheld);
+        task.iter()
+            .enumerate()
+            .filter(|(i, (name, _))| {
+                !withheld.contains(&name.as_str()) && !task[i + 1..].iter().any(|(n, _)| n == name)
+            })
+            .map(|(_, var)| var)
+            .collect()
+    }
+}
+
+/// A command's environment as `execve` takes it, made before the clone.
+struct PreparedEnv<'a> {
+    inherited: &'a InheritedEnv,
+    task_vars: Vec<&'a (String, String)>,
+    /// `task_vars` as `NAME=value` (the inherited strings are made already).
+    task_strings: Vec<CString>,
+}
+
+impl<'a> PreparedEnv<'a> {
+    fn new(env: Environment<'a>) -> io::Result<PreparedEnv<'a>> {
+        let task_vars = env.task_vars();
+        let task_strings = c_strings(
+            task_vars
+                .iter()
+                .map(|(name, value)| format!("{name}={value}")),
+            "an environment variable",
+        )?;
+        Ok(PreparedEnv {
+            inherited: env.inherited,
+            task_vars,
+            task_strings,
+        })
+    }
+
+    /// The value the command gets for `name`.
+    fn get(&self, name: &str) -> Option<&[u8]> {
+        match self.task_vars.iter().find(|(n, _)| n == name) {
+            Some((_, value)) => Some(value.as_bytes()),
+            None => self.inherited.get(name),
+        }
+    }
+
+    /// `envp`: the inherited strings the task does not override, then the task's.
+    fn pointers(&self) -> Vec<*const c_char> {
+        let overridden = |name: &OsStr| self.task_vars.iter().any(|(n, _)| OsStr::new(n) == name);
+        self.inherited
+            .0
+            .vars
+            .iter()
+            .filter(|(name, _)| !overridden(name))
+            .map(|(_, pair)| pair.as_ptr())
+            .chain(self.task_strings.iter().map(|pair| pair.as_ptr()))
+            .chain(std::iter::once(std::ptr::null()))
+            .collect()
+    }
+}
+
 /// What a new process is to become.
 pub struct ProcessSpec<'a> {
     /// The program as written (found through `PATH` if it has no `/`) and its arguments.
     pub argv: &'a [String],
     pub cwd: &'a Path,
-    /// The whole environment.
-    pub env: Vec<(OsString, OsString)>,
+    pub env: Environment<'a>,
     pub log: File,
     pub stdin: StdinFrom,
     pub stdout: StdoutTo,
@@ -159,16 +268,8 @@ pub fn start(spec: ProcessSpec<'_>) -> io::Result<CommandProcess> {
         return Err(io::Error::new(io::ErrorKind::InvalidInput, "empty command"));
     };
     let argv = c_strings(spec.argv.iter().map(OsStr::new), "an argument")?;
-    let env = c_strings(
-        spec.env.iter().map(|(name, value)| {
-            let mut pair = name.clone();
-            pair.push("=");
-            pair.push(value);
-            pair
-        }),
-        "an environment variable",
-    )?;
-    let candidates = candidates(program, &spec.env)?;
+    let env = PreparedEnv::new(spec.env)?;
+    let candidates = candidates(program, &env)?;
     let cwd = c_string(spec.cwd.as_os_str(), "the working directory")?;
     let groups = spec.run_as.map(SwitchTo::raw_groups).unwrap_or_default();
 
@@ -194,7 +295,7 @@ pub fn start(spec: ProcessSpec<'_>) -> io::Result<CommandProcess> {
         .map_or(log.as_raw_fd(), AsRawFd::as_raw_fd);
 
     let argv_ptrs = null_terminated(&argv);
-    let env_ptrs = null_terminated(&env);
+    let env_ptrs = env.pointers();
     let (pid, pidfd, failure) = SLOTS.with(|slots| {
         let mut slots = slots.borrow_mut();
         let slots = match &mut *slots {
@@ -647,15 +748,13 @@ fn check(result: c_int, step: Step) -> Result<(), (Step, i32)> {
 /// The files `execvp` would try for `program`: itself if it names a path (relative to the
 /// working directory, which the new process has entered), else each directory of the command's
 /// `PATH` (from its environment; else `/bin:/usr/bin`, as glibc's default).
-fn candidates(program: &str, env: &[(OsString, OsString)]) -> io::Result<Vec<CString>> {
+fn candidates(program: &str, env: &PreparedEnv<'_>) -> io::Result<Vec<CString>> {
     if program.contains('/') {
         return Ok(vec![c_string(OsStr::new(program), "the program")?]);
     }
     let path = env
-        .iter()
-        .rev()
-        .find(|(name, _)| name == "PATH")
-        .map_or(OsStr::new("/bin:/usr/bin"), |(_, value)| value.as_os_str());
+        .get("PATH")
+        .map_or(OsStr::new("/bin:/usr/bin"), OsStr::from_bytes);
     std::env::split_paths(path)
         .map(|dir| {
             let mut file = dir.into_os_string().into_vec();
@@ -701,11 +800,17 @@ fn pipe_pair() -> io::Result<(OwnedFd, OwnedFd)> {
 mod tests {
     use super::*;
 
+    static INHERITED: std::sync::LazyLock<InheritedEnv> =
+        std::sync::LazyLock::new(|| InheritedEnv::of_this_process(&[]));
+
     fn spec<'a>(argv: &'a [String], stdin: StdinFrom, stdout: StdoutTo) -> ProcessSpec<'a> {
         ProcessSpec {
             argv,
             cwd: Path::new("/"),
-            env: std::env::vars_os().collect(),
+            env: Environment {
+                inherited: &INHERITED,
+                task: &[],
+            },
             log: File::options().append(true).open("/dev/null").unwrap(),
             stdin,
             stdout,
@@ -746,6 +851,58 @@ mod tests {
             !fds.contains(&"900"),
             "the command got the daemon's descriptor: {listing}"
         );
+    }
+
+    #[tokio::test]
+    async fn a_command_inherits_the_environment_under_its_tasks_variables_without_the_withheld() {
+        use tokio::io::AsyncReadExt;
+        let inherited = InheritedEnv::of_this_process(&["HOME"]);
+        let task_path = "/nonexistent-cairn-dir:/usr/bin:/bin".to_string();
+        let task = [
+            ("CAIRN_TEST_VAR".to_string(), "first".to_string()),
+            ("PATH".to_string(), task_path.clone()),
+            ("HOME".to_string(), "/nonexistent-cairn-home".to_string()),
+            ("CAIRN_TEST_VAR".to_string(), "last".to_string()),
+        ];
+        let words = argv(&["env"]);
+        let mut command = spec(&words, StdinFrom::Null, StdoutTo::Pipe);
+        command.env = Environment {
+            inherited: &inherited,
+            task: &task,
+        };
+        // `env` is found through the task's PATH, not the daemon's.
+        let mut process = start(command).unwrap();
+        let mut listing = String::new();
+        let mut stdout = process.stdout.take().unwrap();
+        stdout.read_to_string(&mut listing).await.unwrap();
+        process.wait().await.unwrap();
+        let lines: Vec<&str> = listing.lines().collect();
+        let named = |name: &str| -> Vec<&str> {
+            let prefix = format!("{name}=");
+            lines
+                .iter()
+                .copied()
+                .filter(|l| l.starts_with(&prefix))
+                .collect()
+        };
+        assert_eq!(
+            named("CAIRN_TEST_VAR"),
+            ["CAIRN_TEST_VAR=last"],
+            "{listing}"
+        );
+        assert_eq!(named("PATH"), [format!("PATH={task_path}")], "{listing}");
+        assert!(
+            named("HOME").is_empty(),
+            "a withheld name reached the command: {listing}"
+        );
+        let others: Vec<(String, String)> = std::env::vars()
+            .filter(|(name, value)| {
+                !["HOME", "PATH"].contains(&name.as_str()) && !value.contains('\n')
+            })
+            .collect();
+        for (name, value) in &others {
+            assert_eq!(named(name), [format!("{name}={value}")], "{listing}");
+        }
     }
 
     #[tokio::test]

@@ -28,6 +28,7 @@ use super::channel::{AckPipe, Channel, ChannelError, CheckpointMessage, Message}
 use super::checkpointing::PhaseCheckpointer;
 use super::child::{group_of, kill_group, open_log, spawn_in_group, KILL_AFTER};
 use super::confinement::FileOwner;
+use super::spawn::Environment;
 use super::spawn::{CommandProcess, StdinFrom, StdoutTo};
 use super::worker_supervision::{Event, KillReason, Supervision};
 use super::{PhaseEnd, PhaseError, PhaseRun};
@@ -166,7 +167,10 @@ async fn launch(
     let child = spawn_in_group(
         &run.phase.run,
         &run.cwd(),
-        &env,
+        Environment {
+            inherited: &run.ctx.inherited_env,
+            task: &env,
+        },
         log,
         StdinFrom::Null,
         StdoutTo::Log,

@@ -51,7 +51,12 @@ fn fix_new_dir(path: &Path) -> io::Result<()> {
 }
 
 /// `create_dir_all` whose new directories are [`DIR_MODE`]; existing ones are left as they are.
+/// An existing directory is looked up first: a `mkdir` that fails with `EEXIST` still takes its
+/// parent's lock for writing, which every resumed task's run directory would contend for.
 pub fn create_dir_all(path: &Path) -> io::Result<()> {
+    if path.is_dir() {
+        return Ok(());
+    }
     match DirBuilder::new().mode(DIR_MODE).create(path) {
         Ok(()) => fix_new_dir(path),
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists && path.is_dir() => Ok(()),
