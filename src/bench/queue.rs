@@ -286,6 +286,12 @@ pub struct ResumeLine {
     /// reaped, read from `/proc/<pid>/stat` before it is stopped: unlike the times above, these
     /// hardly move with what else the machine runs.
     daemon_cpu_ms: f64,
+    /// `daemon_cpu_ms` split into user and system time, and the part of it spent by the
+    /// daemon's async thread (its main thread): where a run that takes more CPU than others
+    /// spends it.
+    daemon_user_ms: f64,
+    daemon_system_ms: f64,
+    async_thread_ms: f64,
     commands_cpu_ms: f64,
     peak_rss_mib: f64,
 }
@@ -489,7 +495,8 @@ impl QueueBench {
         wait_for_done(&mut daemon, &queue, tasks)?;
         let ready = notify.ready_after(spawned)?;
         let peak = daemon.peak_rss_mib()?;
-        let cpu = cpu_times(daemon.pid())?;
+        let cpu = cpu_times(&format!("/proc/{}/stat", daemon.pid()))?;
+        let async_thread = cpu_times(&format!("/proc/{0}/task/{0}/stat", daemon.pid()))?;
         daemon.stop()?;
         drop(notify);
 
@@ -520,7 +527,10 @@ impl QueueBench {
             all_done_ms,
             commands_alone_ms: commands_alone,
             beyond_commands_ms: round_to(all_done_ms - commands_alone, 4),
-            daemon_cpu_ms: cpu.own_ms,
+            daemon_cpu_ms: round_to(cpu.user_ms + cpu.system_ms, 1),
+            daemon_user_ms: cpu.user_ms,
+            daemon_system_ms: cpu.system_ms,
+            async_thread_ms: async_thread.user_ms + async_thread.system_ms,
             commands_cpu_ms: cpu.children_ms,
             peak_rss_mib: peak,
         })
@@ -957,16 +967,16 @@ fn check_resumed(queue: &Path, id: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// CPU time (user + system) of a process and of its reaped children, in ms.
+/// CPU time of a process (or thread), and of its reaped children (user + system), in ms.
 struct CpuTimes {
-    own_ms: f64,
+    user_ms: f64,
+    system_ms: f64,
     children_ms: f64,
 }
 
-/// [`CpuTimes`] of process `pid`, from `/proc/<pid>/stat`.
-fn cpu_times(pid: i32) -> anyhow::Result<CpuTimes> {
-    let path = format!("/proc/{pid}/stat");
-    let stat = fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
+/// [`CpuTimes`] from a `stat` file of `/proc` (a process's or one thread's).
+fn cpu_times(path: &str) -> anyhow::Result<CpuTimes> {
+    let stat = fs::read_to_string(path).with_context(|| format!("reading {path}"))?;
     // Fields after the command name, which is in parentheses and may hold spaces: utime,
     // stime, cutime and cstime are fields 14 to 17 of the whole line, 12 to 15 of these.
     let after_name = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
@@ -984,7 +994,8 @@ fn cpu_times(pid: i32) -> anyhow::Result<CpuTimes> {
     let ticks = unsafe { nix::libc::sysconf(nix::libc::_SC_CLK_TCK) } as f64;
     let ms = |t: f64| round_to(t * 1000.0 / ticks, 1);
     Ok(CpuTimes {
-        own_ms: ms(fields[0] + fields[1]),
+        user_ms: ms(fields[0]),
+        system_ms: ms(fields[1]),
         children_ms: ms(fields[2] + fields[3]),
     })
 }
