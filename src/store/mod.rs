@@ -36,6 +36,7 @@ pub mod modes;
 #[cfg(feature = "test-doubles")]
 mod power_loss;
 pub mod records;
+mod replayed_view;
 pub mod task_state;
 pub mod work_log;
 
@@ -54,6 +55,7 @@ pub use file_ops::{FileOps, RealFileOps, TempFile, UnsyncedFileOps};
 pub use loop_checkpointer::{CheckpointSink, LoopCheckpointer, WriteFence};
 #[cfg(feature = "test-doubles")]
 pub use power_loss::PowerLossFileOps;
+pub use replayed_view::ReplayedView;
 
 use std::io;
 

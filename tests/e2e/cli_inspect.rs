@@ -332,6 +332,43 @@ fn show_history_and_checkpoint_of_a_finished_task() {
 }
 
 /// Write a checkpoint with the Python pattern's code (gzip level 9, indent 2).
+/// After a power cut a checkpoint file may be older than the save the commit log holds. Until a
+/// daemon replays the log, `cairn checkpoint` reads what that replay will restore.
+#[test]
+fn without_a_daemon_checkpoint_shows_what_the_commit_log_will_restore() {
+    let queue = TestQueue::new();
+    let side = queue.aux("cut.side");
+    queue.seed_task("cut.json", &loop_task("cut", &side, 6, 0.5));
+    let mut daemon = queue.start(&[]);
+    let latest = queue.path("incremental/cut.json.gz");
+    wait_until("three iterations are checkpointed", DEADLINE, || {
+        latest.exists() && queue.checkpoint("cut").iteration_count >= 3
+    });
+    daemon.kill_hard();
+    let committed = queue.checkpoint("cut").iteration_count;
+    let log_len = fs::metadata(queue.path("incremental/.commit-log")).map_or(0, |m| m.len());
+    assert!(log_len > 0, "the killed daemon left no commit log");
+    // What a power cut may leave: the last rename lost, the kept older copy in its place.
+    let kept = queue
+        .list("incremental")
+        .into_iter()
+        .filter_map(|name| {
+            let generation = name.strip_prefix("cut.")?.strip_suffix(".json.gz")?;
+            generation.parse::<u64>().ok().map(|g| (g, name))
+        })
+        .max()
+        .map(|(_, name)| queue.path(&format!("incremental/{name}")))
+        .expect("a kept generation");
+    fs::copy(&kept, &latest).unwrap();
+    assert!(queue.checkpoint("cut").iteration_count < committed);
+
+    let shown = json_of(&cairn(&queue, &["checkpoint", "cut"], 0));
+    assert_eq!(shown["iteration_count"], committed);
+    // The daemon replays the log before anything resumes; the task ends as an uninterrupted run.
+    queue.run_until_idle(&[]);
+    assert_eq!(queue.wait_done("cut")["result"], loop_result(6));
+}
+
 fn python_checkpoint(path: &Path, task_id: &str, iterations: u64) {
     python_checkpoint_with(path, task_id, iterations, &[]);
 }

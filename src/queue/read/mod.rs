@@ -39,7 +39,8 @@ use crate::store::current_work::{CurrentWork, StartPoint, StoredOutput};
 use crate::store::journal::{self, JournalEvent};
 use crate::store::work_log::{self, WorkLogError};
 use crate::store::{
-    CheckpointStore, FileStorage, GenerationInfo, IterationCheckpoint, LoadedCheckpoint, StoreError,
+    CheckpointStore, FileStorage, GenerationInfo, IterationCheckpoint, LoadedCheckpoint,
+    ReplayedView, Storage, StoreError,
 };
 use crate::task::Task;
 use crate::task_id::TaskId;
@@ -146,9 +147,10 @@ impl QueueReader {
     /// A reader of the queue at `root` (made absolute, so that what it names is unambiguous).
     pub fn open(root: &Path) -> QueueReader {
         let root = std::path::absolute(root).unwrap_or_else(|_| root.to_path_buf());
+        let dir = QueueDir::new(root);
         QueueReader {
-            store: CheckpointStore::with_storage(Arc::new(FileStorage::new(&root))),
-            dir: QueueDir::new(root),
+            store: CheckpointStore::with_storage(checkpoint_files(&dir)),
+            dir,
         }
     }
 
@@ -563,6 +565,25 @@ impl QueueReader {
     /// The bytes of a file the store named by key (`None` when it cannot be read).
     pub fn read_key(&self, key: &str) -> Option<Vec<u8>> {
         read_queue_file(self.path_of_key(key)).ok()
+    }
+}
+
+/// The checkpoint files as the next daemon will resume from them: while no daemon runs, with
+/// what the checkpoint directory's commit log holds laid over them (a power cut may have left
+/// files older than their committed saves; see `store::ReplayedView`). A log that cannot be
+/// read leaves the files as they are: they are what every reader saw before.
+fn checkpoint_files(dir: &QueueDir) -> Arc<dyn Storage> {
+    let files = FileStorage::new(dir.root());
+    if daemon_info(dir).running {
+        return Arc::new(files);
+    }
+    match ReplayedView::open(files.clone(), CheckpointStore::DIR) {
+        Ok(Some(view)) => Arc::new(view),
+        Ok(None) => Arc::new(files),
+        Err(e) => {
+            tracing::debug!(error = %e, "the checkpoints' commit log cannot be read");
+            Arc::new(files)
+        }
     }
 }
 

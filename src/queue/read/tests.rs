@@ -118,3 +118,60 @@ fn an_unreadable_current_work_is_reported_with_its_path() {
     assert!(problem.contains("current_work.json"), "{problem}");
     assert!(view.warnings.contains(&problem));
 }
+
+/// A power cut after a save through the commit log, before any daemon replayed it: the latest
+/// file still holds the save before (its rename was lost), the log holds the newer one.
+#[test]
+fn without_a_daemon_the_checkpoints_are_read_as_the_commit_log_will_restore_them() {
+    use crate::store::{CheckpointStore, IterationCheckpoint, FORMAT_VERSION};
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path();
+    QueueDir::new(root).create_all().unwrap();
+    let store = CheckpointStore::open(root).unwrap();
+    for iteration in [1, 2] {
+        let mut checkpoint = IterationCheckpoint {
+            format_version: FORMAT_VERSION,
+            task_id: "t".into(),
+            phase: "a".into(),
+            phase_index: 0,
+            scope: "loop".into(),
+            iteration_count: iteration,
+            checkpoint_interval: 1,
+            partial_results: serde_json::json!({ "iteration": iteration }),
+            last_checkpoint_at: chrono::Utc::now(),
+            attempt: 1,
+            generation: 0,
+            done: false,
+            output: None,
+            cost: None,
+        };
+        store.save(&mut checkpoint).unwrap();
+    }
+    // The process that saved died without closing the store (which would cut the log).
+    std::mem::forget(store);
+    let latest = root.join(CheckpointStore::latest_file_key("t"));
+    let history = QueueReader::open(root).history("t").unwrap();
+    let kept = root.join(CheckpointStore::generation_file_key(
+        "t",
+        history.last().unwrap().generation,
+    ));
+    fs::copy(&kept, &latest).unwrap();
+    let iteration = |reader: &QueueReader| {
+        let loaded = reader.latest_checkpoint("t").unwrap().unwrap();
+        loaded.checkpoint.iteration_count
+    };
+
+    assert_eq!(
+        iteration(&QueueReader::open(root)),
+        2,
+        "read through the log"
+    );
+    // While a daemon holds the queue its log may hold a save in flight: the files are read.
+    let lock = QueueLock::acquire(&QueueDir::new(root)).unwrap();
+    assert_eq!(
+        iteration(&QueueReader::open(root)),
+        1,
+        "read from the files"
+    );
+    drop(lock);
+}
