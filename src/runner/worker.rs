@@ -28,8 +28,7 @@ use super::channel::{AckPipe, Channel, ChannelError, CheckpointMessage, Message}
 use super::checkpointing::PhaseCheckpointer;
 use super::child::{group_of, kill_group, open_log, spawn_in_group, KILL_AFTER};
 use super::confinement::FileOwner;
-use super::spawn::Environment;
-use super::spawn::{CommandProcess, StdinFrom, StdoutTo};
+use super::spawn::{CommandProcess, Environment, StdinFrom, StdoutTo};
 use super::worker_supervision::{Event, KillReason, Supervision};
 use super::{PhaseEnd, PhaseError, PhaseRun};
 
