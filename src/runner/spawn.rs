@@ -106,23 +106,10 @@ pub struct Environment<'a> {
     pub task: &'a [(String, String)],
 }
 
-impl<'a> Environment<'a> {
-    /// The task's variables that reach the command: not withheld, the last of each name.
-    fn task_vars(&self) -> Vec<&'a (String, String)> {
-        let (task, withheld) = (self.task, self.inherited.0.withheld);
-        task.iter()
-            .enumerate()
-            .filter(|(i, (name, _))| {
-                !withheld.contains(&name.as_str()) && !task[i + 1..].iter().any(|(n, _)| n == name)
-            })
-            .map(|(_, var)| var)
-            .collect()
-    }
-}
-
 /// A command's environment as `execve` takes it, made before the clone.
 struct PreparedEnv<'a> {
     inherited: &'a InheritedEnv,
+    /// The task's variables that reach the command: not withheld, the last of each name.
     task_vars: Vec<&'a (String, String)>,
     /// `task_vars` as `NAME=value` (the inherited strings are made already).
     task_strings: Vec<CString>,
@@ -130,7 +117,15 @@ struct PreparedEnv<'a> {
 
 impl<'a> PreparedEnv<'a> {
     fn new(env: Environment<'a>) -> io::Result<PreparedEnv<'a>> {
-        let task_vars = env.task_vars();
+        let (task, withheld) = (env.task, env.inherited.0.withheld);
+        let task_vars: Vec<_> = task
+            .iter()
+            .enumerate()
+            .filter(|(i, (name, _))| {
+                !withheld.contains(&name.as_str()) && !task[i + 1..].iter().any(|(n, _)| n == name)
+            })
+            .map(|(_, var)| var)
+            .collect();
         let task_strings = c_strings(
             task_vars
                 .iter()

@@ -62,6 +62,30 @@ pub struct IterationCheckpoint<S = serde_json::Value> {
     pub cost: Option<f64>,
 }
 
+#[cfg(test)]
+impl IterationCheckpoint {
+    /// A first attempt's loop checkpoint of `task_id` after `iterations`, its state
+    /// `{"iteration": iterations}`, not yet numbered (unit tests).
+    pub(crate) fn of_loop(task_id: &str, iterations: u64) -> IterationCheckpoint {
+        IterationCheckpoint {
+            format_version: FORMAT_VERSION,
+            task_id: task_id.into(),
+            phase: "loop".into(),
+            phase_index: 0,
+            scope: "loop".into(),
+            iteration_count: iterations,
+            checkpoint_interval: 1,
+            partial_results: serde_json::json!({ "iteration": iterations }),
+            last_checkpoint_at: chrono::Utc::now(),
+            attempt: 1,
+            generation: 0,
+            done: false,
+            output: None,
+            cost: None,
+        }
+    }
+}
+
 impl<S> IterationCheckpoint<S> {
     /// The same checkpoint holding `state` instead (a sink takes the state serialized once).
     pub fn with_state<T>(&self, state: T) -> IterationCheckpoint<T> {

@@ -491,10 +491,9 @@ impl Drop for CommitLog {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::{decode_records, replay, Record, Replayed};
-
-    fn put<'a>(key: &'a str, keep: Option<&'a str>, bytes: &'a [u8]) -> Record<'a> {
+impl<'a> Record<'a> {
+    /// A put that retires nothing (unit tests).
+    pub(crate) fn put(key: &'a str, keep: Option<&'a str>, bytes: &'a [u8]) -> Record<'a> {
         Record::Put {
             key,
             keep,
@@ -502,11 +501,16 @@ mod tests {
             bytes,
         }
     }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{decode_records, replay, Record, Replayed};
 
     #[test]
     fn records_round_trip_and_a_torn_or_damaged_tail_is_dropped() {
         let records = vec![
-            put("d/a", None, b"one"),
+            Record::put("d/a", None, b"one"),
             Record::Put {
                 key: "d/a",
                 keep: Some("d/a.1"),
@@ -535,15 +539,15 @@ mod tests {
     #[test]
     fn replay_rebuilds_kept_copies_and_removals_in_order() {
         let records = vec![
-            put("d/t", None, b"g1"),
-            put("d/t", Some("d/t.1"), b"g2"),
+            Record::put("d/t", None, b"g1"),
+            Record::put("d/t", Some("d/t.1"), b"g2"),
             Record::Put {
                 key: "d/t",
                 keep: Some("d/t.2"),
                 retire: Some("d/t.1"),
                 bytes: b"g3",
             },
-            put("d/u", Some("d/u.4"), b"u5"),
+            Record::put("d/u", Some("d/u.4"), b"u5"),
             Record::Remove { key: "d/v" },
         ];
         let state = replay(&records);

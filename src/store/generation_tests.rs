@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use proptest::prelude::*;
 
-use super::checkpoint::{encode_checkpoint, IterationCheckpoint, FORMAT_VERSION};
+use super::checkpoint::{encode_checkpoint, IterationCheckpoint};
 use super::checkpoint_store::CheckpointStore;
 use super::file::FileStorage;
 use super::Storage;
@@ -31,20 +31,9 @@ enum Latest {
 /// A checkpoint of `task` that says it is `generation`.
 fn checkpoint(task: &str, generation: u64) -> IterationCheckpoint {
     IterationCheckpoint {
-        format_version: FORMAT_VERSION,
-        task_id: task.into(),
-        phase: "loop".into(),
-        phase_index: 0,
-        scope: "loop".into(),
-        iteration_count: generation,
-        checkpoint_interval: 1,
         partial_results: serde_json::json!({ "generation": generation }),
-        last_checkpoint_at: chrono::Utc::now(),
-        attempt: 1,
         generation,
-        done: false,
-        output: None,
-        cost: None,
+        ..IterationCheckpoint::of_loop(task, generation)
     }
 }
 

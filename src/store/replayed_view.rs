@@ -52,13 +52,22 @@ pub struct ReplayedView {
 
 impl ReplayedView {
     /// `files` seen through the commit log of `dir` (a key relative to their root, such as
-    /// `incremental`), or `None` when that log is missing, empty or holds no whole record. The
-    /// caller makes sure that no process writes through the log.
-    pub fn open(files: FileStorage, dir: &str) -> io::Result<Option<ReplayedView>> {
+    /// `incremental`), or `None` when that log is missing, empty or holds no whole record, or
+    /// when `written` says that a process writes through it. `written` is asked only about a
+    /// log that holds something (a queue at rest has none), so its cost is not paid by every
+    /// reader.
+    pub fn open(
+        files: FileStorage,
+        dir: &str,
+        written: impl FnOnce() -> bool,
+    ) -> io::Result<Option<ReplayedView>> {
         let log = files.root().join(dir).join(LOG_NAME);
         let Some(read_from) = LogIdentity::of(&log).filter(|id| id.len > 0) else {
             return Ok(None);
         };
+        if written() {
+            return Ok(None);
+        }
         let bytes = match std::fs::read(&log) {
             Ok(bytes) => bytes,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
@@ -157,15 +166,6 @@ mod tests {
     use super::*;
     use crate::store::commit_log::Record;
 
-    fn put<'a>(key: &'a str, keep: Option<&'a str>, bytes: &'a [u8]) -> Record<'a> {
-        Record::Put {
-            key,
-            keep,
-            retire: None,
-            bytes,
-        }
-    }
-
     fn write_log(root: &std::path::Path, records: &[Record<'_>]) {
         let bytes: Vec<u8> = records.iter().flat_map(Record::encode).collect();
         std::fs::write(root.join("d").join(LOG_NAME), bytes).unwrap();
@@ -182,12 +182,19 @@ mod tests {
         write_log(
             root.path(),
             &[
-                put("d/t", None, b"g1"),
-                put("d/t", Some("d/t.1"), b"g2"),
+                Record::put("d/t", None, b"g1"),
+                Record::put("d/t", Some("d/t.1"), b"g2"),
                 Record::Remove { key: "d/gone" },
             ],
         );
-        let view = ReplayedView::open(files.clone(), "d").unwrap().unwrap();
+        let in_use = ReplayedView::open(files.clone(), "d", || true).unwrap();
+        assert!(
+            in_use.is_none(),
+            "a log a process writes through is not read"
+        );
+        let view = ReplayedView::open(files.clone(), "d", || false)
+            .unwrap()
+            .unwrap();
         assert_eq!(view.get("d/t").unwrap().as_deref(), Some(&b"g2"[..]));
         assert_eq!(view.get("d/t.1").unwrap().as_deref(), Some(&b"g1"[..]));
         assert_eq!(view.get("d/gone").unwrap(), None);
@@ -205,12 +212,17 @@ mod tests {
         let root = tempfile::tempdir().unwrap();
         let files = FileStorage::new(root.path());
         std::fs::create_dir(root.path().join("d")).unwrap();
-        assert!(ReplayedView::open(files.clone(), "d").unwrap().is_none());
+        let unused = || false;
+        assert!(ReplayedView::open(files.clone(), "d", unused)
+            .unwrap()
+            .is_none());
         write_log(root.path(), &[]);
-        assert!(ReplayedView::open(files.clone(), "d").unwrap().is_none());
-        let mut torn = put("d/t", None, b"g1").encode();
+        assert!(ReplayedView::open(files.clone(), "d", unused)
+            .unwrap()
+            .is_none());
+        let mut torn = Record::put("d/t", None, b"g1").encode();
         torn.truncate(torn.len() - 1);
         std::fs::write(root.path().join("d").join(LOG_NAME), torn).unwrap();
-        assert!(ReplayedView::open(files, "d").unwrap().is_none());
+        assert!(ReplayedView::open(files, "d", unused).unwrap().is_none());
     }
 }

@@ -574,14 +574,18 @@ impl QueueReader {
 /// read leaves the files as they are: they are what every reader saw before.
 fn checkpoint_files(dir: &QueueDir) -> Arc<dyn Storage> {
     let files = FileStorage::new(dir.root());
-    if daemon_info(dir).running {
-        return Arc::new(files);
-    }
-    match ReplayedView::open(files.clone(), CheckpointStore::DIR) {
+    match ReplayedView::open(files.clone(), CheckpointStore::DIR, || {
+        daemon_info(dir).running
+    }) {
         Ok(Some(view)) => Arc::new(view),
         Ok(None) => Arc::new(files),
         Err(e) => {
-            tracing::debug!(error = %e, "the checkpoints' commit log cannot be read");
+            tracing::warn!(
+                error = %e,
+                "cannot read the checkpoints' commit log: checkpoints are shown as their files \
+                 hold them, which after a power cut may be older than what the next daemon \
+                 restores"
+            );
             Arc::new(files)
         }
     }

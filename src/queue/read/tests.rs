@@ -123,29 +123,15 @@ fn an_unreadable_current_work_is_reported_with_its_path() {
 /// file still holds the save before (its rename was lost), the log holds the newer one.
 #[test]
 fn without_a_daemon_the_checkpoints_are_read_as_the_commit_log_will_restore_them() {
-    use crate::store::{CheckpointStore, IterationCheckpoint, FORMAT_VERSION};
+    use crate::store::{CheckpointStore, IterationCheckpoint};
     let tmp = tempfile::tempdir().unwrap();
     let root = tmp.path();
     QueueDir::new(root).create_all().unwrap();
     let store = CheckpointStore::open(root).unwrap();
     for iteration in [1, 2] {
-        let mut checkpoint = IterationCheckpoint {
-            format_version: FORMAT_VERSION,
-            task_id: "t".into(),
-            phase: "a".into(),
-            phase_index: 0,
-            scope: "loop".into(),
-            iteration_count: iteration,
-            checkpoint_interval: 1,
-            partial_results: serde_json::json!({ "iteration": iteration }),
-            last_checkpoint_at: chrono::Utc::now(),
-            attempt: 1,
-            generation: 0,
-            done: false,
-            output: None,
-            cost: None,
-        };
-        store.save(&mut checkpoint).unwrap();
+        store
+            .save(&mut IterationCheckpoint::of_loop("t", iteration))
+            .unwrap();
     }
     // The process that saved died without closing the store (which would cut the log).
     std::mem::forget(store);
