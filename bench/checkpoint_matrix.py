@@ -6,9 +6,10 @@ Each configuration of the checkpoint workload (bench/workload.md) runs `--rounds
 of them: cairn durable through the commit log (the default) and by the atomic replace alone,
 cairn published (no fsync), the raw atomic-replace reference and the appended, fdatasync'd
 record of the same bytes. `--variants` and `--flavours` pick a subset; `--baseline` adds
-another build's commit-log runs to the same rounds, to compare two builds fairly. Every run's
-JSON line is printed as it comes; a Markdown table of the medians of the per-run values
-follows.
+another build's commit-log runs to the same rounds, to compare two builds fairly. The flavour
+`langgraph` adds LangGraph's SQLite saver (bench/peers/langgraph_sqlite.py, run by `--python`,
+which must have `langgraph-checkpoint-sqlite` installed) to the same rounds. Every run's JSON
+line is printed as it comes; a Markdown table of the medians of the per-run values follows.
 
     cargo build --release && python3 bench/checkpoint_matrix.py [--rounds 5] [--cairn PATH]
 """
@@ -28,6 +29,8 @@ FLAVOURS = {
     "replace": ["--commit-path", "replace"],
     "published": ["--durability", "none"],
 }
+# Peers that implement the same workload; each is a script run by `--python`.
+PEERS = {"langgraph": os.path.join(ROOT, "bench", "peers", "langgraph_sqlite.py")}
 
 
 def main():
@@ -39,12 +42,21 @@ def main():
     ap.add_argument("--variants", default=",".join(f"{s}/{c}" for s, c in VARIANTS),
                     help="size/conc pairs, comma-separated (default: all)")
     ap.add_argument("--flavours", default=",".join(FLAVOURS),
-                    help="comma-separated, of: " + ", ".join(FLAVOURS))
+                    help="comma-separated, of: " + ", ".join(list(FLAVOURS) + list(PEERS)))
+    ap.add_argument("--python", default=sys.executable,
+                    help="the Python that runs the peers' scripts")
     args = ap.parse_args()
     variants = [(v.split("/")[0], int(v.split("/")[1])) for v in args.variants.split(",")]
-    flavours = [(name, args.cairn, FLAVOURS[name]) for name in args.flavours.split(",")]
+    flavours = []
+    for name in args.flavours.split(","):
+        if name in PEERS:
+            flavours.append((name, args.python, [PEERS[name]]))
+        elif name in FLAVOURS:
+            flavours.append((name, args.cairn, ["bench", "checkpoint"] + FLAVOURS[name]))
+        else:
+            sys.exit(f"unknown flavour {name!r}; known: {', '.join(list(FLAVOURS) + list(PEERS))}")
     if args.baseline:
-        flavours.append(("baseline", args.baseline, FLAVOURS["log"]))
+        flavours.append(("baseline", args.baseline, ["bench", "checkpoint"] + FLAVOURS["log"]))
     os.makedirs(args.dir, exist_ok=True)
     fs = subprocess.run(["df", "-T", args.dir], capture_output=True, text=True).stdout
     print(fs.strip(), file=sys.stderr)
@@ -53,8 +65,7 @@ def main():
     for _ in range(args.rounds):
         for size, conc in variants:
             for name, binary, flags in flavours:
-                cmd = [binary, "bench", "checkpoint", "--size", size, "--conc", str(conc),
-                       "--dir", args.dir] + flags
+                cmd = [binary] + flags + ["--size", size, "--conc", str(conc), "--dir", args.dir]
                 out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
                 line = json.loads(out)
                 line["run"] = name
