@@ -124,9 +124,13 @@ impl CgroupRoot {
             .sum()
     }
 
-    /// Remove the queue's cgroup when no task cgroup is left in it (at the daemon's exit).
-    pub fn remove_if_empty(&self) {
-        let _ = std::fs::remove_dir(&self.dir);
+    /// Remove the queue's cgroup when no task cgroup is left in it (at the daemon's exit);
+    /// true when it is gone.
+    pub fn remove_if_empty(&self) -> bool {
+        match std::fs::remove_dir(&self.dir) {
+            Ok(()) => true,
+            Err(e) => e.kind() == io::ErrorKind::NotFound,
+        }
     }
 }
 

@@ -444,9 +444,16 @@ impl Drop for TestQueue {
     fn drop(&mut self) {
         // A daemon the test killed leaves its queue's cgroups behind (empty: its commands died
         // with it). A restarted daemon would remove them; nothing restarts on a temp queue.
+        // A command SIGKILLed on a loaded machine may outlive the library's one-second wait,
+        // and its cgroup cannot be removed until it has gone: try again, generously.
         if let Some(cgroups) = cairn::runner::CgroupRoot::for_queue(&self.root.join("runs")) {
-            cgroups.kill_leftovers();
-            cgroups.remove_if_empty();
+            for _ in 0..20 {
+                cgroups.kill_leftovers();
+                if cgroups.remove_if_empty() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(500));
+            }
         }
         if !std::thread::panicking() {
             return;
