@@ -412,10 +412,16 @@ impl QueueReader {
         self.dir.task_file(id).exists()
             || self.dir.done_file(id).exists()
             || self.dir.failed_file(id).exists()
-            || self
-                .path_of_key(&CheckpointStore::latest_file_key(id))
-                .exists()
+            || self.has_latest_checkpoint(id)
             || self.current_work().is_ok_and(|work| work.get(id).is_some())
+    }
+
+    /// Whether the task's latest checkpoint exists: its file, or else what the commit log will
+    /// restore (a first save whose file a power cut took, before a daemon replays the log).
+    fn has_latest_checkpoint(&self, id: &str) -> bool {
+        let key = CheckpointStore::latest_file_key(id);
+        self.path_of_key(&key).exists()
+            || quietly(|| self.store.storage().get(&key)).is_ok_and(|bytes| bytes.is_some())
     }
 
     /// The names of the rejection records (`failed/rejected-*.json`) of files that were

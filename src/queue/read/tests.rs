@@ -161,3 +161,26 @@ fn without_a_daemon_the_checkpoints_are_read_as_the_commit_log_will_restore_them
     );
     drop(lock);
 }
+
+/// A task whose only trace is its first checkpoint, whose file a power cut took (its rename
+/// was lost) while the commit log kept the record: it exists, as the next daemon will restore it.
+#[test]
+fn a_task_known_only_from_the_commit_log_exists_without_a_daemon() {
+    use crate::store::{CheckpointStore, IterationCheckpoint};
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path();
+    QueueDir::new(root).create_all().unwrap();
+    let store = CheckpointStore::open(root).unwrap();
+    store
+        .save(&mut IterationCheckpoint::of_loop("first", 1))
+        .unwrap();
+    std::mem::forget(store);
+    fs::remove_file(root.join(CheckpointStore::latest_file_key("first"))).unwrap();
+
+    assert!(QueueReader::open(root).task_exists("first"));
+    assert!(!QueueReader::open(root).task_exists("other"));
+    // While a daemon holds the queue the log is not read, and the files hold no trace.
+    let lock = QueueLock::acquire(&QueueDir::new(root)).unwrap();
+    assert!(!QueueReader::open(root).task_exists("first"));
+    drop(lock);
+}
