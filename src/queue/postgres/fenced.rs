@@ -317,10 +317,13 @@ impl PgQueue {
         action: &'static str,
     ) -> Result<(), PgError> {
         let client = self.client().await?;
+        // Prepared once per connection (the pool keeps the statements with it): a checkpoint or
+        // a renewal is then one round trip, not two, and the server parses nothing again.
+        let prepared = client.prepare_cached(statement).await.during(action)?;
         let mut all: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> =
             vec![&lease.task_id, &lease.node, &lease.epoch];
         all.extend_from_slice(params);
-        let written = client.query_opt(statement, &all).await.during(action)?;
+        let written = client.query_opt(&prepared, &all).await.during(action)?;
         match written {
             Some(_) => Ok(()),
             None => Err(PgError::LeaseLost {
