@@ -214,6 +214,43 @@ fn a_claimed_task_checkpoints_writes_its_state_and_output_and_finishes_through_t
 }
 
 #[test]
+fn a_newest_checkpoint_that_does_not_decode_falls_back_to_the_generation_before() {
+    let Some(cluster) = PgCluster::start(
+        "a_newest_checkpoint_that_does_not_decode_falls_back_to_the_generation_before",
+    ) else {
+        return;
+    };
+    let (rt, url) = (runtime(), cluster.url());
+    submit(&rt, &url, "t1");
+    let backend = PgBackend::open(&url, "node-a", LONG).unwrap();
+    let lease = backend.claim("t1").unwrap();
+    for iterations in 1..=3 {
+        save(&backend, &lease, a_checkpoint("t1", iterations)).unwrap();
+    }
+    let newest = backend.latest_checkpoint("t1").unwrap().unwrap();
+    assert_eq!(newest.checkpoint.iteration_count, 3);
+    assert_eq!(newest.key, "cairn_checkpoints/t1/3");
+    assert!(newest.skipped.is_empty());
+
+    // The newest generation's bytes are damaged (a gzip header and nothing after it).
+    text(
+        &rt,
+        &url,
+        "WITH damaged AS (
+            UPDATE cairn_checkpoints SET bytes = decode('1f8b00', 'hex')
+            WHERE task_id = $1 AND generation = 3 RETURNING task_id
+        ) SELECT task_id FROM damaged",
+        "t1",
+    )
+    .expect("generation 3 damaged");
+    let fallback = backend.latest_checkpoint("t1").unwrap().unwrap();
+    assert_eq!(fallback.checkpoint.iteration_count, 2);
+    assert_eq!(fallback.key, "cairn_checkpoints/t1/2");
+    assert_eq!(fallback.skipped.len(), 1, "{:?}", fallback.skipped);
+    assert_eq!(fallback.skipped[0].0, "cairn_checkpoints/t1/3");
+}
+
+#[test]
 fn a_node_whose_lease_was_taken_over_writes_nothing_and_recovery_sees_the_new_holders_work() {
     let Some(cluster) = PgCluster::start(
         "a_node_whose_lease_was_taken_over_writes_nothing_and_recovery_sees_the_new_holders_work",

@@ -656,9 +656,25 @@ impl QueueBackend for PgBackend {
     }
 
     fn latest_checkpoint(&self, task_id: &str) -> Result<Option<LoadedCheckpoint>, QueueError> {
+        let reading = || format!("reading the checkpoints of task {task_id}");
+        // The newest alone first: a resume moves one generation's bytes, not every kept one's.
+        let Some(newest) = self
+            .run(self.db.latest_checkpoint(task_id))
+            .map_err(|e| backend_error(reading(), e))?
+        else {
+            return Ok(None);
+        };
+        if let Ok(checkpoint) = decode_checkpoint(&newest.bytes) {
+            return Ok(Some(LoadedCheckpoint {
+                checkpoint,
+                key: format!("cairn_checkpoints/{task_id}/{}", newest.generation),
+                skipped: Vec::new(),
+            }));
+        }
+        // It does not decode: go through every generation, reporting each that does not.
         let stored = self
             .run(self.db.checkpoints(task_id))
-            .map_err(|e| backend_error(format!("reading the checkpoints of task {task_id}"), e))?;
+            .map_err(|e| backend_error(reading(), e))?;
         let mut skipped = Vec::new();
         let mut first_error = None;
         for generation in stored {

@@ -345,23 +345,37 @@ impl PgQueue {
             )
             .await
             .during("reading checkpoints")?;
-        Ok(rows
-            .iter()
-            .map(|row| StoredCheckpoint {
-                generation: u64::try_from(row.get::<_, i64>(0)).unwrap_or(0),
-                bytes: row.get(1),
-                iteration_count: u64::try_from(row.get::<_, i64>(2)).unwrap_or(0),
-                lease_epoch: row.get(3),
-                written_at: row.get(4),
-            })
-            .collect())
+        Ok(rows.iter().map(stored_checkpoint).collect())
     }
 
-    /// The task's newest stored checkpoint.
+    /// The task's newest stored checkpoint, read alone (a resume needs only its bytes).
     pub async fn latest_checkpoint(
         &self,
         task_id: &str,
     ) -> Result<Option<StoredCheckpoint>, PgError> {
-        Ok(self.checkpoints(task_id).await?.into_iter().next())
+        let client = self.client().await?;
+        let newest = client
+            .prepare_cached(
+                "SELECT generation, bytes, iteration_count, lease_epoch, written_at
+                 FROM cairn_checkpoints WHERE task_id = $1 ORDER BY generation DESC LIMIT 1",
+            )
+            .await
+            .during("reading the newest checkpoint")?;
+        let row = client
+            .query_opt(&newest, &[&task_id])
+            .await
+            .during("reading the newest checkpoint")?;
+        Ok(row.as_ref().map(stored_checkpoint))
+    }
+}
+
+/// A row of `generation, bytes, iteration_count, lease_epoch, written_at`.
+fn stored_checkpoint(row: &tokio_postgres::Row) -> StoredCheckpoint {
+    StoredCheckpoint {
+        generation: u64::try_from(row.get::<_, i64>(0)).unwrap_or(0),
+        bytes: row.get(1),
+        iteration_count: u64::try_from(row.get::<_, i64>(2)).unwrap_or(0),
+        lease_epoch: row.get(3),
+        written_at: row.get(4),
     }
 }
