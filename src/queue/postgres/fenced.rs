@@ -338,11 +338,7 @@ impl PgQueue {
     pub async fn checkpoints(&self, task_id: &str) -> Result<Vec<StoredCheckpoint>, PgError> {
         let client = self.client().await?;
         let rows = client
-            .query(
-                "SELECT generation, bytes, iteration_count, lease_epoch, written_at
-                 FROM cairn_checkpoints WHERE task_id = $1 ORDER BY generation DESC",
-                &[&task_id],
-            )
+            .query(ALL_CHECKPOINTS, &[&task_id])
             .await
             .during("reading checkpoints")?;
         Ok(rows.iter().map(stored_checkpoint).collect())
@@ -355,10 +351,7 @@ impl PgQueue {
     ) -> Result<Option<StoredCheckpoint>, PgError> {
         let client = self.client().await?;
         let newest = client
-            .prepare_cached(
-                "SELECT generation, bytes, iteration_count, lease_epoch, written_at
-                 FROM cairn_checkpoints WHERE task_id = $1 ORDER BY generation DESC LIMIT 1",
-            )
+            .prepare_cached(NEWEST_CHECKPOINT)
             .await
             .during("reading the newest checkpoint")?;
         let row = client
@@ -369,7 +362,21 @@ impl PgQueue {
     }
 }
 
-/// A row of `generation, bytes, iteration_count, lease_epoch, written_at`.
+/// Task `$1`'s checkpoint generations, newest first, as [`stored_checkpoint`] reads a row.
+macro_rules! select_checkpoints {
+    ($tail:literal) => {
+        concat!(
+            "SELECT generation, bytes, iteration_count, lease_epoch, written_at
+             FROM cairn_checkpoints WHERE task_id = $1 ORDER BY generation DESC",
+            $tail
+        )
+    };
+}
+const ALL_CHECKPOINTS: &str = select_checkpoints!("");
+const NEWEST_CHECKPOINT: &str = select_checkpoints!(" LIMIT 1");
+
+/// A row of [`select_checkpoints`]: `generation, bytes, iteration_count, lease_epoch,
+/// written_at`.
 fn stored_checkpoint(row: &tokio_postgres::Row) -> StoredCheckpoint {
     StoredCheckpoint {
         generation: u64::try_from(row.get::<_, i64>(0)).unwrap_or(0),
