@@ -293,7 +293,7 @@ async fn end_phase(
     run: &PhaseRun<'_>,
     result: Result<PhaseEnd, PhaseError>,
 ) -> ControlFlow<AttemptEnd> {
-    let (id, index, phase) = (task.id(), run.index, run.phase);
+    let index = run.index;
     let end = match result {
         Ok(PhaseEnd::Completed(output)) => {
             if let Err(error) = finish_phase(ctx, task, run.lease, index, output).await {
@@ -302,14 +302,6 @@ async fn end_phase(
                     counts: false,
                 });
             }
-            tracing::info!(task_id = %id, phase = %phase.name, "phase finished");
-            ctx.journal(
-                id,
-                Event::PhaseFinished {
-                    phase: phase.name.clone(),
-                    phase_index: index,
-                },
-            );
             return ControlFlow::Continue(());
         }
         Ok(PhaseEnd::Interrupted) => AttemptEnd::Interrupted,
@@ -367,6 +359,17 @@ async fn finish_phase(
             }
         }
     });
+    // Journaled once the work state holds the output: from here the phase is not run again in
+    // this daemon, even when the persist below fails and fails the attempt.
+    let phase = &task.phases[index].name;
+    tracing::info!(task_id = %id, phase = %phase, "phase finished");
+    ctx.journal(
+        &id,
+        Event::PhaseFinished {
+            phase: phase.clone(),
+            phase_index: index,
+        },
+    );
     ctx.work.persist().await.map_err(StateError::Persist)
 }
 
