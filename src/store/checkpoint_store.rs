@@ -341,6 +341,9 @@ impl CheckpointStore {
         loop {
             match self.read_checkpoint(task_id, &key)? {
                 Some(Ok(checkpoint)) => {
+                    if failures.is_empty() && older.is_none() {
+                        self.learn_latest_read(task_id, checkpoint.generation);
+                    }
                     let skipped = failures
                         .iter()
                         .map(|(key, err)| (key.clone(), err.to_string()))
@@ -524,14 +527,22 @@ impl CheckpointStore {
         let Some(bytes) = self.read(&latest_key(task_id))? else {
             return Ok(newest_older);
         };
-        Ok(match decode_for_task(task_id, &bytes) {
-            // Equal happens when an earlier save linked the latest but failed before its
-            // rename: that older file is a copy of the latest and may be replaced.
-            Ok(cp) if cp.generation >= newest_older => cp.generation,
-            // The latest does not decode, or is older than a kept generation (restored by
-            // hand): keep it under a number above every file on disk, so nothing is replaced.
-            _ => newest_older.saturating_add(1),
-        })
+        let decoded = decode_for_task(task_id, &bytes).ok();
+        Ok(latest_generation_beside(
+            decoded.map(|cp| cp.generation),
+            newest_older,
+        ))
+    }
+
+    /// After [`CheckpointStore::latest`] read the task's latest file: when a listing told the
+    /// newest of its older files, the first save need not read the latest file again.
+    fn learn_latest_read(&self, task_id: &str, generation: u64) {
+        let slot = self.generation_slot(task_id);
+        let mut known = slot.lock().unwrap_or_else(PoisonError::into_inner);
+        if let KnownGeneration::NewestOlder(newest_older) = *known {
+            *known =
+                KnownGeneration::Latest(latest_generation_beside(Some(generation), newest_older));
+        }
     }
 
     /// The generation numbers of the task's older files, newest first.
@@ -574,6 +585,20 @@ impl CheckpointStore {
         Ok(self
             .read(key)?
             .map(|bytes| decode_for_key(task_id, key, &bytes)))
+    }
+}
+
+/// The number a save keeps the latest file under, given the generation recorded in it
+/// (`None`: it does not decode) and the newest of the task's older files (0: none), such that
+/// the kept name is free and the next number is used by no file on disk.
+fn latest_generation_beside(latest: Option<u64>, newest_older: u64) -> u64 {
+    match latest {
+        // Equal happens when an earlier save linked the latest but failed before its rename:
+        // that older file is a copy of the latest and may be replaced.
+        Some(generation) if generation >= newest_older => generation,
+        // The latest does not decode, or is older than a kept generation (restored by hand):
+        // keep it under a number above every file on disk, so nothing is replaced.
+        _ => newest_older.saturating_add(1),
     }
 }
 

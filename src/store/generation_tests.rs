@@ -135,6 +135,7 @@ proptest! {
         latest in latest_strategy(),
         keep in 0usize..=3,
         learned in any::<bool>(),
+        resumed in any::<bool>(),
         saves in 1usize..=6,
     ) {
         let dir = tempfile::tempdir().unwrap();
@@ -144,6 +145,10 @@ proptest! {
             .keep_generations(keep);
         if learned {
             store.learn_generations_on_disk([TASK]).unwrap();
+        }
+        if resumed {
+            // As the daemon does before a resumed task's first save; whatever it finds.
+            let _ = store.latest(TASK);
         }
         save_and_check(dir.path(), &store, saves)?;
     }
@@ -179,18 +184,20 @@ fn the_edge_cases_keep_every_file() {
             if learned {
                 store.learn_generations_on_disk([TASK]).unwrap();
             }
+            let _ = store.latest(TASK);
             if let Err(err) = save_and_check(dir.path(), &store, 8) {
-                panic!("{what} (learned beforehand: {learned}): {err}");
+                panic!("{what} (learned beforehand: {learned}, resumed): {err}");
             }
         }
     }
 }
 
-/// A [`FileStorage`] that counts how often `incremental/` is listed.
+/// A [`FileStorage`] that counts how often `incremental/` is listed and a file is read.
 #[derive(Debug)]
 struct CountingStorage {
     files: FileStorage,
     listings: AtomicUsize,
+    reads: AtomicUsize,
 }
 
 impl Storage for CountingStorage {
@@ -210,6 +217,7 @@ impl Storage for CountingStorage {
     }
 
     fn get(&self, key: &str) -> io::Result<Option<Vec<u8>>> {
+        self.reads.fetch_add(1, Ordering::SeqCst);
         self.files.get(key)
     }
 
@@ -247,6 +255,7 @@ fn first_saves_of_learned_tasks_list_nothing_and_others_list_once() {
     let storage = Arc::new(CountingStorage {
         files: FileStorage::new(dir.path()),
         listings: AtomicUsize::new(0),
+        reads: AtomicUsize::new(0),
     });
     let store = CheckpointStore::with_storage(Arc::clone(&storage) as Arc<dyn Storage>);
     store.learn_generations_on_disk(["a", "b", "new"]).unwrap();
@@ -272,4 +281,39 @@ fn first_saves_of_learned_tasks_list_nothing_and_others_list_once() {
     assert_eq!(storage.listings.load(Ordering::SeqCst), 2);
     assert!(store.latest("unseen").unwrap().is_none());
     assert_eq!(storage.listings.load(Ordering::SeqCst), 3);
+}
+
+#[test]
+fn a_resumed_tasks_first_save_reads_its_latest_file_no_more() {
+    let dir = tempfile::tempdir().unwrap();
+    let incremental = dir.path().join("incremental");
+    std::fs::create_dir_all(&incremental).unwrap();
+    for generation in [2, 3] {
+        let bytes = encode_checkpoint(&checkpoint(TASK, generation)).unwrap();
+        std::fs::write(
+            incremental.join(format!("{TASK}.{generation}.json.gz")),
+            bytes,
+        )
+        .unwrap();
+    }
+    let bytes = encode_checkpoint(&checkpoint(TASK, 4)).unwrap();
+    std::fs::write(incremental.join(format!("{TASK}.json.gz")), bytes).unwrap();
+    let storage = Arc::new(CountingStorage {
+        files: FileStorage::new(dir.path()),
+        listings: AtomicUsize::new(0),
+        reads: AtomicUsize::new(0),
+    });
+    let store = CheckpointStore::with_storage(Arc::clone(&storage) as Arc<dyn Storage>);
+    store.learn_generations_on_disk([TASK]).unwrap();
+    let resumed = store.latest(TASK).unwrap().expect("the latest checkpoint");
+    assert_eq!(resumed.checkpoint.generation, 4);
+    assert_eq!(storage.reads.load(Ordering::SeqCst), 1);
+    assert_eq!(store.save(&mut checkpoint(TASK, 0)).unwrap(), 5);
+    assert_eq!(
+        storage.reads.load(Ordering::SeqCst),
+        1,
+        "the first save after the resume read the latest file again"
+    );
+    assert_eq!(storage.listings.load(Ordering::SeqCst), 1);
+    assert_eq!(older_numbers(dir.path()), vec![2, 3, 4]);
 }
