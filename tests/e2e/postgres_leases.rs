@@ -60,6 +60,11 @@ async fn migrated_queue(test: &str) -> Option<(PgCluster, PgQueue)> {
     Some((cluster, queue))
 }
 
+/// The one lease `lease`, as a renewal names what it holds.
+fn held(lease: &Lease) -> Vec<(String, i64)> {
+    vec![(lease.task_id.clone(), lease.epoch)]
+}
+
 /// A plain connection for looking at the tables directly.
 async fn sql(url: &str) -> tokio_postgres::Client {
     let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
@@ -402,7 +407,11 @@ async fn release_hands_leases_back_at_once_and_the_old_epoch_writes_nothing() {
     let before = everything_about(&client, "t1").await;
     every_write_is_refused(&queue, &a_lease).await;
     assert_eq!(everything_about(&client, "t1").await, before);
-    assert!(queue.renew_all("a", LONG).await.unwrap().is_empty());
+    assert!(queue
+        .renew_held("a", LONG, &held(&a_lease))
+        .await
+        .unwrap()
+        .is_empty());
     assert!(queue.release_all("a").await.unwrap().is_empty());
 
     // The new holder writes, and its final record ends the lease.
@@ -430,7 +439,11 @@ async fn release_hands_leases_back_at_once_and_the_old_epoch_writes_nothing() {
         .map(|row| (row.get(0), row.get(1)))
         .unwrap();
     assert_eq!((state.as_str(), status.as_str()), ("done", "done"));
-    assert!(b_queue.renew_all("b", LONG).await.unwrap().is_empty());
+    assert!(b_queue
+        .renew_held("b", LONG, &held(&b_lease))
+        .await
+        .unwrap()
+        .is_empty());
     assert!(b_queue.claim("b", 5, LONG, true).await.unwrap().is_empty());
 }
 
@@ -452,7 +465,11 @@ async fn after_expiry_another_node_takes_over_and_the_old_nodes_writes_are_refus
     let client = sql(&cluster.url()).await;
     wait_lease_expired(&client, "t1").await;
     assert!(
-        queue.renew_all("a", LONG).await.unwrap().is_empty(),
+        queue
+            .renew_held("a", LONG, &held(&a_lease))
+            .await
+            .unwrap()
+            .is_empty(),
         "an expired lease is not renewed"
     );
     // Expired is lost, even before anyone takes the task over.
@@ -629,11 +646,15 @@ async fn renewing_keeps_a_lease_alive_past_its_original_expiry() {
     submit(&queue, "t2").await;
     let claimed = queue.claim("a", 2, WRITE_THEN_EXPIRE, true).await.unwrap();
     assert_eq!(claimed.len(), 2);
-    let renewed = queue.renew_all("a", LONG).await.unwrap();
+    let all: Vec<(String, i64)> = claimed
+        .iter()
+        .map(|c| (c.lease.task_id.clone(), c.lease.epoch))
+        .collect();
+    let renewed = queue.renew_held("a", LONG, &all).await.unwrap();
     assert_eq!(
         renewed.len(),
         2,
-        "one statement renews every lease: {renewed:?}"
+        "one statement renews every lease held: {renewed:?}"
     );
     for lease in &renewed {
         let original = claimed
@@ -670,6 +691,65 @@ async fn renewing_keeps_a_lease_alive_past_its_original_expiry() {
             .await
             .unwrap();
     }
+}
+
+/// A daemon that let go of a lease in memory (judged it lost, say, because a renewal crossed
+/// the task's claim) must not keep it alive by renewing every lease of its node: the task
+/// would stay running on that node, run by nobody, until the daemon stopped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewing_extends_only_the_leases_named_and_the_others_expire() {
+    let Some((cluster, queue)) =
+        migrated_queue("renewing_extends_only_the_leases_named_and_the_others_expire").await
+    else {
+        return;
+    };
+    submit(&queue, "t1").await;
+    submit(&queue, "t2").await;
+    let claimed = queue.claim("a", 2, WRITE_THEN_EXPIRE, true).await.unwrap();
+    assert_eq!(claimed.len(), 2);
+    let kept = claimed
+        .iter()
+        .find(|c| c.lease.task_id == "t1")
+        .unwrap()
+        .lease
+        .clone();
+    let client = sql(&cluster.url()).await;
+    // Renew t1 alone, as often as a daemon would, until t2's lease has run out.
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        let renewed = queue
+            .renew_held("a", WRITE_THEN_EXPIRE, &held(&kept))
+            .await
+            .unwrap();
+        let ids: Vec<&str> = renewed.iter().map(|r| r.task_id.as_str()).collect();
+        assert_eq!(ids, ["t1"], "only the lease named is renewed");
+        let expired: bool = client
+            .query_one(
+                "SELECT lease_expires_at <= now() FROM cairn_tasks WHERE id = 't2'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if expired {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "t2's lease lives on, renewed with t1's"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    // Another node takes t2 over; t1 is still a's.
+    let b_queue = PgQueue::connect(&cluster.url()).unwrap();
+    let taken: Vec<String> = b_queue
+        .claim("b", 5, LONG, true)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|c| c.lease.task_id)
+        .collect();
+    assert_eq!(taken, ["t2"]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -108,7 +108,46 @@ fn locked<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
+/// Which leases a renewal that was sent for `held` (task id and epoch) found lost, taking them
+/// out of `leases` and updating the expiry of the renewed ones. Only the leases in `held` that
+/// `leases` still holds under the same epoch are judged: a task claimed while the renewal was
+/// on its way is not in its answer and is not lost (its claim's own expiry stands until the
+/// next renewal).
+fn judge_renewal(
+    held: &[(String, i64)],
+    renewed: &[super::lease::RenewedLease],
+    leases: &mut HashMap<String, PgLease>,
+) -> Vec<String> {
+    let renewed: HashMap<(&str, i64), &super::lease::RenewedLease> = renewed
+        .iter()
+        .map(|r| ((r.task_id.as_str(), r.epoch), r))
+        .collect();
+    let mut lost = Vec::new();
+    for (task_id, epoch) in held {
+        let Some(mine) = leases.get_mut(task_id).filter(|mine| mine.epoch == *epoch) else {
+            // Handed back, finished or claimed anew while the renewal was on its way.
+            continue;
+        };
+        match renewed.get(&(task_id.as_str(), *epoch)) {
+            Some(renewal) => mine.expires_at = renewal.expires_at,
+            None => {
+                leases.remove(task_id);
+                lost.push(task_id.clone());
+            }
+        }
+    }
+    lost
+}
+
 impl PgBackend {
+    /// The leases this owner holds now, as task id and epoch, for a renewal.
+    fn held_now(&self) -> Vec<(String, i64)> {
+        locked(&self.leases)
+            .iter()
+            .map(|(task_id, lease)| (task_id.clone(), lease.epoch))
+            .collect()
+    }
+
     /// Own the queue in the database at `url` as node `node`, each lease held for
     /// `lease_for`: migrates the schema and registers the node (refused while another live
     /// daemon uses the name). Blocking; never call it from an async task.
@@ -382,28 +421,15 @@ impl QueueBackend for PgBackend {
     }
 
     fn renew_leases(&self) -> Result<Vec<String>, QueueError> {
-        if locked(&self.leases).is_empty() {
+        let held = self.held_now();
+        if held.is_empty() {
             // Nothing to renew; the node is still seen alive by its claims.
             return Ok(Vec::new());
         }
         let renewed = self
-            .run(self.db.renew_all(&self.node, self.lease_for))
+            .run(self.db.renew_held(&self.node, self.lease_for, &held))
             .map_err(|e| backend_error("renewing leases".to_string(), e))?;
-        let renewed: HashMap<&str, &super::lease::RenewedLease> =
-            renewed.iter().map(|r| (r.task_id.as_str(), r)).collect();
-        let mut leases = locked(&self.leases);
-        let mut lost = Vec::new();
-        leases.retain(|task_id, held| match renewed.get(task_id.as_str()) {
-            Some(renewal) if renewal.epoch == held.epoch => {
-                held.expires_at = renewal.expires_at;
-                true
-            }
-            _ => {
-                lost.push(task_id.clone());
-                false
-            }
-        });
-        Ok(lost)
+        Ok(judge_renewal(&held, &renewed, &mut locked(&self.leases)))
     }
 
     fn holds(&self, task_id: &str) -> bool {
@@ -454,7 +480,10 @@ impl QueueBackend for PgBackend {
     fn renew(&self, lease: &Lease) -> Result<(), QueueError> {
         let held = self.held(lease)?;
         let renewed = self
-            .run(self.db.renew_all(&self.node, self.lease_for))
+            .run(
+                self.db
+                    .renew_held(&self.node, self.lease_for, &self.held_now()),
+            )
             .map_err(|e| backend_error("renewing leases".to_string(), e))?;
         let mut leases = locked(&self.leases);
         for renewal in &renewed {
@@ -962,5 +991,62 @@ impl WriteFence for OwnerFence {
                 reason: "the queue was released by this owner".to_string(),
             })
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::queue::postgres::lease::RenewedLease;
+
+    fn lease(task_id: &str, epoch: i64) -> PgLease {
+        PgLease {
+            task_id: task_id.to_owned(),
+            node: "a".to_owned(),
+            epoch,
+            expires_at: DateTime::<Utc>::UNIX_EPOCH,
+            last_generation: 0,
+        }
+    }
+
+    fn renewal(task_id: &str, epoch: i64) -> RenewedLease {
+        RenewedLease {
+            task_id: task_id.to_owned(),
+            epoch,
+            expires_at: DateTime::<Utc>::UNIX_EPOCH + chrono::Duration::seconds(30),
+        }
+    }
+
+    #[test]
+    fn a_renewal_judges_only_the_leases_it_was_sent_for() {
+        let mut leases: HashMap<String, PgLease> = [
+            ("renewed", 1),
+            ("expired", 1),
+            ("claimed-meanwhile", 1),
+            ("claimed-anew", 4),
+        ]
+        .into_iter()
+        .map(|(id, epoch)| (id.to_owned(), lease(id, epoch)))
+        .collect();
+        // Sent before "claimed-meanwhile" was claimed and before "claimed-anew" was claimed
+        // again (epoch 3 then), and for "handed-back", let go of since.
+        let held: Vec<(String, i64)> = [("renewed", 1), ("expired", 1), ("claimed-anew", 3)]
+            .into_iter()
+            .chain([("handed-back", 2)])
+            .map(|(id, epoch)| (id.to_owned(), epoch))
+            .collect();
+        let lost = judge_renewal(&held, &[renewal("renewed", 1)], &mut leases);
+        assert_eq!(lost, ["expired"]);
+        let mut left: Vec<&str> = leases.keys().map(String::as_str).collect();
+        left.sort_unstable();
+        assert_eq!(left, ["claimed-anew", "claimed-meanwhile", "renewed"]);
+        assert_eq!(
+            leases["renewed"].expires_at,
+            renewal("renewed", 1).expires_at
+        );
+        assert_eq!(
+            leases["claimed-meanwhile"].expires_at,
+            DateTime::<Utc>::UNIX_EPOCH
+        );
     }
 }

@@ -64,7 +64,7 @@ impl ClaimedTask {
     }
 }
 
-/// A lease [`PgQueue::renew_all`] extended.
+/// A lease [`PgQueue::renew_held`] extended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RenewedLease {
     pub task_id: String,
@@ -153,15 +153,19 @@ WHERE t.id = c.id
 RETURNING t.id, t.lease_epoch, t.lease_expires_at, t.definition::text, true,
           t.crash_count, t.crash_limit, true";
 
-/// Extend every unexpired lease of node `$1` by `$2` seconds, and note the node alive.
-const RENEW_ALL: &str = "
+/// Extend the unexpired leases of node `$1` named by `$3` (task ids) and `$4` (their epochs,
+/// in the same order) by `$2` seconds, and note the node alive. Only the leases the caller
+/// holds: one it has let go of in memory (judged lost) must expire, not live on unrun.
+const RENEW_HELD: &str = "
 WITH seen AS (
     UPDATE cairn_nodes SET last_seen_at = now() WHERE name = $1
 )
-UPDATE cairn_tasks
+UPDATE cairn_tasks t
 SET lease_expires_at = now() + $2::float8 * interval '1 second'
-WHERE lease_node = $1 AND state = 'running' AND lease_expires_at > now()
-RETURNING id, lease_epoch, lease_expires_at";
+FROM unnest($3::text[], $4::int8[]) AS held(id, epoch)
+WHERE t.id = held.id AND t.lease_epoch = held.epoch
+  AND t.lease_node = $1 AND t.state = 'running' AND t.lease_expires_at > now()
+RETURNING t.id, t.lease_epoch, t.lease_expires_at";
 
 /// Hand back every task of node `$1`: queued again at once, crash count cleared (a clean stop
 /// is not a crash). The epoch stays; the next claim raises it.
@@ -273,17 +277,25 @@ impl PgQueue {
         Ok(claimed)
     }
 
-    /// Extend, in one statement, every lease of `node` that has not expired yet, to `lease`
-    /// from now. Returns the leases renewed: a lease the caller holds that is missing here is
-    /// lost, and its commands must be stopped.
-    pub async fn renew_all(
+    /// Extend, in one statement, the leases of `node` in `held` (task id and epoch) that have
+    /// not expired yet, to `lease` from now. Returns the leases renewed: one of `held` missing
+    /// here is lost, and its commands must be stopped. A lease of the node that is not in
+    /// `held` is left to expire.
+    pub async fn renew_held(
         &self,
         node: &str,
         lease: Duration,
+        held: &[(String, i64)],
     ) -> Result<Vec<RenewedLease>, PgError> {
+        let ids: Vec<&str> = held.iter().map(|(id, _)| id.as_str()).collect();
+        let epochs: Vec<i64> = held.iter().map(|&(_, epoch)| epoch).collect();
         let client = self.client().await?;
+        let statement = client
+            .prepare_cached(RENEW_HELD)
+            .await
+            .during("renewing leases")?;
         let rows = client
-            .query(RENEW_ALL, &[&node, &lease.as_secs_f64()])
+            .query(&statement, &[&node, &lease.as_secs_f64(), &ids, &epochs])
             .await
             .during("renewing leases")?;
         Ok(rows

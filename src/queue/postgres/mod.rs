@@ -6,7 +6,7 @@
 //! - [`PgQueue`]: a small connection pool, and on it the statements of the lease protocol:
 //!   [`PgQueue::submit`] (once per task id), [`PgQueue::claim`] (`FOR UPDATE SKIP LOCKED`, a new
 //!   epoch per claim, expired leases taken over and counted as crashes),
-//!   [`PgQueue::renew_all`] (one statement per node), [`PgQueue::release_all`] (a clean stop),
+//!   [`PgQueue::renew_held`] (one statement for all the leases a node holds), [`PgQueue::release_all`] (a clean stop),
 //!   and the fenced writes (checkpoint, phase state, output, event, requeue after a failed
 //!   attempt, pause, final record), each of
 //!   which checks the lease in the same statement and returns [`PgError::LeaseLost`] when it
