@@ -34,6 +34,10 @@ pub(super) struct Claiming {
     last: Option<Instant>,
     /// The last claim found nothing, and no task waited or ran anywhere.
     drained: bool,
+    /// A crash suspect's trial held claiming back: once it is over and this daemon idle,
+    /// claim at once rather than at the next poll (suspects are tried one after another, and
+    /// only by an idle daemon).
+    held_by_trial: bool,
 }
 
 /// What one claim took, and whether the shared queue is drained (nothing taken, nothing
@@ -81,12 +85,12 @@ impl Scheduler {
         if !self.ctx.queue.shares_queue()
             || self.claiming.running.is_some()
             || self.ctx.shutdown.is_stopping()
-            || !self.suspects.is_empty()
         {
             return;
         }
         self.prune_trials();
-        if !self.on_trial.is_empty() {
+        if !self.suspects.is_empty() || !self.on_trial.is_empty() {
+            self.claiming.held_by_trial = true;
             return;
         }
         let free = self.free_slots();
@@ -97,12 +101,17 @@ impl Scheduler {
             .claiming
             .last
             .is_none_or(|at| at.elapsed() >= CLAIM_POLL);
-        if !(now || due) {
+        // The next suspect is claimed only by an idle daemon: after a trial, claim as soon as
+        // the suspect's attempt has ended, not at the next poll.
+        let idle = free == self.config.max_tasks;
+        if !(now || due || (self.claiming.held_by_trial && idle)) {
             return;
+        }
+        if idle {
+            self.claiming.held_by_trial = false;
         }
         self.claiming.last = Some(Instant::now());
         let queue = self.ctx.queue.clone();
-        let idle = free == self.config.max_tasks;
         self.claiming.running = Some(tokio::task::spawn_blocking(move || {
             let work = queue.claim_work(free, idle)?;
             let drained = work.is_empty() && queue.drained()?;
