@@ -88,8 +88,12 @@ impl Scheduler {
         {
             return;
         }
+        if !self.suspects.is_empty() {
+            self.claiming.held_by_trial = true;
+            return;
+        }
         self.prune_trials();
-        if !self.suspects.is_empty() || !self.on_trial.is_empty() {
+        if !self.on_trial.is_empty() {
             self.claiming.held_by_trial = true;
             return;
         }

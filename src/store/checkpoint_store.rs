@@ -487,15 +487,18 @@ impl CheckpointStore {
 
     /// Whether a listing told that the task has no older files, and no save happened since.
     fn knows_no_older_files(&self, task_id: &str) -> bool {
-        let slot = self
-            .latest_generations
+        self.existing_slot(task_id).is_some_and(|slot| {
+            *slot.lock().unwrap_or_else(PoisonError::into_inner) == KnownGeneration::NewestOlder(0)
+        })
+    }
+
+    /// The task's cache slot if it has one (none is made).
+    fn existing_slot(&self, task_id: &str) -> Option<GenerationSlot> {
+        self.latest_generations
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .get(task_id)
-            .cloned();
-        slot.is_some_and(|slot| {
-            *slot.lock().unwrap_or_else(PoisonError::into_inner) == KnownGeneration::NewestOlder(0)
-        })
+            .cloned()
     }
 
     /// The task's cache slot, created empty on first use.
@@ -537,7 +540,10 @@ impl CheckpointStore {
     /// After [`CheckpointStore::latest`] read the task's latest file: when a listing told the
     /// newest of its older files, the first save need not read the latest file again.
     fn learn_latest_read(&self, task_id: &str, generation: u64) {
-        let slot = self.generation_slot(task_id);
+        // Only a slot the listing made; a reader's store makes none.
+        let Some(slot) = self.existing_slot(task_id) else {
+            return;
+        };
         let mut known = slot.lock().unwrap_or_else(PoisonError::into_inner);
         if let KnownGeneration::NewestOlder(newest_older) = *known {
             *known =

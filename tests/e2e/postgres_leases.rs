@@ -100,19 +100,32 @@ async fn claim_one(queue: &PgQueue, node: &str, lease: Duration) -> ClaimedTask 
     claimed.remove(0)
 }
 
+/// Submit t1 and t2 and claim both for node "a", with a lease that is waited out.
+async fn claim_two(queue: &PgQueue) -> Vec<ClaimedTask> {
+    submit(queue, "t1").await;
+    submit(queue, "t2").await;
+    let claimed = queue.claim("a", 2, WRITE_THEN_EXPIRE, true).await.unwrap();
+    assert_eq!(claimed.len(), 2);
+    claimed
+}
+
+/// Whether the task's lease has ended by the database's clock.
+async fn lease_expired(client: &tokio_postgres::Client, id: &str) -> bool {
+    client
+        .query_one(
+            "SELECT lease_expires_at <= now() FROM cairn_tasks WHERE id = $1",
+            &[&id],
+        )
+        .await
+        .unwrap()
+        .get(0)
+}
+
 /// Wait until the task's lease has ended by the database's clock.
 async fn wait_lease_expired(client: &tokio_postgres::Client, id: &str) {
     let deadline = Instant::now() + DEADLINE;
     loop {
-        let expired: bool = client
-            .query_one(
-                "SELECT lease_expires_at <= now() FROM cairn_tasks WHERE id = $1",
-                &[&id],
-            )
-            .await
-            .unwrap()
-            .get(0);
-        if expired {
+        if lease_expired(client, id).await {
             return;
         }
         assert!(Instant::now() < deadline, "the lease of {id} never expired");
@@ -642,10 +655,7 @@ async fn renewing_keeps_a_lease_alive_past_its_original_expiry() {
     else {
         return;
     };
-    submit(&queue, "t1").await;
-    submit(&queue, "t2").await;
-    let claimed = queue.claim("a", 2, WRITE_THEN_EXPIRE, true).await.unwrap();
-    assert_eq!(claimed.len(), 2);
+    let claimed = claim_two(&queue).await;
     let all: Vec<(String, i64)> = claimed
         .iter()
         .map(|c| (c.lease.task_id.clone(), c.lease.epoch))
@@ -703,10 +713,7 @@ async fn renewing_extends_only_the_leases_named_and_the_others_expire() {
     else {
         return;
     };
-    submit(&queue, "t1").await;
-    submit(&queue, "t2").await;
-    let claimed = queue.claim("a", 2, WRITE_THEN_EXPIRE, true).await.unwrap();
-    assert_eq!(claimed.len(), 2);
+    let claimed = claim_two(&queue).await;
     let kept = claimed
         .iter()
         .find(|c| c.lease.task_id == "t1")
@@ -723,15 +730,7 @@ async fn renewing_extends_only_the_leases_named_and_the_others_expire() {
             .unwrap();
         let ids: Vec<&str> = renewed.iter().map(|r| r.task_id.as_str()).collect();
         assert_eq!(ids, ["t1"], "only the lease named is renewed");
-        let expired: bool = client
-            .query_one(
-                "SELECT lease_expires_at <= now() FROM cairn_tasks WHERE id = 't2'",
-                &[],
-            )
-            .await
-            .unwrap()
-            .get(0);
-        if expired {
+        if lease_expired(&client, "t2").await {
             break;
         }
         assert!(
