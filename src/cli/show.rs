@@ -328,10 +328,14 @@ fn phase_rows(facts: &ShowFacts, task: &TaskView) -> Vec<PhaseRow> {
                     (None, definition_total(task, index))
                 }
             } else {
-                (
-                    timing.and_then(|t| t.iterations),
-                    definition_total(task, index).or(timing.and_then(|t| t.total)),
-                )
+                let iterations = timing.and_then(|t| t.iterations);
+                let planned = definition_total(task, index).or(timing.and_then(|t| t.total));
+                // A finished loop ran all it was going to, even when `"done": true` ended it early.
+                let total = match kind {
+                    Some(PhaseKind::Loop) if is_done => iterations.or(planned),
+                    _ => planned,
+                };
+                (iterations, total)
             };
             PhaseRow {
                 index,

@@ -721,3 +721,46 @@ fn status_by_a_user_who_cannot_list_the_queues_state_names_the_directory() {
         "{stderr}"
     );
 }
+
+/// A loop that ended on `"done": true` before `max_iterations` is shown complete (`4/4`), not as
+/// a bar stopped at 40%.
+#[test]
+fn a_loop_that_finished_early_shows_as_complete() {
+    let queue = TestQueue::new();
+    let script = "import json, sys; m = json.load(sys.stdin); \
+                  print(json.dumps({'state': m['iteration'], 'done': m['iteration'] == 3}))";
+    queue.seed_task(
+        "early.json",
+        &json!({
+            "id": "early",
+            "phases": [{"name": "work", "kind": "loop", "run": ["python3", "-c", script],
+                        "max_iterations": 10, "initial_state": 0}],
+        }),
+    );
+    queue.run_until_idle(&[]);
+    queue.wait_done("early");
+
+    let table = status(&queue, &[]);
+    let row = table_rows(&table)
+        .into_iter()
+        .find(|r| r[0] == "early")
+        .unwrap_or_else(|| panic!("no early in {table}"));
+    assert_eq!(row[1..4], ["done", "work(1/1)", "4/4"], "{table}");
+    let early = task(&status_json(&queue), "early");
+    assert_eq!(
+        (early["iteration"].clone(), early["total"].clone()),
+        (json!(4), json!(4))
+    );
+    let show = stdout_of(&queue.cairn_output(&["show", "early"], b""));
+    let phase_row: Vec<&str> = show
+        .lines()
+        .find(|l| l.trim_start().starts_with("1/1"))
+        .unwrap_or_else(|| panic!("no phase row in {show}"))
+        .split_whitespace()
+        .collect();
+    assert_eq!(
+        phase_row[..5],
+        ["1/1", "work", "loop", "done", "4/4"],
+        "{show}"
+    );
+}

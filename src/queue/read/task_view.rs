@@ -423,6 +423,8 @@ pub(crate) fn finished(facts: &dyn TaskFacts, view: &mut TaskView, record: Recor
     if let Some(phase) = &phase {
         let outputs = value["phase_outputs"].clone();
         view.total = match phase.kind {
+            // A loop that ended on `"done": true` ran all the iterations it was going to.
+            PhaseKind::Loop if view.state.is_done() => view.iteration.or(phase.max_iterations),
             PhaseKind::Loop => phase.max_iterations,
             PhaseKind::Items => items_total(facts, phase, |name| {
                 outputs.get(name).cloned().map(StoredOutput::Inline)
