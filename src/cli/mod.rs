@@ -174,7 +174,7 @@ fn dispatch(queue: &Path, command: Command) -> CliResult<u8> {
     // With `--db` the queue is in the database: the queue directory's checks do not apply.
     let local = !command.uses_database();
     if local && command.writes_queue() {
-        refuse_exposed_queue(queue, None)?;
+        refuse_exposed_queue(queue)?;
     }
     if local && command.runs_as_queue_owner() {
         as_owner::become_queue_owner(queue)?;
@@ -259,10 +259,10 @@ impl Command {
     }
 }
 
-/// Refuse (exit 5) a queue every user may enter while it holds, or would receive with the
-/// task file `adding`, a task definition with `env` (see `queue::check_not_exposed`).
-pub fn refuse_exposed_queue(queue: &Path, adding: Option<&Path>) -> CliResult {
-    crate::queue::check_not_exposed(&crate::queue::QueueDir::new(queue), adding).map_err(|e| {
+/// Refuse (exit 5) a queue where every user can read a task definition with `env` (see
+/// `queue::check_not_exposed`).
+pub fn refuse_exposed_queue(queue: &Path) -> CliResult {
+    crate::queue::check_not_exposed(&crate::queue::QueueDir::new(queue)).map_err(|e| {
         error::CliError::new(
             exit::UNSAFE_QUEUE,
             anyhow::Error::new(e).context("refusing to write to this queue"),

@@ -9,7 +9,8 @@
 //!
 //! Like sshd's `StrictModes`, the checks reach past the queue: a shared directory must be
 //! sticky, each parent of the queue up to `/` must be one that only root or the daemon's user
-//! can change, and a queue open to every user must not hold tokens ([`check_not_exposed`]).
+//! can change, and no task definition with tokens may be readable by every user
+//! ([`check_not_exposed`]).
 
 use std::fs::Metadata;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
@@ -73,10 +74,10 @@ pub enum UnsafeQueue {
         who: &'static str,
         mode: u32,
     },
-    #[error("{} can be entered by every user (mode {mode:o}) and holds task definitions with env (such as {}): anyone on this host could read their tokens; fix it with: chmod o-rwx {}", .path.display(), .holder.display(), .path.display())]
+    #[error("{} holds a task definition with env that every user can read (mode {file_mode:o}, in directories every user can enter: {}): anyone on this host could read its tokens; fix it with: chmod o-rwx {}", .holder.display(), .path.display(), .path.display())]
     ExposesEnv {
         path: PathBuf,
-        mode: u32,
+        file_mode: u32,
         holder: PathBuf,
     },
 }
@@ -87,7 +88,7 @@ pub enum UnsafeQueue {
 pub fn check_queue_permissions(queue: &QueueDir) -> Result<(), UnsafeQueue> {
     check_queue_dirs(queue)?;
     check_parents(queue.root())?;
-    check_not_exposed(queue, None)
+    check_not_exposed(queue)
 }
 
 /// Each directory of the queue: a real directory of the daemon's user (or root), written by
@@ -190,49 +191,54 @@ pub fn check_parents(root: &Path) -> Result<(), UnsafeQueue> {
     Ok(())
 }
 
-/// Refuse a queue that every user may enter while it holds task definitions with `env`
-/// (tokens): the daemon at start, the commands that write to a queue, and `cairn submit` with
-/// the task it is about to add (`adding`, its file's name, when that task has an `env`).
-///
-/// The queue's own directory is the gate: when it is closed to others (no `o+r`, no `o+x`,
-/// as cairn creates it), nothing inside can be reached by them whatever the modes inside (a
-/// hard link to a file inside can only be made by someone who can already reach it). When it
-/// is open, the files that can hold a definition are looked at: `tasks/*.json`,
-/// `inbox/*.json` and the kept bytes of rejected files, `failed/*.input`. Files this user
-/// cannot read are skipped.
-pub fn check_not_exposed(queue: &QueueDir, adding: Option<&Path>) -> Result<(), UnsafeQueue> {
-    let Ok(meta) = std::fs::metadata(queue.root()) else {
-        return Ok(()); // no queue yet: it will be created 0750
-    };
-    let mode = meta.mode() & 0o7777;
-    if mode & 0o005 == 0 {
+/// Refuse a queue where a task definition with `env` (tokens) can be read by every user: the
+/// file readable by others, in a directory (`tasks/`, `inbox/`, `failed/`) others may enter,
+/// under a queue root others may enter. A root open to every user exposes nothing by itself:
+/// the directories cairn creates are `0750` and the files `0640` (`cairn submit`'s too), so a
+/// checkout's `0755` queue is fine; what is refused is a definition someone opened up.
+pub fn check_not_exposed(queue: &QueueDir) -> Result<(), UnsafeQueue> {
+    let enterable_by_all =
+        |path: &Path| std::fs::metadata(path).is_ok_and(|meta| meta.mode() & 0o001 != 0);
+    if !enterable_by_all(queue.root()) {
         return Ok(());
     }
-    let holder = match adding {
-        Some(file) => Some(file.to_path_buf()),
-        None => first_definition_with_env(queue),
-    };
-    match holder {
-        Some(holder) => Err(UnsafeQueue::ExposesEnv {
+    match first_exposed_definition(queue, enterable_by_all) {
+        Some((holder, file_mode)) => Err(UnsafeQueue::ExposesEnv {
             path: queue.root().to_path_buf(),
-            mode,
+            file_mode,
             holder,
         }),
         None => Ok(()),
     }
 }
 
-/// The first file of the queue that holds a task definition with a non-empty `env`.
-fn first_definition_with_env(queue: &QueueDir) -> Option<PathBuf> {
+/// The first file of the queue that every user can read (in a directory every user can
+/// enter) and that holds a task definition with a non-empty `env`, with its mode.
+fn first_exposed_definition(
+    queue: &QueueDir,
+    enterable_by_all: impl Fn(&Path) -> bool,
+) -> Option<(PathBuf, u32)> {
     let places = [("tasks", ".json"), ("inbox", ".json"), ("failed", ".input")];
     places.into_iter().find_map(|(dir, suffix)| {
-        let entries = std::fs::read_dir(queue.root().join(dir)).ok()?;
-        entries.flatten().map(|e| e.path()).find(|path| {
-            path.file_name()
+        let dir = queue.root().join(dir);
+        if !enterable_by_all(&dir) {
+            return None;
+        }
+        let entries = std::fs::read_dir(dir).ok()?;
+        entries.flatten().find_map(|entry| {
+            let path = entry.path();
+            let named = path
+                .file_name()
                 .and_then(|n| n.to_str())
-                .is_some_and(|n| n.ends_with(suffix))
-                && super::read::files::read_regular(path, crate::task::MAX_TASK_FILE_BYTES)
-                    .is_some_and(|bytes| has_env(&bytes))
+                .is_some_and(|n| n.ends_with(suffix));
+            let meta = std::fs::symlink_metadata(&path).ok()?;
+            let mode = meta.mode() & 0o7777;
+            let exposed = named
+                && meta.is_file()
+                && mode & 0o004 != 0
+                && super::read::files::read_regular(&path, crate::task::MAX_TASK_FILE_BYTES)
+                    .is_some_and(|bytes| has_env(&bytes));
+            exposed.then_some((path, mode))
         })
     })
 }
@@ -368,34 +374,32 @@ mod tests {
     }
 
     #[test]
-    fn the_queue_directory_is_the_gate() {
+    fn only_a_definition_every_user_can_reach_and_read_is_exposed() {
         let tmp = tempfile::tempdir().unwrap();
         let queue = QueueDir::new(tmp.path().join("q"));
         queue.create_all().unwrap();
-        let chmod = |mode| {
-            fs::set_permissions(queue.root(), fs::Permissions::from_mode(mode)).unwrap();
+        let chmod = |path: &std::path::Path, mode| {
+            fs::set_permissions(path, fs::Permissions::from_mode(mode)).unwrap();
         };
-        chmod(0o755);
-        assert!(
-            check_not_exposed(&queue, None).is_ok(),
-            "nothing secret yet"
-        );
+        chmod(queue.root(), 0o755);
         let kept = queue.root().join("failed/rejected-x-1234.input");
         fs::write(&kept, br#"{"env": {"TOKEN": "x"}}"#).unwrap();
-        for mode in [0o755, 0o751, 0o754] {
-            chmod(mode);
-            match check_not_exposed(&queue, None) {
+        chmod(&kept, 0o644);
+        // `failed/` is 0750 as cairn makes it: nobody else gets in.
+        assert!(check_not_exposed(&queue).is_ok());
+        chmod(&queue.root().join("failed"), 0o755);
+        for root_mode in [0o755, 0o751] {
+            chmod(queue.root(), root_mode);
+            match check_not_exposed(&queue) {
                 Err(UnsafeQueue::ExposesEnv { holder, .. }) => assert_eq!(holder, kept),
-                other => panic!("mode {mode:o}: {other:?}"),
+                other => panic!("root mode {root_mode:o}: {other:?}"),
             }
         }
-        chmod(0o750);
-        assert!(check_not_exposed(&queue, None).is_ok());
-        // A task about to be added counts as well.
-        chmod(0o755);
-        fs::remove_file(&kept).unwrap();
-        let adding = std::path::Path::new("t.json");
-        assert!(check_not_exposed(&queue, Some(adding)).is_err());
-        assert!(check_not_exposed(&queue, None).is_ok());
+        // A root others may list but not enter, or a file others may not read, exposes nothing.
+        chmod(queue.root(), 0o754);
+        assert!(check_not_exposed(&queue).is_ok());
+        chmod(queue.root(), 0o755);
+        chmod(&kept, 0o640);
+        assert!(check_not_exposed(&queue).is_ok());
     }
 }

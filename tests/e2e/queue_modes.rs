@@ -121,31 +121,40 @@ fn what_cairn_creates_is_0750_and_0640_under_umask_000() {
     }
 }
 
+/// A queue root every user may enter (as git checks out the repository's `queue/`, mode 755)
+/// takes tasks with `env`: what cairn writes is 0750 and 0640, so nobody else reads the tokens.
+/// A definition someone opened up to every user, where every user can reach it, is refused.
 #[test]
-fn a_queue_open_to_every_user_is_refused_while_it_holds_env() {
+fn only_a_definition_with_env_every_user_can_read_is_refused() {
     let queue = TestQueue::new();
     let created = queue.cairn_output(&["run", "--exit-when-idle"], b"");
     assert!(created.status.success(), "{}", stderr_of(&created));
     chmod(queue.root(), 0o755);
-    // Nothing secret in it yet: accepted.
-    queue.seed_task("plain.json", &once_task("plain", &json!(1)));
-    queue.run_until_idle(&[]);
-    assert_eq!(queue.done("plain").unwrap()["result"], json!(1));
+    chmod(&queue.path("inbox"), 0o755);
 
-    // `cairn submit` will not add a token there.
+    // `cairn submit` adds a token there, and the daemon runs it.
     let with_env = queue.aux("with-env.json");
     fs::write(&with_env, serde_json::to_vec(&env_task("tok")).unwrap()).unwrap();
     let output = queue.cairn_output(&["submit", with_env.to_str().unwrap()], b"");
-    assert_refused(&output, queue.root(), "chmod o-rwx");
-    assert!(stderr_of(&output).contains("with-env.json"));
-    assert!(queue.list("inbox").is_empty(), "{:?}", queue.list("inbox"));
+    assert!(output.status.success(), "{}", stderr_of(&output));
+    let submitted = queue.path("inbox/tok.json");
+    assert_eq!(mode_of(&submitted), 0o640, "submit writes 0640");
+    queue.run_until_idle(&[]);
+    assert_eq!(queue.done("tok").unwrap()["result"], json!("tok"));
 
-    // A token that got there otherwise stops the daemon and the commands that write.
-    queue.seed_task("tok.json", &env_task("tok"));
+    // A token in a file every user can read, in the open inbox, stops the daemon and the
+    // commands that write, naming the file.
+    queue.seed_task("open.json", &env_task("open"));
+    let open = queue.path("inbox/open.json");
+    chmod(&open, 0o644);
     let output = queue.cairn_output(&["run", "--exit-when-idle"], b"");
     assert_refused(&output, queue.root(), "chmod o-rwx");
-    assert!(stderr_of(&output).contains("tok.json"));
-    for command in [&["pause", "plain"][..], &["prune", "--dry-run"][..]] {
+    assert!(
+        stderr_of(&output).contains("open.json"),
+        "{}",
+        stderr_of(&output)
+    );
+    for command in [&["pause", "tok"][..], &["prune", "--dry-run"][..]] {
         let output = queue.cairn_output(command, b"");
         assert_refused(&output, queue.root(), "chmod o-rwx");
     }
@@ -153,10 +162,10 @@ fn a_queue_open_to_every_user_is_refused_while_it_holds_env() {
     let status = queue.cairn_output(&["status"], b"");
     assert!(status.status.success(), "{}", stderr_of(&status));
 
-    // The fix it gives: the queue runs.
-    chmod(queue.root(), 0o750);
+    // Closing the file (or the directory, or the root) is enough.
+    chmod(&open, 0o640);
     queue.run_until_idle(&[]);
-    assert_eq!(queue.done("tok").unwrap()["result"], json!("tok"));
+    assert_eq!(queue.done("open").unwrap()["result"], json!("open"));
 }
 
 #[test]
