@@ -2,6 +2,8 @@
 //! store work off the async thread, stamps the task's cost, maps errors to phase errors, and
 //! records every durable write in the task's journal.
 
+use std::time::{Duration, Instant};
+
 use serde_json::Value;
 
 use super::{blocking, checkpoint_error, PhaseError, PhaseRun};
@@ -15,7 +17,13 @@ pub(super) struct PhaseCheckpointer<'r, 'a> {
     inner: Option<LoopCheckpointer>,
     /// Why there is no checkpointer: the task's lease no longer held when the phase began.
     refused: Option<String>,
+    /// When a checkpoint was last logged at INFO: one line a second at most shows a loop moving
+    /// in a terminal without flooding a log with a fast one.
+    last_logged: Option<Instant>,
 }
+
+/// At most one INFO line per phase in this time; every checkpoint is in the journal.
+const CHECKPOINT_LOG_INTERVAL: Duration = Duration::from_secs(1);
 
 impl<'r, 'a> PhaseCheckpointer<'r, 'a> {
     pub fn new(run: &'r PhaseRun<'a>, scope: &str) -> Self {
@@ -30,11 +38,13 @@ impl<'r, 'a> PhaseCheckpointer<'r, 'a> {
                         .every(run.phase.checkpoint_every()),
                 ),
                 refused: None,
+                last_logged: None,
             },
             Err(e) => PhaseCheckpointer {
                 run,
                 inner: None,
                 refused: Some(format!("checkpoint: {e}")),
+                last_logged: None,
             },
         }
     }
@@ -46,6 +56,7 @@ impl<'r, 'a> PhaseCheckpointer<'r, 'a> {
         let (checkpointer, result, saved) = self.lend(work)?.await?;
         self.inner = Some(checkpointer);
         if let Some(saved) = saved {
+            self.log(&saved);
             self.note(saved);
         }
         result.map_err(checkpoint_error)
@@ -86,6 +97,23 @@ impl<'r, 'a> PhaseCheckpointer<'r, 'a> {
             let saved = checkpointer.take_last_saved();
             (checkpointer, result, saved)
         })))
+    }
+
+    /// A line at INFO for the first checkpoint of the phase and then at most one a second.
+    fn log(&mut self, saved: &SavedCheckpoint) {
+        if self
+            .last_logged
+            .is_some_and(|at| at.elapsed() < CHECKPOINT_LOG_INTERVAL)
+        {
+            return;
+        }
+        self.last_logged = Some(Instant::now());
+        tracing::info!(
+            task_id = %self.run.task.id(),
+            phase = %self.run.phase.name,
+            done = saved.iteration_count,
+            "checkpoint committed"
+        );
     }
 
     fn note(&self, saved: SavedCheckpoint) {

@@ -245,3 +245,32 @@ fn pending_tasks_start_by_priority() {
         .collect();
     assert_eq!(order, vec!["b-high", "d-high", "c-middle", "a-low"]);
 }
+
+/// In the foreground a loop shows it is moving: the first checkpoint of a phase and then at
+/// most one a second get an INFO line, so "press Ctrl-C after a few iterations" needs no
+/// second terminal.
+#[test]
+fn a_foreground_run_logs_checkpoints_at_info_at_most_once_a_second() {
+    let queue = TestQueue::new();
+    let side = queue.aux("sum.side");
+    queue.seed_task("sum.json", &loop_task("sum", &side, 40, 0.05));
+    let mut daemon = queue.start(&["--exit-when-idle"]);
+    let status = daemon.wait_exit(DEADLINE);
+    assert_eq!(status.code(), Some(0), "{status}");
+    let stderr = daemon.stderr();
+    let lines: Vec<&str> = stderr
+        .lines()
+        .filter(|line| line.contains("INFO") && line.contains("checkpoint committed"))
+        .collect();
+    assert!(
+        lines.first().is_some_and(|line| line.contains("done=1")),
+        "the first checkpoint is logged: {stderr}"
+    );
+    // Forty checkpoints over at least 2 s: more than one line, and fewer than one per
+    // checkpoint (all forty only if every iteration took a second or more).
+    assert!(
+        (2..40).contains(&lines.len()),
+        "{} lines: {stderr}",
+        lines.len()
+    );
+}
