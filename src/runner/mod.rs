@@ -648,7 +648,7 @@ impl PhaseRun<'_> {
                 None => String::new(),
             };
             return Err(PhaseError::Budget(format!(
-                "budget: budget.max_cost {} reached (spent {spent}{lost})",
+                "budget.max_cost {} reached (spent {spent}{lost})",
                 budget.max_cost
             )));
         }
