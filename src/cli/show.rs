@@ -495,7 +495,7 @@ fn rejection_fields(task: &TaskView, field: &mut impl FnMut(&str, String)) {
     field("rejected", get("rejected_at"));
 }
 
-/// Phase, iteration, rate, cost, runs, checkpoint, record and error of a task.
+/// Phase, iteration, rate, cost, attempts, checkpoint, record and error of a task.
 fn progress_fields(task: &TaskView, now: DateTime<Utc>, field: &mut impl FnMut(&str, String)) {
     let kind = task
         .kind
@@ -511,7 +511,7 @@ fn progress_fields(task: &TaskView, now: DateTime<Utc>, field: &mut impl FnMut(&
         field("rate", format!("{}{eta}", format::format_rate(rate)));
     }
     field("cost", cost_field(task));
-    // Every start counts as a run (resumes after a stop, pause or crash too); only failed
+    // Every start is an attempt (resumes after a stop, pause or crash too); only failed
     // attempts count against `retry.max_attempts`, so the two are shown apart.
     let allowed = task
         .task
@@ -519,9 +519,9 @@ fn progress_fields(task: &TaskView, now: DateTime<Utc>, field: &mut impl FnMut(&
         .map(|t| format!(" of {} allowed", t.retry.max_attempts))
         .unwrap_or_default();
     field(
-        "runs",
+        "attempts",
         match (task.attempts, task.failed_attempts) {
-            (Some(a), Some(f)) => format!("{a} ({f} failed attempts{allowed})"),
+            (Some(a), Some(f)) => format!("{a} ({f} failed{allowed})"),
             (Some(a), None) => a.to_string(),
             _ => "-".into(),
         },

@@ -342,7 +342,7 @@ impl Scheduler {
 
     /// A task done and recorded leaves the scheduler.
     fn forget_finished(&mut self, id: &str, ended: &ActiveTask) {
-        tracing::info!(task_id = %id, runs = ended.attempt, failed_attempts = ended.failed_attempts, "task done");
+        tracing::info!(task_id = %id, attempts = ended.attempt, failed_attempts = ended.failed_attempts, "task done");
         self.ctx.journal(
             id,
             Event::Done {

@@ -158,15 +158,15 @@ impl Scheduler {
         // limit: neither is an error of the daemon's or the task's.
         let event = match status {
             RecordStatus::Cancelled => {
-                tracing::info!(task_id = %id, runs = attempts, status = name, "task cancelled: {error}");
+                tracing::info!(task_id = %id, attempts, status = name, "task cancelled: {error}");
                 Event::Cancelled { error, attempts }
             }
             RecordStatus::BudgetExceeded => {
-                tracing::warn!(task_id = %id, runs = attempts, status = name, "task stopped by its budget: {error}");
+                tracing::warn!(task_id = %id, attempts, status = name, "task stopped by its budget: {error}");
                 Event::BudgetStopped { error, attempts }
             }
             _ => {
-                tracing::error!(task_id = %id, runs = attempts, failed_attempts = entry.failed_attempts, status = name, "task failed: {error}");
+                tracing::error!(task_id = %id, attempts, failed_attempts = entry.failed_attempts, status = name, "task failed: {error}");
                 Event::Failed { error, attempts }
             }
         };

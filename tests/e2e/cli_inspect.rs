@@ -81,7 +81,7 @@ fn show_history_and_checkpoint_of_a_finished_task() {
     assert_eq!(field(&show, "state"), "done");
     assert_eq!(field(&show, "phase"), "count(2/2), loop");
     assert_eq!(field(&show, "iteration"), "5/5");
-    assert_eq!(field(&show, "runs"), "1 (0 failed attempts of 3 allowed)");
+    assert_eq!(field(&show, "attempts"), "1 (0 failed of 3 allowed)");
     assert_eq!(field(&show, "error"), "-");
     assert!(show.contains("\"max_iterations\": 5"), "{show}");
     let phase_rows: Vec<Vec<&str>> = show

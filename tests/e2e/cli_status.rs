@@ -392,7 +392,7 @@ fn status_shows_each_state_in_stable_columns_and_a_documented_json() {
     };
     assert_eq!(line("state"), "interrupted (daemon not running)");
     assert_eq!(line("iteration"), "6/10");
-    assert_eq!(line("runs"), "2 (1 failed attempts of 3 allowed)");
+    assert_eq!(line("attempts"), "2 (1 failed of 3 allowed)");
     assert_eq!(line("error"), "the first attempt failed");
     assert!(line("checkpoint").ends_with("generation 1"), "{show}");
     assert_eq!(line("1/1"), "count loop interrupted 6/10 -", "{show}");

@@ -72,7 +72,7 @@ fn lines_at(stderr: &str, level: &str) -> Vec<String> {
 }
 
 #[test]
-fn a_cancel_is_logged_as_information_and_runs_are_not_counted_as_failures() {
+fn a_cancel_is_logged_as_information_and_attempts_are_not_counted_as_failures() {
     let queue = TestQueue::new();
     let side = queue.aux("loop.side");
     queue.seed_task("steer.json", &loop_task("steer", &side, 200, 0.2));
@@ -127,16 +127,16 @@ fn a_cancel_is_logged_as_information_and_runs_are_not_counted_as_failures() {
         "an operator's cancel is no error:\n{stderr}"
     );
 
-    // show names runs and failed attempts apart.
+    // show gives attempts and failed attempts apart.
     let out = queue.cairn_output(&["show", "steer"], b"");
     let show = String::from_utf8_lossy(&out.stdout);
-    let runs = show
+    let attempts = show
         .lines()
-        .find(|l| l.starts_with("runs "))
-        .unwrap_or_else(|| panic!("no runs line in\n{show}"));
+        .find(|l| l.starts_with("attempts "))
+        .unwrap_or_else(|| panic!("no attempts line in\n{show}"));
     assert_eq!(
-        runs.split_whitespace().collect::<Vec<_>>().join(" "),
-        "runs 2 (0 failed attempts of 3 allowed)"
+        attempts.split_whitespace().collect::<Vec<_>>().join(" "),
+        "attempts 2 (0 failed of 3 allowed)"
     );
 }
 
@@ -458,7 +458,7 @@ fn the_readme_stop_and_resume_walkthrough_works_as_written() {
     assert!(
         show.lines()
             .any(|l| l.split_whitespace().collect::<Vec<_>>().join(" ")
-                == "runs 2 (0 failed attempts of 3 allowed)"),
+                == "attempts 2 (0 failed of 3 allowed)"),
         "{show}"
     );
 }
