@@ -61,6 +61,10 @@ pub struct Intake {
     /// Inbox names seen being created or written and not closed since: still being written,
     /// however long the writer pauses.
     writing: HashSet<String>,
+    /// Until a scan has gone through the whole inbox once: the files found there were written
+    /// before this intake watched, so no close event can be waited for (see
+    /// [`Intake::still_being_written`]).
+    before_first_full_scan: bool,
     /// Entries that could neither be claimed nor moved aside, by name, with the (device,
     /// inode) they had: skipped quietly while they stay the same, so that one such entry does
     /// not fill the log at every scan.
@@ -135,6 +139,7 @@ impl Intake {
             sink,
             complete_hints: HashSet::new(),
             writing: HashSet::new(),
+            before_first_full_scan: true,
             stuck: HashMap::new(),
             admission: None,
         }
@@ -273,6 +278,9 @@ impl Intake {
                 }
             }
         }
+        if !report.more && report.error.is_none() {
+            self.before_first_full_scan = false;
+        }
         report
     }
 
@@ -298,7 +306,11 @@ impl Intake {
         if writing && age.is_none_or(|age| age < WRITING_PATIENCE) {
             return true;
         }
-        let closed = hint_name.is_some_and(|n| self.complete_hints.contains(n));
+        // A file already there when the daemon started cannot have its close seen: one that
+        // holds a whole JSON document is complete (`cairn submit` renames its files in whole),
+        // so a fresh daemon takes it at once instead of a second later.
+        let closed = hint_name.is_some_and(|n| self.complete_hints.contains(n))
+            || (self.before_first_full_scan && !writing && holds_whole_json(path));
         if age.is_none_or(|age| age < SETTLE_TIME) && !closed {
             return true;
         }
@@ -739,6 +751,12 @@ fn read_regular_file(path: &Path) -> io::Result<Vec<u8>> {
 }
 
 /// True when the file's bytes so far end in the middle of a JSON document.
+/// Does the file hold one whole JSON document (whatever its shape)?
+fn holds_whole_json(path: &Path) -> bool {
+    read_regular_file(path)
+        .is_ok_and(|bytes| serde_json::from_slice::<serde::de::IgnoredAny>(&bytes).is_ok())
+}
+
 fn looks_truncated(path: &Path) -> bool {
     match read_regular_file(path) {
         Ok(bytes) => serde_json::from_slice::<serde::de::IgnoredAny>(&bytes)
@@ -793,6 +811,29 @@ mod tests {
             "{again:?}"
         );
         assert!(!claim_dir.exists());
+    }
+
+    /// A file already in the inbox when the intake starts, fresh but holding a whole JSON
+    /// document, is taken by the first scan rather than a second later; a fresh one that ends
+    /// mid-JSON is left to settle, and after the first full scan a fresh file waits for its
+    /// close event or the settle time as before.
+    #[test]
+    fn the_first_scan_takes_fresh_whole_files_at_once() {
+        let (_tmp, queue, mut intake) = queue();
+        fs::write(queue.inbox().join("whole.json"), TASK).unwrap();
+        fs::write(queue.inbox().join("half.json"), &TASK[..10]).unwrap();
+        let first = intake.scan();
+        assert!(first.error.is_none(), "{:?}", first.error);
+        let ids: Vec<&str> = first.accepted.iter().map(|t| t.id().as_str()).collect();
+        assert_eq!(ids.len(), 1, "{first:?}");
+        assert!(ids[0].starts_with("whole-"), "{ids:?}");
+        assert!(first.rejected.is_empty(), "{first:?}");
+        assert_eq!(first.deferred, 1, "the half-written file waits: {first:?}");
+
+        fs::write(queue.inbox().join("later.json"), TASK).unwrap();
+        let second = intake.scan();
+        assert!(second.accepted.is_empty(), "{second:?}");
+        assert_eq!(second.deferred, 2, "{second:?}");
     }
 
     #[test]
