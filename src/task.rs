@@ -216,6 +216,9 @@ pub struct TaskError {
     /// `None` when the problem is with the file as a whole (not JSON, too large, ...).
     pub field: Option<String>,
     pub problem: String,
+    /// Further problems found in the same file, so that its author fixes them all at once
+    /// (validation goes on after the first; a file that does not parse has one).
+    pub more: Vec<TaskError>,
 }
 
 impl TaskError {
@@ -223,6 +226,7 @@ impl TaskError {
         TaskError {
             field: Some(field.into()),
             problem: problem.into(),
+            more: Vec::new(),
         }
     }
 
@@ -230,16 +234,29 @@ impl TaskError {
         TaskError {
             field: None,
             problem: problem.into(),
+            more: Vec::new(),
         }
+    }
+
+    /// The first of `problems` carrying the rest, or `None` when there is none.
+    fn from_all(problems: Vec<TaskError>) -> Option<TaskError> {
+        let mut problems = problems.into_iter();
+        let mut first = problems.next()?;
+        first.more.extend(problems);
+        Some(first)
     }
 }
 
 impl fmt::Display for TaskError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.field {
-            Some(field) => write!(f, "field `{field}`: {}", self.problem),
-            None => f.write_str(&self.problem),
+            Some(field) => write!(f, "field `{field}`: {}", self.problem)?,
+            None => f.write_str(&self.problem)?,
         }
+        for more in &self.more {
+            write!(f, "; and {more}")?;
+        }
+        Ok(())
     }
 }
 
@@ -344,11 +361,12 @@ impl Task {
         warnings
     }
 
-    /// Check everything the types alone do not.
+    /// Check everything the types alone do not; every problem found, not only the first.
     pub fn validate(&self) -> Result<(), TaskError> {
+        let mut problems = Vec::new();
         if let Some(budget) = &self.budget {
             if !(budget.max_cost.is_finite() && budget.max_cost >= 0.0) {
-                return Err(TaskError::new(
+                problems.push(TaskError::new(
                     "budget.max_cost",
                     "must be a number of at least 0",
                 ));
@@ -356,41 +374,44 @@ impl Task {
         }
         if let Some(cwd) = &self.cwd {
             if cwd.as_os_str().is_empty() {
-                return Err(TaskError::new("cwd", "must not be empty"));
+                problems.push(TaskError::new("cwd", "must not be empty"));
             }
         }
         for key in self.env.keys() {
             if key.is_empty() || key.contains('=') || key.contains('\0') {
-                return Err(TaskError::new(
+                problems.push(TaskError::new(
                     format!("env.{key}"),
                     "environment names must be non-empty and contain no '=' or NUL",
                 ));
             }
         }
         if self.retry.max_attempts == 0 {
-            return Err(TaskError::new("retry.max_attempts", "must be at least 1"));
+            problems.push(TaskError::new("retry.max_attempts", "must be at least 1"));
         }
         if self.phases.is_empty() {
-            return Err(TaskError::new("phases", "a task needs at least one phase"));
+            problems.push(TaskError::new("phases", "a task needs at least one phase"));
         }
         let mut seen = HashSet::new();
         for (index, phase) in self.phases.iter().enumerate() {
-            phase.validate(index, &seen)?;
+            phase.validate(index, &seen, &mut problems);
             seen.insert(phase.name.as_str());
         }
-        Ok(())
+        match TaskError::from_all(problems) {
+            Some(error) => Err(error),
+            None => Ok(()),
+        }
     }
 }
 
 impl Phase {
-    fn validate(&self, index: usize, earlier: &HashSet<&str>) -> Result<(), TaskError> {
+    fn validate(&self, index: usize, earlier: &HashSet<&str>, problems: &mut Vec<TaskError>) {
         let at = |field: &str| format!("phases[{index}].{field}");
-        self.validate_name_and_run(&at, earlier)?;
-        self.validate_fields_fit_kind(&at)?;
+        self.validate_name_and_run(&at, earlier, problems);
+        self.validate_fields_fit_kind(&at, problems);
         if self.kind == PhaseKind::Items {
-            self.validate_item_source(&at, earlier)?;
+            problems.extend(self.validate_item_source(&at, earlier).err());
         }
-        self.validate_ranges(&at)
+        self.validate_ranges(&at, problems);
     }
 
     /// A unique name and a program to run.
@@ -398,62 +419,58 @@ impl Phase {
         &self,
         at: &dyn Fn(&str) -> String,
         earlier: &HashSet<&str>,
-    ) -> Result<(), TaskError> {
+        problems: &mut Vec<TaskError>,
+    ) {
         if let Err(problem) = check_name(&self.name, 64) {
-            return Err(TaskError::new(at("name"), problem.to_string()));
-        }
-        if earlier.contains(self.name.as_str()) {
-            return Err(TaskError::new(
+            problems.push(TaskError::new(at("name"), problem.to_string()));
+        } else if earlier.contains(self.name.as_str()) {
+            problems.push(TaskError::new(
                 at("name"),
                 format!("another phase is already named {:?}", self.name),
             ));
         }
         if self.run.first().is_none_or(|program| program.is_empty()) {
-            return Err(TaskError::new(
+            problems.push(TaskError::new(
                 at("run"),
                 "must name a program, e.g. [\"python3\", \"step.py\"]",
             ));
+        } else if self.run.iter().any(|arg| arg.contains('\0')) {
+            problems.push(TaskError::new(at("run"), "arguments must not contain NUL"));
         }
-        if self.run.iter().any(|arg| arg.contains('\0')) {
-            return Err(TaskError::new(at("run"), "arguments must not contain NUL"));
-        }
-        Ok(())
     }
 
     /// Fields that only some kinds of phase use appear only in those: a `max_iterations` on a
     /// `once` phase is a mistake the author should hear about, not a silent no-op.
-    fn validate_fields_fit_kind(&self, at: &dyn Fn(&str) -> String) -> Result<(), TaskError> {
-        let only_for = |field: &str, present: bool, kinds: &[PhaseKind]| {
+    fn validate_fields_fit_kind(&self, at: &dyn Fn(&str) -> String, problems: &mut Vec<TaskError>) {
+        let mut only_for = |field: &str, present: bool, kinds: &[PhaseKind]| {
             if present && !kinds.contains(&self.kind) {
                 let names: Vec<&str> = kinds.iter().map(|k| k.as_str()).collect();
-                Err(TaskError::new(
+                problems.push(TaskError::new(
                     at(field),
                     format!(
                         "applies to {} phases only, and this phase is {:?}",
                         names.join("/"),
                         self.kind.as_str()
                     ),
-                ))
-            } else {
-                Ok(())
+                ));
             }
         };
         use PhaseKind::*;
-        only_for("max_iterations", self.max_iterations.is_some(), &[Loop])?;
-        only_for("initial_state", self.initial_state.is_some(), &[Loop])?;
+        only_for("max_iterations", self.max_iterations.is_some(), &[Loop]);
+        only_for("initial_state", self.initial_state.is_some(), &[Loop]);
         only_for(
             "checkpoint_every",
             self.checkpoint_every.is_some(),
             &[Loop, Items, Worker],
-        )?;
-        only_for("items", self.items.is_some(), &[Items])?;
-        only_for("items_from", self.items_from.is_some(), &[Items])?;
-        only_for("concurrency", self.concurrency.is_some(), &[Items])?;
+        );
+        only_for("items", self.items.is_some(), &[Items]);
+        only_for("items_from", self.items_from.is_some(), &[Items]);
+        only_for("concurrency", self.concurrency.is_some(), &[Items]);
         only_for(
             "heartbeat_timeout",
             self.heartbeat_timeout.is_some(),
             &[Worker],
-        )
+        );
     }
 
     /// An items phase takes its list from exactly one place: `items`, or an earlier phase.
@@ -477,26 +494,37 @@ impl Phase {
     }
 
     /// Counts and durations that would make the phase never run or never end.
-    fn validate_ranges(&self, at: &dyn Fn(&str) -> String) -> Result<(), TaskError> {
-        if self.concurrency == Some(0) {
-            return Err(TaskError::new(at("concurrency"), "must be at least 1"));
-        }
-        if self.heartbeat_timeout == Some(Duration::ZERO) {
-            return Err(TaskError::new(
-                at("heartbeat_timeout"),
-                "must be longer than zero",
-            ));
-        }
-        if self.checkpoint_every == Some(0) {
-            return Err(TaskError::new(at("checkpoint_every"), "must be at least 1"));
-        }
-        if self.max_iterations == Some(0) {
-            return Err(TaskError::new(at("max_iterations"), "must be at least 1"));
-        }
-        if self.timeout == Some(Duration::ZERO) {
-            return Err(TaskError::new(at("timeout"), "must be longer than zero"));
-        }
-        Ok(())
+    fn validate_ranges(&self, at: &dyn Fn(&str) -> String, problems: &mut Vec<TaskError>) {
+        let mut check = |bad: bool, field: &str, problem: &str| {
+            if bad {
+                problems.push(TaskError::new(at(field), problem));
+            }
+        };
+        check(
+            self.concurrency == Some(0),
+            "concurrency",
+            "must be at least 1",
+        );
+        check(
+            self.heartbeat_timeout == Some(Duration::ZERO),
+            "heartbeat_timeout",
+            "must be longer than zero",
+        );
+        check(
+            self.checkpoint_every == Some(0),
+            "checkpoint_every",
+            "must be at least 1",
+        );
+        check(
+            self.max_iterations == Some(0),
+            "max_iterations",
+            "must be at least 1",
+        );
+        check(
+            self.timeout == Some(Duration::ZERO),
+            "timeout",
+            "must be longer than zero",
+        );
     }
 }
 

@@ -10,7 +10,7 @@ use super::error::{print_line, CliError, CliResult};
 use super::source::DbArg;
 use crate::queue::{QueueDir, QueueReader};
 use crate::store::{FileStorage, Storage};
-use crate::task::{random_suffix, Task, MAX_TASK_FILE_BYTES};
+use crate::task::{random_suffix, Task, TaskError, MAX_TASK_FILE_BYTES};
 use crate::task_id::TaskId;
 
 #[derive(Debug, Args)]
@@ -196,12 +196,32 @@ pub fn read_task_file(file: &Path) -> CliResult<(String, Task)> {
         }
     };
     let name = file_name(file);
-    let task =
-        Task::parse(&bytes).map_err(|e| CliError::invalid_task(format_args!("{name}: {e}")))?;
+    let task = Task::parse(&bytes).map_err(|e| invalid_task_file(&name, e))?;
     for warning in task.warnings() {
         eprintln!("warning: {name}: {warning}");
     }
     Ok((stem, task))
+}
+
+/// Exit 3 for a task file that does not validate; several problems one a line, so that the
+/// author fixes them all in one go.
+fn invalid_task_file(name: &str, error: TaskError) -> CliError {
+    if error.more.is_empty() {
+        return CliError::invalid_task(format_args!("{name}: {error}"));
+    }
+    let first = TaskError {
+        more: Vec::new(),
+        ..error.clone()
+    };
+    let lines: Vec<String> = std::iter::once(first.to_string())
+        .chain(error.more.iter().map(TaskError::to_string))
+        .map(|line| format!("\n  {line}"))
+        .collect();
+    CliError::invalid_task(format_args!(
+        "{name}: {} problems:{}",
+        lines.len(),
+        lines.concat()
+    ))
 }
 
 /// How messages name a task file: its path, or `<stdin>` for "-".

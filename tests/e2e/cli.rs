@@ -276,6 +276,54 @@ fn validate_dash_names_stdin_the_same_way_on_success_and_on_error() {
     );
 }
 
+/// A file with several mistakes gets all of them in one go, one a line, each naming its field;
+/// a file dropped into the inbox gets them all in its rejection record.
+#[test]
+fn validate_reports_every_problem_of_a_file_at_once() {
+    let queue = TestQueue::new();
+    let task = json!({
+        "id": "many",
+        "retry": {"max_attempts": 0},
+        "phases": [
+            {"name": "a", "run": [], "max_iterations": 3},
+            {"name": "a", "kind": "loop", "run": ["true"], "max_iterations": 0},
+        ],
+    });
+    let bytes = serde_json::to_vec(&task).unwrap();
+    let output = queue.cairn_output(&["validate", "-"], &bytes);
+    assert_eq!(output.status.code(), Some(3), "{output:?}");
+    let stderr = stderr_of(&output);
+    assert!(
+        stderr.starts_with("error: <stdin>: 5 problems:\n"),
+        "{stderr}"
+    );
+    for field in [
+        "retry.max_attempts",
+        "phases[0].run",
+        "phases[0].max_iterations",
+        "phases[1].name",
+        "phases[1].max_iterations",
+    ] {
+        assert!(
+            stderr
+                .lines()
+                .any(|l| l.starts_with(&format!("  field `{field}`: "))),
+            "no line for {field}: {stderr}"
+        );
+    }
+
+    queue.seed_task("many.json", &task);
+    queue.run_until_idle(&[]);
+    let rejections = queue.rejections();
+    assert_eq!(rejections.len(), 1, "{rejections:?}");
+    let record = rejections.values().next().unwrap();
+    let reason = record["reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains("phases[0].run") && reason.contains("phases[1].max_iterations"),
+        "{reason}"
+    );
+}
+
 #[test]
 fn submit_refuses_a_queue_that_does_not_exist_unless_asked_to_create_it() {
     let queue = TestQueue::new();
