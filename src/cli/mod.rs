@@ -134,36 +134,46 @@ enum Command {
     Db(db::DbArgs),
 }
 
-/// Parse the command line, run the subcommand, and map the outcome to an exit code.
+/// Parse the process's command line, run the subcommand, and map the outcome to an exit code.
 pub fn main() -> ExitCode {
+    ExitCode::from(run_args(std::env::args_os()))
+}
+
+/// [`main`] for the command line `args` (the program's name first): the exit code. The Python
+/// package's `cairn` command calls it with its own `sys.argv`.
+pub fn run_args<I, T>(args: I) -> u8
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
     // Every `cairn help COMMAND` lists the exit codes too, from the one table above.
     let parsed = Cli::command()
         .mut_subcommands(|command| {
             let own = command.get_after_help().map(|own| format!("{own}\n\n"));
             command.after_help(format!("{}{AFTER_HELP}", own.unwrap_or_default()))
         })
-        .try_get_matches()
+        .try_get_matches_from(args)
         .and_then(|matches| Cli::from_arg_matches(&matches));
     let cli = match parsed {
         Ok(cli) => cli,
         Err(e) => {
             let _ = e.print();
-            return ExitCode::from(if e.use_stderr() {
+            return if e.use_stderr() {
                 exit::USAGE
             } else {
                 exit::OK
-            });
+            };
         }
     };
     init_logging(cli.verbose);
     match dispatch(&cli.queue, cli.command) {
-        Ok(code) => ExitCode::from(code),
+        Ok(code) => code,
         // The reader of stdout went away (`cairn status | head -1`): how a pipe ends.
-        Err(error) if error.is_broken_pipe() => ExitCode::from(exit::OK),
+        Err(error) if error.is_broken_pipe() => exit::OK,
         Err(error) => {
             // A closed stderr leaves only the exit code to tell; it must not panic.
             let _ = writeln!(std::io::stderr(), "error: {}", error.message());
-            ExitCode::from(error.code())
+            error.code()
         }
     }
 }

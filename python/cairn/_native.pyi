@@ -1,0 +1,60 @@
+"""Type hints of the Rust extension module (see cairn/__init__.py for the package's API)."""
+
+from os import PathLike
+from typing import Any, List, Optional, Union
+
+class CheckpointError(Exception):
+    """A checkpoint could not be written or read."""
+
+class Checkpoint:
+    task: str
+    phase: str
+    iteration: int
+    state: Any
+    generation: int
+    done: bool
+    output: Any
+    cost: Optional[float]
+    written_at: str
+    attempt: int
+
+class Generation:
+    generation: int
+    file: str
+    bytes: int
+    iteration: Optional[int]
+    written_at: Optional[str]
+    error: Optional[str]
+
+class CheckpointStore:
+    def __init__(self, path: Union[str, "PathLike[str]"]) -> None: ...
+    @property
+    def path(self) -> str: ...
+    def save(
+        self,
+        task: str,
+        state: Any,
+        iteration: int,
+        *,
+        phase: str = "main",
+        done: bool = False,
+        output: Any = None,
+        cost: Optional[float] = None,
+    ) -> int: ...
+    def latest(self, task: str) -> Optional[Checkpoint]: ...
+    def history(self, task: str) -> List[Generation]: ...
+    def generation(self, task: str, generation: int) -> Checkpoint: ...
+    def delete(self, task: str) -> None: ...
+
+class LoopCheckpointer:
+    def __init__(
+        self, store: CheckpointStore, task: str, phase: str = "main", every: int = 1
+    ) -> None: ...
+    def resume(self) -> Optional[Checkpoint]: ...
+    def checkpoint(self, iteration: int, state: Any) -> bool: ...
+    def finish(self, iteration: int, state: Any, output: Any = None) -> None: ...
+    def flush(self) -> None: ...
+    @property
+    def committed(self) -> Optional[int]: ...
+
+def run_cli(argv: List[str]) -> int: ...
