@@ -7,6 +7,20 @@ class CheckpointError(Exception):
     """A checkpoint could not be written or read."""
 
 class Checkpoint:
+    def __init__(
+        self,
+        task: str,
+        phase: str,
+        iteration: int,
+        state: Any,
+        *,
+        generation: int = 0,
+        done: bool = False,
+        output: Any = None,
+        cost: Optional[float] = None,
+        written_at: str = "",
+        attempt: int = 1,
+    ) -> None: ...
     task: str
     phase: str
     iteration: int
@@ -58,3 +72,4 @@ class LoopCheckpointer:
     def committed(self) -> Optional[int]: ...
 
 def run_cli(argv: List[str]) -> int: ...
+def worker_helper_source() -> str: ...

@@ -165,6 +165,38 @@ struct Checkpoint {
 
 #[pymethods]
 impl Checkpoint {
+    /// A checkpoint not read from a store: what a `worker` phase resumes from
+    /// (`CAIRN_RESUME`), handed to Python in the same shape.
+    #[new]
+    #[pyo3(signature = (task, phase, iteration, state, *, generation = 0, done = false, output = None, cost = None, written_at = String::new(), attempt = 1))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        task: String,
+        phase: String,
+        iteration: u64,
+        state: Py<PyAny>,
+        generation: u64,
+        done: bool,
+        output: Option<Py<PyAny>>,
+        cost: Option<f64>,
+        written_at: String,
+        attempt: u32,
+    ) -> Self {
+        Checkpoint {
+            task,
+            phase,
+            iteration,
+            state,
+            generation,
+            done,
+            output: output.unwrap_or_else(|| py.None()),
+            cost,
+            written_at,
+            attempt,
+        }
+    }
+
     fn __repr__(&self) -> String {
         format!(
             "Checkpoint(task={:?}, phase={:?}, iteration={}, generation={}, done={})",
@@ -338,7 +370,7 @@ impl PyCheckpointStore {
 
 /// One loop's checkpoints in a store: resume where the last run stopped, checkpoint every
 /// `every` completed iterations, flush the last one when the loop stops.
-#[pyclass(module = "cairn", name = "LoopCheckpointer", frozen, subclass)]
+#[pyclass(module = "cairn", name = "LoopCheckpointer", frozen)]
 struct PyLoopCheckpointer {
     inner: Mutex<LoopCheckpointer>,
 }
@@ -421,6 +453,16 @@ impl PyLoopCheckpointer {
     }
 }
 
+/// The source of the worker-protocol helper the binary writes into `<queue>/clients/python/`
+/// (`cairn_worker.py`): the package runs the same file as `cairn.worker`.
+#[pyfunction]
+fn worker_helper_source() -> &'static str {
+    cairn::clients::HELPERS
+        .iter()
+        .find(|(name, _)| name.ends_with("cairn_worker.py"))
+        .map_or("", |(_, source)| source)
+}
+
 /// Run the `cairn` command line with `argv` (the program's name first); the exit code.
 #[pyfunction]
 fn run_cli(py: Python<'_>, argv: Vec<String>) -> u8 {
@@ -435,5 +477,6 @@ fn _native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<Generation>()?;
     module.add("CheckpointError", module.py().get_type::<CheckpointError>())?;
     module.add_function(wrap_pyfunction!(run_cli, module)?)?;
+    module.add_function(wrap_pyfunction!(worker_helper_source, module)?)?;
     Ok(())
 }

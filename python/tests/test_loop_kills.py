@@ -1,5 +1,6 @@
 """A Python loop on the package alone, SIGKILLed at random moments and restarted: every run
-resumes after the last acknowledged iteration, and the result is an uninterrupted run's."""
+resumes after the last acknowledged iteration, and the result is an uninterrupted run's. The
+same script, unchanged, as a daemon's `worker` phase."""
 
 from __future__ import annotations
 
@@ -11,6 +12,9 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import List
+
+from conftest import cairn_command, run_cairn
 
 ITERATIONS = 300
 KILLS = 20
@@ -22,16 +26,48 @@ import cairn
 store = cairn.CheckpointStore(sys.argv[1])
 side = open(sys.argv[2], "a", buffering=1)
 side.write("run\\n")
+iterations = int(sys.argv[3])
 loop = cairn.LoopCheckpointer(store, "killed")
-for i, state in loop.range(int(sys.argv[3]), state={"total": 0, "squares": []}):
+state = {"total": 0, "squares": []}
+for i, state in loop.range(iterations, state=state):
     side.write(f"start {i}\\n")
     time.sleep(0.01)
     state["total"] += i * i
     state["squares"].append(i * i)
     loop.checkpoint(i + 1, state)
     side.write(f"acked {i}\\n")
-print(json.dumps(loop.resume().state))
+final = loop.resume()
+if final is not None and final.iteration == iterations:
+    state = final.state
+loop.finish(iterations, state)
+print(json.dumps(state))
 """
+
+
+def side_runs(side: Path) -> List[List[str]]:
+    """The side log's events, one list per run of the script."""
+    runs: List[List[str]] = []
+    for line in side.read_text().splitlines():
+        if line == "run":
+            runs.append([])
+        else:
+            runs[-1].append(line)
+    return runs
+
+
+def check_resumed_after_last_ack(runs: List[List[str]]) -> None:
+    """Each run starts at the iteration after the last one known committed before it (acked,
+    or resumed from by a run): at most the iteration in flight when a kill came runs again."""
+    committed = 0
+    for events in runs:
+        starts = [int(e.split()[1]) for e in events if e.startswith("start")]
+        if starts:
+            first = starts[0]
+            # Resumed from `first`: the kill came before or after the one in flight committed.
+            assert committed <= first <= committed + 1, (committed, first, events)
+            committed = first
+        acked = [int(e.split()[1]) + 1 for e in events if e.startswith("acked")]
+        committed = max([committed] + acked)
 
 
 def test_a_loop_killed_twenty_times_resumes_after_its_last_acknowledged_iteration(
@@ -61,28 +97,61 @@ def test_a_loop_killed_twenty_times_resumes_after_its_last_acknowledged_iteratio
     final = json.loads(out)
     assert final["total"] == sum(i * i for i in range(ITERATIONS))
     assert final["squares"] == [i * i for i in range(ITERATIONS)]
-
-    # Each run starts at the iteration after the last one acknowledged before it, so that
-    # at most the iteration in flight when a kill came runs again.
-    runs = [[]]
-    for line in side.read_text().splitlines()[1:]:
-        if line == "run":
-            runs.append([])
-        else:
-            runs[-1].append(line)
-    acked = -1
-    for events in runs:
-        starts = [int(e.split()[1]) for e in events if e.startswith("start")]
-        if starts:
-            first = starts[0]
-            assert acked + 1 <= first <= acked + 2, (acked, first, events)
-        acked = max([acked] + [int(e.split()[1]) for e in events if e.startswith("acked")])
+    check_resumed_after_last_ack(side_runs(side))
     started = sum(line.startswith("start") for line in side.read_text().splitlines())
     assert ITERATIONS <= started <= ITERATIONS + kills
 
-    shown = subprocess.run(
-        ["cairn", "--queue", str(queue), "checkpoint", "killed"],
-        capture_output=True, text=True, timeout=600,
-    )
+    shown = run_cairn(["--queue", str(queue), "checkpoint", "killed"])
     assert shown.returncode == 0, shown.stderr
-    assert json.loads(shown.stdout)["iteration_count"] == ITERATIONS
+    decoded = json.loads(shown.stdout)
+    assert decoded["iteration_count"] == ITERATIONS and decoded["done"] is True
+
+
+def test_the_same_script_as_a_worker_phase_resumes_after_the_daemon_is_killed(
+    queue: Path, tmp_path: Path
+) -> None:
+    """Unchanged, the script runs as a daemon's `worker` phase: its checkpoints go through the
+    daemon, and after SIGKILLs of the daemon (which take the worker with it) it resumes with
+    at most the iteration in flight repeated."""
+    script = tmp_path / "loop.py"
+    script.write_text(LOOP)
+    side = tmp_path / "side.log"
+    iterations = 120
+    task = {
+        "id": "worker-loop",
+        "phases": [{
+            "name": "work",
+            "kind": "worker",
+            "run": [sys.executable, str(script), str(tmp_path / "standalone"), str(side),
+                    str(iterations)],
+        }],
+    }
+    task_file = tmp_path / "worker-loop.json"
+    task_file.write_text(json.dumps(task))
+    submitted = run_cairn(["--queue", str(queue), "submit", str(task_file)])
+    assert submitted.returncode == 0, submitted.stderr
+
+    def acked() -> int:
+        if not side.exists():
+            return 0
+        return sum(line.startswith("acked") for line in side.read_text().splitlines())
+
+    for _ in range(3):
+        daemon = subprocess.Popen([cairn_command(), "--queue", str(queue), "run"],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        target = acked() + 5
+        deadline = time.monotonic() + 300
+        while acked() < target and time.monotonic() < deadline and daemon.poll() is None:
+            time.sleep(0.02)
+        assert acked() >= target, "the worker made no progress"
+        os.kill(daemon.pid, signal.SIGKILL)
+        daemon.wait()
+    finished = run_cairn(["--queue", str(queue), "run", "--exit-when-idle"])
+    assert finished.returncode == 0, finished.stderr
+
+    record = json.loads((queue / "done" / "worker-loop.json").read_text())
+    assert record["result"]["total"] == sum(i * i for i in range(iterations)), record
+    assert record["result"]["squares"] == [i * i for i in range(iterations)]
+    check_resumed_after_last_ack(side_runs(side))
+    # Checkpoints went to the daemon, not to the script's own directory.
+    assert not (tmp_path / "standalone" / "incremental" / "killed.json.gz").exists()
