@@ -235,6 +235,9 @@ pub(crate) struct CommitLog {
     gate: RwLock<()>,
     /// Checkpoint when the log grows past this.
     limit: u64,
+    /// Whether what the log held when it was opened was replayed and made durable. Until
+    /// then the log holds checkpoints the files may not: it is never cut or removed.
+    replayed: bool,
 }
 
 /// A write in progress through the log: holds the gate until it is renamed into place.
@@ -301,7 +304,7 @@ impl CommitLog {
         if !existed {
             ops.sync_dir(dir)?;
         }
-        let log = CommitLog {
+        let mut log = CommitLog {
             dir: dir.to_path_buf(),
             file,
             ops,
@@ -309,8 +312,21 @@ impl CommitLog {
             commit: GroupCommit::default(),
             gate: RwLock::new(()),
             limit: DEFAULT_LIMIT,
+            replayed: false,
         };
-        log.replay_and_cut(restore)?;
+        // On failure the log is dropped unreplayed, which leaves it as it is: the next open
+        // replays it again (a failed replay changed nothing the log cannot redo).
+        log.replay_and_cut(restore).map_err(|err| {
+            io::Error::new(
+                err.kind(),
+                format!(
+                    "cannot replay the commit log {} (it is kept, to be replayed at the next \
+                     start: it may hold the only durable copy of recent checkpoints): {err}",
+                    path.display()
+                ),
+            )
+        })?;
+        log.replayed = true;
         Ok(log)
     }
 
@@ -471,8 +487,12 @@ impl CommitLog {
 impl Drop for CommitLog {
     /// A store closed cleanly leaves no log (cut, then removed), so that nothing is replayed
     /// over writes made later without it, and the next owner of the directory (another user,
-    /// after a `chown` of the queue) creates its own.
+    /// after a `chown` of the queue) creates its own. A log whose replay failed is left
+    /// whole: it may hold the only copy of acknowledged checkpoints.
     fn drop(&mut self) {
+        if !self.replayed {
+            return;
+        }
         let _gate = self.gate.write().unwrap_or_else(PoisonError::into_inner);
         let tail = self.lock_tail();
         let empty = tail.len == 0 && !tail.dirty;
