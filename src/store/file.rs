@@ -85,6 +85,18 @@ fn adopted() -> std::sync::MutexGuard<'static, std::collections::HashSet<PathBuf
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
+/// Directories where a rename was made whose directory fsync then failed: what they show may
+/// not be durable, so it is read only after a sync of the directory succeeds (see
+/// [`FileStorage::ensure_synced`]). Shared by the process, like [`adopted`].
+fn unsynced() -> std::sync::MutexGuard<'static, std::collections::HashSet<PathBuf>> {
+    static UNSYNCED: std::sync::OnceLock<std::sync::Mutex<std::collections::HashSet<PathBuf>>> =
+        std::sync::OnceLock::new();
+    UNSYNCED
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 impl FileStorage {
     /// A store rooted at `root` that uses the real syscalls.
     pub fn new(root: impl Into<PathBuf>) -> Self {
@@ -339,6 +351,32 @@ impl FileStorage {
         *renamed = true;
         self.dir_commit(parent)
             .barrier(|| self.ops.sync_dir(parent))
+            .inspect_err(|_| {
+                // The new file is in place but may not survive a power cut: the save failed,
+                // and what is in the directory is not read until a sync of it succeeds, so a
+                // retry never resumes from a checkpoint that was not made durable.
+                unsynced().insert(parent.to_path_buf());
+            })
+    }
+
+    /// Before reading `dir`: if a rename into it was not made durable (its fsync failed),
+    /// sync it now; while that fails, reading fails too.
+    fn ensure_synced(&self, dir: &Path) -> io::Result<()> {
+        if !unsynced().contains(dir) {
+            return Ok(());
+        }
+        self.ops.sync_dir(dir).map_err(|err| {
+            io::Error::new(
+                err.kind(),
+                format!(
+                    "{}: a checkpoint renamed into it was not made durable, and syncing it \
+                     failed again: {err}",
+                    dir.display()
+                ),
+            )
+        })?;
+        unsynced().remove(dir);
+        Ok(())
     }
 
     /// Give the current target (if there is one) the second name `keep`, replacing whatever
@@ -652,6 +690,9 @@ impl Storage for FileStorage {
 
     fn get(&self, key: &str) -> io::Result<Option<Vec<u8>>> {
         let path = self.path_of(key)?;
+        if let Some(dir) = path.parent() {
+            self.ensure_synced(dir)?;
+        }
         match fs::read(path) {
             Ok(bytes) => Ok(Some(bytes)),
             Err(err) if err.kind() == io::ErrorKind::NotFound => Ok(None),
@@ -661,6 +702,7 @@ impl Storage for FileStorage {
 
     fn list(&self, dir: &str) -> io::Result<Vec<String>> {
         validate_dir_key(dir)?;
+        self.ensure_synced(&self.root.join(dir))?;
         let entries = match fs::read_dir(self.root.join(dir)) {
             Ok(entries) => entries,
             Err(err) if err.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),

@@ -640,16 +640,26 @@ fn a_directory_left_unsynced_by_a_killed_process_is_synced_before_it_is_trusted(
 }
 
 /// The writer of a process that is killed right before the fsync of the checkpoint directory
-/// (after its rename): that fsync fails without running, and so does every later call.
+/// (after its rename): that fsync fails without running, and so does every later call. With
+/// `once`, the process lives on: that one fsync fails (EIO), and later calls run.
 #[derive(Debug)]
 struct KilledBeforeDirSync {
     model: Arc<PowerLossFileOps>,
     killed: std::sync::atomic::AtomicBool,
+    once: bool,
 }
 
 impl KilledBeforeDirSync {
+    fn new(model: &Arc<PowerLossFileOps>, once: bool) -> Self {
+        Self {
+            model: Arc::clone(model),
+            killed: std::sync::atomic::AtomicBool::new(false),
+            once,
+        }
+    }
+
     fn alive(&self) -> io::Result<()> {
-        if self.killed.load(Ordering::SeqCst) {
+        if self.killed.load(Ordering::SeqCst) && !self.once {
             Err(io::Error::other("the process was killed"))
         } else {
             Ok(())
@@ -695,8 +705,10 @@ impl FileOps for KilledBeforeDirSync {
 
     fn sync_dir(&self, dir: &Path) -> io::Result<()> {
         self.alive()?;
-        if dir.ends_with(CHECKPOINT_DIR) {
-            self.killed.store(true, Ordering::SeqCst);
+        if dir.ends_with(CHECKPOINT_DIR) && !self.killed.swap(true, Ordering::SeqCst) {
+            return Err(io::Error::from_raw_os_error(5));
+        }
+        if dir.ends_with(CHECKPOINT_DIR) && !self.once {
             return self.alive();
         }
         self.model.sync_dir(dir)
@@ -750,10 +762,7 @@ fn a_restart_resumes_only_from_durable_checkpoints() {
     let model = Arc::new(PowerLossFileOps::new(&root).unwrap());
 
     // The process saving iteration 2 is killed before the directory fsync.
-    let dying = Arc::new(KilledBeforeDirSync {
-        model: Arc::clone(&model),
-        killed: std::sync::atomic::AtomicBool::new(false),
-    });
+    let dying = Arc::new(KilledBeforeDirSync::new(&model, false));
     let store = CheckpointStore::with_storage(Arc::new(FileStorage::with_ops(&root, dying)));
     let mut checkpointer = LoopCheckpointer::new(store, TASK, SCOPE);
     assert!(checkpointer.checkpoint(2, &state_after(2)).is_err());
@@ -772,4 +781,37 @@ fn a_restart_resumes_only_from_durable_checkpoints() {
     let into = image.path().join("image");
     model.crash_image(&into).unwrap();
     restart_on(&into, resumed, resumed).unwrap();
+}
+
+/// Finding: with the atomic replace, a directory fsync that fails after the rename (EIO) fails
+/// the save, but the checkpoint is in place, and the retry in the same process resumed from it
+/// although nothing had made it durable: a power cut then took it back. A directory whose
+/// fsync failed is now synced before it is read again, and reading it fails while that fails.
+#[test]
+fn a_retry_resumes_only_from_a_checkpoint_made_durable() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("queue");
+    fs::create_dir(&root).unwrap();
+    let mut first = LoopCheckpointer::new(CheckpointStore::open(&root).unwrap(), TASK, SCOPE);
+    assert!(first.checkpoint(1, &state_after(1)).unwrap());
+    drop(first);
+    let model = Arc::new(PowerLossFileOps::new(&root).unwrap());
+
+    // The save of iteration 2 fails at its directory fsync; the attempt ends there.
+    let failing = Arc::new(KilledBeforeDirSync::new(&model, true));
+    let store = CheckpointStore::with_storage(Arc::new(FileStorage::with_ops(&root, failing)));
+    let mut checkpointer = LoopCheckpointer::new(store.clone(), TASK, SCOPE);
+    let err = checkpointer.checkpoint(2, &state_after(2)).unwrap_err();
+    assert!(err.to_string().contains("Input/output error"), "{err}");
+    std::mem::forget(checkpointer); // the attempt's end is not what is tested here
+
+    // The retry, in the same process and through the same store.
+    let mut retry = LoopCheckpointer::new(store, TASK, SCOPE);
+    let (resumed, _) = retry.resume::<SumState>().unwrap().unwrap();
+
+    // Power cut before the retry saves again: what it resumed from must still be there.
+    let image = tempfile::tempdir().unwrap();
+    let into = image.path().join("image");
+    model.crash_image(&into).unwrap();
+    restart_on(&into, resumed, 2).unwrap();
 }
