@@ -109,6 +109,7 @@ impl CheckpointBench {
         if self.conc == 0 {
             bail!("--conc must be at least 1");
         }
+        let parent = super::RunDirParent::create(&self.dir)?;
         let root = self.fresh_root()?;
         let ops: Arc<dyn FileOps> = match self.durability {
             Durability::Fsync => Arc::new(RealFileOps),
@@ -150,6 +151,7 @@ impl CheckpointBench {
         if !self.keep {
             std::fs::remove_dir_all(&root)
                 .with_context(|| format!("removing {}", root.display()))?;
+            parent.remove_if_empty();
         }
         Ok((result, root))
     }
@@ -182,10 +184,8 @@ impl CheckpointBench {
         }
     }
 
-    /// A new, empty directory for this run under `self.dir`.
+    /// A new, empty directory for this run under `self.dir` (which exists).
     fn fresh_root(&self) -> anyhow::Result<PathBuf> {
-        std::fs::create_dir_all(&self.dir)
-            .with_context(|| format!("creating {}", self.dir.display()))?;
         let name = format!(
             "cairn-{}-c{}-{}-",
             self.size.name(),

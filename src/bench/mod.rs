@@ -12,7 +12,40 @@ pub mod queue;
 pub mod spawn;
 pub mod workload;
 
+use std::path::{Path, PathBuf};
 use std::time::Duration;
+
+use anyhow::Context;
+
+/// The directory a benchmark makes its run directories in (`bench/.data` by default),
+/// created with its missing ancestors; [`remove_if_empty`](Self::remove_if_empty) takes away
+/// again what it created, so a run that keeps nothing leaves nothing behind.
+#[derive(Debug)]
+pub struct RunDirParent {
+    /// The directories it created, innermost first.
+    created: Vec<PathBuf>,
+}
+
+impl RunDirParent {
+    pub fn create(dir: &Path) -> anyhow::Result<RunDirParent> {
+        let created = dir
+            .ancestors()
+            .take_while(|dir| !dir.as_os_str().is_empty() && !dir.exists())
+            .map(Path::to_path_buf)
+            .collect();
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        Ok(RunDirParent { created })
+    }
+
+    /// Remove the directories it created that are empty, innermost first.
+    pub fn remove_if_empty(&self) {
+        for dir in &self.created {
+            if std::fs::remove_dir(dir).is_err() {
+                break;
+            }
+        }
+    }
+}
 
 /// The nearest-rank percentile (the `ceil(q·n)`-th smallest) of ascending `sorted`.
 pub fn percentile(sorted: &[Duration], q: f64) -> Duration {

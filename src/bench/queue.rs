@@ -124,6 +124,7 @@ pub fn run(args: &QueueOptions) -> anyhow::Result<()> {
         bail!("--max-tasks and --resume-max-tasks must be at least 1");
     }
     let wanted = |m: Measurement| args.only.is_empty() || args.only.contains(&m);
+    let parent = super::RunDirParent::create(&args.dir)?;
     let root = fresh_root(&args.dir)?;
     let bench = QueueBench {
         root: root.clone(),
@@ -157,6 +158,7 @@ pub fn run(args: &QueueOptions) -> anyhow::Result<()> {
         eprintln!("queues and daemon logs kept in {}", root.display());
     } else {
         fs::remove_dir_all(&root).with_context(|| format!("removing {}", root.display()))?;
+        parent.remove_if_empty();
     }
     result
 }
@@ -169,9 +171,8 @@ fn print_line(line: &impl Serialize) -> anyhow::Result<()> {
     out.flush().context("writing to stdout")
 }
 
-/// A new, empty directory for this run under `dir`.
+/// A new, empty directory for this run under `dir` (which exists).
 fn fresh_root(dir: &Path) -> anyhow::Result<PathBuf> {
-    fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let root = tempfile::Builder::new()
         .prefix("cairn-queue-")
         .tempdir_in(dir)

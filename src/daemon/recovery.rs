@@ -167,7 +167,8 @@ impl Scheduler {
 
     /// The daemon died during this task's attempt: the iterations of a loop or worker it had
     /// in flight (and the completed ones not yet checkpointed: at most `checkpoint_every` in
-    /// all) were paid for but their cost was never committed. They count as spent, so that a
+    /// all) were paid for but their cost was never committed, unless no command of the phase
+    /// had started in that attempt. They count as spent, so that a
     /// budget holds whatever the kills; the count is durable before anything resumes (the
     /// attempt is persisted before its commands start).
     fn count_lost_iterations(&self, task: &Task, entry: &mut ActiveTask) {
@@ -175,6 +176,10 @@ impl Scheduler {
             return;
         };
         if !matches!(phase.kind, PhaseKind::Loop | PhaseKind::Worker) {
+            return;
+        }
+        // Killed before a command of the phase started: nothing was paid for.
+        if std::mem::take(&mut entry.no_iteration_started) {
             return;
         }
         let lost = phase.checkpoint_every();

@@ -536,6 +536,7 @@ impl Scheduler {
                         entry.attempt += 1;
                         entry.status = ActiveStatus::Running;
                         entry.attempt_started_phase = entry.phase_index;
+                        entry.no_iteration_started = true;
                         entry.next_attempt_at = None;
                         (entry.attempt, entry.phase.clone())
                     })

@@ -23,7 +23,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use serde_json::json;
 
@@ -69,9 +69,34 @@ pub struct Intake {
     /// inode) they had: skipped quietly while they stay the same, so that one such entry does
     /// not fill the log at every scan.
     stuck: HashMap<OsString, (u64, u64)>,
+    /// Files whose modification time is ahead of the clock (a clock stepped back, a file
+    /// copied from a host whose clock runs ahead), by name: how the file looked when first
+    /// seen so, and when. Their age is counted on this daemon's own clock from then.
+    from_the_future: HashMap<OsString, (FileLook, Instant)>,
     /// The per-submitter limits a new task must pass, and the counts they are held against
     /// (`None`: no limits).
     admission: Option<Arc<Admission>>,
+}
+
+/// What tells one version of an inbox file from another: its inode, size and modification
+/// time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct FileLook {
+    dev: u64,
+    ino: u64,
+    len: u64,
+    mtime: (i64, i64),
+}
+
+impl FileLook {
+    fn of(meta: &Metadata) -> FileLook {
+        FileLook {
+            dev: meta.dev(),
+            ino: meta.ino(),
+            len: meta.len(),
+            mtime: (meta.mtime(), meta.mtime_nsec()),
+        }
+    }
 }
 
 /// What one scan did.
@@ -141,6 +166,7 @@ impl Intake {
             writing: HashSet::new(),
             before_first_full_scan: true,
             stuck: HashMap::new(),
+            from_the_future: HashMap::new(),
             admission: None,
         }
     }
@@ -234,6 +260,8 @@ impl Intake {
             self.writing.retain(utf8);
             self.complete_hints.retain(utf8);
             self.stuck.retain(|n, _| present.contains(n.as_os_str()));
+            self.from_the_future
+                .retain(|n, _| present.contains(n.as_os_str()));
         }
         let now = SystemTime::now();
         let mut taken = 0;
@@ -261,7 +289,7 @@ impl Intake {
             if self.stuck.get(&name) == Some(&(meta.dev(), meta.ino())) {
                 continue;
             }
-            if self.still_being_written(name.to_str(), &meta, &path, now) {
+            if self.still_being_written(&name, &meta, &path, now) {
                 report.deferred += 1;
                 continue;
             }
@@ -285,10 +313,9 @@ impl Intake {
     }
 
     /// Whether a regular file may still be being written, and is to be left for a later scan.
-    /// `hint_name` is its name when it is UTF-8 (the watcher's hints are kept by such names).
     fn still_being_written(
-        &self,
-        hint_name: Option<&str>,
+        &mut self,
+        name: &OsStr,
         meta: &Metadata,
         path: &Path,
         now: SystemTime,
@@ -296,10 +323,9 @@ impl Intake {
         if !meta.file_type().is_file() || meta.len() > MAX_TASK_FILE_BYTES {
             return false;
         }
-        let age = meta
-            .modified()
-            .ok()
-            .and_then(|m| now.duration_since(m).ok());
+        // The watcher's hints are kept by UTF-8 names.
+        let hint_name = name.to_str();
+        let age = self.age(name, meta, now);
         // Open for writing, by inotify's account; a lost close event must not hold a file
         // forever, so the hint lapses once the file stops changing for a while.
         let writing = hint_name.is_some_and(|n| self.writing.contains(n));
@@ -319,6 +345,31 @@ impl Intake {
         // give it longer before calling it broken.
         let lately = age.is_none_or(|age| age < TRUNCATED_PATIENCE);
         lately && looks_truncated(path)
+    }
+
+    /// How long the file has stayed as it is: by its modification time, or, for one modified
+    /// in the future by the clock, since this daemon first saw it as it is now (so that a
+    /// clock stepped back does not hold it in the inbox until the clock catches up).
+    fn age(&mut self, name: &OsStr, meta: &Metadata, now: SystemTime) -> Option<Duration> {
+        let modified = meta.modified().ok()?;
+        match now.duration_since(modified) {
+            Ok(age) => {
+                self.from_the_future.remove(name);
+                Some(age)
+            }
+            Err(_) => {
+                let look = FileLook::of(meta);
+                let (seen, since) = self
+                    .from_the_future
+                    .entry(name.to_os_string())
+                    .or_insert((look, Instant::now()));
+                if *seen != look {
+                    *seen = look;
+                    *since = Instant::now();
+                }
+                Some(since.elapsed())
+            }
+        }
     }
 
     /// Claim one inbox entry and accept or reject it (`None`: it vanished, or is skipped). An

@@ -312,7 +312,7 @@ fn commit_path_storage(root: &Path) -> Result<FileStorage, OpenError> {
         .with_commit_path(CheckpointStore::DIR, path)
         .map_err(|err| {
             OpenError::Setup(format!(
-                "queue {}: replaying the commit log of {}: {err}",
+                "queue {}: opening the commit log of {}: {err}",
                 root.display(),
                 CheckpointStore::DIR
             ))

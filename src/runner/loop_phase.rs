@@ -73,6 +73,10 @@ pub(super) async fn run(run: &PhaseRun<'_>) -> Result<PhaseEnd, PhaseError> {
             "inputs": run.inputs,
             "attempt": run.attempt,
         });
+        if let Err(error) = run.command_may_start().await {
+            checkpoints.flush().await?;
+            return Err(error);
+        }
         let reply = match run.call(&request, Some(count)).await {
             Ok(Some(stdout)) => run.parse_reply::<LoopReply>(&stdout, Some(count)),
             Ok(None) => {

@@ -607,6 +607,26 @@ impl PhaseRun<'_> {
         })
     }
 
+    /// Right before a loop's or worker's command starts: if it is the first of this attempt,
+    /// record durably that one may have started. From then on a crash may lose an iteration
+    /// that was paid for, and the restart counts it as spent (see `daemon::recovery`); before,
+    /// a crash costs nothing.
+    pub async fn command_may_start(&self) -> Result<(), PhaseError> {
+        let first = self.ctx.work.update(|w| {
+            w.get_mut(self.task.id())
+                .is_some_and(|e| std::mem::take(&mut e.no_iteration_started))
+        });
+        if first {
+            self.ctx.work.persist().await.map_err(|e| {
+                PhaseError::Transient(format!(
+                    "recording that phase {:?} starts its commands: {e}",
+                    self.phase.name
+                ))
+            })?;
+        }
+        Ok(())
+    }
+
     /// Add one iteration's reported cost. When it is the largest so far it prices the
     /// iterations a crash loses, so it is made durable before the work goes on: a restart that
     /// did not know it could not count them against the budget.

@@ -87,6 +87,7 @@ pub(super) async fn run(run: &PhaseRun<'_>) -> Result<PhaseEnd, PhaseError> {
         Some(cp) => (cp.iteration_count, cp.partial_results.clone()),
         None => (0, Value::Null),
     };
+    run.command_may_start().await?;
     let mut launched = launch(run, resumed.is_some(), count, &state).await?;
     tracing::info!(task_id = %run.task.id(), phase = %run.phase.name, iteration = count, "worker started");
     let worker = WorkerState {

@@ -41,7 +41,7 @@ pub enum StoreError {
     #[error("{action} {key}: {source}")]
     Io {
         /// What was being done: "writing", "reading", "listing", "removing", "creating",
-        /// "numbering", "replaying the commit log of".
+        /// "numbering", "opening the commit log of".
         action: &'static str,
         /// The storage key (path relative to the queue root) involved.
         key: String,
@@ -210,7 +210,7 @@ impl CheckpointStore {
         let storage = storage
             .with_commit_path(INCREMENTAL_DIR, path)
             .map_err(|source| StoreError::Io {
-                action: "replaying the commit log of",
+                action: "opening the commit log of",
                 key: INCREMENTAL_DIR.to_owned(),
                 source,
             })?;

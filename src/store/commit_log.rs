@@ -14,8 +14,9 @@
 //! the directory: the records are applied in order to a map of key → bytes (or removed), each
 //! file whose bytes differ is rewritten, everything is made durable with one `syncfs`, and the
 //! log is cut to zero. The log is checkpointed the same way (`syncfs`, cut) when it grows past
-//! its limit, so it stays small and a replay stays short, and cut and removed when the store is
-//! closed.
+//! its limit or past the room left on its file system, so it stays small and a replay stays
+//! short, and cut and removed when the store is closed. A replay that fails leaves the log
+//! whole (the open fails): it is removed only once its contents are durable in the files.
 //!
 //! Records carry their length and a CRC-32, so a torn tail (a power cut mid-append) is
 //! recognised and dropped: only records whose sync had not finished can be torn, and none of
@@ -46,6 +47,9 @@ pub(crate) const LOG_NAME: &str = ".commit-log";
 
 /// The log size past which it is checkpointed and cut.
 const DEFAULT_LIMIT: u64 = 32 << 20;
+
+/// How much the log grows between two looks at the room left on its file system.
+const ROOM_CHECK_STEP: u64 = 64 << 10;
 
 /// Record kinds (the first payload byte); 0 is never valid, so zeroed blocks end the log.
 const KIND_PUT: u8 = 1;
@@ -217,6 +221,8 @@ struct Tail {
     /// A record of a write that did not happen may be in the log: checkpoint before the next
     /// write.
     dirty: bool,
+    /// The length at which the room left on the file system was last looked at.
+    room_checked_at: u64,
 }
 
 /// A directory's commit log, held open (and `flock`ed) while a store uses it.
@@ -235,6 +241,9 @@ pub(crate) struct CommitLog {
     gate: RwLock<()>,
     /// Checkpoint when the log grows past this.
     limit: u64,
+    /// Whether what the log held when it was opened was replayed and made durable. Until
+    /// then the log holds checkpoints the files may not: it is never cut or removed.
+    replayed: bool,
 }
 
 /// A write in progress through the log: holds the gate until it is renamed into place.
@@ -301,7 +310,7 @@ impl CommitLog {
         if !existed {
             ops.sync_dir(dir)?;
         }
-        let log = CommitLog {
+        let mut log = CommitLog {
             dir: dir.to_path_buf(),
             file,
             ops,
@@ -309,8 +318,21 @@ impl CommitLog {
             commit: GroupCommit::default(),
             gate: RwLock::new(()),
             limit: DEFAULT_LIMIT,
+            replayed: false,
         };
-        log.replay_and_cut(restore)?;
+        // On failure the log is dropped unreplayed, which leaves it as it is: the next open
+        // replays it again (a failed replay changed nothing the log cannot redo).
+        log.replay_and_cut(restore).map_err(|err| {
+            io::Error::new(
+                err.kind(),
+                format!(
+                    "cannot replay the commit log {} (it is kept, to be replayed at the next \
+                     start: it may hold the only durable copy of recent checkpoints): {err}",
+                    path.display()
+                ),
+            )
+        })?;
+        log.replayed = true;
         Ok(log)
     }
 
@@ -430,14 +452,18 @@ impl CommitLog {
         Ok(())
     }
 
-    /// Checkpoint if the log has grown past its limit. Errors are logged: the write that
-    /// triggered it is committed, and the next write retries.
+    /// Checkpoint if the log has grown past its limit, or holds more than the room left on
+    /// its file system (so that on a small disk it takes at most about half of what the
+    /// queue's other writes could use). Errors are logged: the write that triggered it is
+    /// committed, and the next write retries.
     pub(crate) fn checkpoint_if_full(&self) {
-        if self.lock_tail().len <= self.limit {
+        let crowded = self.crowds_its_disk();
+        if self.lock_tail().len <= self.limit && !crowded {
             return;
         }
         let _gate = self.gate.write().unwrap_or_else(PoisonError::into_inner);
-        if self.lock_tail().len <= self.limit {
+        let len = self.lock_tail().len;
+        if len == 0 || (len <= self.limit && !crowded) {
             return;
         }
         if let Err(err) = self.cut() {
@@ -448,6 +474,38 @@ impl CommitLog {
             );
             self.lock_tail().dirty = true;
         }
+    }
+
+    /// Make everything the log covers durable and cut it now (a save that found no room for
+    /// its record frees the log's space this way). On failure the next write retries.
+    pub(crate) fn checkpoint(&self) -> io::Result<()> {
+        let _gate = self.gate.write().unwrap_or_else(PoisonError::into_inner);
+        self.cut().inspect_err(|_| self.lock_tail().dirty = true)
+    }
+
+    /// Whether the log holds more than the room left on its file system; looked at each
+    /// time it has grown by [`ROOM_CHECK_STEP`].
+    fn crowds_its_disk(&self) -> bool {
+        let len = {
+            let mut tail = self.lock_tail();
+            if tail.len < tail.room_checked_at + ROOM_CHECK_STEP {
+                return false;
+            }
+            tail.room_checked_at = tail.len;
+            tail.len
+        };
+        match nix::sys::statvfs::fstatvfs(&*self.file) {
+            Ok(stat) => {
+                let room = stat.blocks_available().saturating_mul(stat.fragment_size());
+                len > room
+            }
+            Err(_) => false,
+        }
+    }
+
+    /// Whether the log holds any record.
+    pub(crate) fn holds_records(&self) -> bool {
+        self.lock_tail().len > 0
     }
 
     /// Before a write: if a record of a write that did not happen may be in the log, make
@@ -471,8 +529,12 @@ impl CommitLog {
 impl Drop for CommitLog {
     /// A store closed cleanly leaves no log (cut, then removed), so that nothing is replayed
     /// over writes made later without it, and the next owner of the directory (another user,
-    /// after a `chown` of the queue) creates its own.
+    /// after a `chown` of the queue) creates its own. A log whose replay failed is left
+    /// whole: it may hold the only copy of acknowledged checkpoints.
     fn drop(&mut self) {
+        if !self.replayed {
+            return;
+        }
         let _gate = self.gate.write().unwrap_or_else(PoisonError::into_inner);
         let tail = self.lock_tail();
         let empty = tail.len == 0 && !tail.dirty;

@@ -183,6 +183,12 @@ pub struct ActiveTask {
     /// counted as spent: their cost is not in `cost`, which is what checkpoints committed.
     #[serde(default, skip_serializing_if = "is_zero_u64")]
     pub lost_iterations: u64,
+    /// The attempt in flight has not started a command of its loop or worker phase yet, so a
+    /// crash now loses no iteration. Set when the attempt is recorded, cleared (durably)
+    /// before the phase's first command starts. Missing (an older cairn's entry): a crash is
+    /// taken to have lost iterations, as it was.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub no_iteration_started: bool,
     /// The largest cost a single iteration (a loop reply, a worker's `cost` message) reported:
     /// the price of each lost iteration.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -221,6 +227,7 @@ impl ActiveTask {
             suspect: false,
             cost: None,
             lost_iterations: 0,
+            no_iteration_started: false,
             max_iteration_cost: None,
             progress: None,
             next_attempt_at: None,

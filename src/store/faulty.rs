@@ -17,12 +17,18 @@ use super::file_ops::{FileOps, RealFileOps, TempFile};
 /// everyday failure a checkpoint write must survive.
 const NO_SPACE_LEFT: i32 = 28;
 
+/// `EIO`: what [`FaultMode::IoError`] reports.
+const IO_ERROR: i32 = 5;
+
 /// What happens at the faulting step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FaultMode {
     /// That one call fails with "no space left on device" without doing anything; later calls
     /// work normally (a transient I/O error, or a disk that was full for a moment).
     Error,
+    /// Like [`FaultMode::Error`], but the call fails with an I/O error (`EIO`): a failure that
+    /// is not about space, so no write can get round it by needing less room.
+    IoError,
     /// That call and every later one fail without doing anything: the process died there.
     /// Open a fresh store with real ops on the same directory to see what a restart finds.
     Crash,
@@ -84,6 +90,7 @@ impl FaultyFileOps {
         match self.fault {
             Some((fault_step, mode)) if fault_step == step => match mode {
                 FaultMode::Error => Err(io::Error::from_raw_os_error(NO_SPACE_LEFT)),
+                FaultMode::IoError => Err(io::Error::from_raw_os_error(IO_ERROR)),
                 FaultMode::Crash => {
                     self.crashed.store(true, Ordering::SeqCst);
                     Err(crashed_error(name, step))

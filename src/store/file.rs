@@ -3,8 +3,10 @@
 //! Every `put` is a crash-safe replace: write a uniquely named temp file in the target's
 //! directory, fsync it, rename it over the target, fsync the directory. In a directory with a
 //! commit log ([`FileStorage::with_commit_log`]), the two fsyncs are replaced by a record in the
-//! log and one fdatasync of it, before the rename (see `commit_log`). There is no fallback to a
-//! direct write: if any step fails, the old file stays as it was and the error is returned.
+//! log and one fdatasync of it, before the rename (see `commit_log`); a save through the log
+//! that finds no room commits by the replace instead, after checkpointing the log. There is no
+//! fallback to a direct write: if any step fails, the old file stays as it was and the error
+//! is returned.
 
 use std::fs;
 use std::io;
@@ -78,6 +80,18 @@ fn adopted() -> std::sync::MutexGuard<'static, std::collections::HashSet<PathBuf
     static ADOPTED: std::sync::OnceLock<std::sync::Mutex<std::collections::HashSet<PathBuf>>> =
         std::sync::OnceLock::new();
     ADOPTED
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Directories where a rename was made whose directory fsync then failed: what they show may
+/// not be durable, so it is read only after a sync of the directory succeeds (see
+/// [`FileStorage::ensure_synced`]). Shared by the process, like [`adopted`].
+fn unsynced() -> std::sync::MutexGuard<'static, std::collections::HashSet<PathBuf>> {
+    static UNSYNCED: std::sync::OnceLock<std::sync::Mutex<std::collections::HashSet<PathBuf>>> =
+        std::sync::OnceLock::new();
+    UNSYNCED
         .get_or_init(Default::default)
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -337,6 +351,32 @@ impl FileStorage {
         *renamed = true;
         self.dir_commit(parent)
             .barrier(|| self.ops.sync_dir(parent))
+            .inspect_err(|_| {
+                // The new file is in place but may not survive a power cut: the save failed,
+                // and what is in the directory is not read until a sync of it succeeds, so a
+                // retry never resumes from a checkpoint that was not made durable.
+                unsynced().insert(parent.to_path_buf());
+            })
+    }
+
+    /// Before reading `dir`: if a rename into it was not made durable (its fsync failed),
+    /// sync it now; while that fails, reading fails too.
+    fn ensure_synced(&self, dir: &Path) -> io::Result<()> {
+        if !unsynced().contains(dir) {
+            return Ok(());
+        }
+        self.ops.sync_dir(dir).map_err(|err| {
+            io::Error::new(
+                err.kind(),
+                format!(
+                    "{}: a checkpoint renamed into it was not made durable, and syncing it \
+                     failed again: {err}",
+                    dir.display()
+                ),
+            )
+        })?;
+        unsynced().remove(dir);
+        Ok(())
     }
 
     /// Give the current target (if there is one) the second name `keep`, replacing whatever
@@ -369,9 +409,40 @@ impl FileStorage {
         Arc::clone(commits.entry(dir.to_path_buf()).or_default())
     }
 
+    /// [`write_object_once`](Self::write_object_once); when it finds no room and the commit
+    /// log holds records, once more after checkpointing the log, which frees their room.
+    fn write_object(
+        &self,
+        key: &str,
+        bytes: &[u8],
+        keep_previous_as: Option<&str>,
+        retire: Option<&str>,
+    ) -> io::Result<()> {
+        self.with_room_from_the_log(|| self.write_object_once(key, bytes, keep_previous_as, retire))
+    }
+
+    /// `write`, and when it fails for want of room while the commit log holds records, the
+    /// log checkpointed (its room given back) and `write` again.
+    fn with_room_from_the_log(&self, write: impl Fn() -> io::Result<()>) -> io::Result<()> {
+        match write() {
+            Err(err) if is_out_of_space(&err) => match self.log.as_deref() {
+                Some(log) if log.holds_records() => {
+                    tracing::info!(
+                        error = %err,
+                        "no room for a write: checkpointing the commit log to free its room"
+                    );
+                    log.checkpoint()?;
+                    write()
+                }
+                _ => Err(err),
+            },
+            other => other,
+        }
+    }
+
     /// [`Storage::put`], reusing the file at `retire` (if given) as the temp file when it is
     /// in the target's directory, and removing it otherwise.
-    fn write_object(
+    fn write_object_once(
         &self,
         key: &str,
         bytes: &[u8],
@@ -438,14 +509,40 @@ impl FileStorage {
                     retire: retire.as_ref().and(retire_key),
                     bytes,
                 };
-                self.write_and_log(
+                match self.write_and_log(
                     log,
                     &record,
                     &mut temp,
                     &target,
                     keep.as_deref(),
                     &mut renamed,
-                )
+                ) {
+                    Err(err) if !renamed && is_out_of_space(&err) => {
+                        // The log holds a copy of every save since its last checkpoint: on a
+                        // disk with room for the files but not for that, checkpoint the log
+                        // (which frees its room) and commit this save by the atomic replace,
+                        // from the same temp file, needing no more room than that path does.
+                        tracing::info!(
+                            key,
+                            error = %err,
+                            "no room to save a checkpoint through the commit log: \
+                             checkpointing the log and saving by the atomic replace"
+                        );
+                        log.checkpoint()
+                            .and_then(|()| io::Seek::rewind(&mut temp.file))
+                            .and_then(|()| {
+                                self.write_and_commit(
+                                    &mut temp,
+                                    bytes,
+                                    &target,
+                                    parent,
+                                    keep.as_deref(),
+                                    &mut renamed,
+                                )
+                            })
+                    }
+                    other => other,
+                }
             }
             None => self.write_and_commit(
                 &mut temp,
@@ -497,6 +594,28 @@ impl FileStorage {
         Ok(())
     }
 
+    /// One try of [`Storage::append`].
+    fn append_once(&self, key: &str, bytes: &[u8]) -> io::Result<()> {
+        use std::os::unix::fs::OpenOptionsExt;
+        let path = self.path_of(key)?;
+        // Opened for appending, never created (a log is created whole by a `put`), and written
+        // and synced through the same steps as a temp file, so that fault injection and the
+        // power-loss model see an append as a write and its fsync.
+        let file = fs::OpenOptions::new()
+            .append(true)
+            .custom_flags(nix::libc::O_NOFOLLOW)
+            .open(&path)?;
+        let previous_len = file.metadata()?.len();
+        let mut appended = TempFile {
+            file,
+            path,
+            reused: false,
+            previous_len,
+        };
+        self.ops.write_all(&mut appended, bytes)?;
+        self.ops.sync_file(&mut appended)
+    }
+
     /// A new temp file for `target_name` in `dir`, making the directory again if it was
     /// removed behind our back.
     fn create_temp_in(&self, dir: &Path, target_name: &str) -> io::Result<TempFile> {
@@ -510,6 +629,14 @@ impl FileStorage {
             other => other,
         }
     }
+}
+
+/// Whether `err` says the file system (or the user's quota) has no room left.
+fn is_out_of_space(err: &io::Error) -> bool {
+    matches!(
+        err.raw_os_error(),
+        Some(nix::libc::ENOSPC) | Some(nix::libc::EDQUOT)
+    )
 }
 
 /// Reject keys that could leave the root or name no file: empty, absolute, `..`, `.` or empty
@@ -563,6 +690,9 @@ impl Storage for FileStorage {
 
     fn get(&self, key: &str) -> io::Result<Option<Vec<u8>>> {
         let path = self.path_of(key)?;
+        if let Some(dir) = path.parent() {
+            self.ensure_synced(dir)?;
+        }
         match fs::read(path) {
             Ok(bytes) => Ok(Some(bytes)),
             Err(err) if err.kind() == io::ErrorKind::NotFound => Ok(None),
@@ -572,6 +702,7 @@ impl Storage for FileStorage {
 
     fn list(&self, dir: &str) -> io::Result<Vec<String>> {
         validate_dir_key(dir)?;
+        self.ensure_synced(&self.root.join(dir))?;
         let entries = match fs::read_dir(self.root.join(dir)) {
             Ok(entries) => entries,
             Err(err) if err.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
@@ -596,24 +727,15 @@ impl Storage for FileStorage {
     }
 
     fn append(&self, key: &str, bytes: &[u8]) -> io::Result<()> {
-        use std::os::unix::fs::OpenOptionsExt;
-        let path = self.path_of(key)?;
-        // Opened for appending, never created (a log is created whole by a `put`), and written
-        // and synced through the same steps as a temp file, so that fault injection and the
-        // power-loss model see an append as a write and its fsync.
-        let file = fs::OpenOptions::new()
-            .append(true)
-            .custom_flags(nix::libc::O_NOFOLLOW)
-            .open(&path)?;
-        let previous_len = file.metadata()?.len();
-        let mut appended = TempFile {
-            file,
-            path,
-            reused: false,
-            previous_len,
-        };
-        self.ops.write_all(&mut appended, bytes)?;
-        self.ops.sync_file(&mut appended)
+        let result = self.append_once(key, bytes);
+        if let (Err(err), Some(log)) = (&result, self.log.as_deref()) {
+            // Not tried again (an append that failed may have left part of its bytes, and
+            // nothing is appended after a failed append), but the next write finds the room.
+            if is_out_of_space(err) && log.holds_records() {
+                let _ = log.checkpoint();
+            }
+        }
+        result
     }
 
     fn remove(&self, key: &str) -> io::Result<()> {
@@ -621,7 +743,16 @@ impl Storage for FileStorage {
         // Logged first, so that a replay never brings back what was removed.
         let parent = path.parent().unwrap_or(&self.root);
         let logged = match self.log_for(parent) {
-            Some(log) => Some(log.log_removal(key)?),
+            Some(log) => match log.log_removal(key) {
+                Ok(logged) => Some(logged),
+                // A removal frees room; its record must not need any. Once the log is
+                // checkpointed it holds nothing a replay could bring the file back from.
+                Err(err) if is_out_of_space(&err) => {
+                    log.checkpoint()?;
+                    None
+                }
+                Err(err) => return Err(err),
+            },
             None => {
                 if parent.is_dir() {
                     self.settle_leftover_log(parent)?;

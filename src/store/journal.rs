@@ -315,7 +315,9 @@ impl Drop for JournalWriter {
 }
 
 /// Read a task's journal; lines that do not parse (a line torn by a crash) are skipped.
-/// A task without a journal has no events.
+/// A task without a journal has no events. A line torn by a power cut has no newline, so the
+/// next event appended after the restart continues it: that event is read from where it
+/// begins (see [`parse_line`]).
 pub fn read(queue_root: &Path, task_id: &str) -> io::Result<Vec<JournalEvent>> {
     let path = journal_path(queue_root, task_id);
     let file = match crate::queue::read::open_no_follow(&path) {
@@ -328,12 +330,27 @@ pub fn read(queue_root: &Path, task_id: &str) -> io::Result<Vec<JournalEvent>> {
         Err(e) => return Err(e),
     };
     let mut events = Vec::new();
-    for line in io::BufReader::new(file).lines() {
-        if let Ok(event) = serde_json::from_str(&line?) {
+    // As bytes: a torn line may end inside a character, and must not make the rest unreadable.
+    for line in io::BufReader::new(file).split(b'\n') {
+        if let Some(event) = parse_line(&line?) {
             events.push(event);
         }
     }
     Ok(events)
+}
+
+/// Every line begins with this, and it cannot occur inside one (a string's quotes are escaped).
+const LINE_START: &[u8] = br#"{"at":""#;
+
+/// The event of a journal line: the whole line, or else the last whole line appended after a
+/// torn one (which left no newline), found where a line begins.
+fn parse_line(line: &[u8]) -> Option<JournalEvent> {
+    if let Ok(event) = serde_json::from_slice(line) {
+        return Some(event);
+    }
+    (1..line.len())
+        .filter(|&at| line[at..].starts_with(LINE_START))
+        .find_map(|at| serde_json::from_slice(&line[at..]).ok())
 }
 
 #[cfg(test)]
@@ -379,6 +396,36 @@ mod tests {
         );
         assert_eq!(events[1].event, checkpoint(3));
         assert!(read(dir.path(), "other").unwrap().is_empty());
+    }
+
+    /// A line torn by a power cut (no newline, maybe not even whole characters) does not
+    /// take the event appended after the restart with it, nor the lines after that.
+    #[test]
+    fn the_event_appended_after_a_torn_line_is_read() {
+        let dir = tempfile::tempdir().unwrap();
+        append(dir.path(), "t1", checkpoint(1));
+        let path = journal_path(dir.path(), "t1");
+        for torn in [
+            &b"{\"at\":\"2026-"[..],
+            b"{\"at\":\"2026-11-20T10:00:00Z\",\"event\":\"no\xc3",
+            b"\0\0\0",
+        ] {
+            let mut file = OpenOptions::new().append(true).open(&path).unwrap();
+            file.write_all(torn).unwrap();
+            append(dir.path(), "t1", checkpoint(2));
+            append(dir.path(), "t1", checkpoint(3));
+            let iterations: Vec<u64> = read(dir.path(), "t1")
+                .unwrap()
+                .into_iter()
+                .map(|e| match e.event {
+                    Event::Checkpoint { iteration, .. } => iteration,
+                    _ => panic!("not a checkpoint: {e:?}"),
+                })
+                .collect();
+            assert_eq!(iterations, [1, 2, 3], "after {torn:?}");
+            std::fs::write(&path, b"").unwrap();
+            append(dir.path(), "t1", checkpoint(1));
+        }
     }
 
     /// Lines as cairn wrote them before events had a type still read, each as its variant,

@@ -255,3 +255,57 @@ fn a_size_without_a_concurrent_variant_is_refused() {
         "{stderr}"
     );
 }
+
+/// `cairn bench checkpoint` in `dir` with the default `--dir` (`bench/.data` there), keeping
+/// nothing.
+fn bench_in(dir: &Path, args: &[&str]) {
+    let output = Command::new(env!("CARGO_BIN_EXE_cairn"))
+        .current_dir(dir)
+        .args(["bench", "checkpoint"])
+        .args(args)
+        .output()
+        .expect("cairn runs");
+    assert!(
+        output.status.success(),
+        "cairn bench checkpoint {args:?}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+/// The entries of `dir`, by name.
+fn entries(dir: &Path) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
+        .collect()
+}
+
+/// A run that keeps nothing leaves nothing: not even the `bench/.data` it made for its run
+/// directory (it used to stay behind, empty, in the current directory).
+#[test]
+fn a_run_that_keeps_nothing_leaves_no_directory_behind() {
+    let cwd = tempfile::tempdir().unwrap();
+    bench_in(cwd.path(), &["--size", "1k", "--conc", "100"]);
+    assert_eq!(entries(cwd.path()), Vec::<String>::new());
+    // A directory that was there before stays.
+    std::fs::create_dir_all(cwd.path().join("bench/.data")).unwrap();
+    bench_in(cwd.path(), &["--size", "1k", "--conc", "100"]);
+    assert_eq!(entries(&cwd.path().join("bench")), [".data"]);
+    assert_eq!(
+        entries(&cwd.path().join("bench/.data")),
+        Vec::<String>::new()
+    );
+}
+
+/// The same with `--db`, whose run directory holds only the host's side of the shared queue.
+#[test]
+fn a_run_on_the_database_leaves_no_directory_behind() {
+    let test = "a_run_on_the_database_leaves_no_directory_behind";
+    let Some(cluster) = crate::common::postgres::PgCluster::start(test) else {
+        return;
+    };
+    let url = cluster.create_database("cairn_bench");
+    let cwd = tempfile::tempdir().unwrap();
+    bench_in(cwd.path(), &["--db", &url, "--size", "1k", "--conc", "100"]);
+    assert_eq!(entries(cwd.path()), Vec::<String>::new());
+}

@@ -449,6 +449,79 @@ fn iterations_lost_to_sigkills_count_against_the_budget() {
     );
 }
 
+/// A daemon killed after it recorded an attempt but before the loop's command started (here
+/// held up reading the checkpoint to resume from, by strace) lost no iteration: the restart
+/// counts none as spent. Only the kill while an iteration ran is priced.
+#[test]
+fn a_crash_before_the_loops_command_started_is_not_priced() {
+    const TEST: &str = "a_crash_before_the_loops_command_started_is_not_priced";
+    if !require_strace(TEST) {
+        return;
+    }
+    let queue = TestQueue::new();
+    let side = queue.aux("early.side");
+    let mut task = budget_loop("early", &side, 0.05, Some(0.01), 1.0);
+    task["retry"] = json!({"max_attempts": 10, "backoff": "100ms"});
+    queue.seed_task("early.json", &task);
+    let committed = |queue: &TestQueue| committed_iterations(queue, "early");
+
+    // A kill while an iteration runs: one iteration lost.
+    let mut daemon = queue.start(&[]);
+    wait_until(
+        "an iteration is committed and the next one started",
+        DEADLINE,
+        || {
+            let count = committed(&queue);
+            count > 0
+                && side_events(&side)
+                    .iter()
+                    .any(|e| e.event == "start" && e.iteration == count)
+        },
+    );
+    daemon.kill_hard();
+    let starts_before = side_events(&side).len();
+
+    // A kill after the next attempt is on record, while the daemon reads the checkpoint it
+    // resumes from (each open of it held up 5 s), before any command of the attempt.
+    let checkpoint = queue.path("incremental/early.json.gz");
+    let mut held = queue.start_under_strace(
+        &[
+            "-f",
+            "-qq",
+            "-o",
+            "/dev/null",
+            "-P",
+            checkpoint.to_str().unwrap(),
+            "-e",
+            "trace=openat",
+            "-e",
+            "inject=openat:delay_enter=5000000",
+        ],
+        &[],
+    );
+    let pid = queue.daemon_pid();
+    wait_until("the next attempt is on record", DEADLINE, || {
+        queue.active_entry("early").is_some_and(|entry| {
+            entry["attempt"] == json!(2) && entry["status"] == json!("running")
+        })
+    });
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), SIGKILL).unwrap();
+    held.wait_exit(DEADLINE);
+    assert_eq!(
+        side_events(&side).len(),
+        starts_before,
+        "a command of the second attempt started before the kill: the case is not the one meant"
+    );
+
+    queue.run_until_idle(&[]);
+    let record = budget_record(&queue, "early");
+    assert_eq!(
+        record["lost_iterations"],
+        json!(1),
+        "only the kill while an iteration ran loses one: {record:#}"
+    );
+}
+
 #[test]
 fn costs_are_summed_without_float_noise() {
     let queue = TestQueue::new();

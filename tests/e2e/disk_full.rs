@@ -263,9 +263,12 @@ fn a_full_disk_fails_no_checkpoint_and_the_task_completes_once_space_is_freed() 
     let started = Instant::now();
     let mut daemon = Daemon::start(&queue, &[], &[], stderr_path, "the daemon".into());
 
-    // A few iterations committed.
-    let before_fill = wait_for("the task has checkpointed 3 iterations", DEADLINE, || {
-        committed(&queue).filter(|&n| n >= 3)
+    // The first iteration committed. The disk is filled long before the task has four
+    // generations: from then on a save overwrites the retired generation's file in place and
+    // needs no new room, so a full disk would no longer stop it. (A save that finds no room for
+    // the commit log's record checkpoints the log, which frees room for one more save.)
+    let before_fill = wait_for("the task has checkpointed an iteration", DEADLINE, || {
+        committed(&queue).filter(|&n| n >= 1)
     });
     // What an iteration costs on this machine now (start-up included, so an overestimate): the
     // deadline for the rest of the run follows from it, for a busy machine is slow.
@@ -405,5 +408,118 @@ fn a_full_disk_fails_no_checkpoint_and_the_task_completes_once_space_is_freed() 
     daemon.signal(SIGTERM);
     let status = daemon.wait_exit(DEADLINE);
     assert_eq!(status.code(), Some(0), "the daemon exited with {status}");
+    drop(daemon);
+}
+
+/// The tmpfs of [`a_checkpoint_that_fits_only_by_the_atomic_replace_is_still_committed`].
+const SMALL_TMPFS: &str = "3m";
+const SMALL_TMPFS_BYTES: u64 = 3 << 20;
+/// Random bytes in each iteration's state, base64 in the JSON, which gzip leaves at about
+/// 4/3 of this: a checkpoint of about 640 KiB. The latest and three kept generations fit in
+/// the tmpfs (what the atomic replace needs, reusing the retired generation's file), five do
+/// not (what the commit log needed: the files and the record of the save, and the pre-image
+/// of the latest after each of the log's checkpoints).
+const BIG_STATE_BYTES: usize = 470 * 1024;
+const BIG_STATE_ITERATIONS: u64 = 12;
+
+/// A loop of `BIG_STATE_ITERATIONS` iterations whose state carries `BIG_STATE_BYTES` random
+/// bytes (new ones each iteration, so no two checkpoints share blocks); the last iteration
+/// drops them, so the result is small.
+fn big_state_task(id: &str) -> Value {
+    let script = format!(
+        "import base64, json, os, sys\n\
+         request = json.load(sys.stdin)\n\
+         i = request['iteration']\n\
+         state = {{'sum': (request['state'] or {{'sum': 0}})['sum'] + i}}\n\
+         if i + 1 < {BIG_STATE_ITERATIONS}:\n\
+         \x20   state['pad'] = base64.b64encode(os.urandom({BIG_STATE_BYTES})).decode()\n\
+         json.dump({{'state': state}}, sys.stdout)\n"
+    );
+    json!({
+        "id": id,
+        "phases": [{
+            "name": "grow",
+            "kind": "loop",
+            "run": ["python3", "-c", script],
+            "max_iterations": BIG_STATE_ITERATIONS,
+        }],
+        "retry": {"backoff": "200ms", "max_backoff": "500ms"},
+    })
+}
+
+/// On a disk with room for what the atomic replace needs and not for what a save through the
+/// commit log needs (its record, and the pre-image of the latest, besides the files), the
+/// default path still commits every checkpoint: a save that finds no room for the log commits
+/// by the atomic replace after checkpointing the log (which frees its space).
+#[test]
+fn a_checkpoint_that_fits_only_by_the_atomic_replace_is_still_committed() {
+    const TEST: &str = "a_checkpoint_that_fits_only_by_the_atomic_replace_is_still_committed";
+    if !require_root(TEST, "it mounts a tmpfs to fill it")
+        || require_tool(TEST, "mount", "mount").is_none()
+        || require_tool(TEST, "python3", "python3").is_none()
+    {
+        return;
+    }
+    let outside = tempfile::Builder::new()
+        .prefix("cairn-disk-full-aux-")
+        .tempdir()
+        .expect("creating a temp dir");
+    let stderr_path = outside.path().join("daemon.stderr");
+    let _show = ShowOnPanic(vec![stderr_path.clone()]);
+
+    let tmpfs = Tmpfs::mount(SMALL_TMPFS);
+    let queue = tmpfs.path().join("queue");
+    fs::create_dir_all(queue.join("inbox")).expect("creating the queue's inbox");
+    let id = "big-state";
+    let inbox_file = queue.join(format!("inbox/{id}.json"));
+    fs::write(
+        &inbox_file,
+        serde_json::to_vec(&big_state_task(id)).unwrap(),
+    )
+    .expect("writing the task");
+    let old = std::time::SystemTime::now() - Duration::from_secs(600);
+    fs::File::options()
+        .write(true)
+        .open(&inbox_file)
+        .and_then(|f| f.set_modified(old))
+        .expect("backdating the task file");
+
+    let mut daemon = Daemon::start(
+        &queue,
+        &[],
+        &["--exit-when-idle"],
+        stderr_path,
+        "the daemon".into(),
+    );
+    let latest = queue.join(format!("incremental/{id}.json.gz"));
+    let mut largest_checkpoint = 0;
+    let done = wait_for("the task is in done/", DEADLINE, || {
+        if let Ok(meta) = fs::metadata(&latest) {
+            largest_checkpoint = largest_checkpoint.max(meta.len());
+        }
+        let stderr = daemon.stderr();
+        let failed_attempts = stderr.matches("retrying in").count();
+        assert!(
+            failed_attempts < 4,
+            "the task keeps failing ({failed_attempts} attempts so far)"
+        );
+        assert!(!stderr.contains("panicked"), "the daemon panicked");
+        read_json_if_exists(&queue.join(format!("done/{id}.json")))
+    });
+    let status = daemon.wait_exit(DEADLINE);
+    assert_eq!(status.code(), Some(0), "the daemon exited with {status}");
+    let sum: u64 = (0..BIG_STATE_ITERATIONS).sum();
+    assert_eq!(done["result"], json!({"sum": sum}), "{done:#}");
+    assert_eq!(done["failed_attempts"], json!(0), "{done:#}");
+    // The case is the one meant: a save through the log needed more than the tmpfs holds.
+    assert!(
+        largest_checkpoint * 5 > SMALL_TMPFS_BYTES,
+        "the checkpoints ({largest_checkpoint} bytes) are too small to need the fallback"
+    );
+    assert!(list_dir(&queue.join("failed")).is_empty());
+    assert_eq!(
+        temp_files(&queue.join("incremental")),
+        Vec::<PathBuf>::new()
+    );
     drop(daemon);
 }

@@ -326,6 +326,33 @@ fn a_file_closed_between_two_writes_is_taken_once_complete() {
     assert_eq!(daemon.wait_exit(DEADLINE).code(), Some(0));
 }
 
+/// A task file whose modification time is ahead of the clock (the clock was stepped back
+/// after it was written) is taken once it has stayed unchanged for the settle time by the
+/// daemon's own clock, and `--exit-when-idle` then exits: it used to sit in the inbox until
+/// the clock caught up, the daemon waiting for it.
+#[test]
+fn a_task_file_modified_in_the_future_is_taken_and_the_daemon_goes_idle() {
+    let queue = TestQueue::new();
+    let path = queue.path("inbox/ahead.json");
+    fs::write(
+        &path,
+        serde_json::to_vec(&once_task("ahead", &json!({"from": "the future"}))).unwrap(),
+    )
+    .unwrap();
+    let tomorrow = std::time::SystemTime::now() + Duration::from_secs(24 * 3600);
+    fs::File::options()
+        .write(true)
+        .open(&path)
+        .and_then(|f| f.set_modified(tomorrow))
+        .expect("dating the task file tomorrow");
+    queue.run_until_idle(&[]);
+    assert_eq!(
+        queue.wait_done("ahead")["result"],
+        json!({"from": "the future"})
+    );
+    assert!(queue.list("inbox").is_empty(), "{:?}", queue.list("inbox"));
+}
+
 #[test]
 fn a_second_daemon_on_the_same_queue_exits_4_naming_the_owner() {
     let queue = TestQueue::new();

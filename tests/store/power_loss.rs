@@ -25,7 +25,8 @@ use std::sync::{Arc, Mutex};
 
 use crate::temp_files::temp_files;
 use cairn::store::{
-    CheckpointStore, FileOps, FileStorage, LoopCheckpointer, PowerLossFileOps, Storage, TempFile,
+    CheckpointStore, FaultMode, FaultyFileOps, FileOps, FileStorage, LoopCheckpointer,
+    PowerLossFileOps, Storage, TempFile,
 };
 use serde::{Deserialize, Serialize};
 
@@ -87,6 +88,9 @@ struct Checker {
     checked: AtomicU64,
     /// Every violation found: which step, and what was wrong.
     findings: Mutex<Vec<String>>,
+    /// Before the restart, open each crash image with a replay that fails at each of its
+    /// steps in turn (see [`Checker::failed_replays`]).
+    failing_replay: bool,
 }
 
 impl Checker {
@@ -97,6 +101,7 @@ impl Checker {
             attempted: AtomicU64::new(committed),
             checked: AtomicU64::new(0),
             findings: Mutex::default(),
+            failing_replay: false,
         }
     }
 
@@ -113,6 +118,40 @@ impl Checker {
             ));
         }
         fs::remove_dir_all(&image).unwrap();
+        if self.failing_replay {
+            self.failed_replays(model, &format!("step {n} ({step})"), committed, attempted);
+        }
+    }
+
+    /// For each step of opening the crash image of `model` in turn: a start whose replay of
+    /// the commit log fails at that step (an error such as a full disk or an EIO from
+    /// `syncfs`, after which the process goes on running), then a start on a healthy disk,
+    /// which must find every acknowledged checkpoint.
+    fn failed_replays(&self, model: &PowerLossFileOps, cut: &str, committed: u64, attempted: u64) {
+        for fault in 0.. {
+            let image = self.images.path().join(format!(
+                "{}-replay-{fault}",
+                self.checked.load(Ordering::SeqCst)
+            ));
+            model.crash_image(&image).unwrap();
+            let ops = Arc::new(FaultyFileOps::fail_at(fault, FaultMode::Error));
+            let opened = FileStorage::with_ops(&image, Arc::clone(&ops) as _)
+                .with_commit_log(CHECKPOINT_DIR);
+            let failed = opened.is_err();
+            // Closed as a start that gives up closes it.
+            drop(opened);
+            if let Err(why) = restart_on(&image, committed, attempted) {
+                self.findings.lock().unwrap().push(format!(
+                    "power cut after {cut}, the replay failing at its step {fault}, last \
+                     committed iteration {committed}: {why}"
+                ));
+            }
+            fs::remove_dir_all(&image).unwrap();
+            if !failed || ops.steps() <= fault {
+                // The open did not reach the fault: every step of it has been failed once.
+                break;
+            }
+        }
     }
 }
 
@@ -303,6 +342,12 @@ fn simulate(skip: Skip, before: u64) -> Run {
 
 /// [`simulate`], the writer committing as `commit` says.
 fn simulate_commit(skip: Skip, before: u64, commit: Commit) -> Run {
+    simulate_with(skip, before, commit, false)
+}
+
+/// [`simulate_commit`]; with `failing_replay`, each crash image is first opened by a start
+/// whose replay fails (see [`Checker::failed_replays`]).
+fn simulate_with(skip: Skip, before: u64, commit: Commit, failing_replay: bool) -> Run {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("queue");
     fs::create_dir(&root).unwrap();
@@ -315,7 +360,10 @@ fn simulate_commit(skip: Skip, before: u64, commit: Commit) -> Run {
     }
 
     let model = Arc::new(PowerLossFileOps::new(&root).unwrap());
-    let checker = Arc::new(Checker::new(before));
+    let checker = Arc::new(Checker {
+        failing_replay,
+        ..Checker::new(before)
+    });
     checker.power_cut(&model, "before the first save");
     let ops = Arc::new(CutAfterEveryStep {
         model: Arc::clone(&model),
@@ -416,6 +464,23 @@ fn a_power_cut_after_any_step_keeps_the_last_committed_checkpoint_through_the_lo
         );
         // Each save is at least create_temp, write_all, append_log, sync_log, rename.
         assert!(run.checked > SAVES * 5, "only {} power cuts", run.checked);
+    }
+}
+
+/// A start whose replay of the commit log fails (a full disk, an EIO from `syncfs`) keeps the
+/// log and fails; the next start, on a healthy disk, restores every acknowledged checkpoint
+/// from it. (The log used to be removed when the half-opened log was dropped.)
+#[test]
+fn a_failed_replay_keeps_the_log_for_the_next_start() {
+    for before in [0, 4] {
+        let run = simulate_with(Skip::Nothing, before, Commit::Log, true);
+        assert!(
+            run.findings.is_empty(),
+            "{} of {} power cuts lose work:\n{}",
+            run.findings.len(),
+            run.checked,
+            run.findings.join("\n")
+        );
     }
 }
 
@@ -575,16 +640,26 @@ fn a_directory_left_unsynced_by_a_killed_process_is_synced_before_it_is_trusted(
 }
 
 /// The writer of a process that is killed right before the fsync of the checkpoint directory
-/// (after its rename): that fsync fails without running, and so does every later call.
+/// (after its rename): that fsync fails without running, and so does every later call. With
+/// `once`, the process lives on: that one fsync fails (EIO), and later calls run.
 #[derive(Debug)]
 struct KilledBeforeDirSync {
     model: Arc<PowerLossFileOps>,
     killed: std::sync::atomic::AtomicBool,
+    once: bool,
 }
 
 impl KilledBeforeDirSync {
+    fn new(model: &Arc<PowerLossFileOps>, once: bool) -> Self {
+        Self {
+            model: Arc::clone(model),
+            killed: std::sync::atomic::AtomicBool::new(false),
+            once,
+        }
+    }
+
     fn alive(&self) -> io::Result<()> {
-        if self.killed.load(Ordering::SeqCst) {
+        if self.killed.load(Ordering::SeqCst) && !self.once {
             Err(io::Error::other("the process was killed"))
         } else {
             Ok(())
@@ -630,8 +705,10 @@ impl FileOps for KilledBeforeDirSync {
 
     fn sync_dir(&self, dir: &Path) -> io::Result<()> {
         self.alive()?;
-        if dir.ends_with(CHECKPOINT_DIR) {
-            self.killed.store(true, Ordering::SeqCst);
+        if dir.ends_with(CHECKPOINT_DIR) && !self.killed.swap(true, Ordering::SeqCst) {
+            return Err(io::Error::from_raw_os_error(5));
+        }
+        if dir.ends_with(CHECKPOINT_DIR) && !self.once {
             return self.alive();
         }
         self.model.sync_dir(dir)
@@ -685,10 +762,7 @@ fn a_restart_resumes_only_from_durable_checkpoints() {
     let model = Arc::new(PowerLossFileOps::new(&root).unwrap());
 
     // The process saving iteration 2 is killed before the directory fsync.
-    let dying = Arc::new(KilledBeforeDirSync {
-        model: Arc::clone(&model),
-        killed: std::sync::atomic::AtomicBool::new(false),
-    });
+    let dying = Arc::new(KilledBeforeDirSync::new(&model, false));
     let store = CheckpointStore::with_storage(Arc::new(FileStorage::with_ops(&root, dying)));
     let mut checkpointer = LoopCheckpointer::new(store, TASK, SCOPE);
     assert!(checkpointer.checkpoint(2, &state_after(2)).is_err());
@@ -707,4 +781,37 @@ fn a_restart_resumes_only_from_durable_checkpoints() {
     let into = image.path().join("image");
     model.crash_image(&into).unwrap();
     restart_on(&into, resumed, resumed).unwrap();
+}
+
+/// Finding: with the atomic replace, a directory fsync that fails after the rename (EIO) fails
+/// the save, but the checkpoint is in place, and the retry in the same process resumed from it
+/// although nothing had made it durable: a power cut then took it back. A directory whose
+/// fsync failed is now synced before it is read again, and reading it fails while that fails.
+#[test]
+fn a_retry_resumes_only_from_a_checkpoint_made_durable() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("queue");
+    fs::create_dir(&root).unwrap();
+    let mut first = LoopCheckpointer::new(CheckpointStore::open(&root).unwrap(), TASK, SCOPE);
+    assert!(first.checkpoint(1, &state_after(1)).unwrap());
+    drop(first);
+    let model = Arc::new(PowerLossFileOps::new(&root).unwrap());
+
+    // The save of iteration 2 fails at its directory fsync; the attempt ends there.
+    let failing = Arc::new(KilledBeforeDirSync::new(&model, true));
+    let store = CheckpointStore::with_storage(Arc::new(FileStorage::with_ops(&root, failing)));
+    let mut checkpointer = LoopCheckpointer::new(store.clone(), TASK, SCOPE);
+    let err = checkpointer.checkpoint(2, &state_after(2)).unwrap_err();
+    assert!(err.to_string().contains("Input/output error"), "{err}");
+    std::mem::forget(checkpointer); // the attempt's end is not what is tested here
+
+    // The retry, in the same process and through the same store.
+    let mut retry = LoopCheckpointer::new(store, TASK, SCOPE);
+    let (resumed, _) = retry.resume::<SumState>().unwrap().unwrap();
+
+    // Power cut before the retry saves again: what it resumed from must still be there.
+    let image = tempfile::tempdir().unwrap();
+    let into = image.path().join("image");
+    model.crash_image(&into).unwrap();
+    restart_on(&into, resumed, 2).unwrap();
 }

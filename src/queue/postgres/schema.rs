@@ -49,6 +49,13 @@ pub async fn migrate(client: &mut Client) -> Result<Migrated, PgError> {
     tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
         .await
         .during("taking the migration lock")?;
+    // `CREATE TABLE IF NOT EXISTS` of a table that exists makes the server send a NOTICE,
+    // which every start would log; nothing the migration says below a warning is news.
+    // (Looking for the table first is no help: daemons migrating at once may not see the
+    // table another one has just created until they try to create it.)
+    tx.batch_execute("SET LOCAL client_min_messages = warning")
+        .await
+        .during("quieting the migration")?;
     tx.batch_execute(
         "CREATE TABLE IF NOT EXISTS cairn_schema (
              version integer PRIMARY KEY,
