@@ -184,6 +184,8 @@ impl Scheduler {
         }
         let lost = phase.checkpoint_every();
         entry.lost_iterations = entry.lost_iterations.saturating_add(lost);
+        let in_phase = entry.lost_by_phase.entry(entry.phase_index).or_insert(0);
+        *in_phase = in_phase.saturating_add(lost);
         self.ctx.journal(
             &entry.task_id,
             Event::IterationsLost {

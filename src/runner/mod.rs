@@ -592,7 +592,8 @@ impl PhaseRun<'_> {
     }
 
     /// Add a reported cost of one iteration (summed exactly). Returns true when it is the
-    /// largest so far, the price of iterations lost to crashes: the caller makes that durable.
+    /// largest so far of the task or of its phase, the prices of iterations lost to crashes:
+    /// the caller makes that durable.
     fn add_cost(&self, amount: f64) -> bool {
         self.ctx.work.update(|w| {
             let Some(entry) = w.get_mut(self.task.id()) else {
@@ -603,7 +604,15 @@ impl PhaseRun<'_> {
             if largest {
                 entry.max_iteration_cost = Some(amount);
             }
-            largest
+            // The price of this phase's lost iterations.
+            let largest_of_phase = match entry.max_cost_by_phase.get(&entry.phase_index) {
+                Some(max) if *max >= amount => false,
+                _ => {
+                    entry.max_cost_by_phase.insert(entry.phase_index, amount);
+                    true
+                }
+            };
+            largest || largest_of_phase
         })
     }
 

@@ -189,10 +189,19 @@ pub struct ActiveTask {
     /// taken to have lost iterations, as it was.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub no_iteration_started: bool,
+    /// The lost iterations by the index of the phase they were lost in (their sum is at most
+    /// `lost_iterations`; an older cairn's entry has none): each is priced at its own phase's
+    /// largest iteration cost.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub lost_by_phase: BTreeMap<usize, u64>,
     /// The largest cost a single iteration (a loop reply, a worker's `cost` message) reported:
-    /// the price of each lost iteration.
+    /// the price of a lost iteration whose phase has reported none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_iteration_cost: Option<f64>,
+    /// The largest cost a single iteration of each phase (by index) reported: the price of the
+    /// iterations lost in that phase.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub max_cost_by_phase: BTreeMap<usize, f64>,
     /// A worker's own account of its progress.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub progress: Option<Progress>,
@@ -228,7 +237,9 @@ impl ActiveTask {
             cost: None,
             lost_iterations: 0,
             no_iteration_started: false,
+            lost_by_phase: BTreeMap::new(),
             max_iteration_cost: None,
+            max_cost_by_phase: BTreeMap::new(),
             progress: None,
             next_attempt_at: None,
             last_error: None,
@@ -263,15 +274,32 @@ impl ActiveTask {
         entry
     }
 
-    /// What the iterations lost to crashes are taken to have cost, at the largest cost an
-    /// iteration reported (`None` while nothing is lost, or no cost was reported yet: they are
-    /// priced once one is).
+    /// What the iterations lost to crashes are taken to have cost: each at the largest cost an
+    /// iteration of its own phase reported, or, while that phase has reported none (and for
+    /// the lost iterations of an older cairn's entry, whose phase is unknown), at the largest
+    /// any iteration of the task reported. `None` while nothing is lost, or no cost was
+    /// reported yet: they are priced once one is.
     pub fn lost_cost_estimate(&self) -> Option<f64> {
         if self.lost_iterations == 0 {
             return None;
         }
-        self.max_iteration_cost
-            .map(|each| crate::cost::times(self.lost_iterations, each))
+        let fallback = self.max_iteration_cost?;
+        let mut placed = 0u64;
+        let mut total = 0.0;
+        for (phase, lost) in &self.lost_by_phase {
+            let each = self
+                .max_cost_by_phase
+                .get(phase)
+                .copied()
+                .unwrap_or(fallback);
+            total = crate::cost::add(total, crate::cost::times(*lost, each));
+            placed = placed.saturating_add(*lost);
+        }
+        let unplaced = self.lost_iterations.saturating_sub(placed);
+        Some(crate::cost::add(
+            total,
+            crate::cost::times(unplaced, fallback),
+        ))
     }
 }
 
@@ -329,5 +357,28 @@ mod tests {
         let back: ActiveTask = serde_json::from_str(&text).unwrap();
         assert_eq!(back, entry);
         assert_eq!(back.lost_cost_estimate().unwrap().to_string(), "0.3");
+    }
+
+    /// Iterations lost in a phase are priced at that phase's largest iteration cost, not at the
+    /// task's (a worker billing 0.01 after a loop billing 0.05); a phase that reported nothing
+    /// yet, and lost iterations of unknown phase, at the task's.
+    #[test]
+    fn lost_iterations_are_priced_at_their_own_phases_cost() {
+        let mut entry: ActiveTask = serde_json::from_str(OLD_ENTRY).unwrap();
+        entry.max_iteration_cost = Some(0.05);
+        entry.max_cost_by_phase = [(0, 0.05), (1, 0.01)].into();
+        entry.lost_iterations = 3;
+        entry.lost_by_phase = [(1, 3)].into();
+        assert_eq!(entry.lost_cost_estimate().unwrap().to_string(), "0.03");
+        // One more in phase 2, which has reported no cost: the task's largest.
+        entry.lost_iterations = 4;
+        entry.lost_by_phase.insert(2, 1);
+        assert_eq!(entry.lost_cost_estimate().unwrap().to_string(), "0.08");
+        // Two from an older cairn, phase unknown: the task's largest too.
+        entry.lost_iterations = 6;
+        assert_eq!(entry.lost_cost_estimate().unwrap().to_string(), "0.18");
+        let text = serde_json::to_string(&entry).unwrap();
+        let back: ActiveTask = serde_json::from_str(&text).unwrap();
+        assert_eq!(back, entry);
     }
 }

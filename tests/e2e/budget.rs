@@ -588,3 +588,62 @@ fn a_workers_iterations_lost_to_sigkills_count_against_the_budget() {
         "{record:#}"
     );
 }
+
+/// Iterations lost in a phase are priced at that phase's own largest iteration cost: SIGKILLs
+/// during a worker billing 0.01 after a loop billing 0.05 add 0.01 each, not 0.05.
+#[test]
+fn iterations_lost_in_a_phase_are_priced_at_that_phases_cost() {
+    let queue = TestQueue::new();
+    let loop_side = queue.aux("two.loop.side");
+    let worker_side = queue.aux("two.worker.side");
+    let task = json!({
+        "id": "two",
+        "budget": {"max_cost": 10.0},
+        "retry": {"max_attempts": 10, "backoff": "100ms"},
+        "phases": [
+            {"name": "plan", "kind": "loop", "max_iterations": 2,
+             "run": ["python3", fixture("budget_loop.py"), loop_side, "--sleep", "0", "--cost", "0.05"]},
+            {"name": "work", "kind": "worker",
+             "run": ["python3", fixture("worker_by_hand.py"), &worker_side,
+                     "--iterations", "8", "--cost", "0.01", "--sleep", "1.0"]},
+        ],
+    });
+    queue.seed_task("two.json", &task);
+    let started = || -> Vec<u64> { logged_iterations(&side_lines(&worker_side), "start") };
+    let committed_in_worker = |queue: &TestQueue| -> u64 {
+        if !queue.path("incremental/two.json.gz").exists() {
+            return 0;
+        }
+        let checkpoint = queue.checkpoint("two");
+        if checkpoint.phase_index == 1 {
+            checkpoint.iteration_count
+        } else {
+            0
+        }
+    };
+    let mut kills = 0;
+    while kills < 2 {
+        let mut daemon = queue.start(&[]);
+        let before = committed_in_worker(&queue);
+        let settled = wait_for(
+            "a new worker checkpoint and the next iteration started",
+            DEADLINE,
+            || {
+                if queue.done("two").is_some() {
+                    return Some(false);
+                }
+                let count = committed_in_worker(&queue);
+                (count > before && started().last() == Some(&count)).then_some(true)
+            },
+        );
+        assert!(settled, "the worker finished before it was killed twice");
+        daemon.kill_hard();
+        kills += 1;
+    }
+    queue.run_until_idle(&[]);
+
+    let record = queue.done("two").expect("the task is done");
+    assert_eq!(record["lost_iterations"], 2, "{record:#}");
+    // Two lost worker iterations at 0.01, not at the loop's 0.05.
+    assert_eq!(record["lost_cost_estimate"], json!(0.02), "{record:#}");
+}
