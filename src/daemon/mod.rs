@@ -65,6 +65,10 @@ pub struct DaemonConfig {
     pub database: Option<DatabaseConfig>,
     /// Limits on each submitter's tasks (`crate::limits`); unlimited by default.
     pub submitter_limits: SubmitterLimits,
+    /// Variables of the daemon's environment its commands get besides the short list they
+    /// always get (`cairn run --pass-env`, `runner::daemon_env`); checked by the caller with
+    /// `runner::check_pass_names`.
+    pub pass_env: Vec<String>,
 }
 
 /// A queue in PostgreSQL shared by several daemons (`cairn run --db`, `docs/cluster.md`).
@@ -91,6 +95,7 @@ impl DaemonConfig {
             operators_group: None,
             database: None,
             submitter_limits: SubmitterLimits::default(),
+            pass_env: Vec::new(),
         }
     }
 }
@@ -196,7 +201,7 @@ pub async fn run_with_summary(
         trial_progress: tokio::sync::Notify::new(),
         confine: confine.clone(),
         lost_leases: Default::default(),
-        inherited_env: crate::runner::daemon_env(),
+        inherited_env: crate::runner::daemon_env(&config.pass_env),
     });
     let leases = ctx
         .queue

@@ -39,23 +39,12 @@ pub const KILL_AFTER: Duration = Duration::from_secs(5);
 /// Largest reply read from a command's stdout.
 pub const MAX_REPLY_BYTES: usize = 64 * 1024 * 1024;
 
-/// The environment variables of systemd's notification protocol, which the daemon speaks
-/// (`daemon::notify`) and commands must not inherit: a task must not be able to speak for the
-/// daemon.
-pub const NOTIFY_ENV: [&str; 3] = ["NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID"];
-
-/// The daemon's environment as its commands inherit it: without [`NOTIFY_ENV`], which a task's
-/// own variables cannot set either.
-pub fn daemon_env() -> InheritedEnv {
-    InheritedEnv::of_this_process(&NOTIFY_ENV)
-}
-
 /// One command run.
 #[derive(Debug)]
 pub struct CommandRun {
     pub argv: Vec<String>,
     pub cwd: PathBuf,
-    /// The task's variables, over the daemon's environment.
+    /// The task's variables, over what it gets from the daemon's environment.
     pub env: Vec<(String, String)>,
     pub inherited_env: InheritedEnv,
     pub stdin: Vec<u8>,

@@ -57,10 +57,11 @@ pub enum StdoutTo {
     Log,
 }
 
-/// The daemon's own environment as commands inherit it, prepared once as the `NAME=value`
-/// strings `execve` takes: reading and converting the whole environment for every command was
-/// about a quarter of a spawn's time on the async thread. Taken when the daemon starts (a
-/// process that runs threads cannot change its environment safely anyway).
+/// What a command gets from the daemon's environment (`environment::daemon_env` chooses it),
+/// prepared once as the `NAME=value` strings `execve` takes: reading and converting the
+/// environment for every command was about a quarter of a spawn's time on the async thread.
+/// Taken when the daemon starts (a process that runs threads cannot change its environment
+/// safely anyway).
 #[derive(Debug, Clone)]
 pub struct InheritedEnv(std::sync::Arc<InheritedVars>);
 
@@ -73,10 +74,14 @@ struct InheritedVars {
 }
 
 impl InheritedEnv {
-    /// This process's environment now, without the `withheld` names. A variable whose name or
-    /// value holds a NUL byte cannot exist in an environment, so none is skipped.
-    pub fn of_this_process(withheld: &'static [&'static str]) -> InheritedEnv {
-        let mut vars: Vec<(OsString, CString)> = std::env::vars_os()
+    /// These variables (the last of a name wins), without the `withheld` names. A variable
+    /// whose name or value holds a NUL byte cannot exist in an environment, so none is skipped.
+    pub fn from_vars(
+        vars: impl IntoIterator<Item = (OsString, OsString)>,
+        withheld: &'static [&'static str],
+    ) -> InheritedEnv {
+        let mut vars: Vec<(OsString, CString)> = vars
+            .into_iter()
             .filter(|(name, _)| !withheld.iter().any(|w| OsStr::new(w) == name))
             .filter_map(|(name, value)| {
                 let mut pair = name.clone().into_vec();
@@ -85,13 +90,16 @@ impl InheritedEnv {
                 CString::new(pair).ok().map(|pair| (name, pair))
             })
             .collect();
+        // Stable: of equal names the last given stays last, and `dedup_by` keeps the first
+        // of a run, so reverse first.
+        vars.reverse();
         vars.sort_by(|a, b| a.0.cmp(&b.0));
         vars.dedup_by(|a, b| a.0 == b.0);
         InheritedEnv(std::sync::Arc::new(InheritedVars { vars, withheld }))
     }
 
     /// The value of `name` as inherited.
-    fn get(&self, name: &str) -> Option<&[u8]> {
+    pub fn get(&self, name: &str) -> Option<&[u8]> {
         let vars = &self.0.vars;
         let found = vars.binary_search_by(|(n, _)| n.as_os_str().cmp(OsStr::new(name)));
         found.ok().map(|i| &vars[i].1.as_bytes()[name.len() + 1..])
@@ -796,7 +804,7 @@ mod tests {
     use super::*;
 
     static INHERITED: std::sync::LazyLock<InheritedEnv> =
-        std::sync::LazyLock::new(|| InheritedEnv::of_this_process(&[]));
+        std::sync::LazyLock::new(|| InheritedEnv::from_vars(std::env::vars_os(), &[]));
 
     fn spec<'a>(argv: &'a [String], stdin: StdinFrom, stdout: StdoutTo) -> ProcessSpec<'a> {
         ProcessSpec {
@@ -851,7 +859,7 @@ mod tests {
     #[tokio::test]
     async fn a_command_inherits_the_environment_under_its_tasks_variables_without_the_withheld() {
         use tokio::io::AsyncReadExt;
-        let inherited = InheritedEnv::of_this_process(&["HOME"]);
+        let inherited = InheritedEnv::from_vars(std::env::vars_os(), &["HOME"]);
         let task_path = "/nonexistent-cairn-dir:/usr/bin:/bin".to_string();
         let task = [
             ("CAIRN_TEST_VAR".to_string(), "first".to_string()),

@@ -46,6 +46,7 @@ mod stop_resume;
 mod strace;
 mod submitter_limits;
 mod systemd_units;
+mod task_environment;
 mod torture_quick;
 mod worker;
 mod worker_ack;
