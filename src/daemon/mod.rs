@@ -183,6 +183,10 @@ pub async fn run_with_summary(
     if flavor != tokio::runtime::RuntimeFlavor::CurrentThread {
         return Err(DaemonError::Runtime(flavor));
     }
+    // Commands run as their submitters start through this program's trampoline.
+    if config.run_as_submitter {
+        crate::runner::trampoline::check_available().map_err(DaemonError::Setup)?;
+    }
     // Owned (its lock held) for as long as the queue lives.
     let queue = open_queue(&config).await?;
     let admission = admit_by_limits(&queue, &config).await?;

@@ -154,14 +154,37 @@ impl std::fmt::Display for StartFailure {
 
 impl std::error::Error for StartFailure {}
 
-/// The system's error number behind `error`, also through a [`StartFailure`].
+/// The system's error number behind `error`, also through a [`StartFailure`] or a failure
+/// the trampoline reported.
 fn errno_of(error: &io::Error) -> Option<i32> {
-    error.raw_os_error().or_else(|| {
+    error
+        .raw_os_error()
+        .or_else(|| {
+            error
+                .get_ref()
+                .and_then(|inner| inner.downcast_ref::<StartFailure>())
+                .and_then(|failure| failure.errno)
+        })
+        .or_else(|| spawn::late_start_failure(error))
+}
+
+/// An error of waiting for a command: when its trampoline reported that it never started,
+/// the failed start it is (named as [`spawn_in_group`] names one), else the wait's own.
+pub fn wait_error(program: &str, cwd: &std::path::Path, error: io::Error) -> io::Error {
+    if spawn::late_start_failure(&error).is_some() {
+        spawn_error(program, cwd, error)
+    } else {
         error
-            .get_ref()
-            .and_then(|inner| inner.downcast_ref::<StartFailure>())
-            .and_then(|failure| failure.errno)
-    })
+    }
+}
+
+/// A failed start as a [`RunError`]: a passing shortage, or the command's fault.
+fn start_failure(e: io::Error) -> RunError {
+    if is_resource_exhaustion(&e) {
+        RunError::Exhausted(e)
+    } else {
+        RunError::Command(e)
+    }
 }
 
 /// Open a command's log for appending and write its header line.
@@ -255,13 +278,7 @@ pub async fn run_command(
         StdoutTo::Pipe,
         &run.confinement,
     )
-    .map_err(|e| {
-        if is_resource_exhaustion(&e) {
-            RunError::Exhausted(e)
-        } else {
-            RunError::Command(e)
-        }
-    })?;
+    .map_err(start_failure)?;
     let group = group_of(&child);
     let mut stdin = child.stdin.take();
     let mut stdout = child.stdout.take();
@@ -281,6 +298,15 @@ pub async fn run_command(
         }
     };
     let end = settle(replied, &mut child, group, shutdown, cancel).await;
+    // A trampoline that failed a step exited with its report: a failed start, not a failed
+    // command.
+    let program = run.argv.first().map_or("", String::as_str);
+    let end = end.map_err(|e| match e {
+        RunError::Command(e) if spawn::late_start_failure(&e).is_some() => {
+            start_failure(wait_error(program, &run.cwd, e))
+        }
+        other => other,
+    });
     // The pipes stay open until the command has exited, as while it was stopped.
     drop((stdin, stdout));
     end

@@ -16,6 +16,7 @@ mod once;
 mod orphans;
 mod spawn;
 mod task_processes;
+pub mod trampoline;
 mod work_state;
 mod worker;
 mod worker_supervision;

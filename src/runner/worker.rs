@@ -103,6 +103,14 @@ pub(super) async fn run(run: &PhaseRun<'_>) -> Result<PhaseEnd, PhaseError> {
     // Leftover group members (helpers the worker started) go with it.
     kill_group(launched.group, Signal::SIGKILL);
     let status = status.map_err(|e| {
+        if super::spawn::late_start_failure(&e).is_some() {
+            let e = super::child::wait_error(
+                run.phase.run.first().map_or("", String::as_str),
+                &run.cwd(),
+                e,
+            );
+            return super::spawn_failure(&describe(run), e);
+        }
         PhaseError::Command(format!("{}: waiting for the worker: {e}", describe(run)))
     })?;
     for message in launched.channel.drain().await {

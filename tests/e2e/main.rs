@@ -25,6 +25,7 @@ mod daemon_faults;
 mod disk_full;
 mod examples;
 mod failures;
+mod frozen_start;
 mod intake;
 mod items;
 mod numbers;

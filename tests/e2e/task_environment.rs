@@ -233,3 +233,49 @@ mod shared_queue {
         }
     }
 }
+
+/// A daemon started with descriptors open without close-on-exec (7 and 9 here, on a file
+/// only its user may read) passes none of them to a command.
+#[test]
+fn an_inherited_descriptor_reaches_no_command() {
+    let queue = TestQueue::new();
+    let secret = queue.aux("secret");
+    std::fs::write(&secret, "only the daemon's user may read this").unwrap();
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let side = queue.aux("fds.side");
+    // The command lists its own descriptors, as the kernel has them, before doing anything.
+    queue.seed_task(
+        "fds.json",
+        &json!({
+            "id": "fds",
+            "phases": [{"name": "fds", "run": [
+                "sh", "-c", "ls -l /proc/$$/fd > \"$0\"; echo '{}'", side,
+            ]}],
+        }),
+    );
+    let redirect = format!("exec \"$0\" \"$@\" 7<'{0}' 9<'{0}'", secret.display());
+    let mut daemon = queue.start_wrapped(&["sh", "-c", &redirect], &["--exit-when-idle"]);
+    assert_eq!(
+        daemon.wait_exit(DEADLINE).code(),
+        Some(0),
+        "{}",
+        daemon.stderr()
+    );
+    queue.wait_done("fds");
+    let listing = std::fs::read_to_string(&side).unwrap();
+    assert!(
+        !listing.contains(secret.to_str().unwrap()),
+        "the command got the daemon's inherited descriptor: {listing}"
+    );
+    // (The shell keeps a copy of its stdout above 9 while it redirects it: its own.)
+    let fds: Vec<&str> = listing
+        .lines()
+        .filter_map(|line| line.split(" -> ").next()?.split_whitespace().last())
+        .collect();
+    for inherited in ["7", "9"] {
+        assert!(!fds.contains(&inherited), "{listing}");
+    }
+    for stdio in ["0", "1", "2"] {
+        assert!(fds.contains(&stdio), "{listing}");
+    }
+}
