@@ -124,16 +124,25 @@ impl Admission {
                 ));
             }
         }
-        if let Some(max) = self.limits.max_queued {
-            let key = SubmitterKey::of_task(task);
-            let queued = self.queued().count.get(&key).copied().unwrap_or(0);
-            if queued >= max {
-                return Err(TaskError::whole_file(format!(
-                    "its submitter, {key}, already has {queued} unfinished task(s) in this \
-                     queue, the most one submitter may have (cairn run \
-                     --max-queued-per-submitter {max}); drop it again once one has finished"
-                )));
-            }
+        self.check_queued(task).map_err(|full| {
+            TaskError::whole_file(format!("{full}; drop it again once one has finished"))
+        })
+    }
+
+    /// Why `task` may not become unfinished again (a `cairn retry` of it), if it may not: its
+    /// submitter has as many unfinished tasks as `--max-queued-per-submitter` allows. A retry
+    /// brings a finished task back into the queue as surely as a new file does.
+    pub fn check_queued(&self, task: &Task) -> Result<(), String> {
+        let Some(max) = self.limits.max_queued else {
+            return Ok(());
+        };
+        let key = SubmitterKey::of_task(task);
+        let queued = self.queued().count.get(&key).copied().unwrap_or(0);
+        if queued >= max {
+            return Err(format!(
+                "its submitter, {key}, already has {queued} unfinished task(s) in this queue, \
+                 the most one submitter may have (cairn run --max-queued-per-submitter {max})"
+            ));
         }
         Ok(())
     }

@@ -243,6 +243,12 @@ impl Scheduler {
             Ok(task) => Arc::new(task),
             Err(e) => return self.refuse(id, retry, &e.to_string()),
         };
+        // Counted like a new file of its submitter's: a retry must not take them past
+        // --max-queued-per-submitter.
+        if let Err(full) = self.tasks.check_queued(&task) {
+            let why = format!("{full}; retry it once one of theirs has finished");
+            return self.refuse(id, retry, &why);
+        }
         let entry = ActiveTask::for_retry(&record, task.phases.len());
         self.ctx.work.update(|w| w.upsert(entry));
         if let Err(e) = self.ctx.work.persist().await {
