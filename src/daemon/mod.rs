@@ -22,6 +22,7 @@ mod notify;
 mod pending;
 mod records;
 mod recovery;
+mod refusals;
 mod schedule;
 mod shared_queue;
 mod start_order;
@@ -390,6 +391,10 @@ pub(crate) struct Scheduler {
     /// The file name of the control request being applied, for the `control_refused` event
     /// that tells its requester (see `control.rs`).
     applying_request: Option<String>,
+    /// The owner of the request being applied (who asks), for the bounds on refusals.
+    applying_uid: Option<u32>,
+    /// Refused requests per task and requester, journaled and logged within bounds.
+    refusals: refusals::RefusalLimiter,
     /// Whether the request being applied was refused (its event is then flushed before the
     /// request is removed, so that `cairn` sees the refusal once its request is gone).
     request_refused: bool,
@@ -443,6 +448,8 @@ impl Scheduler {
             claimed_leases: HashMap::new(),
             steering,
             applying_request: None,
+            applying_uid: None,
+            refusals: Default::default(),
             request_refused: false,
         }
     }

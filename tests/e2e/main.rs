@@ -26,6 +26,7 @@ mod disk_full;
 mod examples;
 mod failures;
 mod frozen_start;
+mod hostile_names;
 mod intake;
 mod items;
 mod numbers;
