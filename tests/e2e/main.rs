@@ -28,6 +28,7 @@ mod failures;
 mod frozen_start;
 mod hostile_names;
 mod intake;
+mod intake_fairness;
 mod items;
 mod numbers;
 mod operator;
