@@ -84,6 +84,12 @@ pub struct RunArgs {
     #[arg(long, value_name = "PATH")]
     db_url_file: Option<std::path::PathBuf>,
 
+    /// The most a phase's log (its commands' stderr, runs/<id>/<n>-<phase>.log) keeps: past
+    /// it, the log keeps its first and last halves with a note of what was cut between them
+    /// (bytes, or with a suffix: 64MiB, 1GiB; 0 = unbounded).
+    #[arg(long, default_value = "64MiB", value_parser = parse_bytes, value_name = "BYTES")]
+    max_log_bytes: u64,
+
     /// A variable of the daemon's environment that tasks' commands get too (repeatable, or a
     /// comma-separated list in CAIRN_PASS_ENV). Commands always get PATH, LANG, LANGUAGE,
     /// LC_*, TZ and the HOME, USER, LOGNAME and SHELL of the user they run as, besides their
@@ -112,6 +118,33 @@ impl RunArgs {
     pub(super) fn read_db_url_file(&mut self) -> CliResult {
         super::source::read_db_url_file(&mut self.db, self.db_url_file.as_deref())
     }
+}
+
+/// A size in bytes: a number, optionally with KiB, MiB or GiB.
+fn parse_bytes(text: &str) -> Result<u64, String> {
+    let (digits, unit) = match text.find(|c: char| !c.is_ascii_digit()) {
+        Some(i) => text.split_at(i),
+        None => (text, ""),
+    };
+    let number: u64 = digits.parse().map_err(|_| {
+        format!("{text:?} is not a size (a number of bytes, or with KiB, MiB, GiB)")
+    })?;
+    let scale: u64 = match unit.trim() {
+        "" | "B" => 1,
+        "KiB" | "K" => 1 << 10,
+        "MiB" | "M" => 1 << 20,
+        "GiB" | "G" => 1 << 30,
+        other => return Err(format!("{other:?} is not a unit (KiB, MiB or GiB)")),
+    };
+    let bytes = number
+        .checked_mul(scale)
+        .ok_or_else(|| format!("{text} is too large"))?;
+    if bytes > 0 && bytes < 64 << 10 {
+        return Err(format!(
+            "{text} is too small: a log keeps at least 64KiB (0: unbounded)"
+        ));
+    }
+    Ok(bytes)
 }
 
 fn saturating_usize(n: u64) -> usize {
@@ -210,6 +243,7 @@ pub fn run(queue: &Path, args: RunArgs) -> CliResult<u8> {
         .map_err(|e| CliError::usage(format_args!("--pass-env: {e}")))?;
     let mut config = DaemonConfig::new(queue);
     config.pass_env = args.pass_env;
+    config.max_log_bytes = (args.max_log_bytes > 0).then_some(args.max_log_bytes);
     config.run_as_submitter = args.run_as_submitter;
     config.operators_group = operators_group;
     config.exit_when_idle = args.exit_when_idle;

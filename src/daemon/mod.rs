@@ -70,6 +70,9 @@ pub struct DaemonConfig {
     /// always get (`cairn run --pass-env`, `runner::daemon_env`); checked by the caller with
     /// `runner::check_pass_names`.
     pub pass_env: Vec<String>,
+    /// The bound on each phase's log, kept as its head and tail (`runner::log_cap`;
+    /// `cairn run --max-log-bytes`); `None`: unbounded.
+    pub max_log_bytes: Option<u64>,
 }
 
 /// A queue in PostgreSQL shared by several daemons (`cairn run --db`, `docs/cluster.md`).
@@ -97,6 +100,7 @@ impl DaemonConfig {
             database: None,
             submitter_limits: SubmitterLimits::default(),
             pass_env: Vec::new(),
+            max_log_bytes: Some(crate::runner::log_cap::DEFAULT_MAX_LOG_BYTES),
         }
     }
 }
@@ -207,6 +211,7 @@ pub async fn run_with_summary(
         confine: confine.clone(),
         lost_leases: Default::default(),
         inherited_env: crate::runner::daemon_env(&config.pass_env),
+        max_log_bytes: config.max_log_bytes,
     });
     let leases = ctx
         .queue

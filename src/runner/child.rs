@@ -51,6 +51,8 @@ pub struct CommandRun {
     /// stderr is appended here, after `log_header`.
     pub log: PathBuf,
     pub log_header: String,
+    /// The bound on the log (`log_cap`); `None`: unbounded.
+    pub max_log_bytes: Option<u64>,
     pub timeout: Option<Duration>,
     pub confinement: Confinement,
 }
@@ -266,6 +268,11 @@ pub async fn run_command(
     let log = open_log_from_async(&run.log, &run.log_header)
         .await
         .map_err(RunError::Log)?;
+    // Kept to read the log's size at the end; the command gets its own.
+    let log_probe = run.max_log_bytes.and_then(|_| log.try_clone().ok());
+    let watch = run
+        .max_log_bytes
+        .map(|max| super::log_cap::Watch::start(&run.log, max));
     let mut child = spawn_in_group(
         &run.argv,
         &run.cwd,
@@ -298,6 +305,9 @@ pub async fn run_command(
         }
     };
     let end = settle(replied, &mut child, group, shutdown, cancel).await;
+    if let Some(watch) = watch {
+        watch.finish(log_probe.as_ref()).await;
+    }
     // A trampoline that failed a step exited with its report: a failed start, not a failed
     // command.
     let program = run.argv.first().map_or("", String::as_str);

@@ -11,6 +11,7 @@ mod environment;
 pub mod fd_limit;
 pub mod identity;
 mod items;
+pub mod log_cap;
 mod loop_phase;
 mod once;
 mod orphans;
@@ -80,6 +81,8 @@ pub struct RunContext {
     /// What every command gets from the daemon's environment, under its task's variables
     /// (`environment`: a short list, not the daemon's whole environment).
     pub inherited_env: InheritedEnv,
+    /// The bound on each phase's log (`log_cap`); `None`: unbounded.
+    pub max_log_bytes: Option<u64>,
 }
 
 impl RunContext {
@@ -503,6 +506,7 @@ impl PhaseRun<'_> {
             stdin,
             log: log.clone(),
             log_header: header,
+            max_log_bytes: self.ctx.max_log_bytes,
             timeout: self.phase.timeout,
             confinement: self.confinement.spawn.clone(),
         };

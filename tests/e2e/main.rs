@@ -30,6 +30,7 @@ mod hostile_names;
 mod intake;
 mod intake_fairness;
 mod items;
+mod log_bound;
 mod numbers;
 mod operator;
 #[cfg(feature = "postgres")]
