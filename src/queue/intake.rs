@@ -81,6 +81,9 @@ pub struct IntakeReport {
     pub rejected: Vec<Rejection>,
     /// Files left in the inbox for now because they may still be being written.
     pub deferred: usize,
+    /// Files left in the inbox because their submitter's recent files were rejected up to
+    /// the limit (`Admission::may_take_from`); a later scan takes them.
+    pub held: usize,
     /// The scan stopped at its batch limit with files left to take: scan again.
     pub more: bool,
     /// A problem of the queue itself (the inbox unreadable, a full disk) stopped the scan; the
@@ -251,6 +254,13 @@ impl Intake {
             if self.stuck.get(&name) == Some(&(meta.dev(), meta.ino())) {
                 continue;
             }
+            let owner = SubmitterKey::Uid(meta.uid());
+            if let Some(admission) = &self.admission {
+                if !admission.may_take_from(owner, std::time::Instant::now()) {
+                    report.held += 1;
+                    continue;
+                }
+            }
             if self.still_being_written(name.to_str(), &meta, &path, now) {
                 report.deferred += 1;
                 continue;
@@ -260,7 +270,12 @@ impl Intake {
             }
             taken += 1;
             match self.take(&name, &path, &meta) {
-                Ok(Some(outcome)) => self.record(outcome, &mut report),
+                Ok(Some(outcome)) => {
+                    if let (Outcome::Rejected(_), Some(admission)) = (&outcome, &self.admission) {
+                        admission.note_rejected(owner);
+                    }
+                    self.record(outcome, &mut report)
+                }
                 Ok(None) => {}
                 Err(e) => {
                     report.error = Some(e);

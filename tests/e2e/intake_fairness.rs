@@ -51,3 +51,33 @@ fn a_flood_of_bad_files_from_one_submitter_does_not_hold_back_anothers_task() {
     daemon.signal(SIGTERM);
     daemon.wait_exit(DEADLINE);
 }
+
+/// Rejected files count against their submitter: with `--max-queued-per-submitter 5`, once 5
+/// of one submitter's files were rejected, the rest of theirs wait in the inbox unread (no
+/// record, no copy) while another submitter's tasks are taken.
+#[test]
+fn rejected_files_count_against_the_submitter_who_dropped_them() {
+    let test = "rejected_files_count_against_the_submitter_who_dropped_them";
+    if !require_root(test, "it gives the flood's files to another user") {
+        return;
+    }
+    let queue = TestQueue::new();
+    for i in 0..20 {
+        queue.drop_bytes_owned_by(&format!("a-{i:05}.json"), b"not json", true, Some(FLOODER));
+    }
+    queue.seed_task("z-first.json", &once_task("first", &serde_json::json!(1)));
+    let mut daemon = queue.start(&["--max-queued-per-submitter", "5"]);
+    queue.wait_done("first");
+    // A file dropped later is taken by a later scan, which passes the held files again.
+    queue.drop_task("z-second.json", &once_task("second", &serde_json::json!(2)));
+    queue.wait_done("second");
+    let rejected = queue.rejections().len();
+    assert_eq!(rejected, 5, "{:?}", queue.rejections().keys());
+    let waiting = list_dir(&queue.path("inbox"))
+        .into_iter()
+        .filter(|n| n.starts_with("a-"))
+        .count();
+    assert_eq!(waiting, 15);
+    daemon.signal(SIGTERM);
+    daemon.wait_exit(DEADLINE);
+}
