@@ -57,6 +57,9 @@ pub struct DaemonConfig {
     pub storage: Option<Arc<dyn Storage>>,
     /// Run each task's commands as its submitter (`--run-as-submitter`). The caller checks
     /// first that the process may switch users (`runner::identity::check_capabilities`).
+    /// Such commands start through this program's own binary as a trampoline: a program that
+    /// embeds the library calls `cairn::runner::trampoline::main_if_asked()` first in `main`
+    /// (the daemon refuses to start otherwise, `runner::trampoline::check_available`).
     pub run_as_submitter: bool,
     /// With `run_as_submitter`: the group whose members may steer every task, besides each
     /// task's submitter, the daemon's user and root (`--operators-group`).
