@@ -69,14 +69,19 @@ fn named(error: io::Error, doing: &str, path: &Path) -> io::Error {
     io::Error::new(error.kind(), format!("{doing} {}: {error}", path.display()))
 }
 
-/// `CAIRN_CLIENTS` and `PYTHONPATH` for a command: the task's own `PYTHONPATH` (else the
-/// daemon's) keeps its entries first, so a task's copy of a helper wins over the built-in one.
-pub fn command_env(clients: &Path, task_env: &BTreeMap<String, String>) -> [(String, String); 2] {
+/// `CAIRN_CLIENTS` and `PYTHONPATH` for a command: the task's own `PYTHONPATH` (else the one
+/// the daemon passes to commands, `passed`, when its operator listed it) keeps its entries
+/// first, so a task's copy of a helper wins over the built-in one.
+pub fn command_env(
+    clients: &Path,
+    task_env: &BTreeMap<String, String>,
+    passed: Option<&str>,
+) -> [(String, String); 2] {
     let python = clients.join("python").display().to_string();
     let inherited = task_env
         .get("PYTHONPATH")
         .cloned()
-        .or_else(|| std::env::var("PYTHONPATH").ok())
+        .or_else(|| passed.map(str::to_string))
         .filter(|path| !path.is_empty());
     let python_path = match inherited {
         Some(path) => format!("{path}:{python}"),
@@ -119,11 +124,15 @@ mod tests {
         let clients = Path::new("/q/clients");
         let mut env = BTreeMap::new();
         env.insert("PYTHONPATH".to_string(), "/mine".to_string());
-        let [(name, dir), (_, python_path)] = command_env(clients, &env);
+        let [(name, dir), (_, python_path)] = command_env(clients, &env, Some("/daemon's"));
         assert_eq!(
             (name.as_str(), dir.as_str()),
             ("CAIRN_CLIENTS", "/q/clients")
         );
         assert_eq!(python_path, "/mine:/q/clients/python");
+        let [_, (_, python_path)] = command_env(clients, &BTreeMap::new(), Some("/passed"));
+        assert_eq!(python_path, "/passed:/q/clients/python");
+        let [_, (_, python_path)] = command_env(clients, &BTreeMap::new(), None);
+        assert_eq!(python_path, "/q/clients/python");
     }
 }

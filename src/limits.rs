@@ -85,7 +85,12 @@ impl fmt::Display for SubmitterKey {
 pub struct Admission {
     limits: SubmitterLimits,
     queued: Mutex<Queued>,
+    /// When each submitter's recent files were rejected (the last [`REJECTIONS_REMEMBERED`]).
+    rejected: Mutex<HashMap<SubmitterKey, std::collections::VecDeque<std::time::Instant>>>,
 }
+
+/// How long a rejected file counts against its submitter (see [`Admission::may_take_from`]).
+pub const REJECTIONS_REMEMBERED: std::time::Duration = std::time::Duration::from_secs(300);
 
 #[derive(Debug, Default)]
 struct Queued {
@@ -98,6 +103,7 @@ impl Admission {
         Admission {
             limits,
             queued: Mutex::default(),
+            rejected: Mutex::default(),
         }
     }
 
@@ -124,16 +130,25 @@ impl Admission {
                 ));
             }
         }
-        if let Some(max) = self.limits.max_queued {
-            let key = SubmitterKey::of_task(task);
-            let queued = self.queued().count.get(&key).copied().unwrap_or(0);
-            if queued >= max {
-                return Err(TaskError::whole_file(format!(
-                    "its submitter, {key}, already has {queued} unfinished task(s) in this \
-                     queue, the most one submitter may have (cairn run \
-                     --max-queued-per-submitter {max}); drop it again once one has finished"
-                )));
-            }
+        self.check_queued(task).map_err(|full| {
+            TaskError::whole_file(format!("{full}; drop it again once one has finished"))
+        })
+    }
+
+    /// Why `task` may not become unfinished again (a `cairn retry` of it), if it may not: its
+    /// submitter has as many unfinished tasks as `--max-queued-per-submitter` allows. A retry
+    /// brings a finished task back into the queue as surely as a new file does.
+    pub fn check_queued(&self, task: &Task) -> Result<(), String> {
+        let Some(max) = self.limits.max_queued else {
+            return Ok(());
+        };
+        let key = SubmitterKey::of_task(task);
+        let queued = self.queued().count.get(&key).copied().unwrap_or(0);
+        if queued >= max {
+            return Err(format!(
+                "its submitter, {key}, already has {queued} unfinished task(s) in this queue, \
+                 the most one submitter may have (cairn run --max-queued-per-submitter {max})"
+            ));
         }
         Ok(())
     }
@@ -156,6 +171,44 @@ impl Admission {
         if let Some(old) = queued.of.remove(id) {
             Queued::decrement(&mut queued.count, old);
         }
+    }
+
+    /// Count a file of `key`'s that intake rejected.
+    pub fn note_rejected(&self, key: SubmitterKey) {
+        if self.limits.max_queued.is_none() {
+            return;
+        }
+        let mut rejected = self.rejected.lock().unwrap_or_else(|p| p.into_inner());
+        rejected
+            .entry(key)
+            .or_default()
+            .push_back(std::time::Instant::now());
+    }
+
+    /// Whether intake may read another file of `key`'s now. A rejected file costs the queue a
+    /// record and a copy of its bytes, so rejections count against the submitter too: with
+    /// `--max-queued-per-submitter N`, one whose last N files within [`REJECTIONS_REMEMBERED`]
+    /// were rejected has their further files wait in the inbox, unread, until the oldest of
+    /// those rejections is that old.
+    pub fn may_take_from(&self, key: SubmitterKey, now: std::time::Instant) -> bool {
+        let Some(max) = self.limits.max_queued else {
+            return true;
+        };
+        let mut rejected = self.rejected.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(times) = rejected.get_mut(&key) else {
+            return true;
+        };
+        while times
+            .front()
+            .is_some_and(|t| now.duration_since(*t) >= REJECTIONS_REMEMBERED)
+        {
+            times.pop_front();
+        }
+        if times.is_empty() {
+            rejected.remove(&key);
+            return true;
+        }
+        times.len() < max
     }
 
     /// Unfinished tasks counted against `key`.
@@ -259,5 +312,30 @@ mod tests {
             ..Default::default()
         }
         .may_run(1));
+    }
+
+    #[test]
+    fn rejected_files_count_against_their_submitter_for_a_while() {
+        let gate = Admission::new(SubmitterLimits {
+            max_queued: Some(2),
+            max_running: None,
+            max_priority: None,
+        });
+        let (a, b) = (SubmitterKey::Uid(1001), SubmitterKey::Uid(1002));
+        let now = std::time::Instant::now();
+        assert!(gate.may_take_from(a, now));
+        gate.note_rejected(a);
+        assert!(gate.may_take_from(a, now));
+        gate.note_rejected(a);
+        assert!(!gate.may_take_from(a, std::time::Instant::now()));
+        assert!(gate.may_take_from(b, now), "another submitter is not held");
+        let later = std::time::Instant::now() + super::REJECTIONS_REMEMBERED;
+        assert!(gate.may_take_from(a, later), "the rejections are forgotten");
+        // Without a queued limit nothing is held.
+        let open = Admission::new(SubmitterLimits::default());
+        for _ in 0..10 {
+            open.note_rejected(a);
+        }
+        assert!(open.may_take_from(a, std::time::Instant::now()));
     }
 }

@@ -131,7 +131,7 @@ async fn measure(path: SpawnPath, args: &SpawnArgs) -> anyhow::Result<SpawnResul
 
 /// The bench's environment, prepared once as the daemon prepares its own.
 static INHERITED_ENV: std::sync::LazyLock<InheritedEnv> =
-    std::sync::LazyLock::new(crate::runner::daemon_env);
+    std::sync::LazyLock::new(|| crate::runner::daemon_env(&[]));
 
 fn spawn(path: SpawnPath, argv: &[&str]) -> anyhow::Result<Started> {
     let argv: Vec<String> = argv.iter().map(|a| a.to_string()).collect();

@@ -77,6 +77,8 @@ pub fn run(queue: &Path, action: Action, args: ControlArgs) -> CliResult {
         }
     }
     let request = ControlRequest::new(action, &id);
+    // A second back: the journal's clock is the daemon's, which reads the same clock later.
+    let written_at = chrono::Utc::now() - chrono::Duration::seconds(1);
     let key = control::submit(&storage, &request).map_err(|e| {
         CliError::failure(format_args!(
             "writing the request into {}: {e}",
@@ -101,7 +103,8 @@ pub fn run(queue: &Path, action: Action, args: ControlArgs) -> CliResult {
     let deadline = Instant::now() + WAIT_FOR_DAEMON;
     while Instant::now() < deadline {
         if control::handled(reader.dir(), &key) {
-            if let Some(why) = control::refusal(reader.dir(), &args.id, &key) {
+            let uid = nix::unistd::geteuid().as_raw();
+            if let Some(why) = control::refusal(reader.dir(), &args.id, &key, uid, written_at) {
                 return Err(CliError::failure(format_args!(
                     "{verb}: the daemon (pid {pid}) refused the request for {}: {why}",
                     args.id

@@ -21,23 +21,41 @@ enum DbCommand {
 #[derive(Debug, Args)]
 struct MigrateArgs {
     /// The database: a postgresql:// URL or libpq's key=value form (sslmode is honoured).
+    /// A URL with a password is better given in CAIRN_DATABASE_URL or --db-url-file: every
+    /// local user can read a command line.
     #[arg(
         long,
         env = "CAIRN_DATABASE_URL",
         value_name = "URL",
-        hide_env_values = true
+        hide_env_values = true,
+        required_unless_present = "db_url_file"
     )]
-    db: String,
+    db: Option<String>,
+
+    /// Read --db's URL from this file (its first line; not readable by every user).
+    #[arg(long, value_name = "PATH")]
+    db_url_file: Option<std::path::PathBuf>,
+}
+
+impl DbArgs {
+    /// Read the database URL from `--db-url-file`, if given.
+    pub(super) fn read_db_url_file(&mut self) -> CliResult {
+        let DbCommand::Migrate(args) = &mut self.command;
+        super::source::read_db_url_file(&mut args.db, args.db_url_file.as_deref())
+    }
 }
 
 pub fn run(args: DbArgs) -> CliResult {
     let DbCommand::Migrate(args) = args.command;
+    let url = args.db.filter(|url| !url.is_empty()).ok_or_else(|| {
+        CliError::usage("cairn db migrate needs --db, --db-url-file or CAIRN_DATABASE_URL")
+    })?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(|e| CliError::failure(format_args!("cannot start the runtime: {e}")))?;
     let migrated = runtime.block_on(async {
-        let queue = PgQueue::connect_with_pool_size(&args.db, 1)?;
+        let queue = PgQueue::connect_with_pool_size(&url, 1)?;
         queue.migrate().await
     })?;
     if migrated.applied_any() {

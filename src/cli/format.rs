@@ -195,8 +195,44 @@ pub fn format_bytes(bytes: u64) -> String {
     format!("{value:.1} {}", UNITS[unit])
 }
 
-/// Left-aligned columns separated by two spaces; the last column is not padded.
+/// `text` safe to print on a terminal: control characters (a newline would forge a line, an
+/// escape sequence would reach the terminal) and the bidirectional overrides that reorder what
+/// is shown are written as Rust escapes (`\n`, `\u{1b}`, `\u{202e}`), and so is a backslash
+/// (`\\`), so that a name cannot fake an escape. Names and texts from submitters (file names, control
+/// requests, reasons quoting them) pass through it wherever `status`, `show` and `history`
+/// print them for people; `--json` output is escaped by JSON itself.
+pub fn printable(text: &str) -> std::borrow::Cow<'_, str> {
+    let unsafe_char = |c: char| {
+        c.is_control()
+            || c == '\\'
+            || matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+    };
+    if !text.chars().any(unsafe_char) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        if unsafe_char(c) {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
+/// Left-aligned columns separated by two spaces; the last column is not padded. Every cell is
+/// made [`printable`].
 pub fn render_table(header: &[&str], rows: &[Vec<String>]) -> String {
+    let rows: Vec<Vec<String>> = rows
+        .iter()
+        .map(|row| {
+            row.iter()
+                .map(|cell| printable(cell).into_owned())
+                .collect()
+        })
+        .collect();
+    let rows = rows.as_slice();
     let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
     for row in rows {
         for (i, cell) in row.iter().enumerate() {
@@ -229,6 +265,26 @@ pub fn render_table(header: &[&str], rows: &[Vec<String>]) -> String {
 pub fn task_id_arg(id: &str) -> anyhow::Result<crate::task_id::TaskId> {
     use anyhow::Context;
     crate::task_id::TaskId::parse(id).with_context(|| format!("{id:?} is not a task id"))
+}
+
+#[cfg(test)]
+mod printable_tests {
+    use super::printable;
+
+    #[test]
+    fn control_characters_and_bidi_overrides_are_escaped_and_plain_text_is_kept() {
+        assert_eq!(
+            printable("plain name-1.json ünïcode"),
+            "plain name-1.json ünïcode"
+        );
+        assert_eq!(
+            printable("bad\nFORGED LINE\u{1b}[31mred\u{202e}txt.json"),
+            "bad\\nFORGED LINE\\u{1b}[31mred\\u{202e}txt.json"
+        );
+        // A backslash typed by a user is told apart from an escape.
+        assert_eq!(printable("a\\nb"), "a\\\\nb");
+        assert_eq!(printable("a\\nb\tc"), "a\\\\nb\\tc");
+    }
 }
 
 #[cfg(test)]

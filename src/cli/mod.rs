@@ -180,7 +180,8 @@ where
 
 /// Run the subcommand. `Ok` holds the exit code of a command that did its work: 0, or for
 /// `run` how the daemon ended (6, 130).
-fn dispatch(queue: &Path, command: Command) -> CliResult<u8> {
+fn dispatch(queue: &Path, mut command: Command) -> CliResult<u8> {
+    command.read_db_url_file()?;
     // With `--db` the queue is in the database: the queue directory's checks do not apply.
     let local = !command.uses_database();
     if local && command.writes_queue() {
@@ -216,6 +217,29 @@ fn dispatch(queue: &Path, command: Command) -> CliResult<u8> {
 /// the journal natively, keeping levels and fields (`task_id`, `phase`, ...), or, when its
 /// socket is not reachable, to stderr without timestamps, which the journal adds itself.
 impl Command {
+    /// Read the database URL from `--db-url-file`, for the commands that take one.
+    fn read_db_url_file(&mut self) -> CliResult {
+        let db = match self {
+            Command::Submit(args) => &mut args.db,
+            Command::Validate(args) => &mut args.db,
+            Command::Status(args) => &mut args.db,
+            Command::Show(args) => &mut args.db,
+            Command::History(args) => &mut args.db,
+            Command::Checkpoint(args) => &mut args.db,
+            Command::Fork(args) => &mut args.db,
+            Command::Pause(args)
+            | Command::Resume(args)
+            | Command::Cancel(args)
+            | Command::Retry(args) => &mut args.db,
+            Command::Prune(args) => &mut args.db,
+            Command::Run(args) => return args.read_db_url_file(),
+            #[cfg(feature = "postgres")]
+            Command::Db(args) => return args.read_db_url_file(),
+            _ => return Ok(()),
+        };
+        db.read_url_file()
+    }
+
     /// Does the command work on the queue shared in PostgreSQL (`--db URL`, or
     /// `CAIRN_DATABASE_URL`) rather than on the queue directory? (`run` uses both.)
     fn uses_database(&self) -> bool {

@@ -68,7 +68,9 @@ pub struct RunArgs {
 
     /// Share a queue in PostgreSQL with the daemons of other hosts (a postgresql:// URL or
     /// libpq's key=value form). The queue directory is then this host's: its inbox (files
-    /// dropped there enter the shared queue), logs and scratch. See docs/cluster.md.
+    /// dropped there enter the shared queue), logs and scratch. See docs/cluster.md. Give a
+    /// URL with a password in CAIRN_DATABASE_URL or --db-url-file, not here: every local user
+    /// can read a command line. Tasks never get CAIRN_DATABASE_URL.
     #[arg(
         long,
         env = "CAIRN_DATABASE_URL",
@@ -77,14 +79,72 @@ pub struct RunArgs {
     )]
     db: Option<String>,
 
+    /// Read --db's URL from this file (its first line; the file must not be readable by
+    /// every user).
+    #[arg(long, value_name = "PATH")]
+    db_url_file: Option<std::path::PathBuf>,
+
+    /// The most a phase's log (its commands' stderr, runs/<id>/<n>-<phase>.log) keeps: past
+    /// it, the log keeps its first and last halves with a note of what was cut between them
+    /// (bytes, or with a suffix: 64MiB, 1GiB; 0 = unbounded).
+    #[arg(long, default_value = "64MiB", value_parser = parse_bytes, value_name = "BYTES")]
+    max_log_bytes: u64,
+
+    /// A variable of the daemon's environment that tasks' commands get too (repeatable, or a
+    /// comma-separated list in CAIRN_PASS_ENV). Commands always get PATH, LANG, LANGUAGE,
+    /// LC_*, TZ and the HOME, USER, LOGNAME and SHELL of the user they run as, besides their
+    /// task's env and cairn's CAIRN_* variables; nothing else of the daemon's unless named
+    /// here. CAIRN_DATABASE_URL and the service manager's NOTIFY_SOCKET are never passed.
+    #[arg(
+        long = "pass-env",
+        env = "CAIRN_PASS_ENV",
+        value_name = "NAME",
+        value_delimiter = ','
+    )]
+    pass_env: Vec<String>,
+
     /// With --db: this daemon's name, unique among the live daemons [default: the host name].
-    #[arg(long, value_name = "NAME", requires = "db")]
+    #[arg(long, value_name = "NAME")]
     node: Option<String>,
 
     /// With --db: how long a claim of a task holds without renewal (renewed every sixth of
     /// it). Another host takes a dead or frozen daemon's tasks over after this.
     #[arg(long, default_value = "30s", value_parser = parse_lease, value_name = "DURATION")]
     lease: Duration,
+}
+
+impl RunArgs {
+    /// Read the database URL from `--db-url-file`, if given.
+    pub(super) fn read_db_url_file(&mut self) -> CliResult {
+        super::source::read_db_url_file(&mut self.db, self.db_url_file.as_deref())
+    }
+}
+
+/// A size in bytes: a number, optionally with KiB, MiB or GiB.
+fn parse_bytes(text: &str) -> Result<u64, String> {
+    let (digits, unit) = match text.find(|c: char| !c.is_ascii_digit()) {
+        Some(i) => text.split_at(i),
+        None => (text, ""),
+    };
+    let number: u64 = digits.parse().map_err(|_| {
+        format!("{text:?} is not a size (a number of bytes, or with KiB, MiB, GiB)")
+    })?;
+    let scale: u64 = match unit.trim() {
+        "" | "B" => 1,
+        "KiB" | "K" => 1 << 10,
+        "MiB" | "M" => 1 << 20,
+        "GiB" | "G" => 1 << 30,
+        other => return Err(format!("{other:?} is not a unit (KiB, MiB or GiB)")),
+    };
+    let bytes = number
+        .checked_mul(scale)
+        .ok_or_else(|| format!("{text} is too large"))?;
+    if bytes > 0 && bytes < 64 << 10 {
+        return Err(format!(
+            "{text} is too small: a log keeps at least 64KiB (0: unbounded)"
+        ));
+    }
+    Ok(bytes)
 }
 
 fn saturating_usize(n: u64) -> usize {
@@ -179,7 +239,11 @@ pub fn run(queue: &Path, args: RunArgs) -> CliResult<u8> {
         crate::runner::identity::check_capabilities()
             .map_err(|e| CliError::new(exit::INVALID_TASK, e))?;
     }
+    crate::runner::check_pass_names(&args.pass_env)
+        .map_err(|e| CliError::usage(format_args!("--pass-env: {e}")))?;
     let mut config = DaemonConfig::new(queue);
+    config.pass_env = args.pass_env;
+    config.max_log_bytes = (args.max_log_bytes > 0).then_some(args.max_log_bytes);
     config.run_as_submitter = args.run_as_submitter;
     config.operators_group = operators_group;
     config.exit_when_idle = args.exit_when_idle;
@@ -190,14 +254,21 @@ pub fn run(queue: &Path, args: RunArgs) -> CliResult<u8> {
         max_running: args.max_running_per_submitter.map(saturating_usize),
         max_priority: args.max_priority_per_submitter,
     };
-    if config.submitter_limits.max_queued.is_some() && args.db.is_some() {
+    let db = args.db.filter(|url| !url.is_empty());
+    if config.submitter_limits.max_queued.is_some() && db.is_some() {
         return Err(CliError::usage(
             "--max-queued-per-submitter cannot be used with --db: a daemon does not count the \
              tasks that wait in the shared queue (--max-running-per-submitter and \
              --max-priority-per-submitter can)",
         ));
     }
-    if let Some(url) = args.db {
+    if db.is_none() && args.node.is_some() {
+        return Err(CliError::usage(
+            "--node names this daemon among those sharing a queue: it needs --db, \
+             --db-url-file or CAIRN_DATABASE_URL",
+        ));
+    }
+    if let Some(url) = db {
         config.database = Some(DatabaseConfig {
             url,
             node: node_name(args.node)?,

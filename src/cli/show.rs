@@ -441,8 +441,9 @@ struct Details<'a> {
 
 fn human(facts: &ShowFacts, task: &TaskView, lists: &Details, now: DateTime<Utc>) -> String {
     let mut out = String::new();
+    // Values may quote what a submitter named (a file, a reason quoting it): printable.
     let mut field = |name: &str, value: String| {
-        out.push_str(&format!("{name:<12}{value}\n"));
+        out.push_str(&format!("{name:<12}{}\n", format::printable(&value)));
     };
     field("task", task.id.clone());
     field("queue", facts.queue.clone());
@@ -616,9 +617,9 @@ fn earlier_section(earlier: &[Value]) -> String {
     for record in earlier {
         out.push_str(&format!(
             "  {}  {}  {}\n",
-            record["failed_at"].as_str().unwrap_or("-"),
-            record["status"].as_str().unwrap_or("-"),
-            record["error"].as_str().unwrap_or("-"),
+            format::printable(record["failed_at"].as_str().unwrap_or("-")),
+            format::printable(record["status"].as_str().unwrap_or("-")),
+            format::printable(record["error"].as_str().unwrap_or("-")),
         ));
     }
     out
@@ -657,7 +658,8 @@ fn short_json(value: &Value) -> String {
     }
 }
 
-/// `key=value` pairs, the usual keys first; strings unquoted, milliseconds rounded.
+/// `key=value` pairs, the usual keys first; strings unquoted but [`format::printable`] (a
+/// control request's file name is its writer's choice), milliseconds rounded.
 fn details(details: &Map<String, Value>) -> String {
     const FIRST: [&str; 7] = [
         "phase",
@@ -679,7 +681,7 @@ fn details(details: &Map<String, Value>) -> String {
         .map(|key| {
             let value = &details[key];
             let text = match value {
-                Value::String(s) => s.clone(),
+                Value::String(s) => format::printable(s).into_owned(),
                 Value::Number(n) if key == "ms" => {
                     format!("{:.1}", n.as_f64().unwrap_or_default())
                 }

@@ -3,7 +3,9 @@
 
 use std::collections::HashSet;
 use std::sync::Arc;
+use std::time::Instant;
 
+use super::refusals::Refusal;
 use super::{runner_blocking, Scheduler};
 use crate::queue::control::{ControlAction, ControlRequest};
 use crate::runner::RunContext;
@@ -37,6 +39,7 @@ impl Scheduler {
             }
         };
         self.control_deferred = false;
+        self.close_refusal_windows();
         let mut deferred: HashSet<TaskId> = HashSet::new();
         for (claim, request) in requests {
             // A retry is for a failed record, never a task in the inbox: it waits only behind
@@ -50,10 +53,12 @@ impl Scheduler {
                 continue;
             }
             self.applying_request = request.origin.as_ref().map(|o| o.name.clone());
+            self.applying_uid = request.origin.as_ref().map(|o| o.uid);
             self.request_refused = false;
             self.apply_control(request).await;
             let refused = std::mem::take(&mut self.request_refused);
             self.applying_request = None;
+            self.applying_uid = None;
             let queue = self.ctx.queue.clone();
             let removed = claim.clone();
             let removal = move || {
@@ -175,23 +180,42 @@ impl Scheduler {
     /// Leave the task as it is: log why, and journal it for the request's writer.
     fn refuse(&mut self, id: &str, action: ControlAction, why: &str) {
         let verb = action.as_str();
+        let (reason, request) = match self.refusals.refuse(id, self.applying_uid, Instant::now()) {
+            Refusal::InFull => (why.to_string(), self.applying_request.clone()),
+            Refusal::Notice(notice) => (notice, None),
+            // Counted, journaled with the others when the window ends (`refusals`).
+            Refusal::Counted => return,
+        };
         // Escaped: the reason may quote a user's name.
         tracing::warn!(
             task_id = id,
             "cannot {verb} task {id}: {}",
-            why.escape_debug()
+            reason.escape_debug()
         );
-        let (action, reason) = (verb.to_string(), why.to_string());
-        let request = self.applying_request.clone();
         self.request_refused = true;
         self.ctx.journal(
             id,
             Event::ControlRefused {
-                action,
+                action: verb.to_string(),
                 reason,
                 request,
             },
         );
+    }
+
+    /// Journal the count of each window of refusals that is over (see `refusals`).
+    fn close_refusal_windows(&mut self) {
+        for summary in self.refusals.close_expired(Instant::now()) {
+            tracing::warn!(task_id = summary.task, "{}", summary.reason);
+            self.ctx.journal(
+                &summary.task,
+                Event::ControlRefused {
+                    action: "requests".to_string(),
+                    reason: summary.reason,
+                    request: None,
+                },
+            );
+        }
     }
 
     /// The submitter of task `id`, from its definition (loaded, or read for a finished task).
@@ -243,6 +267,12 @@ impl Scheduler {
             Ok(task) => Arc::new(task),
             Err(e) => return self.refuse(id, retry, &e.to_string()),
         };
+        // Counted like a new file of its submitter's: a retry must not take them past
+        // --max-queued-per-submitter.
+        if let Err(full) = self.tasks.check_queued(&task) {
+            let why = format!("{full}; retry it once one of theirs has finished");
+            return self.refuse(id, retry, &why);
+        }
         let entry = ActiveTask::for_retry(&record, task.phases.len());
         self.ctx.work.update(|w| w.upsert(entry));
         if let Err(e) = self.ctx.work.persist().await {

@@ -44,6 +44,11 @@ impl KnownTasks {
         self.tasks.contains_key(id)
     }
 
+    /// Why `task` may not be counted once more (see [`Admission::check_queued`]).
+    pub fn check_queued(&self, task: &Task) -> Result<(), String> {
+        self.admission.check_queued(task)
+    }
+
     pub fn insert(&mut self, id: TaskId, task: Arc<Task>) -> Option<Arc<Task>> {
         self.admission.note(&id, SubmitterKey::of_task(&task));
         self.tasks.insert(id, task)

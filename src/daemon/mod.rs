@@ -22,6 +22,7 @@ mod notify;
 mod pending;
 mod records;
 mod recovery;
+mod refusals;
 mod schedule;
 mod shared_queue;
 mod start_order;
@@ -56,6 +57,9 @@ pub struct DaemonConfig {
     pub storage: Option<Arc<dyn Storage>>,
     /// Run each task's commands as its submitter (`--run-as-submitter`). The caller checks
     /// first that the process may switch users (`runner::identity::check_capabilities`).
+    /// Such commands start through this program's own binary as a trampoline: a program that
+    /// embeds the library calls `cairn::runner::trampoline::main_if_asked()` first in `main`
+    /// (the daemon refuses to start otherwise, `runner::trampoline::check_available`).
     pub run_as_submitter: bool,
     /// With `run_as_submitter`: the group whose members may steer every task, besides each
     /// task's submitter, the daemon's user and root (`--operators-group`).
@@ -65,6 +69,13 @@ pub struct DaemonConfig {
     pub database: Option<DatabaseConfig>,
     /// Limits on each submitter's tasks (`crate::limits`); unlimited by default.
     pub submitter_limits: SubmitterLimits,
+    /// Variables of the daemon's environment its commands get besides the short list they
+    /// always get (`cairn run --pass-env`, `runner::daemon_env`); checked by the caller with
+    /// `runner::check_pass_names`.
+    pub pass_env: Vec<String>,
+    /// The bound on each phase's log, kept as its head and tail (`runner::log_cap`;
+    /// `cairn run --max-log-bytes`); `None`: unbounded.
+    pub max_log_bytes: Option<u64>,
 }
 
 /// A queue in PostgreSQL shared by several daemons (`cairn run --db`, `docs/cluster.md`).
@@ -91,6 +102,8 @@ impl DaemonConfig {
             operators_group: None,
             database: None,
             submitter_limits: SubmitterLimits::default(),
+            pass_env: Vec::new(),
+            max_log_bytes: Some(crate::runner::log_cap::DEFAULT_MAX_LOG_BYTES),
         }
     }
 }
@@ -178,6 +191,10 @@ pub async fn run_with_summary(
     if flavor != tokio::runtime::RuntimeFlavor::CurrentThread {
         return Err(DaemonError::Runtime(flavor));
     }
+    // Commands run as their submitters start through this program's trampoline.
+    if config.run_as_submitter {
+        crate::runner::trampoline::check_available().map_err(DaemonError::Setup)?;
+    }
     // Owned (its lock held) for as long as the queue lives.
     let queue = open_queue(&config).await?;
     let admission = admit_by_limits(&queue, &config).await?;
@@ -196,7 +213,8 @@ pub async fn run_with_summary(
         trial_progress: tokio::sync::Notify::new(),
         confine: confine.clone(),
         lost_leases: Default::default(),
-        inherited_env: crate::runner::daemon_env(),
+        inherited_env: crate::runner::daemon_env(&config.pass_env),
+        max_log_bytes: config.max_log_bytes,
     });
     let leases = ctx
         .queue
@@ -381,6 +399,10 @@ pub(crate) struct Scheduler {
     /// The file name of the control request being applied, for the `control_refused` event
     /// that tells its requester (see `control.rs`).
     applying_request: Option<String>,
+    /// The owner of the request being applied (who asks), for the bounds on refusals.
+    applying_uid: Option<u32>,
+    /// Refused requests per task and requester, journaled and logged within bounds.
+    refusals: refusals::RefusalLimiter,
     /// Whether the request being applied was refused (its event is then flushed before the
     /// request is removed, so that `cairn` sees the refusal once its request is gone).
     request_refused: bool,
@@ -434,6 +456,8 @@ impl Scheduler {
             claimed_leases: HashMap::new(),
             steering,
             applying_request: None,
+            applying_uid: None,
+            refusals: Default::default(),
             request_refused: false,
         }
     }

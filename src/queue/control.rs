@@ -195,21 +195,44 @@ pub fn handled(queue: &QueueDir, key: &str) -> bool {
     gone(queue.control().join(name)) && gone(queue.tasks().join(format!("{CLAIM_PREFIX}{name}")))
 }
 
+/// How the daemon's notice begins that a requester's further refused requests for a task are
+/// only counted for a while (`daemon::refusals`); the uid and a space follow.
+pub const SUPPRESSED_MARKER: &str = "too many refused requests from uid ";
+
 /// Why the daemon refused the request `cairn` wrote under `key` (`control/<name>`) for task
-/// `task_id`, if it did: the `control_refused` event naming it in the task's journal. The
-/// daemon writes that event before it removes the request, so once [`handled`] is true the
-/// answer is final.
-pub fn refusal(queue: &QueueDir, task_id: &str, key: &str) -> Option<String> {
+/// `task_id`, if it did: the `control_refused` event naming it in the task's journal, else a
+/// notice, journaled since `since`, that requests of this user (`uid`) for the task are refused
+/// without an entry each for a while. The daemon writes the event before it removes the
+/// request, so once [`handled`] is true the answer is final.
+pub fn refusal(
+    queue: &QueueDir,
+    task_id: &str,
+    key: &str,
+    uid: u32,
+    since: chrono::DateTime<chrono::Utc>,
+) -> Option<String> {
+    use crate::store::events::Event;
     let name = key.strip_prefix("control/").unwrap_or(key);
     let journal = crate::store::journal::journal_path(queue.root(), task_id);
     let events = super::read::files::read_journal_tail(&journal, 256 * 1024).ok()?;
-    events.into_iter().rev().find_map(|line| match line.event {
-        crate::store::events::Event::ControlRefused {
+    let own = events.iter().rev().find_map(|line| match &line.event {
+        Event::ControlRefused {
             reason,
             request: Some(request),
             ..
-        } if request == name => Some(reason),
+        } if request == name => Some(reason.clone()),
         _ => None,
+    });
+    let notice = format!("{SUPPRESSED_MARKER}{uid} ");
+    own.or_else(|| {
+        events.iter().rev().find_map(|line| match &line.event {
+            Event::ControlRefused {
+                reason,
+                request: None,
+                ..
+            } if line.at >= since && reason.starts_with(&notice) => Some(reason.clone()),
+            _ => None,
+        })
     })
 }
 

@@ -39,29 +39,20 @@ pub const KILL_AFTER: Duration = Duration::from_secs(5);
 /// Largest reply read from a command's stdout.
 pub const MAX_REPLY_BYTES: usize = 64 * 1024 * 1024;
 
-/// The environment variables of systemd's notification protocol, which the daemon speaks
-/// (`daemon::notify`) and commands must not inherit: a task must not be able to speak for the
-/// daemon.
-pub const NOTIFY_ENV: [&str; 3] = ["NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID"];
-
-/// The daemon's environment as its commands inherit it: without [`NOTIFY_ENV`], which a task's
-/// own variables cannot set either.
-pub fn daemon_env() -> InheritedEnv {
-    InheritedEnv::of_this_process(&NOTIFY_ENV)
-}
-
 /// One command run.
 #[derive(Debug)]
 pub struct CommandRun {
     pub argv: Vec<String>,
     pub cwd: PathBuf,
-    /// The task's variables, over the daemon's environment.
+    /// The task's variables, over what it gets from the daemon's environment.
     pub env: Vec<(String, String)>,
     pub inherited_env: InheritedEnv,
     pub stdin: Vec<u8>,
     /// stderr is appended here, after `log_header`.
     pub log: PathBuf,
     pub log_header: String,
+    /// The bound on the log (`log_cap`); `None`: unbounded.
+    pub max_log_bytes: Option<u64>,
     pub timeout: Option<Duration>,
     pub confinement: Confinement,
 }
@@ -165,14 +156,37 @@ impl std::fmt::Display for StartFailure {
 
 impl std::error::Error for StartFailure {}
 
-/// The system's error number behind `error`, also through a [`StartFailure`].
+/// The system's error number behind `error`, also through a [`StartFailure`] or a failure
+/// the trampoline reported.
 fn errno_of(error: &io::Error) -> Option<i32> {
-    error.raw_os_error().or_else(|| {
+    error
+        .raw_os_error()
+        .or_else(|| {
+            error
+                .get_ref()
+                .and_then(|inner| inner.downcast_ref::<StartFailure>())
+                .and_then(|failure| failure.errno)
+        })
+        .or_else(|| spawn::late_start_failure(error))
+}
+
+/// An error of waiting for a command: when its trampoline reported that it never started,
+/// the failed start it is (named as [`spawn_in_group`] names one), else the wait's own.
+pub fn wait_error(program: &str, cwd: &std::path::Path, error: io::Error) -> io::Error {
+    if spawn::late_start_failure(&error).is_some() {
+        spawn_error(program, cwd, error)
+    } else {
         error
-            .get_ref()
-            .and_then(|inner| inner.downcast_ref::<StartFailure>())
-            .and_then(|failure| failure.errno)
-    })
+    }
+}
+
+/// A failed start as a [`RunError`]: a passing shortage, or the command's fault.
+fn start_failure(e: io::Error) -> RunError {
+    if is_resource_exhaustion(&e) {
+        RunError::Exhausted(e)
+    } else {
+        RunError::Command(e)
+    }
 }
 
 /// Open a command's log for appending and write its header line.
@@ -254,6 +268,11 @@ pub async fn run_command(
     let log = open_log_from_async(&run.log, &run.log_header)
         .await
         .map_err(RunError::Log)?;
+    // Kept to read the log's size at the end; the command gets its own.
+    let log_probe = run.max_log_bytes.and_then(|_| log.try_clone().ok());
+    let watch = run
+        .max_log_bytes
+        .map(|max| super::log_cap::Watch::start(&run.log, max));
     let mut child = spawn_in_group(
         &run.argv,
         &run.cwd,
@@ -266,13 +285,7 @@ pub async fn run_command(
         StdoutTo::Pipe,
         &run.confinement,
     )
-    .map_err(|e| {
-        if is_resource_exhaustion(&e) {
-            RunError::Exhausted(e)
-        } else {
-            RunError::Command(e)
-        }
-    })?;
+    .map_err(start_failure)?;
     let group = group_of(&child);
     let mut stdin = child.stdin.take();
     let mut stdout = child.stdout.take();
@@ -292,6 +305,18 @@ pub async fn run_command(
         }
     };
     let end = settle(replied, &mut child, group, shutdown, cancel).await;
+    if let Some(watch) = watch {
+        watch.finish(log_probe.as_ref()).await;
+    }
+    // A trampoline that failed a step exited with its report: a failed start, not a failed
+    // command.
+    let program = run.argv.first().map_or("", String::as_str);
+    let end = end.map_err(|e| match e {
+        RunError::Command(e) if spawn::late_start_failure(&e).is_some() => {
+            start_failure(wait_error(program, &run.cwd, e))
+        }
+        other => other,
+    });
     // The pipes stay open until the command has exited, as while it was stopped.
     drop((stdin, stdout));
     end

@@ -1,9 +1,9 @@
 //! Running a task's commands as its submitter (`cairn run --run-as-submitter`), as cron, at and
 //! Slurm run a job as the user who submitted it.
 //!
-//! The daemon itself never changes identity: the switch happens in the process that becomes the
-//! command, between its start and its `exec` (see `spawn`), in the order that leaves no way
-//! back: supplementary groups, then the group, then the user. Then every capability the daemon had is dropped (ambient ones would otherwise
+//! The daemon itself never changes identity: the switch happens in the trampoline the command
+//! starts through, after the daemon's part of the start has ended (see `trampoline`), in the
+//! order that leaves no way back: supplementary groups, then the group, then the user. Then every capability the daemon had is dropped (ambient ones would otherwise
 //! survive the `exec` of a daemon that is not root), and the result is verified: all three user
 //! ids and group ids are the submitter's, no capability is left, and `setuid(0)` fails.
 
@@ -120,33 +120,9 @@ impl RunAs {
 
 impl SwitchTo {
     /// Become this identity for good, for the whole process (glibc's wrappers change every
-    /// thread's credentials). An error names the step.
+    /// thread's credentials): the trampoline does, before it `exec`s the command. An error
+    /// names the step.
     pub fn assume(&self) -> Result<(), (&'static str, Errno)> {
-        self.switch(Scope::Process, &[])
-    }
-
-    /// Become this identity in a process started by `clone(CLONE_VM)` that shares the daemon's
-    /// memory (see `spawn`): with raw system calls that change the calling thread alone, since
-    /// glibc's wrappers would try to change the daemon's threads too. Async-signal-safe: no
-    /// allocation (`groups` is [`SwitchTo::groups`] as prepared by [`SwitchTo::raw_groups`]),
-    /// plain system calls only.
-    pub(crate) fn assume_in_new_process(
-        &self,
-        groups: &[nix::libc::gid_t],
-    ) -> Result<(), (&'static str, Errno)> {
-        self.switch(Scope::Thread, groups)
-    }
-
-    /// The supplementary groups as `setgroups(2)` takes them.
-    pub(crate) fn raw_groups(&self) -> Vec<nix::libc::gid_t> {
-        self.groups.iter().map(|g| g.as_raw()).collect()
-    }
-
-    fn switch(
-        &self,
-        scope: Scope,
-        raw_groups: &[nix::libc::gid_t],
-    ) -> Result<(), (&'static str, Errno)> {
         // SAFETY: prctl with integer arguments only.
         let cleared = unsafe {
             nix::libc::prctl(
@@ -158,31 +134,18 @@ impl SwitchTo {
             )
         };
         Errno::result(cleared).map_err(|e| ("clearing the ambient capabilities", e))?;
-        let (uid, gid) = (self.uid.as_raw(), self.gid.as_raw());
-        match scope {
-            Scope::Process => {
-                nix::unistd::setgroups(&self.groups).map_err(|e| ("setgroups", e))?;
-                nix::unistd::setresgid(self.gid, self.gid, self.gid)
-                    .map_err(|e| ("setresgid", e))?;
-                nix::unistd::setresuid(self.uid, self.uid, self.uid)
-                    .map_err(|e| ("setresuid", e))?;
-            }
-            // SAFETY: the raw system calls with integer arguments and a slice that outlives
-            // the call.
-            Scope::Thread => unsafe {
-                use nix::libc::{syscall, SYS_setgroups, SYS_setresgid, SYS_setresuid};
-                let set = syscall(SYS_setgroups, raw_groups.len(), raw_groups.as_ptr());
-                Errno::result(set).map_err(|e| ("setgroups", e))?;
-                let set = syscall(SYS_setresgid, gid, gid, gid);
-                Errno::result(set).map_err(|e| ("setresgid", e))?;
-                let set = syscall(SYS_setresuid, uid, uid, uid);
-                Errno::result(set).map_err(|e| ("setresuid", e))?;
-            },
-        }
+        nix::unistd::setgroups(&self.groups).map_err(|e| ("setgroups", e))?;
+        nix::unistd::setresgid(self.gid, self.gid, self.gid).map_err(|e| ("setresgid", e))?;
+        nix::unistd::setresuid(self.uid, self.uid, self.uid).map_err(|e| ("setresuid", e))?;
         if !self.uid.is_root() {
             drop_all_capabilities().map_err(|e| ("dropping the capabilities", e))?;
         }
         self.verify()
+    }
+
+    /// The supplementary groups as `setgroups(2)` takes them.
+    pub(crate) fn raw_groups(&self) -> Vec<nix::libc::gid_t> {
+        self.groups.iter().map(|g| g.as_raw()).collect()
     }
 
     /// Check that the switch holds and cannot be undone.
@@ -201,22 +164,13 @@ impl SwitchTo {
         if effective != 0 || permitted != 0 {
             return Err(("verifying that no capability is left", Errno::EPERM));
         }
-        // SAFETY: a raw setuid with an integer (this thread only, as above); success here
-        // would be the failure we check for.
+        // SAFETY: a raw setuid with an integer; success here would be the failure we check
+        // for.
         if unsafe { nix::libc::syscall(nix::libc::SYS_setuid, 0) } == 0 {
             return Err(("verifying that root cannot be regained", Errno::EPERM));
         }
         Ok(())
     }
-}
-
-/// Whose credentials a switch changes.
-#[derive(Clone, Copy)]
-enum Scope {
-    /// Every thread of the process (glibc's `setxid` broadcast).
-    Process,
-    /// The calling thread only: a new process that shares the daemon's memory.
-    Thread,
 }
 
 /// `struct __user_cap_header_struct` of `capget(2)`/`capset(2)`.

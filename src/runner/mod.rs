@@ -7,21 +7,25 @@ pub mod channel;
 mod checkpointing;
 mod child;
 mod confinement;
+mod environment;
 pub mod fd_limit;
 pub mod identity;
 mod items;
+pub mod log_cap;
 mod loop_phase;
 mod once;
 mod orphans;
 mod spawn;
 mod task_processes;
+pub mod trampoline;
 mod work_state;
 mod worker;
 mod worker_supervision;
 
-pub use child::{daemon_env, spawn_in_group, Confinement};
-pub use child::{CommandRun, RunEnd, KILL_AFTER, MAX_REPLY_BYTES, NOTIFY_ENV};
+pub use child::{spawn_in_group, Confinement};
+pub use child::{CommandRun, RunEnd, KILL_AFTER, MAX_REPLY_BYTES};
 pub use confinement::ConfineConfig;
+pub use environment::{check_pass_names, daemon_env, PassEnvError, NOTIFY_ENV, PASSED_FROM_DAEMON};
 /// The scope of loop phases' checkpoints (the queue benchmark, part of the `cli` feature,
 /// builds such checkpoints).
 #[cfg(feature = "cli")]
@@ -74,8 +78,11 @@ pub struct RunContext {
     /// Tasks whose lease this daemon lost (a shared queue): their commands are being stopped,
     /// and their attempt's end writes nothing.
     pub lost_leases: std::sync::Mutex<std::collections::HashSet<String>>,
-    /// The daemon's environment, which every command inherits under its task's variables.
+    /// What every command gets from the daemon's environment, under its task's variables
+    /// (`environment`: a short list, not the daemon's whole environment).
     pub inherited_env: InheritedEnv,
+    /// The bound on each phase's log (`log_cap`); `None`: unbounded.
+    pub max_log_bytes: Option<u64>,
 }
 
 impl RunContext {
@@ -499,6 +506,7 @@ impl PhaseRun<'_> {
             stdin,
             log: log.clone(),
             log_header: header,
+            max_log_bytes: self.ctx.max_log_bytes,
             timeout: self.phase.timeout,
             confinement: self.confinement.spawn.clone(),
         };
@@ -730,7 +738,16 @@ impl PhaseRun<'_> {
         }
         // The worker helpers the daemon wrote at start (see `crate::clients`).
         let clients = crate::clients::clients_dir(self.ctx.queue.root());
-        env.extend(crate::clients::command_env(&clients, &self.task.env));
+        let passed_python_path = self
+            .ctx
+            .inherited_env
+            .get("PYTHONPATH")
+            .map(String::from_utf8_lossy);
+        env.extend(crate::clients::command_env(
+            &clients,
+            &self.task.env,
+            passed_python_path.as_deref(),
+        ));
         env
     }
 

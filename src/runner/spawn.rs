@@ -1,9 +1,12 @@
 //! Starting a command's process without copying the daemon.
 //!
 //! Before its `exec`, a command's process must lead its own process group, join its task's
-//! cgroup, become its submitter (`--run-as-submitter`), enter its working directory as that
-//! user and arm its parent-death signal, so that it dies with the daemon. Only the new process
-//! itself can do those. The standard library does such work only in a full `fork`, which copies
+//! cgroup, enter its working directory and arm its parent-death signal, so that it dies with
+//! the daemon. Only the new process itself can do those. A command run as its submitter
+//! (`--run-as-submitter`) `exec`s cairn's trampoline instead, still as the daemon's user, which
+//! becomes the submitter and `exec`s the command (see `trampoline`): the daemon's thread waits
+//! for the new process only while it is the daemon's, so no stop the submitter sends can hold
+//! it. The standard library does such work only in a full `fork`, which copies
 //! the page tables of the whole daemon (with thousands of tasks in flight, most of the cost of
 //! every command), and starting a helper binary that does them costs a second `exec` with its
 //! dynamic linking, which cost more than the command itself did.
@@ -20,7 +23,9 @@
 //!
 //! The new process also shares the daemon's descriptor table at first, and makes its own of the
 //! few it needs before it changes any (see `Slots`): a copy of the whole table would have its
-//! `exec` close every pipe and pidfd of thousands of commands in flight, one by one.
+//! `exec` close every pipe and pidfd of thousands of commands in flight, one by one. Before its
+//! `exec` it closes every descriptor but 0-2 (and the trampoline's two), so that one the daemon
+//! inherited without close-on-exec reaches no command.
 //!
 //! The parent-death signal fires when the *thread* that started the process exits: the daemon
 //! starts commands from its runtime's one thread, which lives as long as the daemon.
@@ -57,10 +62,11 @@ pub enum StdoutTo {
     Log,
 }
 
-/// The daemon's own environment as commands inherit it, prepared once as the `NAME=value`
-/// strings `execve` takes: reading and converting the whole environment for every command was
-/// about a quarter of a spawn's time on the async thread. Taken when the daemon starts (a
-/// process that runs threads cannot change its environment safely anyway).
+/// What a command gets from the daemon's environment (`environment::daemon_env` chooses it),
+/// prepared once as the `NAME=value` strings `execve` takes: reading and converting the
+/// environment for every command was about a quarter of a spawn's time on the async thread.
+/// Taken when the daemon starts (a process that runs threads cannot change its environment
+/// safely anyway).
 #[derive(Debug, Clone)]
 pub struct InheritedEnv(std::sync::Arc<InheritedVars>);
 
@@ -73,10 +79,14 @@ struct InheritedVars {
 }
 
 impl InheritedEnv {
-    /// This process's environment now, without the `withheld` names. A variable whose name or
-    /// value holds a NUL byte cannot exist in an environment, so none is skipped.
-    pub fn of_this_process(withheld: &'static [&'static str]) -> InheritedEnv {
-        let mut vars: Vec<(OsString, CString)> = std::env::vars_os()
+    /// These variables (the last of a name wins), without the `withheld` names. A variable
+    /// whose name or value holds a NUL byte cannot exist in an environment, so none is skipped.
+    pub fn from_vars(
+        vars: impl IntoIterator<Item = (OsString, OsString)>,
+        withheld: &'static [&'static str],
+    ) -> InheritedEnv {
+        let mut vars: Vec<(OsString, CString)> = vars
+            .into_iter()
             .filter(|(name, _)| !withheld.iter().any(|w| OsStr::new(w) == name))
             .filter_map(|(name, value)| {
                 let mut pair = name.clone().into_vec();
@@ -85,13 +95,16 @@ impl InheritedEnv {
                 CString::new(pair).ok().map(|pair| (name, pair))
             })
             .collect();
+        // Stable: of equal names the last given stays last, and `dedup_by` keeps the first
+        // of a run, so reverse first.
+        vars.reverse();
         vars.sort_by(|a, b| a.0.cmp(&b.0));
         vars.dedup_by(|a, b| a.0 == b.0);
         InheritedEnv(std::sync::Arc::new(InheritedVars { vars, withheld }))
     }
 
     /// The value of `name` as inherited.
-    fn get(&self, name: &str) -> Option<&[u8]> {
+    pub fn get(&self, name: &str) -> Option<&[u8]> {
         let vars = &self.0.vars;
         let found = vars.binary_search_by(|(n, _)| n.as_os_str().cmp(OsStr::new(name)));
         found.ok().map(|i| &vars[i].1.as_bytes()[name.len() + 1..])
@@ -147,6 +160,19 @@ impl<'a> PreparedEnv<'a> {
         }
     }
 
+    /// The environment as owned `NAME=value` strings, in the order of [`Self::pointers`].
+    fn strings(&self) -> Vec<CString> {
+        let overridden = |name: &OsStr| self.task_vars.iter().any(|(n, _)| OsStr::new(n) == name);
+        self.inherited
+            .0
+            .vars
+            .iter()
+            .filter(|(name, _)| !overridden(name))
+            .map(|(_, pair)| pair.clone())
+            .chain(self.task_strings.iter().cloned())
+            .collect()
+    }
+
     /// `envp`: the inherited strings the task does not override, then the task's.
     fn pointers(&self) -> Vec<*const c_char> {
         let overridden = |name: &OsStr| self.task_vars.iter().any(|(n, _)| OsStr::new(n) == name);
@@ -186,6 +212,9 @@ pub struct CommandProcess {
     status: Option<ExitStatus>,
     pub stdin: Option<pipe::Sender>,
     pub stdout: Option<pipe::Receiver>,
+    /// Started through the trampoline: the read end of its report pipe, read once it exited
+    /// (see `trampoline`).
+    start_report: Option<OwnedFd>,
 }
 
 impl CommandProcess {
@@ -205,8 +234,57 @@ impl CommandProcess {
         let status = wait_exit(self.pid, pidfd).await?;
         self.status = Some(status);
         self.pidfd = None;
+        if let Some(report) = self.start_report.take() {
+            if let Some(failure) = read_start_report(&report) {
+                return Err(failure);
+            }
+        }
         Ok(status)
     }
+}
+
+/// The error a trampoline reported before it exited (written before its exit, so there by
+/// now), or `None` when it `exec`ed the command (the pipe is close-on-exec, hence empty).
+fn read_start_report(report: &OwnedFd) -> Option<io::Error> {
+    let mut buf = [0u8; 1024];
+    // SAFETY: read into a local buffer of the length given; the pipe is non-blocking.
+    let n = unsafe { libc::read(report.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+    let bytes = buf.get(..usize::try_from(n).ok()?)?;
+    let (errno, step) = super::trampoline::parse_report(bytes)?;
+    let error = io::Error::from_raw_os_error(errno);
+    let error = match step {
+        None => error,
+        Some(step) => io::Error::new(error.kind(), format!("{step}: {error}")),
+    };
+    Some(io::Error::new(
+        error.kind(),
+        LateStartFailure { errno, error },
+    ))
+}
+
+/// A start that failed after `start` returned: a step of the trampoline (`trampoline`). The
+/// caller reports it as it reports a failed start ([`late_start_failure`]).
+#[derive(Debug)]
+struct LateStartFailure {
+    errno: i32,
+    error: io::Error,
+}
+
+impl std::fmt::Display for LateStartFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.error.fmt(f)
+    }
+}
+
+impl std::error::Error for LateStartFailure {}
+
+/// When an error of [`CommandProcess::wait`] says that the command never started (a step of
+/// the trampoline failed): the system's error number behind it.
+pub fn late_start_failure(error: &io::Error) -> Option<i32> {
+    error
+        .get_ref()
+        .and_then(|inner| inner.downcast_ref::<LateStartFailure>())
+        .map(|failure| failure.errno)
 }
 
 impl Drop for CommandProcess {
@@ -266,7 +344,14 @@ pub fn start(spec: ProcessSpec<'_>) -> io::Result<CommandProcess> {
     let env = PreparedEnv::new(spec.env)?;
     let candidates = candidates(program, &env)?;
     let cwd = c_string(spec.cwd.as_os_str(), "the working directory")?;
-    let groups = spec.run_as.map(SwitchTo::raw_groups).unwrap_or_default();
+    // SAFETY: getpid has no preconditions.
+    let daemon_pid = unsafe { libc::getpid() };
+    // A command run as someone else starts through the trampoline (see `trampoline`): the
+    // switch of user happens after this process's part has ended.
+    let trampoline = spec
+        .run_as
+        .map(|run_as| TrampolineStart::prepare(run_as, &candidates, &argv, &env, &cwd, daemon_pid))
+        .transpose()?;
 
     // The new process's ends are put into this thread's slots (numbers above 2) for the
     // clone, so they may be any descriptor here, 0 to 2 included.
@@ -291,6 +376,7 @@ pub fn start(spec: ProcessSpec<'_>) -> io::Result<CommandProcess> {
 
     let argv_ptrs = null_terminated(&argv);
     let env_ptrs = env.pointers();
+    let no_env: [*const c_char; 1] = [std::ptr::null()];
     let (pid, pidfd, failure) = SLOTS.with(|slots| {
         let mut slots = slots.borrow_mut();
         let slots = match &mut *slots {
@@ -300,7 +386,24 @@ pub fn start(spec: ProcessSpec<'_>) -> io::Result<CommandProcess> {
         let placed = slots.place(
             [stdin_theirs.as_raw_fd(), stdout_theirs, log.as_raw_fd()],
             spec.cgroup_procs.map(AsRawFd::as_raw_fd),
+            trampoline.as_ref().map(TrampolineStart::fds),
         )?;
+        // The trampoline's descriptors go just above the slots, which are closed before the
+        // `exec`: nothing else of the daemon's reaches it.
+        let targets = [slots.end, slots.end + 1];
+        let trampoline_argv = match (&trampoline, placed.trampoline) {
+            (Some(_), Some(_)) => Some(c_strings(
+                [
+                    super::trampoline::ARGV0.to_string(),
+                    targets[0].to_string(),
+                    targets[1].to_string(),
+                ]
+                .iter(),
+                "an argument",
+            )?),
+            _ => None,
+        };
+        let trampoline_argv_ptrs = trampoline_argv.as_deref().map(null_terminated);
         let plan = Plan {
             candidates: &candidates,
             argv: argv_ptrs.as_ptr(),
@@ -309,10 +412,16 @@ pub fn start(spec: ProcessSpec<'_>) -> io::Result<CommandProcess> {
             stdio: placed.stdio,
             cgroup_procs: placed.cgroup_procs,
             first_not_kept: slots.end,
-            run_as: spec.run_as,
-            groups: &groups,
-            // SAFETY: getpid has no preconditions.
-            daemon_pid: unsafe { libc::getpid() },
+            through_trampoline: placed.trampoline.zip(trampoline_argv_ptrs.as_ref()).map(
+                |(sources, argv)| ThroughTrampoline {
+                    sources,
+                    targets,
+                    program: super::trampoline::binary(),
+                    argv: argv.as_ptr(),
+                    envp: no_env.as_ptr(),
+                },
+            ),
+            daemon_pid,
             file_limit: super::fd_limit::for_commands(),
             failure: Cell::new(None),
         };
@@ -320,6 +429,8 @@ pub fn start(spec: ProcessSpec<'_>) -> io::Result<CommandProcess> {
         io::Result::Ok((pid, pidfd, plan.failure.get()))
     })?;
     drop((stdin_theirs, stdout_pipe, log));
+    // The plan and the report's write end are the new process's alone now.
+    let start_report = trampoline.map(TrampolineStart::into_report);
     if let Some((step, errno)) = failure {
         // It has exited (that ended the clone's wait); reap it.
         drop(pidfd);
@@ -349,11 +460,82 @@ pub fn start(spec: ProcessSpec<'_>) -> io::Result<CommandProcess> {
         status: None,
         stdin: None,
         stdout: None,
+        start_report,
     };
     // From here a failure drops `process`, which kills and reaps it.
     process.stdin = stdin_ours.map(pipe::Sender::from_owned_fd).transpose()?;
     process.stdout = stdout_ours.map(pipe::Receiver::from_owned_fd).transpose()?;
     Ok(process)
+}
+
+/// What a start through the trampoline needs besides the rest: its plan in a memory file, and
+/// the report pipe.
+struct TrampolineStart {
+    plan: OwnedFd,
+    report_read: OwnedFd,
+    report_write: OwnedFd,
+}
+
+impl TrampolineStart {
+    fn prepare(
+        run_as: &SwitchTo,
+        candidates: &[CString],
+        argv: &[CString],
+        env: &PreparedEnv<'_>,
+        cwd: &CStr,
+        daemon_pid: libc::pid_t,
+    ) -> io::Result<TrampolineStart> {
+        let plan = super::trampoline::StartPlan {
+            uid: run_as.uid.as_raw(),
+            gid: run_as.gid.as_raw(),
+            groups: run_as.raw_groups(),
+            cwd: cwd.to_owned(),
+            candidates: candidates.to_vec(),
+            argv: argv.to_vec(),
+            env: env.strings(),
+            daemon_pid,
+        };
+        // SAFETY: memfd_create with a NUL-terminated name; the descriptor is ours.
+        let memfd = unsafe { libc::memfd_create(c"cairn-start-plan".as_ptr(), libc::MFD_CLOEXEC) };
+        if memfd == -1 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: just made, owned by no one else.
+        let mut file = unsafe { File::from_raw_fd(memfd) };
+        use std::io::{Seek, Write};
+        file.write_all(&plan.encode())?;
+        file.rewind()?;
+        let (report_read, report_write) =
+            nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC | nix::fcntl::OFlag::O_NONBLOCK)?;
+        Ok(TrampolineStart {
+            plan: file.into(),
+            report_read,
+            report_write,
+        })
+    }
+
+    /// The plan and the report's write end, to place for the new process.
+    fn fds(&self) -> [RawFd; 2] {
+        [self.plan.as_raw_fd(), self.report_write.as_raw_fd()]
+    }
+
+    /// What the daemon keeps: the report's read end.
+    fn into_report(self) -> OwnedFd {
+        self.report_read
+    }
+}
+
+/// How the new process `exec`s the trampoline instead of the command.
+struct ThroughTrampoline {
+    /// The slots holding the plan and the report pipe's write end.
+    sources: [RawFd; 2],
+    /// The numbers they get, without close-on-exec (named in `argv`).
+    targets: [RawFd; 2],
+    program: &'static CStr,
+    argv: *const *const c_char,
+    /// Empty: the trampoline starts with the daemon's privileges, so no variable of the task's
+    /// may reach its dynamic loader.
+    envp: *const *const c_char,
 }
 
 /// Everything the new process needs, prepared before the clone.
@@ -371,8 +553,9 @@ struct Plan<'a> {
     /// The new process keeps the descriptors below this one (the slots' end), not a copy of
     /// the daemon's whole table.
     first_not_kept: RawFd,
-    run_as: Option<&'a SwitchTo>,
-    groups: &'a [libc::gid_t],
+    /// With `Some`, the new process `exec`s the trampoline, which switches to `run_as` and
+    /// `exec`s the command; the new process itself never changes identity.
+    through_trampoline: Option<ThroughTrampoline>,
     daemon_pid: libc::pid_t,
     /// The open-files limit the command gets, when the daemon raised its own (`fd_limit`).
     file_limit: Option<libc::rlimit>,
@@ -386,8 +569,8 @@ enum Step {
     ProcessGroup,
     Stdio,
     Cgroup,
-    RunAs(&'static str, u32),
     Descriptors,
+    Trampoline,
     FileLimit,
     WorkingDir,
     DeathSignal,
@@ -402,8 +585,8 @@ impl Step {
             Step::ProcessGroup => "cannot make it a process group leader".into(),
             Step::Stdio => "cannot set up its stdin, stdout and stderr".into(),
             Step::Cgroup => "cannot join the task's cgroup".into(),
-            Step::RunAs(step, uid) => format!("cannot run as user {uid}: {step}"),
             Step::Descriptors => "cannot make its own table of descriptors".into(),
+            Step::Trampoline => "cannot start cairn's trampoline".into(),
             Step::FileLimit => "cannot set its limit on open files".into(),
             Step::WorkingDir => "cannot enter its working directory".into(),
             Step::DeathSignal => "cannot arm the parent-death signal".into(),
@@ -484,8 +667,8 @@ thread_local! {
 /// `CLOSE_RANGE_UNSHARE`): the daemon's first few, and the slots.
 struct Slots {
     null: OwnedFd,
-    /// stdin, stdout, stderr, the cgroup file.
-    fds: [OwnedFd; 4],
+    /// stdin, stdout, stderr, the cgroup file, the trampoline's plan and report pipe.
+    fds: [OwnedFd; 6],
     /// One past the highest slot.
     end: RawFd,
 }
@@ -495,6 +678,7 @@ struct Placed<'a> {
     slots: &'a Slots,
     stdio: [RawFd; 3],
     cgroup_procs: Option<RawFd>,
+    trampoline: Option<[RawFd; 2]>,
 }
 
 impl Slots {
@@ -516,24 +700,34 @@ impl Slots {
             // SAFETY: just made, owned by no one else.
             Ok(unsafe { OwnedFd::from_raw_fd(fd) })
         };
-        let fds = [slot()?, slot()?, slot()?, slot()?];
+        let fds = [slot()?, slot()?, slot()?, slot()?, slot()?, slot()?];
         let end = fds.iter().map(AsRawFd::as_raw_fd).max().unwrap_or(2) + 1;
         Ok(Slots { null, fds, end })
     }
 
-    /// Put duplicates of `stdio` and `cgroup_procs` into the slots, close-on-exec (so the slots
-    /// themselves do not pass to the command), until the returned value is dropped.
-    fn place(&self, stdio: [RawFd; 3], cgroup_procs: Option<RawFd>) -> io::Result<Placed<'_>> {
+    /// Put duplicates of `stdio`, `cgroup_procs` and the trampoline's descriptors into the
+    /// slots, close-on-exec (so the slots themselves do not pass to the command), until the
+    /// returned value is dropped.
+    fn place(
+        &self,
+        stdio: [RawFd; 3],
+        cgroup_procs: Option<RawFd>,
+        trampoline: Option<[RawFd; 2]>,
+    ) -> io::Result<Placed<'_>> {
         let mut placed = Placed {
             slots: self,
             stdio: [-1; 3],
             cgroup_procs: None,
+            trampoline: None,
         };
         for (i, source) in stdio.into_iter().enumerate() {
             placed.stdio[i] = self.put(i, source)?;
         }
         if let Some(source) = cgroup_procs {
             placed.cgroup_procs = Some(self.put(3, source)?);
+        }
+        if let Some([plan, report]) = trampoline {
+            placed.trampoline = Some([self.put(4, plan)?, self.put(5, report)?]);
         }
         Ok(placed)
     }
@@ -553,7 +747,13 @@ impl Drop for Placed<'_> {
     /// Back to `/dev/null`: the daemon must not keep the command's end of a pipe open (it would
     /// never see the command's stdout end).
     fn drop(&mut self) {
-        for slot in self.stdio.into_iter().chain(self.cgroup_procs) {
+        let trampoline = self.trampoline.into_iter().flatten();
+        for slot in self
+            .stdio
+            .into_iter()
+            .chain(self.cgroup_procs)
+            .chain(trampoline)
+        {
             if slot < 0 {
                 continue;
             }
@@ -617,9 +817,22 @@ fn clone_and_exec(plan: &Plan<'_>) -> io::Result<(libc::pid_t, OwnedFd)> {
 extern "C" fn child_main(plan: *mut c_void) -> c_int {
     // SAFETY: `clone_and_exec` passed a `Plan` that outlives this process's use of it.
     let plan = unsafe { &*plan.cast_const().cast::<Plan<'_>>() };
-    let failure = match prepare(plan) {
-        Ok(()) => exec(plan),
-        Err(failure) => failure,
+    let failure = match (prepare(plan), &plan.through_trampoline) {
+        (Ok(()), None) => exec(plan),
+        (Ok(()), Some(trampoline)) => {
+            // SAFETY: NUL-terminated strings and NULL-terminated arrays prepared before the
+            // clone.
+            unsafe {
+                libc::execve(
+                    trampoline.program.as_ptr(),
+                    trampoline.argv,
+                    trampoline.envp,
+                )
+            };
+            let errno = io::Error::last_os_error().raw_os_error().unwrap_or(0);
+            (Step::Trampoline, errno)
+        }
+        (Err(failure), _) => failure,
     };
     plan.failure.set(Some(failure));
     // SAFETY: ends this process only (it is its own thread group).
@@ -652,18 +865,30 @@ fn prepare(plan: &Plan<'_>) -> Result<(), (Step, i32)> {
             let written = libc::write(procs, b"0".as_ptr().cast(), 1);
             check(written as c_int, Step::Cgroup)?;
         }
-        if let Some(run_as) = plan.run_as {
-            run_as
-                .assume_in_new_process(plan.groups)
-                .map_err(|(step, errno)| (Step::RunAs(step, run_as.uid.as_raw()), errno as i32))?;
+        // Nothing of the daemon's but 0-2 reaches the command: an inherited descriptor without
+        // close-on-exec among the daemon's first few would otherwise pass (the slots are done
+        // with now). The trampoline's two stay, at their numbers above the slots.
+        match &plan.through_trampoline {
+            None => close_from(3),
+            Some(trampoline) => {
+                for (&source, &target) in trampoline.sources.iter().zip(&trampoline.targets) {
+                    check(libc::dup2(source, target), Step::Descriptors)?;
+                }
+                let [first, last] = trampoline.targets;
+                libc::syscall(libc::SYS_close_range, 3, first - 1, 0);
+                close_from(last + 1);
+            }
         }
         // The soft limit the daemon started with (lowering it needs no privilege).
         if let Some(limit) = &plan.file_limit {
             check(libc::setrlimit(libc::RLIMIT_NOFILE, limit), Step::FileLimit)?;
         }
-        // Entered after the switch of user: as the submitter, who must be allowed to.
-        check(libc::chdir(plan.cwd.as_ptr()), Step::WorkingDir)?;
-        // Armed after the switch of user, which clears it.
+        // Run as the daemon's user, the command enters its directory here; run as someone
+        // else, the trampoline enters it as them.
+        if plan.through_trampoline.is_none() {
+            check(libc::chdir(plan.cwd.as_ptr()), Step::WorkingDir)?;
+        }
+        // Armed last (the trampoline arms it again after its switch of user, which clears it).
         check(
             libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0),
             Step::DeathSignal,
@@ -682,6 +907,29 @@ fn prepare(plan: &Plan<'_>) -> Result<(), (Step, i32)> {
         )?;
     }
     Ok(())
+}
+
+/// Close every descriptor from `first` on (`close_range`, Linux 5.9; one by one before).
+///
+/// # Safety
+/// Only in the new process, with its own table of descriptors.
+unsafe fn close_from(first: c_int) {
+    if libc::syscall(
+        libc::SYS_close_range,
+        first as libc::c_uint,
+        libc::c_uint::MAX,
+        0,
+    ) != 0
+    {
+        let mut limit: libc::rlimit = std::mem::zeroed();
+        libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit);
+        let end = c_int::try_from(limit.rlim_cur)
+            .unwrap_or(c_int::MAX)
+            .min(1 << 20);
+        for fd in first..end {
+            libc::close(fd);
+        }
+    }
 }
 
 /// Every signal with a handler gets the default disposition (handlers are the daemon's code,
@@ -796,7 +1044,7 @@ mod tests {
     use super::*;
 
     static INHERITED: std::sync::LazyLock<InheritedEnv> =
-        std::sync::LazyLock::new(|| InheritedEnv::of_this_process(&[]));
+        std::sync::LazyLock::new(|| InheritedEnv::from_vars(std::env::vars_os(), &[]));
 
     fn spec<'a>(argv: &'a [String], stdin: StdinFrom, stdout: StdoutTo) -> ProcessSpec<'a> {
         ProcessSpec {
@@ -851,7 +1099,7 @@ mod tests {
     #[tokio::test]
     async fn a_command_inherits_the_environment_under_its_tasks_variables_without_the_withheld() {
         use tokio::io::AsyncReadExt;
-        let inherited = InheritedEnv::of_this_process(&["HOME"]);
+        let inherited = InheritedEnv::from_vars(std::env::vars_os(), &["HOME"]);
         let task_path = "/nonexistent-cairn-dir:/usr/bin:/bin".to_string();
         let task = [
             ("CAIRN_TEST_VAR".to_string(), "first".to_string()),

@@ -100,10 +100,26 @@ pub(super) async fn run(run: &PhaseRun<'_>) -> Result<PhaseEnd, PhaseError> {
         stop: None,
         supervision: Supervision::Running,
     };
-    let (status, mut worker) = supervise(run, worker, &mut launched).await?;
+    let watch = run
+        .ctx
+        .max_log_bytes
+        .map(|max| super::log_cap::Watch::start(&run.log_path(), max));
+    let supervised = supervise(run, worker, &mut launched).await;
+    if let Some(watch) = watch {
+        watch.finish(None).await;
+    }
+    let (status, mut worker) = supervised?;
     // Leftover group members (helpers the worker started) go with it.
     kill_group(launched.group, Signal::SIGKILL);
     let status = status.map_err(|e| {
+        if super::spawn::late_start_failure(&e).is_some() {
+            let e = super::child::wait_error(
+                run.phase.run.first().map_or("", String::as_str),
+                &run.cwd(),
+                e,
+            );
+            return super::spawn_failure(&describe(run), e);
+        }
         PhaseError::Command(format!("{}: waiting for the worker: {e}", describe(run)))
     })?;
     for message in launched.channel.drain().await {

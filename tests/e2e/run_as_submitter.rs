@@ -45,7 +45,7 @@ fn a_daemon_that_cannot_switch_users_refuses_to_start_and_says_what_it_needs() {
 
 /// `cairn --queue <queue> <args>` run as `user` (its uid, the group's gid and its groups), with
 /// `stdin` as its input.
-fn cairn_as(
+pub(crate) fn cairn_as(
     queue: &TestQueue,
     users: &SystemUsers,
     user: &SystemUser,
@@ -74,7 +74,7 @@ fn cairn_as(
 }
 
 /// Set a path's owner, group and mode.
-fn own(path: &std::path::Path, uid: u32, gid: u32, mode: u32) {
+pub(crate) fn own(path: &std::path::Path, uid: u32, gid: u32, mode: u32) {
     use std::os::unix::fs::PermissionsExt;
     std::os::unix::fs::chown(path, Some(uid), Some(gid)).unwrap();
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();

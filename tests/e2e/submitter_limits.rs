@@ -333,3 +333,56 @@ fn status_shows_the_limits_in_effect_and_each_submitters_counts() {
     assert_eq!(document["limits"], Value::Null, "{document}");
     assert_eq!(document["submitters"][0]["queued"], 3, "{document}");
 }
+
+/// `cairn retry` brings a finished task back into the queue as a new file would: past the
+/// submitter's `--max-queued-per-submitter` it is refused, naming the limit, and the task stays
+/// failed; once the submitter has room, the same retry is applied.
+#[test]
+fn a_retry_counts_against_the_queued_limit() {
+    let queue = TestQueue::new();
+    let failing = json!({
+        "id": "fails",
+        "retry": {"max_attempts": 1},
+        "phases": [{"name": "work", "run": ["sh", "-c", "exit 3"]}],
+    });
+    queue.seed_task("fails.json", &failing);
+    let mut daemon = queue.start(&["--max-queued-per-submitter", "1"]);
+    queue.wait_failed("fails");
+    // The one unfinished task root may have: waiting for its marker to go.
+    let marker = queue.aux("hold");
+    fs::write(&marker, "").unwrap();
+    let holding = json!({
+        "id": "holds",
+        "phases": [{"name": "wait", "run": ["sh", "-c",
+            format!("while [ -e '{}' ]; do sleep 0.1; done; printf '{{}}'", marker.display())]}],
+    });
+    queue.drop_task("holds.json", &holding);
+    wait_until("the holding task to run", DEADLINE, || {
+        queue
+            .active_entry("holds")
+            .is_some_and(|e| e["status"] == "running")
+    });
+
+    let retried = queue.cairn_output(&["retry", "fails"], b"");
+    let stderr = stderr_of(&retried);
+    assert_eq!(retried.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("refused the request for fails")
+            && stderr.contains("--max-queued-per-submitter 1")
+            && stderr.contains("already has 1"),
+        "{stderr}"
+    );
+    assert!(
+        queue.failed("fails").is_some(),
+        "the refused retry moved the record"
+    );
+    assert!(queue.active_entry("fails").is_none());
+
+    fs::remove_file(&marker).unwrap();
+    queue.wait_done("holds");
+    let retried = queue.cairn_output(&["retry", "fails"], b"");
+    assert!(retried.status.success(), "{}", stderr_of(&retried));
+    queue.wait_failed("fails");
+    daemon.signal(SIGTERM);
+    daemon.wait_exit(DEADLINE);
+}
