@@ -523,3 +523,141 @@ fn a_checkpoint_that_fits_only_by_the_atomic_replace_is_still_committed() {
     );
     drop(daemon);
 }
+
+/// The task of [`a_replay_that_fails_on_a_full_disk_keeps_the_commit_log`].
+const REPLAYED: &str = "replayed";
+
+/// After a crash that left the latest checkpoint only in the commit log (here: the daemon
+/// SIGKILLed, then its latest checkpoint file emptied, as a power cut can leave it), a replay
+/// that fails for want of room (by `cairn fork`, which replays a log no daemon holds before it
+/// writes, and by a daemon's start) fails with the reason and keeps the log; once there is
+/// room, the daemon replays it and the task resumes from that checkpoint. The log used to be
+/// removed by the failed replay, and the checkpoint with it.
+#[test]
+fn a_replay_that_fails_on_a_full_disk_keeps_the_commit_log() {
+    const TEST: &str = "a_replay_that_fails_on_a_full_disk_keeps_the_commit_log";
+    if !require_root(TEST, "it mounts a tmpfs to fill it")
+        || require_tool(TEST, "mount", "mount").is_none()
+    {
+        return;
+    }
+    let outside = tempfile::Builder::new()
+        .prefix("cairn-disk-full-aux-")
+        .tempdir()
+        .expect("creating a temp dir");
+    let side = outside.path().join("loop.side");
+    let stderr_path = outside.path().join("daemon.stderr");
+    let _show = ShowOnPanic(vec![stderr_path.clone(), side.clone()]);
+    let tmpfs = Tmpfs::mount("4m");
+    let queue = tmpfs.path().join("queue");
+    fs::create_dir_all(queue.join("inbox")).expect("creating the queue's inbox");
+    let pad = pad();
+    let mut task = loop_task(REPLAYED, &side, 12, 0.2);
+    task["phases"][0]["initial_state"] = json!({"sum": 0, "seen": [], "pad": pad});
+    let mut expected = loop_result(12);
+    expected["pad"] = json!(pad);
+    let inbox_file = queue.join(format!("inbox/{REPLAYED}.json"));
+    fs::write(&inbox_file, serde_json::to_vec(&task).unwrap()).expect("writing the task");
+    let old = std::time::SystemTime::now() - Duration::from_secs(600);
+    fs::File::options()
+        .write(true)
+        .open(&inbox_file)
+        .and_then(|f| f.set_modified(old))
+        .expect("backdating the task file");
+
+    let latest = queue.join(format!("incremental/{REPLAYED}.json.gz"));
+    let log = queue.join("incremental/.commit-log");
+    let mut daemon = Daemon::start(&queue, &[], &[], stderr_path.clone(), "the daemon".into());
+    let before_kill = wait_for("three iterations committed", DEADLINE, || {
+        let bytes = fs::read(&latest).ok()?;
+        let n = decode_checkpoint(&bytes).ok()?.iteration_count;
+        (n >= 3).then_some(n)
+    });
+    daemon.kill_hard();
+    drop(daemon);
+    let in_log = fs::read(&latest).expect("the latest checkpoint");
+    let committed_at_kill = decode_checkpoint(&in_log).unwrap().iteration_count;
+    assert!(committed_at_kill >= before_kill);
+    let log_len = fs::metadata(&log)
+        .expect("the killed daemon's commit log")
+        .len();
+    assert!(log_len > 0, "the commit log is empty");
+    // What a power cut may leave of a file renamed into place but not yet synced.
+    fs::write(&latest, b"").unwrap();
+
+    let mut filler = Filler::fill(tmpfs.path().join("filler"));
+    filler.stop_topping_up();
+
+    // `cairn fork` replays the log before it writes: it fails, saying why, and keeps the log.
+    let fork = Command::new(env!("CARGO_BIN_EXE_cairn"))
+        .arg("--queue")
+        .arg(&queue)
+        .args(["fork", REPLAYED])
+        .env_remove("CAIRN_QUEUE")
+        .output()
+        .expect("running cairn fork");
+    let fork_stderr = String::from_utf8_lossy(&fork.stderr);
+    assert!(
+        !fork.status.success(),
+        "cairn fork succeeded on a full disk"
+    );
+    assert!(
+        fork_stderr.contains("commit log") && fork_stderr.contains("No space left on device"),
+        "{fork_stderr}"
+    );
+    assert_eq!(
+        fs::metadata(&log).map(|m| m.len()).ok(),
+        Some(log_len),
+        "the failed replay of cairn fork did not keep the commit log"
+    );
+
+    // A daemon's start fails the same way.
+    let stderr_path_2 = outside.path().join("daemon-2.stderr");
+    let mut daemon = Daemon::start(
+        &queue,
+        &[],
+        &["--exit-when-idle"],
+        stderr_path_2,
+        "the daemon on the full disk".into(),
+    );
+    let status = daemon.wait_exit(DEADLINE);
+    assert!(!status.success(), "the daemon started on a full disk");
+    let stderr = daemon.stderr();
+    assert!(
+        stderr.contains("commit log") && stderr.contains("No space left on device"),
+        "{stderr}"
+    );
+    assert_eq!(
+        fs::metadata(&log).map(|m| m.len()).ok(),
+        Some(log_len),
+        "the daemon's failed replay did not keep the commit log"
+    );
+    drop(daemon);
+
+    // Room again: the replay restores the checkpoint and the task resumes from it.
+    filler.remove();
+    let stderr_path_3 = outside.path().join("daemon-3.stderr");
+    let mut daemon = Daemon::start(
+        &queue,
+        &[],
+        &["--exit-when-idle"],
+        stderr_path_3,
+        "the daemon with room".into(),
+    );
+    let status = daemon.wait_exit(DEADLINE + Duration::from_secs(60));
+    assert_eq!(status.code(), Some(0), "{}", daemon.stderr());
+    let done = read_json_if_exists(&queue.join(format!("done/{REPLAYED}.json")))
+        .unwrap_or_else(|| panic!("no done record: {}", daemon.stderr()));
+    assert!(done["result"] == expected, "the result differs");
+    let resumed_at = side_events(&side)
+        .iter()
+        .filter(|e| e.event == "start" && e.attempt > 1)
+        .map(|e| e.iteration)
+        .min();
+    assert_eq!(
+        resumed_at,
+        Some(committed_at_kill),
+        "the restart did not resume from the checkpoint only the log held"
+    );
+    drop(daemon);
+}
