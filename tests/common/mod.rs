@@ -118,6 +118,27 @@ pub fn stderr_of(output: &Output) -> String {
     String::from_utf8_lossy(&output.stderr).into_owned()
 }
 
+/// The binary of the workspace package `name` (`examples/<name>/`), built first with the
+/// profile of this test: it goes into `target/<profile>/`, beside the `deps/` directory this
+/// test binary runs from.
+pub fn package_binary(name: &str) -> PathBuf {
+    let mut build = Command::new(env!("CARGO"));
+    build.args(["build", "--quiet", "-p", name]);
+    if !cfg!(debug_assertions) {
+        build.arg("--release");
+    }
+    let status = build
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .status()
+        .expect("running cargo build -p");
+    assert!(status.success(), "cargo build -p {name}: {status}");
+    let exe = std::env::current_exe().expect("the test binary's path");
+    exe.parent()
+        .and_then(|deps| deps.parent())
+        .expect("the test binary lives in target/<profile>/deps")
+        .join(name)
+}
+
 /// The binary of the example `name` (`examples/<name>.rs`), built first: `cargo test --test
 /// e2e` alone does not build the examples. It goes into `target/<profile>/examples/`, beside
 /// the `deps/` directory this test binary runs from.

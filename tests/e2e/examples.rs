@@ -1,11 +1,12 @@
-//! The library examples as a user meets them: the README quotes `examples/embed.rs` whole, it
+//! The library examples as a user meets them: the README quotes `examples/embed/src/main.rs`
+//! whole, it
 //! runs in a directory of its own, and `examples/checkpoint_loop.rs` run again after it finished
 //! writes no new generation; the README states the default retry policy the code has.
 
 use std::path::Path;
 use std::process::{Command, Output};
 
-use crate::common::example_binary;
+use crate::common::{example_binary, package_binary};
 
 fn run_in(binary: &Path, dir: &Path, args: &[&str]) -> String {
     let output: Output = Command::new(binary)
@@ -36,7 +37,7 @@ fn names(dir: &Path) -> Vec<String> {
 #[test]
 fn the_readme_quotes_the_embedding_example_whole() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let source = std::fs::read_to_string(root.join("examples/embed.rs")).unwrap();
+    let source = std::fs::read_to_string(root.join("examples/embed/src/main.rs")).unwrap();
     let program = &source[source.find("use cairn").expect("the example uses cairn")..];
     let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
     let quoted = readme
@@ -47,13 +48,13 @@ fn the_readme_quotes_the_embedding_example_whole() {
         .0;
     assert_eq!(
         quoted, program,
-        "README's snippet differs from examples/embed.rs"
+        "README's snippet differs from examples/embed/src/main.rs"
     );
 }
 
 #[test]
 fn the_embedding_example_uses_its_own_directory_and_a_second_run_runs_nothing() {
-    let binary = example_binary("embed");
+    let binary = package_binary("embed");
     let dir = tempfile::tempdir().unwrap();
     let first = run_in(&binary, dir.path(), &[]);
     assert_eq!(first.trim(), "total 4950 (started at iteration 0)");

@@ -1,6 +1,6 @@
 //! The README's embedding example, whole: a loop of your own program checkpointed with cairn's
 //! library. Run it, interrupt it (Ctrl-C), run it again in the same directory: it continues
-//! after the last completed iteration. `cargo run --example embed`
+//! after the last completed iteration. `cargo run --release -p embed`
 
 use cairn::{CheckpointStore, LoopCheckpointer};
 
