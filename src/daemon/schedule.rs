@@ -95,6 +95,7 @@ impl Scheduler {
                 Wake::Stop => break,
                 wake => self.react(wake, &mut main).await,
             }
+            self.let_go_of_unknown_leases();
             self.write_progress_if_due(&mut main).await;
         }
         DaemonExit::Stopped

@@ -103,6 +103,37 @@ impl PgCluster {
         self.postmaster.as_raw()
     }
 
+    /// Restart the server with `pg_ctl restart -m <mode>` (`fast`: connections are ended;
+    /// `immediate`: the server dies without a checkpoint and recovers), waiting until it
+    /// accepts connections again.
+    pub fn restart(&mut self, mode: &str) {
+        self.run_pg_ctl(
+            &["restart", "-m", mode, "-w", "-t", PG_CTL_WAIT_SECONDS, "-l"],
+            true,
+        );
+        self.postmaster = self.read_postmaster_pid();
+    }
+
+    /// Stop the server (`pg_ctl stop -m <mode>`) for an outage; [`PgCluster::resume`] starts
+    /// it again.
+    pub fn stop(&mut self, mode: &str) {
+        let output = self.run_pg_ctl(
+            &["stop", "-m", mode, "-w", "-t", PG_CTL_WAIT_SECONDS],
+            false,
+        );
+        assert!(
+            output.status.success(),
+            "pg_ctl stop -m {mode} failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+
+    /// Start the server again after [`PgCluster::stop`].
+    pub fn resume(&mut self) {
+        self.run_pg_ctl(&["start", "-w", "-t", PG_CTL_WAIT_SECONDS, "-l"], true);
+        self.postmaster = self.read_postmaster_pid();
+    }
+
     /// Create a database and return the connection string of it, for tests that want several.
     pub fn create_database(&self, name: &str) -> String {
         let psql = self.bin.join("psql");
