@@ -25,7 +25,7 @@ const PG_CTL_WAIT_SECONDS: &str = "120";
 
 /// The superuser `initdb` creates, whom the tests connect as (trust authentication on the
 /// socket, which only the temp dir's owner can reach).
-const SUPERUSER: &str = "cairn";
+pub const SUPERUSER: &str = "cairn";
 
 /// A running throwaway cluster; dropping it stops the postmaster it started and removes its
 /// files.
