@@ -20,6 +20,7 @@ use crate::queue::backend::{lease_stop_margin, renewal_period};
 use crate::queue::{ClaimedWork, HandBack, QueueError};
 use crate::runner::RunContext;
 use crate::store::current_work::ActiveTask;
+use crate::store::events::Event;
 use crate::store::records::RecordStatus;
 use crate::task_id::TaskId;
 
@@ -166,10 +167,31 @@ impl Scheduler {
             entry,
             quarantine,
             on_trial,
+            taken_over,
         } = work;
         let id = task.id().clone();
         tracing::info!(task_id = %id, epoch = lease.epoch(), resumes = entry.is_some(), on_trial, "claimed a task");
+        if let Some(moved) = taken_over {
+            tracing::info!(task_id = %id, from = %moved.from_node, from_epoch = moved.from_epoch, verdict = moved.verdict, "took the task over from an expired lease");
+            self.ctx.journal(
+                &id,
+                Event::TakenOver {
+                    from_node: moved.from_node,
+                    from_epoch: moved.from_epoch,
+                    verdict: moved.verdict.to_string(),
+                    crashes: moved.crashes,
+                    limit: moved.limit,
+                },
+            );
+        }
         if let Some(crashes) = quarantine {
+            self.ctx.journal(
+                &id,
+                Event::Quarantined {
+                    crashes,
+                    limit: task.retry.max_attempts + 2,
+                },
+            );
             let first = task
                 .phases
                 .first()

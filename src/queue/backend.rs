@@ -155,6 +155,23 @@ pub struct ClaimedWork {
     /// A crash suspect, claimed to be tried alone: nothing starts or is claimed beside it
     /// until it makes progress or its attempt ends.
     pub on_trial: bool,
+    /// Why the task moved to this owner, when it was taken over from an expired lease.
+    pub taken_over: Option<TakeOver>,
+}
+
+/// A task taken over from another holder's expired lease, and how that expiry was judged.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TakeOver {
+    /// The node whose lease expired (it died, froze, or lost the database).
+    pub from_node: String,
+    /// The epoch of that lease.
+    pub from_epoch: i64,
+    /// `cleared` (it made progress under that lease), `suspect` (it was in flight with
+    /// others and is tried alone), or `crash` (in flight alone without progress: counted).
+    pub verdict: &'static str,
+    /// The task's count of such crashes in a row, and its limit.
+    pub crashes: u32,
+    pub limit: u32,
 }
 
 /// How a task leaves this owner without a final record ([`QueueBackend::hand_back`]).

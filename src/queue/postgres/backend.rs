@@ -1317,12 +1317,30 @@ impl PgBackend {
         let quarantine = claimed
             .must_quarantine()
             .then(|| u32::try_from(claimed.crash_count).unwrap_or(0));
+        let taken_over = claimed
+            .previous
+            .as_ref()
+            .filter(|_| claimed.taken_over)
+            .map(|(node, epoch)| crate::queue::backend::TakeOver {
+                from_node: node.clone(),
+                from_epoch: *epoch,
+                verdict: if claimed.on_trial {
+                    "suspect"
+                } else if claimed.crash_count == 0 {
+                    "cleared"
+                } else {
+                    "crash"
+                },
+                crashes: u32::try_from(claimed.crash_count).unwrap_or(0),
+                limit: u32::try_from(claimed.crash_limit).unwrap_or(0),
+            });
         Ok(ClaimedWork {
             task,
             lease,
             entry,
             quarantine,
             on_trial: claimed.on_trial,
+            taken_over,
         })
     }
 

@@ -45,6 +45,8 @@ pub struct ClaimedTask {
     /// True when the task was taken over from a lease that expired (its holder died, froze or
     /// lost the database).
     pub taken_over: bool,
+    /// The node and epoch of the lease it was taken over from (an expired one), if any.
+    pub previous: Option<(String, i64)>,
     /// A crash suspect claimed to be tried alone: the claiming node runs nothing beside it
     /// until it makes progress or its attempt ends.
     pub on_trial: bool,
@@ -115,7 +117,8 @@ const SUSPECT_WAITING: &str = "SELECT EXISTS (SELECT 1 FROM cairn_tasks WHERE su
 /// locks.
 const CLAIM: &str = "
 WITH candidate AS (
-    SELECT id, state = 'running' AS expired
+    SELECT id, state = 'running' AS expired,
+           CASE WHEN state = 'running' THEN lease_node END AS prev_node, lease_epoch AS prev_epoch
     FROM cairn_tasks
     WHERE (state = 'queued' AND (not_before IS NULL OR not_before <= now()))
        OR (state = 'running' AND lease_expires_at <= now() AND NOT suspect
@@ -134,12 +137,12 @@ SET state = 'running',
 FROM candidate c
 WHERE t.id = c.id
 RETURNING t.id, t.lease_epoch, t.lease_expires_at, t.definition::text, c.expired,
-          t.crash_count, t.crash_limit, false, t.phase_state::text";
+          t.crash_count, t.crash_limit, false, t.phase_state::text, c.prev_node, c.prev_epoch";
 
 /// Claim one suspect for node `$1` for `$3` seconds, to try it alone (`$2` is 1).
 const CLAIM_SUSPECT: &str = "
 WITH candidate AS (
-    SELECT id FROM cairn_tasks
+    SELECT id, lease_node AS prev_node, lease_epoch AS prev_epoch FROM cairn_tasks
     WHERE suspect
     ORDER BY priority DESC, submitted_at, id
     LIMIT $2
@@ -156,7 +159,7 @@ SET state = 'running',
 FROM candidate c
 WHERE t.id = c.id
 RETURNING t.id, t.lease_epoch, t.lease_expires_at, t.definition::text, true,
-          t.crash_count, t.crash_limit, true, t.phase_state::text";
+          t.crash_count, t.crash_limit, true, t.phase_state::text, c.prev_node, c.prev_epoch";
 
 /// Extend the unexpired leases of node `$1` named by `$3` (task ids) and `$4` (their epochs,
 /// in the same order) by `$2` seconds, and note the node alive. Only the leases the caller
@@ -300,6 +303,9 @@ impl PgQueue {
                 },
                 definition: row.get(3),
                 taken_over: row.get(4),
+                previous: row
+                    .get::<_, Option<String>>(9)
+                    .map(|node| (node, row.get::<_, i64>(10))),
                 crash_count: row.get(5),
                 crash_limit: row.get(6),
                 on_trial: row.get(7),
