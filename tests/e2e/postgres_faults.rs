@@ -248,3 +248,52 @@ fn a_slow_link_with_a_short_lease_makes_progress_without_claiming_over_and_over(
     }
     stop_all(&mut hosts);
 }
+
+/// `cairn status --db` judges a daemon gone by its own lease, not by a constant: a daemon
+/// with a 3 s lease SIGKILLed while it runs a task is shown gone once it was not seen for its
+/// lease (by the database's clock), and its task's expired lease is shown awaiting takeover.
+#[test]
+fn status_judges_a_killed_daemon_gone_by_its_lease_and_its_task_awaiting_takeover() {
+    let test = "status_judges_a_killed_daemon_gone_by_its_lease_and_its_task_awaiting_takeover";
+    let Some(pg) = PgCluster::start(test) else {
+        return;
+    };
+    let url = pg.url();
+    let scratch = TestQueue::new();
+    let side = scratch.aux("iterations.side");
+    submit_task(&url, &loop_task("long", &side, 100, 1.0));
+    let mut host = Host::start(&url, "n1", "3s", "1");
+    wait_until("the task runs", DEADLINE, || {
+        side_events(&side).iter().any(|e| e.event == "start")
+    });
+    host.daemon.kill_hard();
+    // By the database's clock: the daemon's last renewal is older than its lease.
+    wait_until("the killed daemon is past its lease", DEADLINE, || {
+        query_texts(
+            &url,
+            "SELECT name FROM cairn_nodes
+             WHERE name = 'n1' AND last_seen_at < now() - interval '3.5 seconds'",
+            &[],
+        )
+        .len()
+            == 1
+    });
+    let json = scratch.cairn_output(&["status", "--db", &url, "--json"], b"");
+    assert!(json.status.success(), "{json:?}");
+    let document: Value = serde_json::from_slice(&json.stdout).unwrap();
+    let nodes = document["nodes"].to_string();
+    let n1 = document["nodes"]
+        .as_array()
+        .and_then(|nodes| nodes.iter().find(|n| n["name"] == "n1"))
+        .unwrap_or_else(|| panic!("no node n1 in {nodes}"));
+    assert_eq!(
+        n1["alive"], false,
+        "a daemon dead for its lease is shown alive: {nodes}"
+    );
+    let human = scratch.cairn_output(&["status", "--db", &url], b"");
+    let text = String::from_utf8_lossy(&human.stdout);
+    assert!(
+        text.contains("awaiting takeover"),
+        "the expired lease is not shown awaiting takeover:\n{text}"
+    );
+}

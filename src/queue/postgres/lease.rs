@@ -184,12 +184,12 @@ SET state = 'queued', lease_node = NULL, lease_expires_at = NULL, crash_count = 
 WHERE lease_node = $1 AND state = 'running'
 RETURNING id";
 
-/// Register node `$1` (instance `$2`), unless another instance renewed under that name less
-/// than `$3` seconds ago.
+/// Register node `$1` (instance `$2`, leases of `$3` seconds), unless another instance
+/// renewed under that name less than `$3` seconds ago.
 const REGISTER_NODE: &str = "
-INSERT INTO cairn_nodes (name, instance) VALUES ($1, $2)
+INSERT INTO cairn_nodes (name, instance, lease_seconds) VALUES ($1, $2, $3)
 ON CONFLICT (name) DO UPDATE
-SET instance = $2, started_at = now(), last_seen_at = now()
+SET instance = $2, started_at = now(), last_seen_at = now(), lease_seconds = $3
 WHERE cairn_nodes.instance = $2
    OR cairn_nodes.last_seen_at <= now() - $3::float8 * interval '1 second'
 RETURNING name";
