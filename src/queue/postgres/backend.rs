@@ -450,7 +450,7 @@ impl PgBackend {
             db.migrate().await?;
             db.register_node(node, lease_for).await
         })?;
-        let journal = EventJournal::start(&runtime, db.clone());
+        let journal = EventJournal::start(&runtime, db.clone(), lease_for);
         Ok(PgBackend {
             db,
             node: node.to_owned(),
@@ -675,8 +675,14 @@ impl QueueBackend for PgBackend {
             return Ok(Vec::new());
         }
         let max = u32::try_from(limit).unwrap_or(u32::MAX);
+        // Bounded like a write: a claim that hangs on a silent link would hold off every
+        // later claim of this daemon.
         let claimed = self
-            .run(self.db.claim(&self.node, max, self.lease_for, idle))
+            .try_within(
+                self.lease_for,
+                "claiming tasks",
+                self.db.claim(&self.node, max, self.lease_for, idle),
+            )
             .map_err(|e| backend_error("claiming tasks".to_string(), e))?;
         if let Some(first) = claimed.first() {
             self.note_round_trip(first.sent_at.elapsed());
