@@ -383,3 +383,40 @@ fn a_hand_back_the_database_never_saw_lets_the_lease_go_for_another_node() {
     assert_eq!(taken[0].task.id().as_str(), "t1");
     assert!(taken[0].lease.epoch() > claimed[0].lease.epoch());
 }
+
+/// A final record sent while the database restarts is tried again within the lease and lands
+/// once the database is back: the task is done, with its record, and its lease is no longer
+/// the owner's to renew.
+#[test]
+fn a_final_record_sent_during_a_restart_lands_when_the_database_is_back() {
+    let test = "a_final_record_sent_during_a_restart_lands_when_the_database_is_back";
+    let Some(mut pg) = PgCluster::start(test) else {
+        return;
+    };
+    let url = pg.url();
+    let rt = runtime();
+    submit(&rt, &url, "t1");
+    let holder = PgBackend::open(&url, "node-a", LONG).unwrap();
+    let lease = holder.claim("t1").unwrap();
+    pg.stop("fast");
+    let finished = std::thread::scope(|scope| {
+        let finishing = scope.spawn(|| holder.finish(&lease, &a_done_record("t1")));
+        // The record is on its way (being tried again) while the database is down.
+        std::thread::sleep(Duration::from_secs(1));
+        pg.resume();
+        finishing.join().unwrap()
+    });
+    finished.expect("the record is written once the database is back, within the lease");
+    assert_eq!(
+        text(
+            &rt,
+            &url,
+            "SELECT state FROM cairn_tasks WHERE id = $1",
+            "t1"
+        )
+        .as_deref(),
+        Some("done")
+    );
+    assert!(holder.has_record("t1").unwrap());
+    assert!(holder.renewed_tasks().is_empty());
+}

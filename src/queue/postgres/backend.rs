@@ -295,7 +295,8 @@ impl PgBackend {
     fn holds_until(&self, task_id: &str, epoch: i64, until: Instant) {
         let mut valid = locked(&self.valid_until);
         let entry = valid.entry(task_id.to_string()).or_insert((epoch, until));
-        if entry.0 != epoch || entry.1 < until {
+        // Epochs only grow: a late answer for an older lease of the task says nothing.
+        if entry.0 < epoch || (entry.0 == epoch && entry.1 < until) {
             *entry = (epoch, until);
         }
     }
