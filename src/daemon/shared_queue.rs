@@ -41,6 +41,8 @@ pub(super) struct Claiming {
     /// claim at once rather than at the next poll (suspects are tried one after another, and
     /// only by an idle daemon).
     held_by_trial: bool,
+    /// When the leases were last checked against the tasks this daemon knows.
+    leases_checked: Option<Instant>,
 }
 
 /// What one claim took, and whether the shared queue is drained (nothing taken, nothing
@@ -267,10 +269,19 @@ impl Scheduler {
     /// lease must expire, or be handed back, so that another daemon takes the task up,
     /// rather than be renewed for ever with nobody running it. Not while a claim is on its
     /// way (its leases are the backend's before they are lined up here).
-    pub(super) fn let_go_of_unknown_leases(&self) {
+    pub(super) fn let_go_of_unknown_leases(&mut self) {
         if !self.ctx.queue.shares_queue() || self.claiming.is_running() {
             return;
         }
+        // Once a second at most: it lists every lease held.
+        if self
+            .claiming
+            .leases_checked
+            .is_some_and(|at| at.elapsed() < CLAIM_POLL)
+        {
+            return;
+        }
+        self.claiming.leases_checked = Some(Instant::now());
         for task_id in self.ctx.queue.renewed_tasks() {
             if !self.tasks.contains_key(task_id.as_str())
                 && !self.running_ids.contains(task_id.as_str())

@@ -339,6 +339,17 @@ impl PgBackend {
         true
     }
 
+    /// Drop the deadlines of leases neither held nor being let go of.
+    fn forget_old_deadlines(&self) {
+        let leases = locked(&self.leases);
+        let letting_go: HashSet<String> = locked(&self.letting_go)
+            .iter()
+            .map(|(held, _)| held.task_id.clone())
+            .collect();
+        locked(&self.valid_until)
+            .retain(|task_id, _| leases.contains_key(task_id) || letting_go.contains(task_id));
+    }
+
     /// Note a measured round trip of the database.
     fn note_round_trip(&self, round_trip: Duration) {
         locked(&self.latency).note(round_trip, self.lease_for);
@@ -759,6 +770,7 @@ impl QueueBackend for PgBackend {
         }
         // After the renewal, so that a hand-back waiting for the database never delays it.
         self.retry_letting_go();
+        self.forget_old_deadlines();
         let ending = locked(&self.ending).clone();
         Ok(judge_renewal(
             &held,
