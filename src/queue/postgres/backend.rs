@@ -1444,6 +1444,46 @@ mod tests {
     }
 
     #[test]
+    fn a_round_trip_is_warned_of_at_a_quarter_of_the_lease_and_claims_refused_past_what_holds() {
+        let lease = Duration::from_secs(3);
+        let ms = Duration::from_millis;
+        let mut latency = Latency::default();
+        for _ in 0..ROUND_TRIPS_KEPT {
+            latency.note(ms(20), lease);
+        }
+        assert_eq!(latency.warning(lease), None);
+        assert!(!latency.refusing);
+        // 600 ms: a fifth of the lease, no warning; 800 ms: over a quarter, warned, still
+        // claiming (2 x 800 ms + 500 ms < 3 s).
+        for _ in 0..ROUND_TRIPS_KEPT {
+            latency.note(ms(600), lease);
+        }
+        assert_eq!(latency.warning(lease), None);
+        for _ in 0..ROUND_TRIPS_KEPT {
+            latency.note(ms(800), lease);
+        }
+        assert!(latency.warning(lease).unwrap().contains("800 ms"));
+        assert!(!latency.refusing);
+        // 1.3 s: a claim's lease would run out before its first renewal came back.
+        for _ in 0..ROUND_TRIPS_KEPT {
+            latency.note(ms(1300), lease);
+        }
+        assert!(latency.refusing);
+        assert!(latency
+            .warning(lease)
+            .unwrap()
+            .starts_with("claiming nothing"));
+        // One fast answer is no trend; a run of them is.
+        latency.note(ms(20), lease);
+        assert!(latency.refusing);
+        for _ in 0..ROUND_TRIPS_KEPT {
+            latency.note(ms(20), lease);
+        }
+        assert!(!latency.refusing);
+        assert_eq!(latency.warning(lease), None);
+    }
+
+    #[test]
     fn a_renewal_judges_only_the_leases_it_was_sent_for() {
         let mut leases: HashMap<String, PgLease> = [
             ("renewed", 1),
