@@ -1484,6 +1484,21 @@ mod tests {
     }
 
     #[test]
+    fn a_renewal_crossing_a_final_record_does_not_judge_its_lease_lost() {
+        // The record ended the lease in the database before the renewal ran there, but its
+        // answer came back before `finish` took the lease out of the map.
+        let mut leases: HashMap<String, PgLease> = [("finishing", 2), ("lost", 1)]
+            .into_iter()
+            .map(|(id, epoch)| (id.to_owned(), lease(id, epoch)))
+            .collect();
+        let held = vec![("finishing".to_owned(), 2), ("lost".to_owned(), 1)];
+        let ending: HashSet<String> = ["finishing".to_owned()].into_iter().collect();
+        let lost = judge_renewal(&held, &[], &mut leases, &ending);
+        assert_eq!(lost, ["lost"]);
+        assert!(leases.contains_key("finishing"), "left for finish to end");
+    }
+
+    #[test]
     fn a_renewal_judges_only_the_leases_it_was_sent_for() {
         let mut leases: HashMap<String, PgLease> = [
             ("renewed", 1),
