@@ -1,9 +1,12 @@
 //! A small delaying TCP proxy in front of a throwaway PostgreSQL (which listens only on its
 //! Unix socket): every chunk of bytes, in each direction, is passed on `one_way` after it
 //! arrived, in order. It stands for a slow link between a daemon and its database; the
-//! kernel here has no netem. It runs on its own runtime and stops when dropped.
+//! kernel here has no netem. It can also cut the link silently ([`DelayProxy::cut`]): bytes
+//! are taken in but passed on to neither side, and no connection is closed, as with a
+//! partition. It runs on its own runtime and stops when dropped.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -14,6 +17,8 @@ use tokio::time::Instant;
 /// A running proxy; dropping it stops it (and every connection through it).
 pub struct DelayProxy {
     port: u16,
+    /// While true, nothing is passed on (a silent partition).
+    cut: Arc<tokio::sync::watch::Sender<bool>>,
     runtime: Option<tokio::runtime::Runtime>,
 }
 
@@ -31,11 +36,19 @@ impl DelayProxy {
             .expect("binding the proxy's port");
         let port = listener.local_addr().expect("the proxy's address").port();
         let socket = socket_dir.join(".s.PGSQL.5432");
-        runtime.spawn(accept(listener, socket, one_way));
+        let cut = Arc::new(tokio::sync::watch::channel(false).0);
+        runtime.spawn(accept(listener, socket, one_way, Arc::clone(&cut)));
         DelayProxy {
             port,
+            cut,
             runtime: Some(runtime),
         }
+    }
+
+    /// Cut the link silently (`true`) or heal it (`false`): what was held back is passed on
+    /// once it heals, in order.
+    pub fn cut(&self, cut: bool) {
+        self.cut.send_replace(cut);
     }
 
     /// A connection string for `user` to database `postgres` through the proxy.
@@ -55,24 +68,27 @@ impl Drop for DelayProxy {
     }
 }
 
-async fn accept(listener: TcpListener, socket: PathBuf, one_way: Duration) {
+type Cut = Arc<tokio::sync::watch::Sender<bool>>;
+
+async fn accept(listener: TcpListener, socket: PathBuf, one_way: Duration, cut: Cut) {
     while let Ok((client, _)) = listener.accept().await {
         let _ = client.set_nodelay(true);
         let socket = socket.clone();
+        let cut = Arc::clone(&cut);
         tokio::spawn(async move {
             if let Ok(server) = UnixStream::connect(&socket).await {
-                relay(client, server, one_way).await;
+                relay(client, server, one_way, cut).await;
             }
         });
     }
 }
 
-async fn relay(client: TcpStream, server: UnixStream, one_way: Duration) {
+async fn relay(client: TcpStream, server: UnixStream, one_way: Duration, cut: Cut) {
     let (from_client, to_client) = client.into_split();
     let (from_server, to_server) = server.into_split();
     tokio::join!(
-        delayed(from_client, to_server, one_way),
-        delayed(from_server, to_client, one_way)
+        delayed(from_client, to_server, one_way, cut.subscribe()),
+        delayed(from_server, to_client, one_way, cut.subscribe())
     );
 }
 
@@ -81,6 +97,7 @@ async fn delayed(
     mut from: impl AsyncRead + Unpin,
     mut to: impl AsyncWrite + Unpin,
     delay: Duration,
+    mut cut: tokio::sync::watch::Receiver<bool>,
 ) {
     let (chunks, mut due) = mpsc::unbounded_channel::<(Instant, Vec<u8>)>();
     let read = async move {
@@ -98,6 +115,9 @@ async fn delayed(
     let write = async move {
         while let Some((at, bytes)) = due.recv().await {
             tokio::time::sleep_until(at).await;
+            if cut.wait_for(|cut| !cut).await.is_err() {
+                break;
+            }
             if to.write_all(&bytes).await.is_err() {
                 break;
             }

@@ -297,3 +297,73 @@ fn status_judges_a_killed_daemon_gone_by_its_lease_and_its_task_awaiting_takeove
         "the expired lease is not shown awaiting takeover:\n{text}"
     );
 }
+
+/// A daemon cut off from the database silently (its link passes nothing and closes nothing)
+/// for well past its 3 s lease, while it runs loop tasks of 6 s iterations: it stops their
+/// commands before another daemon can take them over (no iteration of it starts or ends once
+/// another node started the task under a newer epoch: the iteration in flight was stopped, not
+/// left to run beside its successor), the other daemon finishes them, and once the link heals
+/// the cut-off daemon goes on, without a panic or an attempt used up.
+#[test]
+fn a_daemon_cut_off_silently_stops_its_commands_before_its_tasks_move() {
+    let test = "a_daemon_cut_off_silently_stops_its_commands_before_its_tasks_move";
+    let Some(pg) = PgCluster::start(test) else {
+        return;
+    };
+    let url = pg.url();
+    let proxy = DelayProxy::start(pg.dir(), Duration::ZERO);
+    let scratch = TestQueue::new();
+    let side = scratch.aux("iterations.side");
+    let iterations = 3;
+    let ids: Vec<String> = (0..4).map(|i| format!("cut-{i}")).collect();
+    for id in &ids {
+        submit_task(&url, &one_attempt_loop(id, &side, iterations, 6.0));
+    }
+    let mut hosts = vec![Host::start(&proxy.url(SUPERUSER), "n1", "3s", "4")];
+    wait_until("n1 runs its tasks", DEADLINE, || {
+        side_events(&side)
+            .iter()
+            .filter(|e| e.event == "start")
+            .count()
+            >= 4
+    });
+    hosts.push(Host::start(&url, "n2", "3s", "4"));
+    proxy.cut(true);
+    wait_until("n2 took a task over", DEADLINE, || {
+        side_events(&side)
+            .iter()
+            .any(|e| e.lease.as_ref().is_some_and(|l| l.node == "n2"))
+    });
+    // Cut for longer than the iterations in flight on n1 take: unless n1 stopped them, they
+    // end (and log it) while the task already runs on n2.
+    std::thread::sleep(Duration::from_secs(8));
+    proxy.cut(false);
+    let records = wait_records(&url, &ids);
+    check_outcome(&url, &ids, iterations, &records, &mut hosts);
+    let events = side_events(&side);
+    for id in &ids {
+        let of_task: Vec<&SideEvent> = events.iter().filter(|e| &e.task == id).collect();
+        let Some(taken_at) = of_task
+            .iter()
+            .filter_map(|e| e.lease.as_ref())
+            .filter(|l| l.node == "n2")
+            .map(|l| l.at)
+            .reduce(f64::min)
+        else {
+            continue;
+        };
+        let late: Vec<_> = of_task
+            .iter()
+            .filter(|e| {
+                e.lease
+                    .as_ref()
+                    .is_some_and(|l| l.node == "n1" && l.at >= taken_at)
+            })
+            .collect();
+        assert!(
+            late.is_empty(),
+            "{id}: the cut-off n1 ran the task after n2 took it over: {late:?}"
+        );
+    }
+    stop_all(&mut hosts);
+}
