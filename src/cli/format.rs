@@ -78,17 +78,23 @@ pub fn add_lease_json(object: &mut Value, task: &TaskView) {
     object["lease_live"] = json!(lease.map(|l| l.live));
 }
 
-/// The NODE and LEASE cells of a task of a shared queue: `node-a`, `25s left` (or
-/// `expired 3s ago`), `-` when no daemon holds it.
+/// The NODE and LEASE cells of a task of a shared queue: `node-a`, `25s left` (`<1s left`),
+/// or `expired 3s ago, awaiting takeover` (its holder died, froze or lost the database: the
+/// next claim takes it), `-` when no daemon holds it.
 pub fn lease_cells(task: &TaskView, now: DateTime<Utc>) -> [String; 2] {
     let Some(lease) = &task.lease else {
         return ["-".into(), "-".into()];
     };
     let left = (lease.expires_at - now).num_seconds();
-    let when = if lease.live {
-        format!("{} left", short_duration(left.max(0) as u64))
+    let when = if !lease.live {
+        format!(
+            "expired {} ago, awaiting takeover",
+            short_duration(left.unsigned_abs())
+        )
+    } else if left < 1 {
+        "<1s left".to_string()
     } else {
-        format!("expired {} ago", short_duration(left.unsigned_abs()))
+        format!("{} left", short_duration(left as u64))
     };
     [lease.node.clone(), when]
 }

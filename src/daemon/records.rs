@@ -132,6 +132,9 @@ impl Scheduler {
             .submitted_by(task.submitted_by.clone());
         let (queue, claim_id) = (self.ctx.queue.clone(), id.clone());
         let written = runner_blocking(move || {
+            // The events so far (a quarantine's, a takeover's) land under the lease they were
+            // appended with, before the claim below raises a shared queue's epoch.
+            queue.flush_events();
             let lease = queue.claim(&claim_id)?;
             queue.finish(&lease, &TaskRecord::Failed(record))
         })

@@ -95,6 +95,7 @@ impl Scheduler {
                 Wake::Stop => break,
                 wake => self.react(wake, &mut main).await,
             }
+            self.let_go_of_unknown_leases();
             self.write_progress_if_due(&mut main).await;
         }
         DaemonExit::Stopped
@@ -284,7 +285,7 @@ impl Scheduler {
             let iterations: u64 = work.iter().map(|t| t.iterations).sum();
             (paused, iterations)
         });
-        format!(
+        let line = format!(
             "running {}, pending {}, waiting retry {}, paused {}; {} iterations done in flight, {} tasks finished since start",
             self.running_ids.len(),
             self.pending.len() + self.resume.len() + self.suspects.len(),
@@ -292,7 +293,13 @@ impl Scheduler {
             paused,
             iterations,
             self.finished
-        )
+        );
+        // A shared queue's link that eats a large share of the lease is the daemon's state
+        // too, not only a log line.
+        match self.ctx.queue.latency_warning() {
+            Some(warning) => format!("{line}; {warning}"),
+            None => line,
+        }
     }
 
     pub(super) fn is_idle(&self) -> bool {

@@ -9,15 +9,18 @@
 //!   and nothing is written for it;
 //! - a task paused, or waiting for a retry's backoff, is handed back rather than kept.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tokio::task::JoinHandle;
+use tokio::task::{JoinHandle, JoinSet};
 
 use super::{runner_blocking, Scheduler};
+use crate::queue::backend::{lease_stop_margin, renewal_period};
 use crate::queue::{ClaimedWork, HandBack, QueueError};
 use crate::runner::RunContext;
 use crate::store::current_work::ActiveTask;
+use crate::store::events::Event;
 use crate::store::records::RecordStatus;
 use crate::task_id::TaskId;
 
@@ -38,6 +41,8 @@ pub(super) struct Claiming {
     /// claim at once rather than at the next poll (suspects are tried one after another, and
     /// only by an idle daemon).
     held_by_trial: bool,
+    /// When the leases were last checked against the tasks this daemon knows.
+    leases_checked: Option<Instant>,
 }
 
 /// What one claim took, and whether the shared queue is drained (nothing taken, nothing
@@ -164,10 +169,31 @@ impl Scheduler {
             entry,
             quarantine,
             on_trial,
+            taken_over,
         } = work;
         let id = task.id().clone();
         tracing::info!(task_id = %id, epoch = lease.epoch(), resumes = entry.is_some(), on_trial, "claimed a task");
+        if let Some(moved) = taken_over {
+            tracing::info!(task_id = %id, from = %moved.from_node, from_epoch = moved.from_epoch, verdict = moved.verdict, "took the task over from an expired lease");
+            self.ctx.journal(
+                &id,
+                Event::TakenOver {
+                    from_node: moved.from_node,
+                    from_epoch: moved.from_epoch,
+                    verdict: moved.verdict.to_string(),
+                    crashes: moved.crashes,
+                    limit: moved.limit,
+                },
+            );
+        }
         if let Some(crashes) = quarantine {
+            self.ctx.journal(
+                &id,
+                Event::Quarantined {
+                    crashes,
+                    limit: task.retry.max_attempts + 2,
+                },
+            );
             let first = task
                 .phases
                 .first()
@@ -215,9 +241,12 @@ impl Scheduler {
         if !lost && self.ctx.queue.holds(id) {
             return false;
         }
-        tracing::warn!(task_id = %id, "lost the task's lease: its commands were stopped and another daemon runs it now");
+        // Whether another daemon has it is not known here (the lease may have expired unclaimed,
+        // or renewals may just not have come back): say what is known.
+        tracing::warn!(task_id = %id, "the task's lease was lost or could not be confirmed: its commands were stopped, and the task is handed back (or its lease left to expire) for a daemon to take up");
         // Stopped because renewals failed, the lease may still be this daemon's: hand it back
-        // (refused, and harmless, when another daemon has it).
+        // (refused, and harmless, when another daemon has it; let go of when the database
+        // cannot be reached, see `QueueBackend::let_go`).
         self.hand_back_if_shared(id, Some(HandBack::RetryAfter(Duration::ZERO)))
             .await;
         self.forget_task(id);
@@ -226,11 +255,41 @@ impl Scheduler {
 
     /// Drop every trace of a task this daemon no longer holds.
     fn forget_task(&mut self, id: &TaskId) {
+        // Never renew a lease for a task this daemon does not run.
+        self.ctx.queue.let_go(id);
         self.tasks.remove(id);
         self.claimed_leases.remove(id);
         self.retries.retain(|(_, waiting)| waiting != id);
         self.ctx.drop_control(id);
         self.ctx.work.update(|w| w.remove(id));
+    }
+
+    /// On a shared queue, let go of every lease the backend renews for a task this daemon no
+    /// longer knows (a record or hand-back that failed, any path that dropped a task): its
+    /// lease must expire, or be handed back, so that another daemon takes the task up,
+    /// rather than be renewed for ever with nobody running it. Not while a claim is on its
+    /// way (its leases are the backend's before they are lined up here).
+    pub(super) fn let_go_of_unknown_leases(&mut self) {
+        if !self.ctx.queue.shares_queue() || self.claiming.is_running() {
+            return;
+        }
+        // Once a second at most: it lists every lease held.
+        if self
+            .claiming
+            .leases_checked
+            .is_some_and(|at| at.elapsed() < CLAIM_POLL)
+        {
+            return;
+        }
+        self.claiming.leases_checked = Some(Instant::now());
+        for task_id in self.ctx.queue.renewed_tasks() {
+            if !self.tasks.contains_key(task_id.as_str())
+                && !self.running_ids.contains(task_id.as_str())
+            {
+                tracing::warn!(%task_id, "this daemon holds the lease of a task it does not run: letting it go");
+                self.ctx.queue.let_go(&task_id);
+            }
+        }
     }
 
     /// On a shared queue, give a paused or retrying task back (its entry was written) and
@@ -253,58 +312,70 @@ impl Scheduler {
 /// What one renewal returns: the tasks whose lease was lost.
 type LostLeases = Result<Vec<String>, QueueError>;
 
-/// Renew this daemon's leases every lease/6 until the daemon ends. A lease found lost has its
-/// task's commands stopped. While renewals fail (the database unreachable), the leases still
-/// hold until the last successful renewal's *sending* plus the lease, whatever the clocks say;
-/// the commands of every task are stopped once less than two renewal periods of that are left.
+/// Renewals on their way at once at most: on a slow link the next goes out before the last
+/// came back, so a lease's confirmation lags by one round trip, not by a round trip and a
+/// period. Each holds one of the backend's pooled connections while it waits.
+const RENEWALS_IN_FLIGHT: usize = 2;
+
+/// Renew this daemon's leases every lease/6 until the daemon ends, each renewal judged by its
+/// own answer as soon as it comes (pipelined: the next one does not wait for it). A lease
+/// found lost has its task's commands stopped. Each lease surely holds until the sending of
+/// its claim or of its last answered renewal plus the lease, whatever the clocks say (the
+/// backend keeps that deadline, see `QueueBackend::lease_deadlines`); the commands of a task
+/// are stopped once less than the stop margin (a renewal period) of it is left, at that
+/// moment, not at the next tick. A claim asks for its leases' first renewal at once.
 pub(super) async fn keep_leases(ctx: Arc<RunContext>, lease: Duration) {
-    let every = (lease / 6).max(Duration::from_millis(100));
-    let mut last_renewed = Instant::now();
-    // The renewal under way: when it was sent, and the tasks it found lost.
-    let mut renewing: Option<(Instant, JoinHandle<LostLeases>)> = None;
+    let every = renewal_period(lease);
+    let margin = lease_stop_margin(lease);
+    let renew_soon = ctx.queue.renewal_wanted().unwrap_or_default();
+    let mut renewals: JoinSet<LostLeases> = JoinSet::new();
+    let mut next_renewal = Instant::now() + every;
+    // Tasks whose commands were stopped because their lease ran out unconfirmed.
+    let mut stopped: HashSet<String> = HashSet::new();
     loop {
-        tokio::time::sleep(every).await;
-        if let Some((sent, handle)) = renewing.take() {
-            if !handle.is_finished() {
-                // Still waiting for the database: judge by the last renewal that went through.
-                renewing = Some((sent, handle));
-            } else {
-                match handle.await {
-                    Ok(Ok(lost)) => {
-                        last_renewed = sent;
-                        for task_id in lost {
-                            tracing::warn!(%task_id, "a lease could not be renewed: stopping the task's commands");
-                            ctx.lose_lease(&task_id);
-                        }
+        let next_stop = stop_unconfirmed(&ctx, margin, &mut stopped);
+        let wake = next_stop.map_or(next_renewal, |at| at.min(next_renewal));
+        tokio::select! {
+            _ = tokio::time::sleep_until(wake.into()) => {}
+            _ = renew_soon.notified() => next_renewal = Instant::now(),
+            Some(answer) = renewals.join_next(), if !renewals.is_empty() => match answer {
+                Ok(Ok(lost)) => {
+                    for task_id in lost {
+                        tracing::warn!(%task_id, "a lease could not be renewed (it expired or another daemon claimed the task): stopping the task's commands");
+                        ctx.lose_lease(&task_id);
                     }
-                    Ok(Err(error)) => tracing::warn!(%error, "renewing the leases failed"),
-                    Err(error) => tracing::error!(%error, "a lease renewal was lost"),
                 }
-            }
+                Ok(Err(error)) => tracing::warn!(%error, "renewing the leases failed"),
+                Err(error) => tracing::error!(%error, "a lease renewal was lost"),
+            },
         }
-        if last_renewed.elapsed() + 2 * every >= lease {
-            stop_everything_held(&ctx);
-        }
-        if renewing.is_none() {
+        if Instant::now() >= next_renewal && renewals.len() < RENEWALS_IN_FLIGHT {
             let queue = ctx.queue.clone();
-            let sent = Instant::now();
-            renewing = Some((
-                sent,
-                tokio::task::spawn_blocking(move || queue.renew_leases()),
-            ));
+            renewals.spawn_blocking(move || queue.renew_leases());
+            next_renewal = Instant::now() + every;
         }
     }
 }
 
-/// The leases may expire any moment: stop the commands of every task in flight here.
-fn stop_everything_held(ctx: &RunContext) {
-    let held: Vec<String> = ctx
-        .work
-        .update(|w| w.iter().map(|entry| entry.task_id.to_string()).collect());
-    for task_id in held {
-        if !ctx.take_lost_lease(&task_id) {
-            tracing::warn!(%task_id, "no lease renewal went through for too long: stopping the task's commands");
+/// Stop the commands of every task whose lease may run out within `margin` without a renewal
+/// having confirmed it (once per task); returns when the next one would be due.
+fn stop_unconfirmed(
+    ctx: &RunContext,
+    margin: Duration,
+    stopped: &mut HashSet<String>,
+) -> Option<Instant> {
+    let now = Instant::now();
+    let mut next = None::<Instant>;
+    let deadlines = ctx.queue.lease_deadlines();
+    stopped.retain(|task_id| deadlines.iter().any(|(held, _)| held == task_id));
+    for (task_id, until) in deadlines {
+        let stop_at = until.checked_sub(margin).unwrap_or(now);
+        if stop_at > now {
+            next = Some(next.map_or(stop_at, |next| next.min(stop_at)));
+        } else if stopped.insert(task_id.clone()) {
+            tracing::warn!(%task_id, "no renewal confirmed the task's lease in time: stopping its commands before the lease can expire");
+            ctx.lose_lease(&task_id);
         }
-        ctx.lose_lease(&task_id);
     }
+    next
 }

@@ -155,6 +155,23 @@ pub struct ClaimedWork {
     /// A crash suspect, claimed to be tried alone: nothing starts or is claimed beside it
     /// until it makes progress or its attempt ends.
     pub on_trial: bool,
+    /// Why the task moved to this owner, when it was taken over from an expired lease.
+    pub taken_over: Option<TakeOver>,
+}
+
+/// A task taken over from another holder's expired lease, and how that expiry was judged.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TakeOver {
+    /// The node whose lease expired (it died, froze, or lost the database).
+    pub from_node: String,
+    /// The epoch of that lease.
+    pub from_epoch: i64,
+    /// `cleared` (it made progress under that lease), `suspect` (it was in flight with
+    /// others and is tried alone), or `crash` (in flight alone without progress: counted).
+    pub verdict: &'static str,
+    /// The task's count of such crashes in a row, and its limit.
+    pub crashes: u32,
+    pub limit: u32,
 }
 
 /// How a task leaves this owner without a final record ([`QueueBackend::hand_back`]).
@@ -164,6 +181,18 @@ pub enum HandBack {
     Paused,
     /// A failed attempt waits for its backoff: any owner may claim it once `after` has passed.
     RetryAfter(Duration),
+}
+
+/// The end of a lease kept free: the commands of a task whose lease was not confirmed are
+/// stopped this long before it could expire, and a write is not tried again past it. One
+/// renewal period (a sixth of the lease), judged at that moment, not at the next tick.
+pub fn lease_stop_margin(lease: Duration) -> Duration {
+    renewal_period(lease)
+}
+
+/// How often a daemon renews its leases: a sixth of the lease (at least 100 ms).
+pub fn renewal_period(lease: Duration) -> Duration {
+    (lease / 6).max(Duration::from_millis(100))
 }
 
 /// The operations of one queue backend. See the module docs for the fencing contract; each
@@ -229,6 +258,36 @@ pub trait QueueBackend: Send + Sync + fmt::Debug {
     /// successful renewal how long the leases still hold.
     fn renew_leases(&self) -> Result<Vec<String>, QueueError> {
         Ok(Vec::new())
+    }
+
+    /// Until when (local time) each lease this owner renews surely holds: the sending of
+    /// its claim or of its last renewal that was answered, plus the lease. The commands of a
+    /// task must be stopped before its deadline passes. Files: none (their lease is the lock).
+    fn lease_deadlines(&self) -> Vec<(String, std::time::Instant)> {
+        Vec::new()
+    }
+
+    /// Fires when a renewal should go out now rather than at its period: a claim just gave
+    /// leases that only their claim's sending holds. Files: none.
+    fn renewal_wanted(&self) -> Option<Arc<tokio::sync::Notify>> {
+        None
+    }
+
+    /// The tasks whose lease this owner renews, for the scheduler to let go of those it does
+    /// not run ([`let_go`](QueueBackend::let_go)). Files: none.
+    fn renewed_tasks(&self) -> Vec<String> {
+        Vec::new()
+    }
+
+    /// Stop renewing `task_id`'s lease: this owner no longer runs the task. The backend still
+    /// hands it back when it can (without a crash counted) while the lease holds; otherwise the
+    /// lease expires and another owner takes the task. Never blocks. Files: nothing to do.
+    fn let_go(&self, _task_id: &str) {}
+
+    /// How the database's round trip compares with the lease, as last measured: a warning
+    /// to show (log and status) when it eats a large share of the lease. Files: none.
+    fn latency_warning(&self) -> Option<String> {
+        None
     }
 
     /// Whether this owner still holds `task_id`'s lease, as far as it knows (a write refused

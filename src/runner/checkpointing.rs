@@ -25,6 +25,30 @@ pub(super) struct PhaseCheckpointer<'r, 'a> {
 /// At most one INFO line per phase in this time; every checkpoint is in the journal.
 const CHECKPOINT_LOG_INTERVAL: Duration = Duration::from_secs(1);
 
+/// A phase that ends early (an error, a stop) drops its checkpointer, which then writes the
+/// pending iteration: a blocking write (a file's fsync, a database's statement) that must
+/// not run on the daemon's async thread, where a database backend cannot wait at all. It is
+/// handed to the blocking pool instead, and the phase's end waits for it.
+impl Drop for PhaseCheckpointer<'_, '_> {
+    fn drop(&mut self) {
+        let Some(checkpointer) = self.inner.take() else {
+            return;
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                let flush = runtime.spawn_blocking(move || drop(checkpointer));
+                *self
+                    .run
+                    .dropped_flush
+                    .lock()
+                    .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(flush);
+            }
+            // Outside a runtime (an embedding program's thread): blocking here is fine.
+            Err(_) => drop(checkpointer),
+        }
+    }
+}
+
 impl<'r, 'a> PhaseCheckpointer<'r, 'a> {
     pub fn new(run: &'r PhaseRun<'a>, scope: &str) -> Self {
         // Fenced by the task's lease: a save is refused once the lease is lost.

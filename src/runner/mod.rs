@@ -213,6 +213,14 @@ async fn run_phases(
             PhaseKind::Items => Box::pin(items::run(&run)).await,
             PhaseKind::Worker => Box::pin(worker::run(&run)).await,
         };
+        let dropped_flush = run
+            .dropped_flush
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .take();
+        if let Some(flush) = dropped_flush {
+            let _ = flush.await;
+        }
         if let ControlFlow::Break(end) = end_phase(ctx, task, &run, result).await {
             return end;
         }
@@ -290,6 +298,7 @@ async fn start_phase<'a>(
         control,
         lease,
         confinement,
+        dropped_flush: Default::default(),
     })
 }
 
@@ -413,6 +422,9 @@ pub(crate) fn checkpoint_error(e: StoreError) -> PhaseError {
         StoreError::Io { .. } => PhaseError::Transient(format!("checkpoint storage: {e}")),
         // The lease was lost: stop without using up an attempt; nothing was written.
         StoreError::Fenced { .. } => PhaseError::Transient(format!("checkpoint: {e}")),
+        // The queue's database failed for longer than the lease let the save be tried again:
+        // cairn's own storage, not the task's fault, so no attempt is used up.
+        StoreError::Sink { .. } => PhaseError::Transient(format!("checkpoint storage: {e}")),
         other => PhaseError::Command(format!("checkpoint: {other}")),
     }
 }
@@ -483,6 +495,9 @@ pub(crate) struct PhaseRun<'a> {
     pub lease: &'a Lease,
     /// Who its commands run as, which cgroup they join.
     pub confinement: &'a confinement::TaskConfinement,
+    /// The write of the pending iteration by a checkpointer dropped early, on the blocking
+    /// pool: the phase's end waits for it, so it lands before the attempt's end is decided.
+    pub dropped_flush: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
 impl PhaseRun<'_> {

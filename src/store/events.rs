@@ -94,6 +94,23 @@ pub enum Event {
         #[serde(deserialize_with = "exact")]
         lost_cost_estimate: Option<f64>,
     },
+    /// A shared queue's daemon took the task over from another node's expired lease (that
+    /// node died, froze or lost the database), with how the expiry was judged: `cleared`
+    /// (progress under it), `suspect` (in flight with others: tried alone) or `crash`
+    /// (alone, without progress: counted, `crashes` of `limit` in a row).
+    TakenOver {
+        from_node: String,
+        from_epoch: i64,
+        verdict: String,
+        crashes: u32,
+        limit: u32,
+    },
+    /// The task's holders died `crashes` times in a row while it ran alone on them (its
+    /// limit is `limit`): it is recorded failed instead of run again.
+    Quarantined {
+        crashes: u32,
+        limit: u32,
+    },
     /// Started alone or in a narrowed group after a crash, to find a task that kills the
     /// daemon.
     CrashTrialStarted {
@@ -283,6 +300,17 @@ mod tests {
                 lost_cost_estimate: None,
             },
             Event::CrashTrialStarted { width: 2 },
+            Event::TakenOver {
+                from_node: "n1".into(),
+                from_epoch: 3,
+                verdict: "crash".into(),
+                crashes: 1,
+                limit: 5,
+            },
+            Event::Quarantined {
+                crashes: 5,
+                limit: 5,
+            },
         ]
     }
 

@@ -7,6 +7,8 @@
 //! state: [`wait_until`] polls with a generous deadline and says what it waited for.
 
 #[cfg(feature = "postgres")]
+pub mod delay_proxy;
+#[cfg(feature = "postgres")]
 pub mod postgres;
 mod side_file;
 mod system_users;

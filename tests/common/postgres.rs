@@ -25,7 +25,7 @@ const PG_CTL_WAIT_SECONDS: &str = "120";
 
 /// The superuser `initdb` creates, whom the tests connect as (trust authentication on the
 /// socket, which only the temp dir's owner can reach).
-const SUPERUSER: &str = "cairn";
+pub const SUPERUSER: &str = "cairn";
 
 /// A running throwaway cluster; dropping it stops the postmaster it started and removes its
 /// files.
@@ -101,6 +101,37 @@ impl PgCluster {
     /// The postmaster's pid.
     pub fn postmaster_pid(&self) -> i32 {
         self.postmaster.as_raw()
+    }
+
+    /// Restart the server with `pg_ctl restart -m <mode>` (`fast`: connections are ended;
+    /// `immediate`: the server dies without a checkpoint and recovers), waiting until it
+    /// accepts connections again.
+    pub fn restart(&mut self, mode: &str) {
+        self.run_pg_ctl(
+            &["restart", "-m", mode, "-w", "-t", PG_CTL_WAIT_SECONDS, "-l"],
+            true,
+        );
+        self.postmaster = self.read_postmaster_pid();
+    }
+
+    /// Stop the server (`pg_ctl stop -m <mode>`) for an outage; [`PgCluster::resume`] starts
+    /// it again.
+    pub fn stop(&mut self, mode: &str) {
+        let output = self.run_pg_ctl(
+            &["stop", "-m", mode, "-w", "-t", PG_CTL_WAIT_SECONDS],
+            false,
+        );
+        assert!(
+            output.status.success(),
+            "pg_ctl stop -m {mode} failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+
+    /// Start the server again after [`PgCluster::stop`].
+    pub fn resume(&mut self) {
+        self.run_pg_ctl(&["start", "-w", "-t", PG_CTL_WAIT_SECONDS, "-l"], true);
+        self.postmaster = self.read_postmaster_pid();
     }
 
     /// Create a database and return the connection string of it, for tests that want several.

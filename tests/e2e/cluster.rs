@@ -130,6 +130,18 @@ fn a_killed_daemons_tasks_resume_elsewhere_from_their_checkpoints() {
             continue;
         }
         resumed += 1;
+        let moves = query_texts(
+            &url,
+            "SELECT event->>'from_node' FROM cairn_events
+             WHERE task_id = $1 AND event->>'event' = 'taken_over'",
+            &[id],
+        );
+        assert!(
+            moves
+                .iter()
+                .any(|m| m[0].as_deref() == Some(victim.as_str())),
+            "{id}: its timeline does not say it was taken over from {victim}: {moves:?}"
+        );
         let started_on_victim: BTreeSet<u64> = on_victim
             .iter()
             .filter(|e| e.event == "start")
@@ -503,6 +515,27 @@ fn a_task_that_keeps_killing_its_daemon_is_quarantined() {
     let runs = std::fs::read_to_string(&runs).unwrap().lines().count();
     assert_eq!(runs, deaths, "one run per death, none after the quarantine");
     assert!(deaths >= crash_limit, "quarantined after {deaths} deaths");
+    // The timeline says why it moved each time and what was decided.
+    let journal = query_texts(
+        &url,
+        "SELECT event->>'event', event->>'from_node', event->>'verdict' FROM cairn_events
+         WHERE task_id = 'killer' ORDER BY id",
+        &[],
+    );
+    let crashes = journal
+        .iter()
+        .filter(|e| e[0].as_deref() == Some("taken_over") && e[2].as_deref() == Some("crash"))
+        .count();
+    assert!(
+        crashes >= crash_limit - 1 && journal.iter().all(|e| e[0].as_deref() != Some("taken_over") || e[1].as_deref() == Some("victim")),
+        "each takeover after a death is journaled with its verdict: {journal:?}"
+    );
+    assert!(
+        journal
+            .iter()
+            .any(|e| e[0].as_deref() == Some("quarantined")),
+        "the quarantine is journaled: {journal:?}"
+    );
     host.daemon().signal(SIGTERM);
     host.daemon().wait_exit(DEADLINE);
 }

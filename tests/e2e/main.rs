@@ -38,6 +38,8 @@ mod postgres_backend;
 #[cfg(feature = "postgres")]
 mod postgres_cli;
 #[cfg(feature = "postgres")]
+mod postgres_faults;
+#[cfg(feature = "postgres")]
 mod postgres_intake;
 #[cfg(feature = "postgres")]
 mod postgres_leases;

@@ -9,7 +9,7 @@
 use std::time::{Duration, Instant};
 
 use cairn::queue::postgres::{NewTask, PgBackend, PgQueue};
-use cairn::queue::{Lease, QueueBackend, QueueError, TaskRecord};
+use cairn::queue::{HandBack, Lease, QueueBackend, QueueError, TaskRecord};
 use cairn::store::current_work::ActiveTask;
 use cairn::store::records::DoneRecord;
 use cairn::store::IterationCheckpoint;
@@ -334,4 +334,89 @@ fn a_node_whose_lease_was_taken_over_writes_nothing_and_recovery_sees_the_new_ho
     );
     assert_eq!(claimed[0].quarantine, None, "a release is no crash");
     assert!(recovering.holds("t1"));
+}
+
+/// A hand-back that cannot reach the database (it is down for longer than the lease lets the
+/// statement be tried again) lets the lease go: the owner no longer renews it once the
+/// database is back, so the lease expires and another node takes the task up. (Before, the
+/// lease stayed among those renewed, and the task was held for ever by a daemon that did not
+/// run it.)
+#[test]
+fn a_hand_back_the_database_never_saw_lets_the_lease_go_for_another_node() {
+    let test = "a_hand_back_the_database_never_saw_lets_the_lease_go_for_another_node";
+    let Some(mut pg) = PgCluster::start(test) else {
+        return;
+    };
+    let url = pg.url();
+    let rt = runtime();
+    submit(&rt, &url, "t1");
+    let lease = Duration::from_secs(4);
+    let holder = PgBackend::open(&url, "node-a", lease).unwrap();
+    let claimed = holder.claim_work(1, true).unwrap();
+    assert_eq!(claimed.len(), 1);
+    pg.stop("fast");
+    let handed = holder.hand_back("t1", HandBack::RetryAfter(Duration::ZERO));
+    assert!(
+        matches!(handed, Err(QueueError::Backend { .. })),
+        "the hand-back reached a stopped database: {handed:?}"
+    );
+    assert!(
+        !holder.holds("t1"),
+        "the lease was kept after the hand-back failed"
+    );
+    assert!(holder.renewed_tasks().is_empty());
+    pg.resume();
+    let other = PgBackend::open(&url, "node-b", LONG).unwrap();
+    let deadline = Instant::now() + DEADLINE;
+    let taken = loop {
+        // The holder keeps renewing what it holds, as its daemon does.
+        let _ = holder.renew_leases();
+        if let Some(work) = other.claim_work(1, true).ok().filter(|w| !w.is_empty()) {
+            break work;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "node-b never got the task: its lease is still renewed by node-a"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert_eq!(taken[0].task.id().as_str(), "t1");
+    assert!(taken[0].lease.epoch() > claimed[0].lease.epoch());
+}
+
+/// A final record sent while the database restarts is tried again within the lease and lands
+/// once the database is back: the task is done, with its record, and its lease is no longer
+/// the owner's to renew.
+#[test]
+fn a_final_record_sent_during_a_restart_lands_when_the_database_is_back() {
+    let test = "a_final_record_sent_during_a_restart_lands_when_the_database_is_back";
+    let Some(mut pg) = PgCluster::start(test) else {
+        return;
+    };
+    let url = pg.url();
+    let rt = runtime();
+    submit(&rt, &url, "t1");
+    let holder = PgBackend::open(&url, "node-a", LONG).unwrap();
+    let lease = holder.claim("t1").unwrap();
+    pg.stop("fast");
+    let finished = std::thread::scope(|scope| {
+        let finishing = scope.spawn(|| holder.finish(&lease, &a_done_record("t1")));
+        // The record is on its way (being tried again) while the database is down.
+        std::thread::sleep(Duration::from_secs(1));
+        pg.resume();
+        finishing.join().unwrap()
+    });
+    finished.expect("the record is written once the database is back, within the lease");
+    assert_eq!(
+        text(
+            &rt,
+            &url,
+            "SELECT state FROM cairn_tasks WHERE id = $1",
+            "t1"
+        )
+        .as_deref(),
+        Some("done")
+    );
+    assert!(holder.has_record("t1").unwrap());
+    assert!(holder.renewed_tasks().is_empty());
 }

@@ -2,12 +2,19 @@
 //! statements of [`PgQueue`]. Every write for a task goes through the task's PostgreSQL lease
 //! and is checked in the same statement; a write refused there is [`QueueError::LeaseLost`].
 //!
-//! The trait is blocking and called from the blocking pool. The backend owns a small runtime
-//! of its own (one worker thread) and runs each statement with `Runtime::block_on` on it, so
-//! the database's connections are driven whatever runtime the daemon runs on (a
-//! current-thread one cannot drive them from a blocking thread). Calling a method from inside
-//! an async task would block that task's thread: tokio refuses it with a panic, so such a
-//! call is found at once, never a silent stall.
+//! The trait is blocking, and the daemon calls it only from its blocking pool (a phase that
+//! ends early hands its checkpointer's last write there too). The backend owns a small runtime
+//! of its own (one worker thread) that drives the database's connections; a blocking caller
+//! waits there for its statement's answer. The daemon's async thread never waits on it.
+//!
+//! Faults of the database are errors, not panics, and most are waited out: a write for a task
+//! (checkpoint, output, record, hand-back) that fails for a reason that may pass (a restart,
+//! a dropped connection) is tried again while the lease surely holds, each try bounded by the
+//! time left. The backend keeps, for each lease, until when it surely holds (the sending of
+//! its claim or of its last answered renewal, plus the lease: [`QueueBackend::lease_deadlines`]),
+//! measures the database's round trip, and refuses claims while the lease is too short for it.
+//! A lease the daemon lets go of ([`QueueBackend::let_go`], or a hand-back that could not be
+//! written) is renewed no more: it is handed back once the database answers, or expires.
 //!
 //! Each host's inbox is taken into the database by [`super::intake`] (given with
 //! [`PgBackend::with_inbox`]); control requests are handled by [`super::control`] (those for
@@ -15,11 +22,11 @@
 //! Not yet done by this backend: the owner's loop checkpointers (checkpoints are saved
 //! through [`QueueBackend::save_checkpoint`]).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::future::Future;
 use std::io;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use chrono::{DateTime, Utc};
 use serde_json::Value;
@@ -32,7 +39,8 @@ use super::intake::LocalInbox;
 use super::journal::EventJournal;
 use super::lease::Lease as PgLease;
 use crate::queue::backend::{
-    ClaimedWork, ControlClaim, HandBack, LoadError, QueueBackend, QueueError, TaskRecord,
+    lease_stop_margin, ClaimedWork, ControlClaim, HandBack, LoadError, QueueBackend, QueueError,
+    TaskRecord,
 };
 use crate::queue::control::ControlRequest;
 use crate::queue::lease::{Lease, LeaseLost, OwnerLease};
@@ -84,6 +92,20 @@ pub struct PgBackend {
     leases: Mutex<HashMap<String, PgLease>>,
     /// The leases of tasks this owner finished, until their closing event is journaled.
     finished: Mutex<HashMap<String, PgLease>>,
+    /// Until when each lease this owner holds surely holds (local time: the sending of its
+    /// claim or of its last answered renewal, plus the lease), with the epoch it is for.
+    valid_until: Mutex<HashMap<String, (i64, Instant)>>,
+    /// Tasks whose final record or hand-back is on its way: a renewal that crosses it does
+    /// not judge their lease lost (the write ended it).
+    ending: Mutex<HashSet<String>>,
+    /// Leases let go of whose hand-back has not reached the database: tried again with each
+    /// renewal while the lease holds, so that the task is queued again without waiting for
+    /// its expiry (and without a crash counted).
+    letting_go: Mutex<Vec<(PgLease, HandBack)>>,
+    /// The database's round trips as measured by claims and renewals.
+    latency: Mutex<Latency>,
+    /// Fires after a claim: its leases want their first renewal now.
+    renew_soon: Arc<tokio::sync::Notify>,
     /// Appends events in order, off the callers' threads.
     journal: EventJournal,
     /// Drives the database client; `None` only while dropping.
@@ -117,6 +139,7 @@ fn judge_renewal(
     held: &[(String, i64)],
     renewed: &[super::lease::RenewedLease],
     leases: &mut HashMap<String, PgLease>,
+    ending: &HashSet<String>,
 ) -> Vec<String> {
     let renewed: HashMap<(&str, i64), &super::lease::RenewedLease> = renewed
         .iter()
@@ -130,6 +153,8 @@ fn judge_renewal(
         };
         match renewed.get(&(task_id.as_str(), *epoch)) {
             Some(renewal) => mine.expires_at = renewal.expires_at,
+            // Its final record or hand-back ended the lease while the renewal was on its way.
+            None if ending.contains(task_id) => {}
             None => {
                 leases.remove(task_id);
                 lost.push(task_id.clone());
@@ -139,7 +164,281 @@ fn judge_renewal(
     lost
 }
 
+/// The first pause before a write that failed for a reason that may pass is tried again; it
+/// doubles up to [`RETRY_MAX`].
+const RETRY_FIRST: Duration = Duration::from_millis(50);
+const RETRY_MAX: Duration = Duration::from_millis(500);
+
+/// Round trips kept to judge the link by.
+const ROUND_TRIPS_KEPT: usize = 8;
+
+/// The database's round trips (claims and renewals, from sending to the answer), and what
+/// was said about them.
+#[derive(Debug, Default)]
+struct Latency {
+    recent: VecDeque<Duration>,
+    /// The warning that the round trip eats a large share of the lease was logged.
+    warned: bool,
+    /// Claims are refused: the lease is too short for the round trip.
+    refusing: bool,
+}
+
+impl Latency {
+    /// The typical round trip: the median of the recent ones (one slow answer is no trend).
+    fn typical(&self) -> Option<Duration> {
+        let mut sorted: Vec<Duration> = self.recent.iter().copied().collect();
+        sorted.sort_unstable();
+        sorted.get(sorted.len() / 2).copied()
+    }
+
+    /// Note a round trip and judge the link against `lease` (logging once on each change).
+    fn note(&mut self, round_trip: Duration, lease: Duration) {
+        if self.recent.len() == ROUND_TRIPS_KEPT {
+            self.recent.pop_front();
+        }
+        self.recent.push_back(round_trip);
+        let Some(typical) = self.typical() else {
+            return;
+        };
+        let shortest = shortest_lease_for(typical);
+        let slow = typical * 4 >= lease;
+        if slow && !self.warned {
+            tracing::warn!(
+                round_trip_ms = typical.as_millis() as u64,
+                lease_ms = lease.as_millis() as u64,
+                "the database's round trip takes {}% of the lease: a renewal may come back too late to hold it; give this daemon a longer lease (--lease {}s or more)",
+                typical.as_millis() * 100 / lease.as_millis().max(1),
+                (typical * 8).as_secs().max(1)
+            );
+        }
+        self.warned = slow;
+        // A claim's lease holds from its sending until its first renewal's answer, two round
+        // trips later; with the margin kept at the end, a lease shorter than that is lost
+        // before its commands can run. Claims start again with some room to spare.
+        let refuse = shortest >= lease;
+        let room = shortest + shortest / 10 < lease;
+        if refuse && !self.refusing {
+            tracing::error!(
+                round_trip_ms = typical.as_millis() as u64,
+                lease_ms = lease.as_millis() as u64,
+                "the lease is too short for the database's round trip: this daemon claims no work until the round trip is shorter; give it a lease of at least {:.1}s (--lease)",
+                (typical * 8).as_secs_f64()
+            );
+            self.refusing = true;
+        } else if self.refusing && room {
+            tracing::info!(
+                round_trip_ms = typical.as_millis() as u64,
+                "the database's round trip leaves room in the lease again: claiming work"
+            );
+            self.refusing = false;
+        }
+    }
+
+    /// What to show about the link, while it eats a large share of the lease.
+    fn warning(&self, lease: Duration) -> Option<String> {
+        let typical = self.typical()?;
+        if self.refusing {
+            return Some(format!(
+                "claiming nothing: the database's round trip ({} ms) is too long for a lease of {:.1}s",
+                typical.as_millis(),
+                lease.as_secs_f64()
+            ));
+        }
+        (typical * 4 >= lease).then(|| {
+            format!(
+                "the database's round trip ({} ms) takes {}% of the lease ({:.1}s)",
+                typical.as_millis(),
+                typical.as_millis() * 100 / lease.as_millis().max(1),
+                lease.as_secs_f64()
+            )
+        })
+    }
+}
+
+/// The shortest lease a daemon can hold through a link of `round_trip`: a claim's lease holds
+/// from its sending, its first renewal's answer comes two round trips later, and the stop
+/// margin (a sixth of the lease) must be left: `2 rt + lease / 6 < lease`.
+fn shortest_lease_for(round_trip: Duration) -> Duration {
+    round_trip * 12 / 5
+}
+
 impl PgBackend {
+    /// The time the lease of `task_id` under `epoch` surely has left before its stop margin
+    /// (zero when unknown or gone).
+    fn time_left(&self, task_id: &str, epoch: i64) -> Duration {
+        let until = locked(&self.valid_until)
+            .get(task_id)
+            .filter(|(held, _)| *held == epoch)
+            .map(|(_, until)| *until);
+        until
+            .map(|until| {
+                until
+                    .saturating_duration_since(Instant::now())
+                    .saturating_sub(lease_stop_margin(self.lease_for))
+            })
+            .unwrap_or_default()
+    }
+
+    /// How long a try of a write for `held` may wait for its answer: the first always gets
+    /// at least a lease (the database, not this host's count, says whether the lease holds);
+    /// a try again (after `pause` grew) only what the lease surely has left.
+    fn try_limit(&self, held: &PgLease, pause: Duration) -> Duration {
+        let left = self.time_left(&held.task_id, held.epoch);
+        if pause == RETRY_FIRST {
+            left.max(self.lease_for)
+        } else {
+            left
+        }
+    }
+
+    /// The lease of `task_id` under `epoch` holds at least until `until` (kept if later).
+    fn holds_until(&self, task_id: &str, epoch: i64, until: Instant) {
+        let mut valid = locked(&self.valid_until);
+        let entry = valid.entry(task_id.to_string()).or_insert((epoch, until));
+        // Epochs only grow: a late answer for an older lease of the task says nothing.
+        if entry.0 < epoch || (entry.0 == epoch && entry.1 < until) {
+            *entry = (epoch, until);
+        }
+    }
+
+    /// One try of `statement` for a held lease, given at most `left` for its answer: a
+    /// database that does not answer within the lease is as good as down.
+    fn try_within<T>(
+        &self,
+        left: Duration,
+        action: &'static str,
+        statement: impl Future<Output = Result<T, PgError>>,
+    ) -> Result<T, PgError> {
+        if left.is_zero() {
+            return Err(PgError::TimedOut {
+                action,
+                waited: left,
+            });
+        }
+        self.run(async {
+            match tokio::time::timeout(left, statement).await {
+                Ok(result) => result,
+                Err(_) => Err(PgError::TimedOut {
+                    action,
+                    waited: left,
+                }),
+            }
+        })
+    }
+
+    /// Whether to try a write for `task_id`'s lease (`epoch`) again after `error`: a
+    /// failure that may pass (the database restarting, a dropped connection) while the lease
+    /// surely holds for longer than the pause, which is then slept.
+    fn try_again(&self, error: &PgError, task_id: &str, epoch: i64, pause: &mut Duration) -> bool {
+        if !error.is_transient() || self.time_left(task_id, epoch) <= *pause {
+            return false;
+        }
+        tracing::warn!(task_id, %error, "a write failed; trying it again while the lease holds");
+        std::thread::sleep(*pause);
+        *pause = (*pause * 2).min(RETRY_MAX);
+        true
+    }
+
+    /// Drop the deadlines of leases neither held nor being let go of.
+    fn forget_old_deadlines(&self) {
+        let leases = locked(&self.leases);
+        let letting_go: HashSet<String> = locked(&self.letting_go)
+            .iter()
+            .map(|(held, _)| held.task_id.clone())
+            .collect();
+        locked(&self.valid_until)
+            .retain(|task_id, _| leases.contains_key(task_id) || letting_go.contains(task_id));
+    }
+
+    /// Note a measured round trip of the database.
+    fn note_round_trip(&self, round_trip: Duration) {
+        locked(&self.latency).note(round_trip, self.lease_for);
+    }
+
+    /// Hand back the leases let go of whose hand-back did not reach the database yet, while
+    /// they hold; those that cannot be any more are left to expire.
+    fn retry_letting_go(&self) {
+        let waiting = std::mem::take(&mut *locked(&self.letting_go));
+        for (held, how) in waiting {
+            if self.time_left(&held.task_id, held.epoch).is_zero() {
+                tracing::info!(task_id = %held.task_id, "a lease let go of expires instead of being handed back: another daemon takes the task over");
+                continue;
+            }
+            match self.write_hand_back(&held, how) {
+                Ok(()) | Err(PgError::LeaseLost { .. }) => {
+                    tracing::info!(task_id = %held.task_id, "a lease let go of was handed back");
+                }
+                Err(error) => {
+                    tracing::debug!(task_id = %held.task_id, %error, "a lease let go of is not handed back yet");
+                    locked(&self.letting_go).push((held, how));
+                }
+            }
+        }
+    }
+
+    /// The hand-back's statement, tried again while it may pass and the lease holds. A try
+    /// whose answer was lost may have landed: a refusal after it means the task is not ours.
+    fn write_hand_back(&self, held: &PgLease, how: HandBack) -> Result<(), PgError> {
+        let mut pause = RETRY_FIRST;
+        loop {
+            let left = self.try_limit(held, pause);
+            let result = match how {
+                HandBack::Paused => self.try_within(left, "pausing the task", self.db.pause(held)),
+                // The attempt ended without killing its daemon: no crash to count.
+                HandBack::RetryAfter(after) => self.try_within(
+                    left,
+                    "queueing the task again",
+                    self.db.requeue(held, after, true),
+                ),
+            };
+            match result {
+                Err(error) if self.try_again(&error, &held.task_id, held.epoch, &mut pause) => {}
+                other => return other,
+            }
+        }
+    }
+
+    /// The final record's statement, tried again while it may pass and the lease holds. A try
+    /// whose answer was lost may have landed: a refusal after it is success when the record
+    /// is there under this lease.
+    fn write_record(&self, held: &PgLease, outcome: Outcome, json: &str) -> Result<(), PgError> {
+        let mut pause = RETRY_FIRST;
+        let mut unanswered = false;
+        loop {
+            let left = self.try_limit(held, pause);
+            match self.try_within(
+                left,
+                "finishing the task",
+                self.db.finish(held, outcome, json),
+            ) {
+                Ok(()) => return Ok(()),
+                Err(error @ PgError::LeaseLost { .. }) => {
+                    let landed =
+                        unanswered && self.run(self.db.has_record_of(held)).unwrap_or(false);
+                    return if landed { Ok(()) } else { Err(error) };
+                }
+                Err(error) if self.try_again(&error, &held.task_id, held.epoch, &mut pause) => {
+                    unanswered = true;
+                }
+                Err(error) => return Err(error),
+            }
+        }
+    }
+
+    /// Measure the round trip while nothing is held (claims are refused): the node's
+    /// registration is renewed, nothing else.
+    fn probe_round_trip(&self) {
+        let sent = Instant::now();
+        let probe = self.try_within(
+            self.lease_for,
+            "measuring the round trip",
+            self.db.renew_held(&self.node, self.lease_for, &[]),
+        );
+        if probe.is_ok() {
+            self.note_round_trip(sent.elapsed());
+        }
+    }
+
     /// The leases this owner holds now, as task id and epoch, for a renewal.
     fn held_now(&self) -> Vec<(String, i64)> {
         locked(&self.leases)
@@ -163,7 +462,7 @@ impl PgBackend {
             db.migrate().await?;
             db.register_node(node, lease_for).await
         })?;
-        let journal = EventJournal::start(&runtime, db.clone());
+        let journal = EventJournal::start(&runtime, db.clone(), lease_for);
         Ok(PgBackend {
             db,
             node: node.to_owned(),
@@ -171,6 +470,11 @@ impl PgBackend {
             owner: OwnerLease::new(OWNER_EPOCH),
             leases: Mutex::default(),
             finished: Mutex::default(),
+            valid_until: Mutex::default(),
+            ending: Mutex::default(),
+            letting_go: Mutex::default(),
+            latency: Mutex::default(),
+            renew_soon: Arc::default(),
             journal,
             runtime: Some(runtime),
             inbox: None,
@@ -377,17 +681,35 @@ impl QueueBackend for PgBackend {
         if limit == 0 || !self.owner.holds(&self.owner) {
             return Ok(Vec::new());
         }
+        if locked(&self.latency).refusing {
+            // Said once in the log (and shown by `latency_warning`); a probe keeps measuring.
+            self.probe_round_trip();
+            return Ok(Vec::new());
+        }
         let max = u32::try_from(limit).unwrap_or(u32::MAX);
-        let (claimed, states) = self
-            .run(self.claim_with_states(max, idle))
+        // Bounded like a write: a claim that hangs on a silent link would hold off every
+        // later claim of this daemon.
+        let claimed = self
+            .try_within(
+                self.lease_for,
+                "claiming tasks",
+                self.db.claim(&self.node, max, self.lease_for, idle),
+            )
             .map_err(|e| backend_error("claiming tasks".to_string(), e))?;
+        if let Some(first) = claimed.first() {
+            self.note_round_trip(first.sent_at.elapsed());
+            // The new leases hold only from their claim's sending: renew them now rather than
+            // at the next period, so that their first renewal is not on their critical path.
+            self.renew_soon.notify_one();
+        }
         let mut work = Vec::with_capacity(claimed.len());
         for claimed in claimed {
             let held = claimed.lease.clone();
             let task_id = held.task_id.clone();
             let lease = self.owner.lease(&task_id, epoch_of(&held));
+            self.holds_until(&task_id, held.epoch, claimed.sent_at + self.lease_for);
             locked(&self.leases).insert(task_id.clone(), held);
-            match self.claimed_work(&claimed, lease, states.get(&task_id)) {
+            match self.claimed_work(&claimed, lease, claimed.phase_state.as_ref()) {
                 Ok(claimed) => work.push(claimed),
                 Err(error) => {
                     // Validated when it was submitted, so this is damage: hold it for a person
@@ -421,15 +743,82 @@ impl QueueBackend for PgBackend {
     }
 
     fn renew_leases(&self) -> Result<Vec<String>, QueueError> {
+        // Sent also when nothing is held: the node is seen alive (`status --db`, and its name
+        // stays taken), and the round trip is measured.
         let held = self.held_now();
-        if held.is_empty() {
-            // Nothing to renew; the node is still seen alive by its claims.
-            return Ok(Vec::new());
-        }
+        let sent = Instant::now();
         let renewed = self
-            .run(self.db.renew_held(&self.node, self.lease_for, &held))
+            .run(async {
+                // No answer within the lease says nothing more than a refused connection.
+                match tokio::time::timeout(
+                    self.lease_for,
+                    self.db.renew_held(&self.node, self.lease_for, &held),
+                )
+                .await
+                {
+                    Ok(result) => result,
+                    Err(_) => Err(PgError::TimedOut {
+                        action: "renewing leases",
+                        waited: self.lease_for,
+                    }),
+                }
+            })
             .map_err(|e| backend_error("renewing leases".to_string(), e))?;
-        Ok(judge_renewal(&held, &renewed, &mut locked(&self.leases)))
+        self.note_round_trip(sent.elapsed());
+        for renewal in &renewed {
+            self.holds_until(&renewal.task_id, renewal.epoch, sent + self.lease_for);
+        }
+        // After the renewal, so that a hand-back waiting for the database never delays it.
+        self.retry_letting_go();
+        self.forget_old_deadlines();
+        let ending = locked(&self.ending).clone();
+        Ok(judge_renewal(
+            &held,
+            &renewed,
+            &mut locked(&self.leases),
+            &ending,
+        ))
+    }
+
+    fn lease_deadlines(&self) -> Vec<(String, Instant)> {
+        let leases = locked(&self.leases);
+        let valid = locked(&self.valid_until);
+        leases
+            .iter()
+            .map(|(task_id, held)| {
+                let until = valid
+                    .get(task_id)
+                    .filter(|(epoch, _)| *epoch == held.epoch)
+                    .map(|(_, until)| *until)
+                    // Unknown: judge it as due now rather than trust it.
+                    .unwrap_or_else(Instant::now);
+                (task_id.clone(), until)
+            })
+            .collect()
+    }
+
+    fn renewal_wanted(&self) -> Option<Arc<tokio::sync::Notify>> {
+        Some(Arc::clone(&self.renew_soon))
+    }
+
+    fn renewed_tasks(&self) -> Vec<String> {
+        locked(&self.leases).keys().cloned().collect()
+    }
+
+    fn let_go(&self, task_id: &str) {
+        let Some(held) = locked(&self.leases).remove(task_id) else {
+            return;
+        };
+        tracing::info!(
+            task_id,
+            epoch = held.epoch,
+            "letting the task's lease go: this daemon does not run it"
+        );
+        locked(&self.letting_go).push((held, HandBack::RetryAfter(Duration::ZERO)));
+    }
+
+    fn latency_warning(&self) -> Option<String> {
+        locked(&self.latency).warning(self.lease_for)
     }
 
     fn holds(&self, task_id: &str) -> bool {
@@ -446,14 +835,24 @@ impl QueueBackend for PgBackend {
         };
         let lease = self.owner.lease(task_id, epoch_of(&held));
         self.flush_events();
-        let result = match how {
-            HandBack::Paused => self.run(self.db.pause(&held)),
-            // The attempt ended without killing its daemon: no crash to count.
-            HandBack::RetryAfter(after) => self.run(self.db.requeue(&held, after, true)),
-        };
-        result.map_err(|e| self.refused(&lease, e))?;
-        locked(&self.leases).remove(task_id);
-        Ok(())
+        locked(&self.ending).insert(task_id.to_string());
+        let result = self.write_hand_back(&held, how);
+        locked(&self.ending).remove(task_id);
+        match result {
+            Ok(()) => {
+                locked(&self.leases).remove(task_id);
+                Ok(())
+            }
+            Err(error @ PgError::LeaseLost { .. }) => Err(self.refused(&lease, error)),
+            Err(error) => {
+                // Never hold a lease for a task nobody here runs: stop renewing it, and hand
+                // it back later while it holds (or let it expire).
+                if let Some(held) = locked(&self.leases).remove(task_id) {
+                    locked(&self.letting_go).push((held, how));
+                }
+                Err(backend_error(format!("handing task {task_id} back"), error))
+            }
+        }
     }
 
     fn claim(&self, task_id: &str) -> Result<Lease, QueueError> {
@@ -462,6 +861,7 @@ impl QueueBackend for PgBackend {
                 what: format!("the claim of task {task_id}"),
             });
         }
+        let sent = Instant::now();
         let claimed = self
             .run(self.claim_one(task_id))
             .map_err(|e| backend_error(format!("claiming task {task_id}"), e))?;
@@ -473,18 +873,24 @@ impl QueueBackend for PgBackend {
             }));
         };
         let lease = self.owner.lease(task_id, epoch_of(&held));
+        self.holds_until(task_id, held.epoch, sent + self.lease_for);
         locked(&self.leases).insert(task_id.to_string(), held);
+        self.renew_soon.notify_one();
         Ok(lease)
     }
 
     fn renew(&self, lease: &Lease) -> Result<(), QueueError> {
         let held = self.held(lease)?;
+        let sent = Instant::now();
         let renewed = self
             .run(
                 self.db
                     .renew_held(&self.node, self.lease_for, &self.held_now()),
             )
             .map_err(|e| backend_error("renewing leases".to_string(), e))?;
+        for renewal in &renewed {
+            self.holds_until(&renewal.task_id, renewal.epoch, sent + self.lease_for);
+        }
         let mut leases = locked(&self.leases);
         for renewal in &renewed {
             if let Some(mine) = leases.get_mut(&renewal.task_id) {
@@ -515,6 +921,7 @@ impl QueueBackend for PgBackend {
         self.flush_events();
         self.owner.release();
         locked(&self.leases).clear();
+        locked(&self.letting_go).clear();
         if let Err(error) = self.run(self.db.release_all(&self.node)) {
             tracing::warn!(%error, "could not hand the leases back; they expire instead");
         }
@@ -759,8 +1166,19 @@ impl QueueBackend for PgBackend {
             problem: format!("phase index {phase_index} does not fit its column"),
         })?;
         // The phase's name is read from the task's definition by the statement.
-        self.run(self.db.save_output(&held, index, "", json))
-            .map_err(|e| self.refused(lease, e))?;
+        let mut pause = RETRY_FIRST;
+        loop {
+            let left = self.try_limit(&held, pause);
+            match self.try_within(
+                left,
+                "saving a phase output",
+                self.db.save_output(&held, index, "", json),
+            ) {
+                Ok(()) => break,
+                Err(e) if self.try_again(&e, &held.task_id, held.epoch, &mut pause) => {}
+                Err(e) => return Err(self.refused(lease, e)),
+            }
+        }
         Ok(output_reference(lease.task_id(), phase_index))
     }
 
@@ -773,11 +1191,17 @@ impl QueueBackend for PgBackend {
         let json = String::from_utf8_lossy(&bytes);
         // The task's events so far land before the record ends the lease they are fenced by.
         self.flush_events();
-        self.run(self.db.finish(&held, outcome, &json))
-            .map_err(|e| self.refused(lease, e))?;
-        if let Some(ended) = locked(&self.leases).remove(lease.task_id()) {
-            locked(&self.finished).insert(lease.task_id().to_string(), ended);
-        }
+        locked(&self.ending).insert(held.task_id.clone());
+        let result = self.write_record(&held, outcome, &json);
+        locked(&self.ending).remove(&held.task_id);
+        result.map_err(|e| self.refused(lease, e))?;
+        // The record ended the lease: its closing event is fenced by the record's epoch. (A
+        // renewal that crossed the record does not judge it lost, see `ending`.)
+        let ended = locked(&self.leases)
+            .remove(lease.task_id())
+            .filter(|ended| ended.epoch == held.epoch)
+            .unwrap_or(held);
+        locked(&self.finished).insert(lease.task_id().to_string(), ended);
         Ok(())
     }
 
@@ -794,12 +1218,22 @@ impl QueueBackend for PgBackend {
         checkpoint: &mut IterationCheckpoint<&serde_json::value::RawValue>,
     ) -> Result<SavedCheckpoint, QueueError> {
         let mut held = self.held(lease)?;
-        let saved = self
-            .run(
+        // A save that fails while the lease holds is tried again (the iteration is not lost);
+        // only a lost lease or a database gone for the rest of it ends the attempt.
+        let mut pause = RETRY_FIRST;
+        let saved = loop {
+            let left = self.try_limit(&held, pause);
+            match self.try_within(
+                left,
+                "saving a checkpoint",
                 self.db
                     .save_checkpoint(&mut held, checkpoint, KEEP_GENERATIONS),
-            )
-            .map_err(|e| self.refused(lease, e))?;
+            ) {
+                Ok(saved) => break saved,
+                Err(e) if self.try_again(&e, lease.task_id(), held.epoch, &mut pause) => {}
+                Err(e) => return Err(self.refused(lease, e)),
+            }
+        };
         if let Some(mine) = locked(&self.leases).get_mut(lease.task_id()) {
             if mine.epoch == held.epoch {
                 mine.last_generation = held.last_generation;
@@ -872,33 +1306,7 @@ impl QueueBackend for PgBackend {
     }
 }
 
-/// The phase states (work-state entries) of the tasks in `$1` that have one.
-const PHASE_STATES: &str = "
-SELECT id, phase_state::text FROM cairn_tasks WHERE id = ANY($1) AND phase_state IS NOT NULL";
-
 impl PgBackend {
-    /// Claim up to `max` tasks, with the phase state each was left in.
-    async fn claim_with_states(
-        &self,
-        max: u32,
-        idle: bool,
-    ) -> Result<(Vec<super::lease::ClaimedTask>, HashMap<String, String>), PgError> {
-        let claimed = self.db.claim(&self.node, max, self.lease_for, idle).await?;
-        if claimed.is_empty() {
-            return Ok((claimed, HashMap::new()));
-        }
-        let ids: Vec<&str> = claimed.iter().map(|c| c.lease.task_id.as_str()).collect();
-        let client = self.db.client().await?;
-        let states = client
-            .query(PHASE_STATES, &[&ids])
-            .await
-            .during("reading the claimed tasks' phase states")?
-            .iter()
-            .map(|row| (row.get(0), row.get(1)))
-            .collect();
-        Ok((claimed, states))
-    }
-
     /// What the owner needs of one claimed task: its definition and where it stood.
     fn claimed_work(
         &self,
@@ -928,12 +1336,30 @@ impl PgBackend {
         let quarantine = claimed
             .must_quarantine()
             .then(|| u32::try_from(claimed.crash_count).unwrap_or(0));
+        let taken_over = claimed
+            .previous
+            .as_ref()
+            .filter(|_| claimed.taken_over)
+            .map(|(node, epoch)| crate::queue::backend::TakeOver {
+                from_node: node.clone(),
+                from_epoch: *epoch,
+                verdict: if claimed.on_trial {
+                    "suspect"
+                } else if claimed.crash_count == 0 {
+                    "cleared"
+                } else {
+                    "crash"
+                },
+                crashes: u32::try_from(claimed.crash_count).unwrap_or(0),
+                limit: u32::try_from(claimed.crash_limit).unwrap_or(0),
+            });
         Ok(ClaimedWork {
             task,
             lease,
             entry,
             quarantine,
             on_trial: claimed.on_trial,
+            taken_over,
         })
     }
 
@@ -1018,6 +1444,61 @@ mod tests {
     }
 
     #[test]
+    fn a_round_trip_is_warned_of_at_a_quarter_of_the_lease_and_claims_refused_past_what_holds() {
+        let lease = Duration::from_secs(3);
+        let ms = Duration::from_millis;
+        let mut latency = Latency::default();
+        for _ in 0..ROUND_TRIPS_KEPT {
+            latency.note(ms(20), lease);
+        }
+        assert_eq!(latency.warning(lease), None);
+        assert!(!latency.refusing);
+        // 600 ms: a fifth of the lease, no warning; 800 ms: over a quarter, warned, still
+        // claiming (2 x 800 ms + 500 ms < 3 s).
+        for _ in 0..ROUND_TRIPS_KEPT {
+            latency.note(ms(600), lease);
+        }
+        assert_eq!(latency.warning(lease), None);
+        for _ in 0..ROUND_TRIPS_KEPT {
+            latency.note(ms(800), lease);
+        }
+        assert!(latency.warning(lease).unwrap().contains("800 ms"));
+        assert!(!latency.refusing);
+        // 1.3 s: a claim's lease would run out before its first renewal came back.
+        for _ in 0..ROUND_TRIPS_KEPT {
+            latency.note(ms(1300), lease);
+        }
+        assert!(latency.refusing);
+        assert!(latency
+            .warning(lease)
+            .unwrap()
+            .starts_with("claiming nothing"));
+        // One fast answer is no trend; a run of them is.
+        latency.note(ms(20), lease);
+        assert!(latency.refusing);
+        for _ in 0..ROUND_TRIPS_KEPT {
+            latency.note(ms(20), lease);
+        }
+        assert!(!latency.refusing);
+        assert_eq!(latency.warning(lease), None);
+    }
+
+    #[test]
+    fn a_renewal_crossing_a_final_record_does_not_judge_its_lease_lost() {
+        // The record ended the lease in the database before the renewal ran there, but its
+        // answer came back before `finish` took the lease out of the map.
+        let mut leases: HashMap<String, PgLease> = [("finishing", 2), ("lost", 1)]
+            .into_iter()
+            .map(|(id, epoch)| (id.to_owned(), lease(id, epoch)))
+            .collect();
+        let held = vec![("finishing".to_owned(), 2), ("lost".to_owned(), 1)];
+        let ending: HashSet<String> = ["finishing".to_owned()].into_iter().collect();
+        let lost = judge_renewal(&held, &[], &mut leases, &ending);
+        assert_eq!(lost, ["lost"]);
+        assert!(leases.contains_key("finishing"), "left for finish to end");
+    }
+
+    #[test]
     fn a_renewal_judges_only_the_leases_it_was_sent_for() {
         let mut leases: HashMap<String, PgLease> = [
             ("renewed", 1),
@@ -1035,7 +1516,12 @@ mod tests {
             .chain([("handed-back", 2)])
             .map(|(id, epoch)| (id.to_owned(), epoch))
             .collect();
-        let lost = judge_renewal(&held, &[renewal("renewed", 1)], &mut leases);
+        let lost = judge_renewal(
+            &held,
+            &[renewal("renewed", 1)],
+            &mut leases,
+            &HashSet::new(),
+        );
         assert_eq!(lost, ["expired"]);
         let mut left: Vec<&str> = leases.keys().map(String::as_str).collect();
         left.sort_unstable();

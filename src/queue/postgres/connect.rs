@@ -17,6 +17,14 @@ pub const DEFAULT_POOL_SIZE: usize = 4;
 /// How long a statement waits for a pooled connection before failing; a daemon retries.
 const POOL_WAIT: Duration = Duration::from_secs(30);
 
+/// How long a new connection may take (the URL's `connect_timeout` wins).
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long sent bytes may go unacknowledged before TCP drops the connection (the URL's
+/// `tcp_user_timeout` wins), and the keepalive probes' idle time and interval.
+const UNANSWERED_TCP: Duration = Duration::from_secs(10);
+const KEEPALIVE_IDLE: Duration = Duration::from_secs(5);
+
 /// The shared queue in one PostgreSQL database, as one process sees it.
 ///
 /// Cloning is cheap; clones share the pool. `instance` tells this process apart from another
@@ -58,6 +66,20 @@ impl PgQueue {
         if config.get_application_name().is_none() {
             config.application_name("cairn");
         }
+        // A silent partition must end in an error, not a connection that waits for ever: a
+        // connect gives up after a while, and a connection whose peer stopped answering is
+        // found dead by TCP within seconds (unless the URL says otherwise).
+        if config.get_connect_timeout().is_none() {
+            config.connect_timeout(CONNECT_TIMEOUT);
+        }
+        if config.get_tcp_user_timeout().is_none() {
+            config.tcp_user_timeout(UNANSWERED_TCP);
+        }
+        config
+            .keepalives(true)
+            .keepalives_idle(KEEPALIVE_IDLE)
+            .keepalives_interval(KEEPALIVE_IDLE)
+            .keepalives_retries(3);
         let tls = tls_connector(config.get_ssl_mode())?;
         let manager = Manager::from_config(
             config.clone(),

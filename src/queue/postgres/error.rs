@@ -32,6 +32,12 @@ pub enum PgError {
     /// No connection could be had from the pool (the database is down or refuses us).
     #[error("connecting to the database: {0}")]
     Connect(#[source] deadpool_postgres::PoolError),
+    /// No answer came within the time the lease still allowed for it.
+    #[error("{action}: no answer from the database within {waited:?}")]
+    TimedOut {
+        action: &'static str,
+        waited: std::time::Duration,
+    },
     /// A statement failed; `action` says what it was doing.
     #[error("{action}: {source}")]
     Query {
@@ -113,4 +119,39 @@ where
         what,
         value: value.to_string(),
     })
+}
+
+impl PgError {
+    /// Whether the same statement may well succeed if sent again soon: the database could not
+    /// be reached, restarted or shut the connection, or asked for the transaction to be run
+    /// again. A refused lease, a bad value or a schema problem is not.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            PgError::Connect(_) | PgError::TimedOut { .. } => true,
+            PgError::Query { source, .. } => is_transient_query_error(source),
+            _ => false,
+        }
+    }
+}
+
+/// A statement's error that says nothing about the statement itself: the connection broke (no
+/// SQLSTATE but an I/O error, or class 08), the server is shutting down or starting (57P01-57P03), or a
+/// serialization failure or deadlock asks for a retry.
+fn is_transient_query_error(error: &tokio_postgres::Error) -> bool {
+    if error.is_closed() {
+        return true;
+    }
+    match error.code() {
+        None => {
+            std::error::Error::source(error).is_some_and(|source| source.is::<std::io::Error>())
+        }
+        Some(code) => {
+            let code = code.code();
+            code.starts_with("08")
+                || matches!(
+                    code,
+                    "57P01" | "57P02" | "57P03" | "40001" | "40P01" | "53300"
+                )
+        }
+    }
 }

@@ -35,13 +35,19 @@ macro_rules! fenced {
 }
 
 /// Store checkpoint generation `$4` (`$5` bytes, `$6` iterations) and drop the generations
-/// older than the `$7` kept besides it. A committed checkpoint is progress: the crash count
+/// older than the `$7` kept besides it. The same generation sent again under the same epoch (a
+/// save retried after its answer was lost with the connection) stores it again rather than
+/// failing on the key. A committed checkpoint is progress: the crash count
 /// starts again, and an expiry of this lease is no crash of the task's (see [`super::lease`]).
 const SAVE_CHECKPOINT: &str = fenced!(
     ", crash_count = 0, progressed_epoch = $3",
     ", saved AS (
         INSERT INTO cairn_checkpoints (task_id, generation, bytes, iteration_count, lease_epoch)
         SELECT id, $4, $5, $6, $3 FROM fence
+        ON CONFLICT (task_id, generation) DO UPDATE
+        SET bytes = EXCLUDED.bytes, iteration_count = EXCLUDED.iteration_count,
+            written_at = now()
+        WHERE cairn_checkpoints.lease_epoch = EXCLUDED.lease_epoch
         RETURNING generation
     ), pruned AS (
         DELETE FROM cairn_checkpoints
@@ -306,6 +312,20 @@ impl PgQueue {
     pub async fn archive_record(&self, lease: &Lease) -> Result<(), PgError> {
         self.fenced_write(lease, ARCHIVE_RECORD, &[], "archiving the task's record")
             .await
+    }
+
+    /// Whether the task's final record was written under `lease` (a finish whose answer was
+    /// lost may have landed).
+    pub async fn has_record_of(&self, lease: &Lease) -> Result<bool, PgError> {
+        let client = self.client().await?;
+        let row = client
+            .query_opt(
+                "SELECT 1 FROM cairn_records WHERE task_id = $1 AND lease_epoch = $2",
+                &[&lease.task_id, &lease.epoch],
+            )
+            .await
+            .during("looking for the task's record")?;
+        Ok(row.is_some())
     }
 
     /// Run a `fenced!` statement with the lease as `$1..$3` and `params` after them.

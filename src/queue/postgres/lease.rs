@@ -45,6 +45,8 @@ pub struct ClaimedTask {
     /// True when the task was taken over from a lease that expired (its holder died, froze or
     /// lost the database).
     pub taken_over: bool,
+    /// The node and epoch of the lease it was taken over from (an expired one), if any.
+    pub previous: Option<(String, i64)>,
     /// A crash suspect claimed to be tried alone: the claiming node runs nothing beside it
     /// until it makes progress or its attempt ends.
     pub on_trial: bool,
@@ -53,6 +55,11 @@ pub struct ClaimedTask {
     pub crash_count: i32,
     /// At this many the task is taken for the cause of the crashes.
     pub crash_limit: i32,
+    /// The phase state the last holder left (JSON text), if any.
+    pub phase_state: Option<String>,
+    /// When the claim's statement was sent: the lease holds at least until then plus its
+    /// length, whatever the clocks say.
+    pub sent_at: std::time::Instant,
 }
 
 impl ClaimedTask {
@@ -110,7 +117,8 @@ const SUSPECT_WAITING: &str = "SELECT EXISTS (SELECT 1 FROM cairn_tasks WHERE su
 /// locks.
 const CLAIM: &str = "
 WITH candidate AS (
-    SELECT id, state = 'running' AS expired
+    SELECT id, state = 'running' AS expired,
+           CASE WHEN state = 'running' THEN lease_node END AS prev_node, lease_epoch AS prev_epoch
     FROM cairn_tasks
     WHERE (state = 'queued' AND (not_before IS NULL OR not_before <= now()))
        OR (state = 'running' AND lease_expires_at <= now() AND NOT suspect
@@ -129,12 +137,12 @@ SET state = 'running',
 FROM candidate c
 WHERE t.id = c.id
 RETURNING t.id, t.lease_epoch, t.lease_expires_at, t.definition::text, c.expired,
-          t.crash_count, t.crash_limit, false";
+          t.crash_count, t.crash_limit, false, t.phase_state::text, c.prev_node, c.prev_epoch";
 
 /// Claim one suspect for node `$1` for `$3` seconds, to try it alone (`$2` is 1).
 const CLAIM_SUSPECT: &str = "
 WITH candidate AS (
-    SELECT id FROM cairn_tasks
+    SELECT id, lease_node AS prev_node, lease_epoch AS prev_epoch FROM cairn_tasks
     WHERE suspect
     ORDER BY priority DESC, submitted_at, id
     LIMIT $2
@@ -151,7 +159,7 @@ SET state = 'running',
 FROM candidate c
 WHERE t.id = c.id
 RETURNING t.id, t.lease_epoch, t.lease_expires_at, t.definition::text, true,
-          t.crash_count, t.crash_limit, true";
+          t.crash_count, t.crash_limit, true, t.phase_state::text, c.prev_node, c.prev_epoch";
 
 /// Extend the unexpired leases of node `$1` named by `$3` (task ids) and `$4` (their epochs,
 /// in the same order) by `$2` seconds, and note the node alive. Only the leases the caller
@@ -176,20 +184,22 @@ SET state = 'queued', lease_node = NULL, lease_expires_at = NULL, crash_count = 
 WHERE lease_node = $1 AND state = 'running'
 RETURNING id";
 
-/// Register node `$1` (instance `$2`), unless another instance renewed under that name less
-/// than `$3` seconds ago.
+/// Register node `$1` (instance `$2`, leases of `$3` seconds), unless another instance
+/// renewed under that name less than `$3` seconds ago.
 const REGISTER_NODE: &str = "
-INSERT INTO cairn_nodes (name, instance) VALUES ($1, $2)
+INSERT INTO cairn_nodes (name, instance, lease_seconds) VALUES ($1, $2, $3)
 ON CONFLICT (name) DO UPDATE
-SET instance = $2, started_at = now(), last_seen_at = now()
+SET instance = $2, started_at = now(), last_seen_at = now(), lease_seconds = $3
 WHERE cairn_nodes.instance = $2
    OR cairn_nodes.last_seen_at <= now() - $3::float8 * interval '1 second'
 RETURNING name";
 
-/// The newest checkpoint generation of each of the tasks in `$1`.
-const LAST_GENERATIONS: &str = "
-SELECT task_id, max(generation) FROM cairn_checkpoints
-WHERE task_id = ANY($1) GROUP BY task_id";
+/// The newest checkpoint generation of each task node `$1` holds.
+const NODE_GENERATIONS: &str = "
+SELECT k.task_id, max(k.generation) FROM cairn_checkpoints k
+JOIN cairn_tasks t ON t.id = k.task_id
+WHERE t.lease_node = $1 AND t.state = 'running'
+GROUP BY k.task_id";
 
 impl PgQueue {
     /// Register `node` as this process's name. Refused with [`PgError::NodeNameInUse`] when
@@ -223,12 +233,22 @@ impl PgQueue {
         idle: bool,
     ) -> Result<Vec<ClaimedTask>, PgError> {
         let client = self.client().await?;
-        client
-            .execute(JUDGE_EXPIRED, &[])
+        // Each statement prepared once per connection: one round trip each, which counts on
+        // a slow link (see docs/cluster.md, "Latency").
+        let judge = client
+            .prepare_cached(JUDGE_EXPIRED)
             .await
             .during("judging expired leases")?;
+        client
+            .execute(&judge, &[])
+            .await
+            .during("judging expired leases")?;
+        let waiting = client
+            .prepare_cached(SUSPECT_WAITING)
+            .await
+            .during("looking for crash suspects")?;
         let suspects_wait: bool = client
-            .query_one(SUSPECT_WAITING, &[])
+            .query_one(&waiting, &[])
             .await
             .during("looking for crash suspects")?
             .get(0);
@@ -237,11 +257,38 @@ impl PgQueue {
             (true, true) => (CLAIM_SUSPECT, 1),
             (true, false) => return Ok(Vec::new()),
         };
-        let rows = client
-            .query(statement, &[&node, &max, &lease.as_secs_f64()])
+        let statement = client
+            .prepare_cached(statement)
             .await
             .during("claiming tasks")?;
-        let mut claimed: Vec<ClaimedTask> = rows
+        let generations = client
+            .prepare_cached(NODE_GENERATIONS)
+            .await
+            .during("reading the claimed tasks' checkpoint generations")?;
+        // The claim returns each task's phase state (the row it locked, as its last holder
+        // left it). The newest checkpoint generations are read by a second statement sent at
+        // once behind the claim on the same connection: it runs after the claim committed, so
+        // no write of an earlier holder can land after it, and costs no round trip of its own.
+        let sent_at = std::time::Instant::now();
+        let (rows, generations) = futures::try_join!(
+            async {
+                client
+                    .query(&statement, &[&node, &max, &lease.as_secs_f64()])
+                    .await
+                    .during("claiming tasks")
+            },
+            async {
+                client
+                    .query(&generations, &[&node])
+                    .await
+                    .during("reading the claimed tasks' checkpoint generations")
+            },
+        )?;
+        let generations: HashMap<String, i64> = generations
+            .iter()
+            .map(|row| (row.get(0), row.get(1)))
+            .collect();
+        Ok(rows
             .iter()
             .map(|row| ClaimedTask {
                 lease: Lease {
@@ -249,32 +296,23 @@ impl PgQueue {
                     node: node.to_owned(),
                     epoch: row.get(1),
                     expires_at: row.get(2),
-                    last_generation: 0,
+                    last_generation: generations
+                        .get(&row.get::<_, String>(0))
+                        .copied()
+                        .unwrap_or(0),
                 },
                 definition: row.get(3),
                 taken_over: row.get(4),
+                previous: row
+                    .get::<_, Option<String>>(9)
+                    .map(|node| (node, row.get::<_, i64>(10))),
                 crash_count: row.get(5),
                 crash_limit: row.get(6),
                 on_trial: row.get(7),
+                phase_state: row.get(8),
+                sent_at,
             })
-            .collect();
-        if claimed.is_empty() {
-            return Ok(claimed);
-        }
-        // Read after the claim committed: a write of the previous holder that got in before
-        // the claim is visible now, and none can land after it.
-        let ids: Vec<&str> = claimed.iter().map(|c| c.lease.task_id.as_str()).collect();
-        let generations: HashMap<String, i64> = client
-            .query(LAST_GENERATIONS, &[&ids])
-            .await
-            .during("reading the claimed tasks' checkpoint generations")?
-            .iter()
-            .map(|row| (row.get(0), row.get(1)))
-            .collect();
-        for task in &mut claimed {
-            task.lease.last_generation = generations.get(&task.lease.task_id).copied().unwrap_or(0);
-        }
-        Ok(claimed)
+            .collect())
     }
 
     /// Extend, in one statement, the leases of `node` in `held` (task id and epoch) that have

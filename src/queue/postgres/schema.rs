@@ -11,13 +11,14 @@ use tokio_postgres::Client;
 use super::error::{During, PgError};
 
 /// The schema version this cairn reads and writes.
-pub const SCHEMA_VERSION: i32 = 3;
+pub const SCHEMA_VERSION: i32 = 4;
 
 /// The migrations, in order: each brings the schema from the version before it to its own.
 const MIGRATIONS: &[(i32, &str)] = &[
     (1, include_str!("schema.sql")),
     (2, include_str!("schema_v2.sql")),
     (3, include_str!("schema_v3.sql")),
+    (4, include_str!("schema_v4.sql")),
 ];
 
 /// The advisory lock key all cairn migrations take (`cairn` in ASCII, then the lock's use).

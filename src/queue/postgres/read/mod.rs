@@ -27,10 +27,10 @@ use crate::store::{GenerationInfo, IterationCheckpoint, LoadedCheckpoint};
 
 pub use facts::decode_newest;
 
-/// A daemon renews its leases, and with them its `last_seen_at`, every lease/6. One not seen
-/// for the default lease (30 s) and holding no unexpired lease is taken for gone. (The
-/// nodes' own lease lengths are not stored; a daemon with a longer `--lease` that holds no
-/// task may be shown gone between its renewals.)
+/// A daemon renews its leases, and with them its `last_seen_at`, every lease/6 (also while it
+/// holds nothing). One not seen for its own lease (`cairn_nodes.lease_seconds`) and holding no
+/// unexpired lease is taken for gone; this is the lease assumed for a daemon registered
+/// before the lease was stored (schema version 3).
 pub const NODE_SEEN_WITHIN: Duration = Duration::from_secs(30);
 
 /// One event of a task's journal in the database, with the lease it was written under.
@@ -286,7 +286,9 @@ async fn read_nodes(client: &tokio_postgres::Client) -> Result<Vec<NodeView>, Pg
     let rows = client
         .query(
             "SELECT n.name, n.started_at, n.last_seen_at,
-                    n.last_seen_at > now() - $1::float8 * interval '1 second',
+                    n.last_seen_at > now()
+                        - COALESCE((to_jsonb(n) ->> 'lease_seconds')::float8, $1::float8)
+                          * interval '1 second',
                     (SELECT count(*) FROM cairn_tasks t
                      WHERE t.lease_node = n.name AND t.state = 'running'
                        AND t.lease_expires_at > now())
