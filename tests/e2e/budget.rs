@@ -539,6 +539,33 @@ fn costs_are_summed_without_float_noise() {
     );
 }
 
+/// Start the daemon, wait until the worker writing `side` has committed a new checkpoint
+/// (`committed` counts them) and started the next iteration, and SIGKILL the daemon there.
+/// False, with nothing killed but the daemon, when `ended` says the task finished first.
+fn kill_once_the_next_iteration_started(
+    queue: &TestQueue,
+    side: &Path,
+    committed: impl Fn(&TestQueue) -> u64,
+    ended: impl Fn(&TestQueue) -> bool,
+) -> bool {
+    let mut daemon = queue.start(&[]);
+    let before = committed(queue);
+    let settled = wait_for(
+        "a new checkpoint and the next iteration started",
+        DEADLINE,
+        || {
+            if ended(queue) {
+                return Some(false);
+            }
+            let count = committed(queue);
+            let started = logged_iterations(&side_lines(side), "start");
+            (count > before && started.last() == Some(&count)).then_some(true)
+        },
+    );
+    daemon.kill_hard();
+    settled
+}
+
 #[test]
 fn a_workers_iterations_lost_to_sigkills_count_against_the_budget() {
     let queue = TestQueue::new();
@@ -548,26 +575,17 @@ fn a_workers_iterations_lost_to_sigkills_count_against_the_budget() {
     task["retry"] = json!({"max_attempts": 10, "backoff": "100ms"});
     queue.seed_task("wpaid.json", &task);
     let started = || -> Vec<u64> { logged_iterations(&side_lines(&side), "start") };
-    let committed = |queue: &TestQueue| committed_iterations(queue, "wpaid");
     let mut kills = 0;
     while kills < 4 && queue.failed("wpaid").is_none() {
-        let mut daemon = queue.start(&[]);
-        let before = committed(&queue);
-        let settled = wait_for(
-            "a new checkpoint and the next iteration started",
-            DEADLINE,
-            || {
-                if queue.failed("wpaid").is_some() {
-                    return Some(false);
-                }
-                let count = committed(&queue);
-                (count > before && started().last() == Some(&count)).then_some(true)
-            },
+        let killed = kill_once_the_next_iteration_started(
+            &queue,
+            &side,
+            |queue| committed_iterations(queue, "wpaid"),
+            |queue| queue.failed("wpaid").is_some(),
         );
-        if !settled {
+        if !killed {
             break;
         }
-        daemon.kill_hard();
         kills += 1;
     }
     queue.run_until_idle(&[]);
@@ -609,7 +627,6 @@ fn iterations_lost_in_a_phase_are_priced_at_that_phases_cost() {
         ],
     });
     queue.seed_task("two.json", &task);
-    let started = || -> Vec<u64> { logged_iterations(&side_lines(&worker_side), "start") };
     let committed_in_worker = |queue: &TestQueue| -> u64 {
         if !queue.path("incremental/two.json.gz").exists() {
             return 0;
@@ -621,24 +638,14 @@ fn iterations_lost_in_a_phase_are_priced_at_that_phases_cost() {
             0
         }
     };
-    let mut kills = 0;
-    while kills < 2 {
-        let mut daemon = queue.start(&[]);
-        let before = committed_in_worker(&queue);
-        let settled = wait_for(
-            "a new worker checkpoint and the next iteration started",
-            DEADLINE,
-            || {
-                if queue.done("two").is_some() {
-                    return Some(false);
-                }
-                let count = committed_in_worker(&queue);
-                (count > before && started().last() == Some(&count)).then_some(true)
-            },
+    for _ in 0..2 {
+        let killed = kill_once_the_next_iteration_started(
+            &queue,
+            &worker_side,
+            committed_in_worker,
+            |queue| queue.done("two").is_some(),
         );
-        assert!(settled, "the worker finished before it was killed twice");
-        daemon.kill_hard();
-        kills += 1;
+        assert!(killed, "the worker finished before it was killed twice");
     }
     queue.run_until_idle(&[]);
 

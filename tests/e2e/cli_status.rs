@@ -641,20 +641,24 @@ fn a_finished_worker_keeps_the_total_it_reported() {
     );
     queue.run_until_idle(&[]);
     queue.wait_done("w");
+    assert_done_at_four_of_four(&queue, "w", "worker");
+}
 
-    let table = status(&queue, &[]);
+/// `id`, done after 4 iterations of its one phase `work` of `kind`, shows `4/4` in the table,
+/// in `--json` and in `show`'s phase row.
+fn assert_done_at_four_of_four(queue: &TestQueue, id: &str, kind: &str) {
+    let table = status(queue, &[]);
     let row = table_rows(&table)
         .into_iter()
-        .find(|r| r[0] == "w")
-        .unwrap_or_else(|| panic!("no w in {table}"));
+        .find(|r| r[0] == id)
+        .unwrap_or_else(|| panic!("no {id} in {table}"));
     assert_eq!(row[1..4], ["done", "work(1/1)", "4/4"], "{table}");
-    let w = task(&status_json(&queue), "w");
+    let shown = task(&status_json(queue), id);
     assert_eq!(
-        (w["iteration"].clone(), w["total"].clone()),
+        (shown["iteration"].clone(), shown["total"].clone()),
         (json!(4), json!(4))
     );
-
-    let show = stdout_of(&queue.cairn_output(&["show", "w"], b""));
+    let show = stdout_of(&queue.cairn_output(&["show", id], b""));
     let phase_row: Vec<&str> = show
         .lines()
         .find(|l| l.trim_start().starts_with("1/1"))
@@ -663,7 +667,7 @@ fn a_finished_worker_keeps_the_total_it_reported() {
         .collect();
     assert_eq!(
         phase_row[..5],
-        ["1/1", "work", "worker", "done", "4/4"],
+        ["1/1", "work", kind, "done", "4/4"],
         "{show}"
     );
 }
@@ -739,28 +743,5 @@ fn a_loop_that_finished_early_shows_as_complete() {
     );
     queue.run_until_idle(&[]);
     queue.wait_done("early");
-
-    let table = status(&queue, &[]);
-    let row = table_rows(&table)
-        .into_iter()
-        .find(|r| r[0] == "early")
-        .unwrap_or_else(|| panic!("no early in {table}"));
-    assert_eq!(row[1..4], ["done", "work(1/1)", "4/4"], "{table}");
-    let early = task(&status_json(&queue), "early");
-    assert_eq!(
-        (early["iteration"].clone(), early["total"].clone()),
-        (json!(4), json!(4))
-    );
-    let show = stdout_of(&queue.cairn_output(&["show", "early"], b""));
-    let phase_row: Vec<&str> = show
-        .lines()
-        .find(|l| l.trim_start().starts_with("1/1"))
-        .unwrap_or_else(|| panic!("no phase row in {show}"))
-        .split_whitespace()
-        .collect();
-    assert_eq!(
-        phase_row[..5],
-        ["1/1", "work", "loop", "done", "4/4"],
-        "{show}"
-    );
+    assert_done_at_four_of_four(&queue, "early", "loop");
 }
