@@ -320,10 +320,7 @@ impl TestQueue {
     /// Wait until nothing holds the queue's `.lock` any more (taking it for a moment to see):
     /// a SIGKILLed daemon's lock can outlive it for a moment.
     pub fn wait_lock_released(&self) {
-        wait_until("the queue's lock is free", DEADLINE, || {
-            let file = fs::File::open(self.path(".lock")).expect("opening the queue's .lock");
-            Flock::lock(file, FlockArg::LockExclusiveNonblock).is_ok()
-        });
+        wait_flock_free(&self.path(".lock"), "the queue's lock");
     }
 
     /// Run `cairn run --exit-when-idle <args>` and expect it to drain the queue and exit 0.
@@ -589,6 +586,17 @@ impl Drop for Daemon {
             let _ = self.child.wait();
         }
     }
+}
+
+/// Wait until nothing holds the `flock` of the file at `path` (taking it for a moment to see).
+/// A SIGKILLed daemon's locks can outlive it for a moment: a command it was starting holds a
+/// copy of its descriptors until that command's `exec` closes them.
+pub fn wait_flock_free(path: &Path, what: &str) {
+    wait_until(&format!("{what} is free"), DEADLINE, || {
+        let file =
+            fs::File::open(path).unwrap_or_else(|e| panic!("opening {}: {e}", path.display()));
+        Flock::lock(file, FlockArg::LockExclusiveNonblock).is_ok()
+    });
 }
 
 /// True while a process with this pid exists and is not a zombie.

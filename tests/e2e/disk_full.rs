@@ -575,6 +575,9 @@ fn a_replay_that_fails_on_a_full_disk_keeps_the_commit_log() {
     });
     daemon.kill_hard();
     drop(daemon);
+    // A command the daemon was starting may hold the log (and its lock) a moment longer: a
+    // reader would then leave the log to it and not replay.
+    wait_flock_free(&log, "the killed daemon's commit log");
     let in_log = fs::read(&latest).expect("the latest checkpoint");
     let committed_at_kill = decode_checkpoint(&in_log).unwrap().iteration_count;
     assert!(committed_at_kill >= before_kill);
