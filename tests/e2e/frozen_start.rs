@@ -99,22 +99,9 @@ fn a_submitter_stopping_its_starting_commands_leaves_the_daemon_working() {
         queue.path("incremental/alice-job.json.gz").exists()
     });
 
-    // Bob stops his own processes in their start, while his loops start command after command.
-    let stopped_file = queue.aux("stopped");
-    std::fs::write(&stopped_file, "").unwrap();
-    own(&stopped_file, bob.uid, gid, 0o644);
-    let mut stopper = std::process::Command::new("setpriv")
-        .arg(format!("--reuid={}", bob.uid))
-        .arg(format!("--regid={gid}"))
-        .arg("--init-groups")
-        .arg(python_for(bob.uid, gid))
-        .args(["-c", STOPPER])
-        .arg(&stopped_file)
-        .stdin(std::process::Stdio::null())
-        .spawn()
-        .expect("starting bob's stopper");
-    let stopper_pid = stopper.id() as i32;
-    let kill_stopper = KillOnDrop(stopper_pid);
+    // Bob's loops start command after command. They are submitted before his stopper runs,
+    // which would otherwise stop his own `cairn submit` in the moment between its change of
+    // user and its exec, and the test with it.
     for n in 0..2 {
         let bob_task = json!({
             "id": format!("bob-spins-{n}"),
@@ -132,6 +119,22 @@ fn a_submitter_stopping_its_starting_commands_leaves_the_daemon_working() {
         );
         assert!(submitted.status.success(), "{}", stderr_of(&submitted));
     }
+    // Bob stops his own processes in their start.
+    let stopped_file = queue.aux("stopped");
+    std::fs::write(&stopped_file, "").unwrap();
+    own(&stopped_file, bob.uid, gid, 0o644);
+    let mut stopper = std::process::Command::new("setpriv")
+        .arg(format!("--reuid={}", bob.uid))
+        .arg(format!("--regid={gid}"))
+        .arg("--init-groups")
+        .arg(python_for(bob.uid, gid))
+        .args(["-c", STOPPER])
+        .arg(&stopped_file)
+        .stdin(std::process::Stdio::null())
+        .spawn()
+        .expect("starting bob's stopper");
+    let stopper_pid = stopper.id() as i32;
+    let kill_stopper = KillOnDrop(stopper_pid);
     let caught: Vec<i32> = wait_for("bob's stopper to stop a starting command", DEADLINE, || {
         let pids: Vec<i32> = std::fs::read_to_string(&stopped_file)
             .ok()?
