@@ -77,10 +77,17 @@ pub struct FileStorage {
 /// fact about the file system and this process's history with it, not about one storage
 /// value, so the set is shared by every `FileStorage` in the process.
 fn adopted() -> std::sync::MutexGuard<'static, std::collections::HashSet<PathBuf>> {
-    static ADOPTED: std::sync::OnceLock<std::sync::Mutex<std::collections::HashSet<PathBuf>>> =
-        std::sync::OnceLock::new();
-    ADOPTED
-        .get_or_init(Default::default)
+    static ADOPTED: DirSet = std::sync::OnceLock::new();
+    lock_dir_set(&ADOPTED)
+}
+
+/// A set of directories shared by the whole process.
+type DirSet = std::sync::OnceLock<std::sync::Mutex<std::collections::HashSet<PathBuf>>>;
+
+fn lock_dir_set(
+    set: &'static DirSet,
+) -> std::sync::MutexGuard<'static, std::collections::HashSet<PathBuf>> {
+    set.get_or_init(Default::default)
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
@@ -89,12 +96,8 @@ fn adopted() -> std::sync::MutexGuard<'static, std::collections::HashSet<PathBuf
 /// not be durable, so it is read only after a sync of the directory succeeds (see
 /// [`FileStorage::ensure_synced`]). Shared by the process, like [`adopted`].
 fn unsynced() -> std::sync::MutexGuard<'static, std::collections::HashSet<PathBuf>> {
-    static UNSYNCED: std::sync::OnceLock<std::sync::Mutex<std::collections::HashSet<PathBuf>>> =
-        std::sync::OnceLock::new();
-    UNSYNCED
-        .get_or_init(Default::default)
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
+    static UNSYNCED: DirSet = std::sync::OnceLock::new();
+    lock_dir_set(&UNSYNCED)
 }
 
 impl FileStorage {
