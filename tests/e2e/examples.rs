@@ -94,21 +94,22 @@ fn rerunning_a_finished_checkpoint_loop_writes_no_new_generation() {
 }
 
 #[test]
-fn the_readme_states_the_default_retry_policy() {
+fn the_task_reference_states_the_default_retry_policy() {
     use cairn::task::RetryPolicy;
-    let readme =
-        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md")).unwrap();
-    let stated = readme
+    let reference =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/tasks.md"))
+            .unwrap();
+    let stated = reference
         .split_once("the default is\n  `")
         .and_then(|(_, rest)| rest.split_once('`'))
-        .expect("README states the default retry policy")
+        .expect("docs/tasks.md states the default retry policy")
         .0;
     let stated: RetryPolicy = serde_json::from_str(stated).unwrap();
     assert_eq!(stated, RetryPolicy::default());
     assert_eq!(
         stated.delay_after(2),
         2 * stated.backoff,
-        "README: the third attempt waits twice the backoff"
+        "docs/tasks.md: the third attempt waits twice the backoff"
     );
 }
 
