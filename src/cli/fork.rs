@@ -61,17 +61,9 @@ fn patch_arg(args: &ForkArgs) -> CliResult<Option<Value>> {
         .map_err(|e| CliError::usage(format!("--patch is not JSON: {e}")))
 }
 
-/// Make the forked checkpoint the new task's: patched, not done, no output, no attempt, no
-/// cost of the old one's.
+/// Make the forked checkpoint the new task's (see [`IterationCheckpoint::fork_as`]).
 fn make_own(checkpoint: &mut IterationCheckpoint, new_id: &TaskId, patch: Option<&Value>) {
-    if let Some(patch) = patch {
-        json_patch::merge(&mut checkpoint.partial_results, patch);
-    }
-    checkpoint.task_id = new_id.to_string();
-    checkpoint.done = false;
-    checkpoint.output = None;
-    checkpoint.attempt = 0;
-    checkpoint.cost = None;
+    checkpoint.fork_as(new_id.as_str(), patch);
 }
 
 /// Check that `checkpoint` is of a phase `task` has.

@@ -86,6 +86,23 @@ impl IterationCheckpoint {
     }
 }
 
+impl IterationCheckpoint {
+    /// Make this checkpoint the start of another task, `new_id`: its state merged with
+    /// `patch` (RFC 7386: objects merged key by key, `null` removes a key), not done, with no
+    /// output, attempt or cost of the old task's. `cairn fork` and the Python package's
+    /// `CheckpointStore.fork` both start from this.
+    pub fn fork_as(&mut self, new_id: &str, patch: Option<&serde_json::Value>) {
+        if let Some(patch) = patch {
+            json_patch::merge(&mut self.partial_results, patch);
+        }
+        self.task_id = new_id.to_owned();
+        self.done = false;
+        self.output = None;
+        self.attempt = 0;
+        self.cost = None;
+    }
+}
+
 impl<S> IterationCheckpoint<S> {
     /// The same checkpoint holding `state` instead (a sink takes the state serialized once).
     pub fn with_state<T>(&self, state: T) -> IterationCheckpoint<T> {

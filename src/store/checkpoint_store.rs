@@ -452,6 +452,21 @@ impl CheckpointStore {
         Ok(())
     }
 
+    /// The ids of the tasks that have a latest checkpoint here, sorted: one listing of the
+    /// directory, for callers that keep many tasks' checkpoints in one store.
+    pub fn tasks(&self) -> Result<Vec<String>, StoreError> {
+        let names = self.list_checkpoint_files()?;
+        let mut ids: Vec<String> = names
+            .iter()
+            .filter_map(|name| match Self::parse_file_name(name) {
+                Some(CheckpointFileName::Latest { task_id }) => Some(task_id.to_owned()),
+                _ => None,
+            })
+            .collect();
+        ids.sort_unstable();
+        Ok(ids)
+    }
+
     /// Learn the older generations of `task_ids` from one listing of `incremental/`, so that
     /// their first saves need not list it each: with thousands of tasks resuming at once,
     /// those listings made the first saves quadratic in the number of tasks. A first save
@@ -784,5 +799,44 @@ mod tests {
         ] {
             validate_task_id(good).unwrap();
         }
+    }
+
+    #[test]
+    fn tasks_lists_each_task_with_a_latest_checkpoint_once() {
+        use crate::store::{CheckpointStore, IterationCheckpoint};
+        let dir = tempfile::tempdir().unwrap();
+        let store = CheckpointStore::open(dir.path()).unwrap();
+        assert!(store.tasks().unwrap().is_empty());
+        for (task, saves) in [("b", 5), ("a.1x", 1), ("c", 2)] {
+            for i in 1..=saves {
+                store
+                    .save(&mut IterationCheckpoint::of_loop(task, i))
+                    .unwrap();
+            }
+        }
+        assert_eq!(store.tasks().unwrap(), ["a.1x", "b", "c"]);
+        store.delete("b").unwrap();
+        assert_eq!(store.tasks().unwrap(), ["a.1x", "c"]);
+    }
+
+    #[test]
+    fn a_fork_takes_the_patched_state_and_none_of_the_old_tasks_outcome() {
+        use crate::store::IterationCheckpoint;
+        let mut cp = IterationCheckpoint::of_loop("old", 4);
+        cp.partial_results = serde_json::json!({"a": 1, "b": {"c": 2, "d": 3}});
+        cp.done = true;
+        cp.output = Some(serde_json::json!("out"));
+        cp.cost = Some(0.5);
+        cp.fork_as("new", Some(&serde_json::json!({"b": {"c": null, "e": 5}})));
+        assert_eq!(cp.task_id, "new");
+        assert_eq!(
+            cp.partial_results,
+            serde_json::json!({"a": 1, "b": {"d": 3, "e": 5}})
+        );
+        assert_eq!(
+            (cp.done, cp.output, cp.cost, cp.attempt),
+            (false, None, None, 0)
+        );
+        assert_eq!(cp.iteration_count, 4);
     }
 }
