@@ -284,12 +284,15 @@ struct PyCheckpointStore {
 
 #[pymethods]
 impl PyCheckpointStore {
-    /// Open (creating if needed) the store in the directory `path`.
+    /// Open (creating if needed) the store in the directory `path`, keeping
+    /// `keep_generations` older generations of each task besides its latest (3, as the
+    /// daemon does).
     #[new]
-    fn new(py: Python<'_>, path: PathBuf) -> PyResult<Self> {
+    #[pyo3(signature = (path, *, keep_generations = 3))]
+    fn new(py: Python<'_>, path: PathBuf, keep_generations: usize) -> PyResult<Self> {
         let opened = py.detach(|| CheckpointStore::open(&path));
         Ok(PyCheckpointStore {
-            store: opened.map_err(store_error)?,
+            store: opened.map_err(store_error)?.keep_generations(keep_generations),
             path,
         })
     }
@@ -342,7 +345,7 @@ impl PyCheckpointStore {
             .transpose()
     }
 
-    /// The generations kept for `task`, oldest first.
+    /// The generations kept for `task`, newest first.
     fn history(&self, py: Python<'_>, task: &str) -> PyResult<Vec<Generation>> {
         let history = py
             .detach(|| self.store.history(task))
@@ -361,6 +364,60 @@ impl PyCheckpointStore {
     /// Remove every checkpoint file of `task`.
     fn delete(&self, py: Python<'_>, task: &str) -> PyResult<()> {
         py.detach(|| self.store.delete(task)).map_err(store_error)
+    }
+
+    /// The tasks with a checkpoint here (those whose id starts with `prefix`, when given),
+    /// sorted; one listing of the directory.
+    #[pyo3(signature = (prefix = None))]
+    fn tasks(&self, py: Python<'_>, prefix: Option<&str>) -> PyResult<Vec<String>> {
+        let mut tasks = py.detach(|| self.store.tasks()).map_err(store_error)?;
+        if let Some(prefix) = prefix {
+            tasks.retain(|task| task.starts_with(prefix));
+        }
+        Ok(tasks)
+    }
+
+    /// A new task started from `task`'s checkpoint (generation `gen`, else the latest), its
+    /// state merged with `patch` (RFC 7386: a dict merged key by key, `None` removes a key),
+    /// under `as_id` (else `task` with a random suffix, as `cairn fork` names it). Returns the
+    /// new task's id; its checkpoint is durable when this returns. An `as_id` that has a
+    /// checkpoint already is refused.
+    #[pyo3(signature = (task, gen = None, patch = None, as_id = None))]
+    fn fork(
+        &self,
+        py: Python<'_>,
+        task: &str,
+        gen: Option<u64>,
+        patch: Option<&Bound<'_, PyAny>>,
+        as_id: Option<String>,
+    ) -> PyResult<String> {
+        let patch = patch.map(to_json).transpose()?;
+        let new_id = match as_id {
+            Some(id) => cairn::task_id::TaskId::parse(id.as_str())
+                .map_err(|e| PyValueError::new_err(format!("as_id: {e}")))?,
+            None => cairn::task_id::TaskId::generate(task, &cairn::task::random_suffix()),
+        };
+        py.detach(|| {
+            if self.store.latest(new_id.as_str()).map_err(store_error)?.is_some() {
+                return Err(CheckpointError::new_err(format!(
+                    "cannot fork as {new_id:?}: that task has checkpoints already"
+                )));
+            }
+            let mut cp = match gen {
+                Some(gen) => self.store.generation(task, gen).map_err(store_error)?,
+                None => match self.store.latest(task).map_err(store_error)? {
+                    Some(loaded) => loaded.checkpoint,
+                    None => {
+                        return Err(CheckpointError::new_err(format!(
+                            "cannot fork {task:?}: it has no checkpoint"
+                        )))
+                    }
+                },
+            };
+            cp.fork_as(new_id.as_str(), patch.as_ref());
+            self.store.save(&mut cp).map_err(store_error)
+        })?;
+        Ok(new_id.to_string())
     }
 
     fn __repr__(&self) -> String {

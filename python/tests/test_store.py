@@ -99,3 +99,40 @@ def test_a_checkpoint_the_daemon_wrote_is_read_from_python(queue: Path) -> None:
     assert latest is not None
     assert latest.done and latest.iteration == 4 and latest.phase == "count"
     assert latest.state == {"i": 3, "big": 2**90}
+
+
+def test_tasks_are_listed_by_prefix_and_forks_take_a_patched_state(queue: Path) -> None:
+    store = cairn.CheckpointStore(queue)
+    for i in range(3):
+        store.save("run-a", {"i": i, "keep": {"x": 1, "y": 2}}, i + 1, done=i == 2, output="out")
+    store.save("other", {"i": 0}, 1)
+    assert store.tasks() == ["other", "run-a"]
+    assert store.tasks("run-") == ["run-a"]
+
+    new = store.fork("run-a", gen=2, patch={"keep": {"y": None, "z": BIG}}, as_id="run-b")
+    assert new == "run-b"
+    forked = store.latest("run-b")
+    assert forked.state == {"i": 1, "keep": {"x": 1, "z": BIG}}
+    assert (forked.iteration, forked.done, forked.output) == (2, False, None)
+
+    named = store.fork("run-a")
+    assert named.startswith("run-a-") and named in store.tasks()
+    assert store.latest(named).state["i"] == 2
+
+    with pytest.raises(cairn.CheckpointError, match="has checkpoints already"):
+        store.fork("run-a", as_id="run-b")
+    with pytest.raises(cairn.CheckpointError, match="no checkpoint"):
+        store.fork("missing")
+    with pytest.raises(ValueError, match="as_id"):
+        store.fork("run-a", as_id="bad/id")
+    # The command reads the fork as any other checkpoint.
+    shown = run_cairn(["--queue", str(queue), "checkpoint", "run-b"])
+    assert shown.returncode == 0, shown.stderr
+    assert str(BIG) in shown.stdout
+
+
+def test_keep_generations_bounds_the_older_generations_kept(queue: Path) -> None:
+    store = cairn.CheckpointStore(queue, keep_generations=1)
+    for i in range(5):
+        store.save("t", {"i": i}, i + 1)
+    assert [g.generation for g in store.history("t")] == [5, 4]
