@@ -10,6 +10,13 @@ Every ``put`` and ``put_writes`` is durable when it returns: each is one save of
 (a gzip JSON file made durable through the directory's commit log, as the daemon's checkpoints
 are). ``keep`` bounds how many checkpoints each thread and namespace keeps (all, by default).
 
+Run by the cairn daemon as a ``worker`` phase (``CAIRN_CHANNEL`` set), the same saver sends each
+checkpoint to the daemon instead, and waits until the daemon has committed it: the graph then
+gets the daemon's budget, pause, cancel, retry and crash resume, one super-step per iteration.
+It keeps only the latest checkpoint of each thread and namespace there, and the daemon resumes
+the graph from them (``CAIRN_RESUME``). A SIGTERM from the daemon lets the super-step in flight
+finish; once its checkpoint is committed the process exits with status 75 (resume me).
+
 How it is kept: each checkpoint is one entry of the store, named from its thread, namespace and
 checkpoint id (``lgc-…``), holding the checkpoint, its metadata, its parent and the values of
 the channels it has; the writes pending on a checkpoint are a second entry (``lgw-…``). Values
@@ -24,6 +31,9 @@ import base64
 import hashlib
 import os
 import re
+import signal
+import sys
+import threading
 from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any, Dict, List, Optional, Tuple, Union
 
@@ -41,7 +51,7 @@ from langgraph.checkpoint.base import (
     writes_sort_key,
 )
 
-from . import CheckpointStore
+from . import EXIT_INTERRUPTED, CheckpointStore, in_worker_phase, worker
 
 __all__ = ["CairnSaver"]
 
@@ -84,18 +94,48 @@ def _config(thread_id: str, checkpoint_ns: str, checkpoint_id: str) -> RunnableC
     }
 
 
+class _Saved:
+    """What :class:`_EntriesInMemory` gives back, shaped as the store's ``Checkpoint``."""
+
+    def __init__(self, state: Dict[str, Any]) -> None:
+        self.state = state
+
+
+class _EntriesInMemory:
+    """The saver's entries in this process, for a worker phase (the daemon keeps them)."""
+
+    def __init__(self) -> None:
+        self.entries: Dict[str, Dict[str, Any]] = {}
+
+    def latest(self, entry: str) -> Optional[_Saved]:
+        state = self.entries.get(entry)
+        return None if state is None else _Saved(state)
+
+    def save(self, entry: str, state: Dict[str, Any], iteration: int, **_: Any) -> int:
+        self.entries[entry] = state
+        return 1
+
+    def tasks(self, prefix: Optional[str] = None) -> List[str]:
+        return sorted(e for e in self.entries if prefix is None or e.startswith(prefix))
+
+    def delete(self, entry: str) -> None:
+        self.entries.pop(entry, None)
+
+
 class CairnSaver(BaseCheckpointSaver[str]):
     """LangGraph checkpoints in a cairn checkpoint store, durable when ``put`` returns.
 
     ``path`` is a directory of the saver's own (created if needed); ``keep`` is how many
     checkpoints to keep per thread and namespace (``None``: all). Each ``put`` and
     ``put_writes`` is one durable save; the async methods run them on a thread, with the
-    store releasing the GIL while it waits on the disk.
+    store releasing the GIL while it waits on the disk. In a cairn ``worker`` phase the
+    daemon keeps the checkpoints instead (see the module's documentation) and ``path`` is not
+    used. Create it in the main thread there: it installs the SIGTERM handler.
     """
 
     def __init__(
         self,
-        path: Union[str, "os.PathLike[str]"],
+        path: Union[str, "os.PathLike[str]", None] = None,
         *,
         keep: Optional[int] = None,
         serde: Optional[SerializerProtocol] = None,
@@ -104,9 +144,43 @@ class CairnSaver(BaseCheckpointSaver[str]):
         if keep is not None and keep < 1:
             raise ValueError(f"keep must be at least 1 or None (all), not {keep!r}")
         self.keep = keep
-        # An entry is saved once (a checkpoint) or rewritten whole (its writes): no older
-        # generations are worth keeping.
-        self.store = CheckpointStore(path, keep_generations=0)
+        self._worker = in_worker_phase()
+        self._stopping = False
+        self._iteration = 0
+        self._sending = threading.Lock()
+        if self._worker:
+            self.keep = 1
+            self.store: Any = _EntriesInMemory()
+            self._iteration, resumed = worker.resume_state()
+            for entry, state in ((resumed or {}).get("langgraph") or {}).items():
+                self.store.entries[entry] = state
+            signal.signal(signal.SIGTERM, self._on_term)
+        else:
+            if path is None:
+                raise ValueError("CairnSaver needs a directory outside a cairn worker phase")
+            # An entry is saved once (a checkpoint) or rewritten whole (its writes): no older
+            # generations are worth keeping.
+            self.store = CheckpointStore(path, keep_generations=0)
+
+    def _on_term(self, signum: int, frame: Any) -> None:
+        self._stopping = True
+
+    def _send_to_daemon(self, metadata: CheckpointMetadata) -> None:
+        """Send the latest checkpoint of every thread and namespace as the worker's next
+        iteration, wait until the daemon has committed it, and exit 75 if it asked us to stop."""
+        with self._sending:
+            if metadata.get("source") in ("input", "update", "fork") or metadata.get("step", 1) < 1:
+                # Taking the input (steps -1 and 0), a state update or a fork ran no node of
+                # the graph: nothing cost anything. (A step whose nodes report no cost is left
+                # so: under a budget the daemon stops the task, fail-closed.)
+                worker.cost(0)
+            self._iteration += 1
+            latest = {e: self.store.entries[e] for e in self.store.tasks(f"{_CHECKPOINT}-")}
+            worker.checkpoint(self._iteration, {"langgraph": latest})
+            if self._stopping:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(EXIT_INTERRUPTED)
 
     # -- encoding ---------------------------------------------------------------------
 
@@ -262,6 +336,8 @@ class CairnSaver(BaseCheckpointSaver[str]):
         )
         if self.keep is not None:
             self._keep_latest(thread_id, checkpoint_ns, self.keep)
+        if self._worker:
+            self._send_to_daemon(metadata)
         return _config(thread_id, checkpoint_ns, checkpoint["id"])
 
     def _values_kept(

@@ -149,3 +149,83 @@ def test_keep_bounds_the_checkpoints_of_each_thread_and_namespace(tmp_path: Path
     # The entries of the checkpoints let go are gone, their writes too.
     assert len(saver.store.tasks("lgc-")) == 4
     assert len(saver.store.tasks("lgw-")) == 4
+
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "review_graph.py"
+
+
+def _graph_task(task_id: str, rounds: int, max_cost: float) -> dict:
+    return {
+        "id": task_id,
+        "cwd": str(EXAMPLE.parent),
+        "env": {"REVIEW_ROUNDS": str(rounds), "REVIEW_STEP_SECONDS": "0.05"},
+        "budget": {"max_cost": max_cost},
+        "phases": [{"name": "review", "kind": "worker", "run": [sys.executable, EXAMPLE.name]}],
+    }
+
+
+def _submit(queue: Path, tmp_path: Path, task: dict) -> None:
+    import json
+
+    path = tmp_path / f"{task['id']}.json"
+    path.write_text(json.dumps(task))
+    submitted = run_cairn(["--queue", str(queue), "submit", str(path)])
+    assert submitted.returncode == 0, submitted.stderr
+
+
+def _rounds_run(queue: Path, task_id: str) -> list:
+    log = queue / "runs" / task_id / "0-review.log"
+    if not log.exists():
+        return []
+    return [int(line.split()[1].rstrip(":")) for line in log.read_text().splitlines()
+            if line.startswith("round ")]
+
+
+def test_the_example_graph_under_the_daemon_resumes_at_its_next_super_step(
+    queue: Path, tmp_path: Path
+):
+    """The example graph as a `worker` phase: the daemon is SIGKILLed twice mid-graph (its
+    worker dies with it); each restart resumes the graph at its next super-step, and the
+    graph ends with every round run, at most the one in flight per kill again."""
+    import json
+
+    from conftest import cairn_command
+
+    _require("langgraph.graph")
+    _submit(queue, tmp_path, _graph_task("review", rounds=20, max_cost=1.0))
+    kills = 0
+    for _ in range(2):
+        daemon = subprocess.Popen([cairn_command(), "--queue", str(queue), "run"],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        target = len(_rounds_run(queue, "review")) + 4
+        deadline = time.monotonic() + 300
+        while (len(_rounds_run(queue, "review")) < target and daemon.poll() is None
+               and not (queue / "failed" / "review.json").exists()
+               and time.monotonic() < deadline):
+            time.sleep(0.02)
+        assert len(_rounds_run(queue, "review")) >= target, "the graph made no progress"
+        os.kill(daemon.pid, signal.SIGKILL)
+        daemon.wait()
+        kills += 1
+    finished = run_cairn(["--queue", str(queue), "run", "--exit-when-idle"])
+    assert finished.returncode == 0, finished.stderr
+    record = json.loads((queue / "done" / "review.json").read_text())
+    assert record["result"]["rounds"] == 20, record
+    rounds = _rounds_run(queue, "review")
+    assert sorted(set(rounds)) == list(range(20)), rounds
+    assert len(rounds) - 20 <= kills, rounds
+    # Each restart went on from where the last committed super-step left it.
+    assert rounds[0] == 0 and all(b <= a + 1 for a, b in zip(rounds, rounds[1:])), rounds
+
+
+def test_the_example_graph_stops_at_its_budget(queue: Path, tmp_path: Path):
+    import json
+
+    _require("langgraph.graph")
+    _submit(queue, tmp_path, _graph_task("costly", rounds=20, max_cost=0.05))
+    finished = run_cairn(["--queue", str(queue), "run", "--exit-when-idle"])
+    assert finished.returncode == 0, finished.stderr
+    record = json.loads((queue / "failed" / "costly.json").read_text())
+    assert record["status"] == "budget_exceeded", record
+    rounds = _rounds_run(queue, "costly")
+    assert 5 <= len(rounds) <= 6, rounds
