@@ -113,7 +113,7 @@ def heartbeat():
 
 def send(message):
     """Write one message (a JSON-serialisable dict) to the channel as a single line."""
-    line = json.dumps(message, separators=(",", ":"), allow_nan=False) + "\n"
+    line = _dumps(message) + "\n"
     path = os.environ.get("CAIRN_CHANNEL")
     if not path:
         if os.environ.get("CAIRN_DEBUG"):
@@ -191,8 +191,19 @@ def _read_resume():
     if not path:
         return None
     with open(path, encoding="utf-8") as f:
-        saved = json.load(f)
+        saved = _loads(f.read())
     return saved["iteration"], saved.get("state")
+
+
+def _dumps(message):
+    """A message as one line of JSON. The `cairn` Python package puts its exact encoder here
+    (integers of any size and `decimal.Decimal`s with every digit)."""
+    return json.dumps(message, separators=(",", ":"), allow_nan=False)
+
+
+def _loads(text):
+    """A checkpoint's JSON read back (the `cairn` package's decoder keeps every digit)."""
+    return json.loads(text)
 
 
 def _open_channel(path):

@@ -53,6 +53,10 @@ def _load_worker_helper() -> types.ModuleType:
 
 
 worker = _load_worker_helper()
+# The protocol's lines carry numbers exactly, as the store does: integers of any size and
+# `Decimal`s with every digit, both ways.
+worker._dumps = _native.dumps
+worker._loads = _native.loads
 
 
 def in_worker_phase() -> bool:

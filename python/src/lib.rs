@@ -292,7 +292,9 @@ impl PyCheckpointStore {
     fn new(py: Python<'_>, path: PathBuf, keep_generations: usize) -> PyResult<Self> {
         let opened = py.detach(|| CheckpointStore::open(&path));
         Ok(PyCheckpointStore {
-            store: opened.map_err(store_error)?.keep_generations(keep_generations),
+            store: opened
+                .map_err(store_error)?
+                .keep_generations(keep_generations),
             path,
         })
     }
@@ -398,7 +400,12 @@ impl PyCheckpointStore {
             None => cairn::task_id::TaskId::generate(task, &cairn::task::random_suffix()),
         };
         py.detach(|| {
-            if self.store.latest(new_id.as_str()).map_err(store_error)?.is_some() {
+            if self
+                .store
+                .latest(new_id.as_str())
+                .map_err(store_error)?
+                .is_some()
+            {
                 return Err(CheckpointError::new_err(format!(
                     "cannot fork as {new_id:?}: that task has checkpoints already"
                 )));
@@ -510,6 +517,22 @@ impl PyLoopCheckpointer {
     }
 }
 
+/// `value` as compact JSON text, numbers exact: integers of any size, and `Decimal`s with every
+/// digit (the worker protocol's lines, in a worker phase).
+#[pyfunction]
+fn dumps(value: &Bound<'_, PyAny>) -> PyResult<String> {
+    let value = to_json(value)?;
+    serde_json::to_string(&value).map_err(|e| PyValueError::new_err(e.to_string()))
+}
+
+/// JSON `text` as Python values, numbers exact (as a checkpoint's state is read).
+#[pyfunction]
+fn loads<'py>(py: Python<'py>, text: &str) -> PyResult<Bound<'py, PyAny>> {
+    let value: Value =
+        serde_json::from_str(text).map_err(|e| PyValueError::new_err(format!("not JSON: {e}")))?;
+    to_python(py, &value)
+}
+
 /// The source of the worker-protocol helper the binary writes into `<queue>/clients/python/`
 /// (`cairn_worker.py`): the package runs the same file as `cairn.worker`.
 #[pyfunction]
@@ -535,5 +558,7 @@ fn _native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add("CheckpointError", module.py().get_type::<CheckpointError>())?;
     module.add_function(wrap_pyfunction!(run_cli, module)?)?;
     module.add_function(wrap_pyfunction!(worker_helper_source, module)?)?;
+    module.add_function(wrap_pyfunction!(dumps, module)?)?;
+    module.add_function(wrap_pyfunction!(loads, module)?)?;
     Ok(())
 }

@@ -155,3 +155,48 @@ def test_the_same_script_as_a_worker_phase_resumes_after_the_daemon_is_killed(
     check_resumed_after_last_ack(side_runs(side))
     # Checkpoints went to the daemon, not to the script's own directory.
     assert not (tmp_path / "standalone" / "incremental" / "killed.json.gz").exists()
+
+
+EXACT_WORKER = """
+import sys
+from decimal import Decimal
+import cairn
+
+loop = cairn.LoopCheckpointer(None, "exact")
+resumed = loop.resume()
+with open(sys.argv[1], "a") as side:
+    side.write(repr(None if resumed is None else resumed.state) + "\\n")
+if resumed is None:
+    state = {"big": 2**100 + 7, "decimal": Decimal("3.1415926535897932384626433832795028841971")}
+    loop.checkpoint(1, state)
+    sys.exit(75)  # resume me: the daemon starts the script again from that checkpoint
+loop.finish(2, resumed.state)
+"""
+
+
+def test_numbers_travel_exactly_through_a_worker_phase(queue: Path, tmp_path: Path) -> None:
+    """A worker phase's state with a 101-bit integer and a 40-digit Decimal: the checkpoint the
+    daemon commits, the state it resumes the script with and the phase's output keep every
+    digit."""
+    script = tmp_path / "exact.py"
+    script.write_text(EXACT_WORKER)
+    side = tmp_path / "side.log"
+    task = {
+        "id": "exact-worker",
+        "phases": [{"name": "work", "kind": "worker",
+                    "run": [sys.executable, str(script), str(side)]}],
+    }
+    task_file = tmp_path / "exact.json"
+    task_file.write_text(json.dumps(task))
+    assert run_cairn(["--queue", str(queue), "submit", str(task_file)]).returncode == 0
+    finished = run_cairn(["--queue", str(queue), "run", "--exit-when-idle"])
+    assert finished.returncode == 0, finished.stderr
+    runs = side.read_text().splitlines()
+    assert runs == [
+        "None",
+        "{'big': 1267650600228229401496703205383, "
+        "'decimal': Decimal('3.1415926535897932384626433832795028841971')}",
+    ], runs
+    record = (queue / "done" / "exact-worker.json").read_text()
+    assert "3.1415926535897932384626433832795028841971" in record
+    assert "1267650600228229401496703205383" in record
