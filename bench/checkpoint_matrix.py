@@ -8,7 +8,9 @@ cairn published (no fsync), the raw atomic-replace reference and the appended, f
 record of the same bytes. `--variants` and `--flavours` pick a subset; `--baseline` adds
 another build's commit-log runs to the same rounds, to compare two builds fairly. The flavour
 `langgraph` adds LangGraph's SQLite saver (bench/peers/langgraph_sqlite.py, run by `--python`,
-which must have `langgraph-checkpoint-sqlite` installed) to the same rounds. Every run's JSON
+which must have `langgraph-checkpoint-sqlite` installed) to the same rounds; `python` and
+`cairnsaver` add cairn's Python package (bench/peers/cairn_python.py: the binding's
+`CheckpointStore.save`, and `CairnSaver.put` timed as the SQLite saver's `put` is). Every run's JSON
 line is printed as it comes; a Markdown table of the medians of the per-run values follows.
 
     cargo build --release && python3 bench/checkpoint_matrix.py [--rounds 5] [--cairn PATH]
@@ -30,7 +32,12 @@ FLAVOURS = {
     "published": ["--durability", "none"],
 }
 # Peers that implement the same workload; each is a script run by `--python`.
-PEERS = {"langgraph": os.path.join(ROOT, "bench", "peers", "langgraph_sqlite.py")}
+PEERS = {
+    "langgraph": [os.path.join(ROOT, "bench", "peers", "langgraph_sqlite.py")],
+    # cairn's Python package (`pip install "./python[langgraph]"` into `--python`'s environment).
+    "python": [os.path.join(ROOT, "bench", "peers", "cairn_python.py"), "--api", "store"],
+    "cairnsaver": [os.path.join(ROOT, "bench", "peers", "cairn_python.py"), "--api", "saver"],
+}
 
 
 def main():
@@ -50,7 +57,7 @@ def main():
     flavours = []
     for name in args.flavours.split(","):
         if name in PEERS:
-            flavours.append((name, args.python, [PEERS[name]]))
+            flavours.append((name, args.python, PEERS[name]))
         elif name in FLAVOURS:
             flavours.append((name, args.cairn, ["bench", "checkpoint"] + FLAVOURS[name]))
         else:

@@ -15,9 +15,7 @@ workload task, as LangGraph's async graphs do.
 """
 import argparse
 import asyncio
-import hashlib
 import json
-import math
 import os
 import shutil
 import sqlite3
@@ -29,64 +27,7 @@ from langgraph.checkpoint.base import empty_checkpoint
 from langgraph.checkpoint.base.id import uuid6
 from langgraph.checkpoint.sqlite import SqliteSaver
 
-MASK = (1 << 64) - 1
-VOCAB = """the model agent task result step tool call output input context token prompt response
-query answer data value function returns list string number error retry loop state checkpoint
-resume progress phase final partial summary analysis report document source search index vector
-embedding score rank filter batch queue worker process thread async await update write read file
-path json object field key because therefore however additionally first second next then finally
-we it this that which should could would will can may must is are was were be been has have not
-and or with for from into over under about between within without across message memory plan
-goal user system cache graph node edge run job limit size time count item record event log trace
-span metric schema""".split()
-WINDOW = {"1k": 3, "64k": 174, "1m": 2790}
-# (size, conc) -> iterations per task, as the workload's variants table gives them.
-ITERATIONS = {("1k", 1): 2000, ("64k", 1): 500, ("1m", 1): 100, ("1k", 100): 50, ("64k", 100): 10}
-# A few of the workload's reference digests: the generator must make the very same bytes.
-REFERENCE = [
-    ("1k", 0, 0, "4db96e48a2c35ff512141a28ec523dec7caefa570310abb78e333ee8918c1218"),
-    ("1k", 7, 13, "cda2d3c1303c3ccb08266aae05105a6c23859bd8dbb0d9fb48fc34dc07893588"),
-    ("64k", 99, 9, "d0909d4777d87449cbe8cc0c3911eb1b9f2f684e1f3fc2f967f458502a7eae4d"),
-]
-
-
-def splitmix64(x):
-    x = (x + 0x9E3779B97F4A7C15) & MASK
-    z = x
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK
-    return x, z ^ (z >> 31)
-
-
-def entry(task, k):
-    s, r = splitmix64((task << 32) | k)
-    count = 24 + r % 49
-    words = []
-    for _ in range(count):
-        s, x = splitmix64(s)
-        words.append(VOCAB[x % 128])
-    s, r2 = splitmix64(s)
-    return {"step": k, "role": "assistant", "text": " ".join(words) + ".",
-            "score": (r2 % 10000) / 10000, "tokens": count * 4 // 3,
-            "latency_ms": (r2 >> 16) % 5000}
-
-
-def state(size, task, iteration):
-    window = WINDOW[size]
-    return {"task_id": f"task-{task:04d}", "iteration": iteration, "phase": "running",
-            "results": [entry(task, k) for k in range(iteration, iteration + window)]}
-
-
-def canonical(value):
-    return json.dumps(value, separators=(",", ":"))
-
-
-def check_generator():
-    for size, task, iteration, digest in REFERENCE:
-        got = hashlib.sha256(canonical(state(size, task, iteration)).encode()).hexdigest()
-        if got != digest:
-            sys.exit(f"generator mismatch at {size} task {task} iteration {iteration}: {got}")
-
+from workload_state import ITERATIONS, WINDOW, canonical, check_generator, nearest_rank, state
 
 def checkpoint_of(value):
     checkpoint = empty_checkpoint()
@@ -101,10 +42,6 @@ def config_of(task_id, parent):
     if parent:
         configurable["checkpoint_id"] = parent
     return {"configurable": configurable}
-
-
-def nearest_rank(sorted_values, q):
-    return sorted_values[max(0, math.ceil(q * len(sorted_values)) - 1)]
 
 
 def run_sequential(path, size, iterations):

@@ -118,6 +118,9 @@ class _EntriesInMemory:
     def tasks(self, prefix: Optional[str] = None) -> List[str]:
         return sorted(e for e in self.entries if prefix is None or e.startswith(prefix))
 
+    def assume_no_older_files(self, entries: List[str]) -> None:
+        pass
+
     def delete(self, entry: str) -> None:
         self.entries.pop(entry, None)
 
@@ -192,10 +195,14 @@ class CairnSaver(BaseCheckpointSaver[str]):
         return self.serde.loads_typed((typed[0], base64.b64decode(typed[1])))
 
     def _read(self, entry: str) -> Optional[Dict[str, Any]]:
+        # The saver's entries are named uniquely and keep no older generations: the store
+        # need not look for any (it would list the whole directory for each new entry).
+        self.store.assume_no_older_files([entry])
         latest = self.store.latest(entry)
         return None if latest is None else latest.state
 
     def _write(self, entry: str, state: Dict[str, Any]) -> None:
+        self.store.assume_no_older_files([entry])
         self.store.save(entry, state, 1, phase="langgraph")
 
     # -- reading ----------------------------------------------------------------------

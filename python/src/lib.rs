@@ -368,6 +368,14 @@ impl PyCheckpointStore {
         py.detach(|| self.store.delete(task)).map_err(store_error)
     }
 
+    /// Take the caller's word that `tasks` have no older-generation files (ids it makes
+    /// unique), so that their first save, and a read of one that has no checkpoint, need not
+    /// list the directory to look for them.
+    fn assume_no_older_files(&self, tasks: Vec<String>) {
+        self.store
+            .assume_no_older_files(tasks.iter().map(String::as_str));
+    }
+
     /// The tasks with a checkpoint here (those whose id starts with `prefix`, when given),
     /// sorted; one listing of the directory.
     #[pyo3(signature = (prefix = None))]

@@ -500,6 +500,25 @@ impl CheckpointStore {
         Ok(())
     }
 
+    /// Take the word of the caller that `task_ids` have no older-generation files (ids it
+    /// makes unique, such as a LangGraph saver's one entry per checkpoint), so that their
+    /// first save and a read of one with no latest file need not list the directory to look
+    /// for them: done for each new task, those listings make a store of many tasks quadratic.
+    /// Tasks this store knows already, and invalid ids, are left as they are. A save still
+    /// reads the latest file and numbers above it.
+    pub fn assume_no_older_files<'a>(&self, task_ids: impl IntoIterator<Item = &'a str>) {
+        for task_id in task_ids {
+            if validate_task_id(task_id).is_err() {
+                continue;
+            }
+            let slot = self.generation_slot(task_id);
+            let mut known = slot.lock().unwrap_or_else(PoisonError::into_inner);
+            if *known == KnownGeneration::Unknown {
+                *known = KnownGeneration::NewestOlder(0);
+            }
+        }
+    }
+
     /// Whether a listing told that the task has no older files, and no save happened since.
     fn knows_no_older_files(&self, task_id: &str) -> bool {
         self.existing_slot(task_id).is_some_and(|slot| {
@@ -817,6 +836,46 @@ mod tests {
         assert_eq!(store.tasks().unwrap(), ["a.1x", "b", "c"]);
         store.delete("b").unwrap();
         assert_eq!(store.tasks().unwrap(), ["a.1x", "c"]);
+    }
+
+    #[test]
+    fn tasks_assumed_new_are_saved_and_read_like_any_other() {
+        use crate::store::{CheckpointStore, IterationCheckpoint};
+        let dir = tempfile::tempdir().unwrap();
+        let store = CheckpointStore::open(dir.path()).unwrap();
+        store
+            .save(&mut IterationCheckpoint::of_loop("known", 1))
+            .unwrap();
+        store.assume_no_older_files(["known", "fresh", "never-saved", "bad/id"]);
+        assert!(store.latest("never-saved").unwrap().is_none());
+        for i in 1..=5 {
+            let generation = store
+                .save(&mut IterationCheckpoint::of_loop("fresh", i))
+                .unwrap();
+            assert_eq!(generation, i);
+        }
+        assert_eq!(
+            store
+                .save(&mut IterationCheckpoint::of_loop("known", 2))
+                .unwrap(),
+            2
+        );
+        let kept: Vec<u64> = store
+            .history("fresh")
+            .unwrap()
+            .iter()
+            .map(|g| g.generation)
+            .collect();
+        assert_eq!(kept, [5, 4, 3, 2]);
+        assert_eq!(
+            store
+                .latest("fresh")
+                .unwrap()
+                .unwrap()
+                .checkpoint
+                .iteration_count,
+            5
+        );
     }
 
     #[test]
