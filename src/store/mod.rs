@@ -17,6 +17,7 @@
 //! see what a power cut would leave. Both are test doubles, compiled only with the
 //! `test-doubles` feature (which `cargo test` turns on), so the shipped library has none.
 
+pub mod blobs;
 mod checkpoint;
 mod checkpoint_store;
 mod commit_log;
