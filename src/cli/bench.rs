@@ -30,6 +30,9 @@ enum Bench {
     /// pre-exec hook, or the daemon's vfork-style clone), with the process made as large as
     /// a daemon with thousands of tasks in flight.
     Spawn(crate::bench::spawn::SpawnArgs),
+    /// What storing a checkpoint's file costs (changed, and unchanged since the last
+    /// checkpoint) against writing and fsyncing the same bytes to a new file.
+    Files(crate::bench::files::FilesArgs),
 }
 
 /// Options of `cairn bench queue`.
@@ -135,7 +138,17 @@ pub fn run(args: BenchArgs) -> CliResult {
         Bench::Checkpoint(args) => checkpoint(args),
         Bench::Queue(args) => Ok(crate::bench::queue::run(&args.into_options())?),
         Bench::Spawn(args) => spawn(args),
+        Bench::Files(args) => files(args),
     }
+}
+
+fn files(args: crate::bench::files::FilesArgs) -> CliResult {
+    for result in crate::bench::files::run(&args)? {
+        let line = serde_json::to_string(&result)
+            .map_err(|e| anyhow::Error::new(e).context("printing the result"))?;
+        print_line(line)?;
+    }
+    Ok(())
 }
 
 fn spawn(args: crate::bench::spawn::SpawnArgs) -> CliResult {
