@@ -976,6 +976,7 @@ struct CpuTimes {
 }
 
 /// [`CpuTimes`] from a `stat` file of `/proc` (a process's or one thread's).
+#[allow(unsafe_code)] // sysconf has no safe wrapper in nix for the clock tick
 fn cpu_times(path: &str) -> anyhow::Result<CpuTimes> {
     let stat = fs::read_to_string(path).with_context(|| format!("reading {path}"))?;
     // Fields after the command name, which is in parentheses and may hold spaces: utime,

@@ -133,6 +133,7 @@ async fn measure(path: SpawnPath, args: &SpawnArgs) -> anyhow::Result<SpawnResul
 static INHERITED_ENV: std::sync::LazyLock<InheritedEnv> =
     std::sync::LazyLock::new(|| crate::runner::daemon_env(&[]));
 
+#[allow(unsafe_code)] // the reference path: a pre_exec hook, as cairn once spawned
 fn spawn(path: SpawnPath, argv: &[&str]) -> anyhow::Result<Started> {
     let argv: Vec<String> = argv.iter().map(|a| a.to_string()).collect();
     let log = std::fs::File::options()

@@ -186,6 +186,7 @@ fn node_name(given: Option<String>) -> CliResult<String> {
 /// flight (154–163 MB against 133 MB in `cairn bench queue --only resume`). The blocking
 /// threads mostly wait on the disk, so they hardly contend for the one arena's lock. Called
 /// before any thread is started, as `mallopt` requires.
+#[allow(unsafe_code)] // mallopt has no safe wrapper
 fn one_malloc_arena() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     if std::env::var_os("MALLOC_ARENA_MAX").is_none() {

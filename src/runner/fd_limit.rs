@@ -10,6 +10,9 @@
 //! A command that cannot be started because descriptors ran out anyway (`EMFILE`, `ENFILE`)
 //! waits its backoff and is tried again without using up an attempt (`child`).
 
+// unsafe: getrlimit and setrlimit through libc.
+#![allow(unsafe_code)]
+
 use std::sync::OnceLock;
 
 use nix::libc;

@@ -7,6 +7,9 @@
 //! survive the `exec` of a daemon that is not root), and the result is verified: all three user
 //! ids and group ids are the submitter's, no capability is left, and `setuid(0)` fails.
 
+// unsafe: reading the user and group databases (getpwnam_r, getgrouplist) through libc.
+#![allow(unsafe_code)]
+
 use std::ffi::CString;
 use std::path::PathBuf;
 

@@ -217,6 +217,7 @@ fn insert(file: &File, offset: u64, len: u64) -> io::Result<()> {
     fallocate(file, libc::FALLOC_FL_INSERT_RANGE, offset, len)
 }
 
+#[allow(unsafe_code)] // fallocate with FALLOC_FL_COLLAPSE_RANGE/INSERT_RANGE has no safe wrapper
 fn fallocate(file: &File, mode: libc::c_int, offset: u64, len: u64) -> io::Result<()> {
     use std::os::fd::AsRawFd;
     let (offset, len) = (

@@ -30,6 +30,10 @@
 //! The parent-death signal fires when the *thread* that started the process exits: the daemon
 //! starts commands from its runtime's one thread, which lives as long as the daemon.
 
+// unsafe: the clone, the child's steps before exec and the descriptor table are raw system
+// calls the safe wrappers do not offer (each block says why it is sound).
+#![allow(unsafe_code)]
+
 use std::cell::{Cell, RefCell};
 use std::ffi::{CStr, CString, OsStr, OsString};
 use std::fs::File;
@@ -841,7 +845,7 @@ extern "C" fn child_main(plan: *mut c_void) -> c_int {
 
 /// The steps before `exec`, in order. Only async-signal-safe system calls: see the module doc.
 fn prepare(plan: &Plan<'_>) -> Result<(), (Step, i32)> {
-    // SAFETY, for every call below: plain system calls with integers, or pointers into `plan`
+    // SAFETY: for every call below, plain system calls with integers, or pointers into `plan`
     // and locals, which live through them.
     unsafe {
         reset_signal_handlers();

@@ -20,6 +20,10 @@
 //! a command that started leaves it empty. The daemon reads it once the process has exited
 //! (`spawn::CommandProcess::wait`): no wait of the daemon depends on the trampoline running.
 
+// unsafe: switching user, rlimits and exec in the trampoline are raw system calls the safe
+// wrappers do not offer async-signal-safely (each block says why it is sound).
+#![allow(unsafe_code)]
+
 use std::ffi::{CStr, CString, OsStr};
 use std::io::{Read, Write};
 use std::os::fd::{FromRawFd, RawFd};
@@ -192,7 +196,7 @@ fn run(plan_fd: RawFd, report_fd: RawFd) -> ! {
         let message = format!("cannot run as user {}: {step}", plan.uid);
         fail(&mut report, errno as i32, &message);
     }
-    // SAFETY, for each call below: plain system calls with integers or NUL-terminated strings
+    // SAFETY: for each call below, plain system calls with integers or NUL-terminated strings
     // that live through them.
     unsafe {
         // Entered as the submitter, who must be allowed to.

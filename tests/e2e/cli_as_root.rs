@@ -108,6 +108,7 @@ fn chown_tree(path: &Path, uid: u32) {
 
 /// Run `cairn <args>` as root on the queue with at most `memory` bytes of address space,
 /// killed (and reported as `None`) if it has not ended within a minute.
+#[allow(unsafe_code)] // a pre_exec hook sets the child's address-space limit
 fn cairn_bounded(queue: &TestQueue, args: &[&str], memory: u64) -> Option<std::process::Output> {
     use std::os::unix::process::CommandExt;
     let mut command = queue.cairn();
