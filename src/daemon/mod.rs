@@ -253,8 +253,9 @@ async fn open_queue(config: &DaemonConfig) -> Result<Queue, DaemonError> {
     #[cfg(feature = "postgres")]
     {
         let root = config.queue_dir.clone();
+        let vouch = config.run_as_submitter;
         let opened = runner_blocking(move || {
-            Queue::open_postgres(&root, &database.url, &database.node, database.lease)
+            Queue::open_postgres(&root, &database.url, &database.node, database.lease, vouch)
         })
         .await?;
         Ok(opened)
@@ -426,6 +427,9 @@ impl Scheduler {
         let records = ctx.queue.record_locations();
         let steering =
             steering::SteeringRights::new(config.run_as_submitter, config.operators_group.clone());
+        if steering.enforced() {
+            ctx.queue.set_control_judge(steering.judge());
+        }
         Scheduler {
             ctx,
             config,

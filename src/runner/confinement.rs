@@ -41,8 +41,10 @@ pub struct TaskConfinement {
 #[derive(Debug, thiserror::Error)]
 pub enum ConfineError {
     #[error(
-        "the daemon runs tasks as their submitters (--run-as-submitter) and this task records no \
-         submitter (it was accepted before that was recorded): resubmit it"
+        "the daemon runs tasks as their submitters (--run-as-submitter) and this task has no \
+         submitter it can trust: it was accepted before submitters were recorded, or, on a \
+         shared queue, inserted by a database role that cairn_roles maps to no user of this \
+         host (`cairn db grant submitter ROLE --user LOCAL_USER`); nothing was run"
     )]
     NoSubmitter,
     #[error("cannot run as the task's submitter: {0}")]

@@ -43,6 +43,8 @@ mod postgres_faults;
 mod postgres_intake;
 #[cfg(feature = "postgres")]
 mod postgres_leases;
+#[cfg(feature = "postgres")]
+mod postgres_roles;
 mod queue_modes;
 mod run_as_submitter;
 mod service;

@@ -20,18 +20,26 @@ use chrono::{DateTime, Utc};
 
 use super::connect::PgQueue;
 use super::error::{During, PgError};
+use super::roles::Vouched;
 use super::steer::Unheld;
-use crate::queue::control::{ControlAction, ControlRequest};
+use crate::queue::control::{ControlAction, ControlJudge, ControlRequest, DatabaseAsker};
 use crate::task_id::TaskId;
 
-/// The requests not handled yet, oldest first, with where their task stands.
-const PENDING: &str = "
+/// The requests not handled yet, oldest first, with where their task stands and who asked
+/// (the role, whether it is trusted, the local user it is mapped to: see `roles`).
+const PENDING: &str = concat!(
+    "
 SELECT c.id, c.task_id, c.action, c.requested_at, t.state, t.lease_node,
-       COALESCE(t.lease_expires_at > now(), false)
+       COALESCE(t.lease_expires_at > now(), false), c.requested_role, ",
+    super::roles::trusted_role!("c.requested_role"),
+    ", CASE WHEN r.kind = 'submitter' THEN r.local_user END
 FROM cairn_control c LEFT JOIN cairn_tasks t ON t.id = c.task_id
+LEFT JOIN cairn_roles r ON r.role = c.requested_role
+LEFT JOIN pg_roles s ON s.rolname = c.requested_role
 WHERE c.handled_at IS NULL
 ORDER BY c.id
-LIMIT 1000";
+LIMIT 1000"
+);
 
 /// Mark request `$1` handled by node `$2`, with outcome `$3`.
 const MARK_HANDLED: &str = "
@@ -129,7 +137,13 @@ impl PgQueue {
     /// Handle the pending requests as node `node` (see the module docs): apply those for
     /// tasks nobody holds, and return those for tasks `node` holds, oldest first, for its
     /// daemon to apply and then [`mark_control_handled`](PgQueue::mark_control_handled).
-    pub async fn take_control(&self, node: &str) -> Result<Vec<(i64, ControlRequest)>, PgError> {
+    /// With `judge` (tasks run as their submitters), each request carries who the database
+    /// says asked, and one for a task nobody holds is applied only if `judge` lets it.
+    pub async fn take_control(
+        &self,
+        node: &str,
+        judge: Option<&ControlJudge>,
+    ) -> Result<Vec<(i64, ControlRequest)>, PgError> {
         let rows = {
             let client = self.client().await?;
             client
@@ -154,7 +168,11 @@ impl PgQueue {
             if waiting.contains(&task_id) {
                 continue;
             }
-            let request = parse_request(&task_id, row.get(2), row.get(3));
+            let asker = judge.map(|_| asker_of(Vouched::of(row.get(7), row.get(8), row.get(9))));
+            let request = parse_request(&task_id, row.get(2), row.get(3)).map(|mut request| {
+                request.asker = asker;
+                request
+            });
             match (holder, request) {
                 (_, None) => {
                     tracing::warn!(request = id, task_id = ?task_id, "dropping a control request that is not one");
@@ -170,7 +188,7 @@ impl PgQueue {
                     waiting.insert(task_id);
                 }
                 (Holder::Nobody, Some(request)) => {
-                    if !self.apply_unheld(id, &request, node).await? {
+                    if !self.apply_unheld(id, &request, node, judge).await? {
                         waiting.insert(task_id);
                     }
                 }
@@ -202,7 +220,14 @@ impl PgQueue {
         id: i64,
         request: &ControlRequest,
         node: &str,
+        judge: Option<&ControlJudge>,
     ) -> Result<bool, PgError> {
+        let task_id = request.task_id.as_str();
+        // Who submitted the task cannot change: read before the request is claimed.
+        let vouched = match judge {
+            Some(_) => self.vouched(&[task_id]).await?.remove(task_id),
+            None => None,
+        };
         let mut client = self.client().await?;
         let tx = client
             .transaction()
@@ -219,7 +244,6 @@ impl PgQueue {
         if mine.is_none() {
             return Ok(false);
         }
-        let task_id = request.task_id.as_str();
         let Some(task) = tx
             .query_opt(TASK_FOR_CONTROL, &[&task_id])
             .await
@@ -234,6 +258,25 @@ impl PgQueue {
         let state: String = task.get(0);
         if state == "running" {
             return Ok(false);
+        }
+        if let Some(judge) = judge {
+            let definition: &str = task.get(3);
+            let recorded = crate::task::Task::parse_stored(definition.as_bytes())
+                .ok()
+                .and_then(|task| task.submitted_by);
+            let vouched = vouched.unwrap_or(Vouched::Nobody { role: None });
+            let submitter = vouched.submitter(recorded.as_ref());
+            if let Err(why) = judge(request, submitter.as_ref()) {
+                // Said to the asker (the outcome its `cairn` waits for) and logged; the
+                // task's journal is its submitter's, and not for others to fill.
+                tracing::warn!(task_id = %request.task_id, action = request.action.as_str(), "refused a control request: {}", why.escape_debug());
+                let outcome = format!("refused: {why}");
+                tx.execute(MARK_HANDLED, &[&id, &node, &outcome])
+                    .await
+                    .during("marking a control request handled")?;
+                tx.commit().await.during("committing a control request")?;
+                return Ok(true);
+            }
         }
         let unheld = Unheld {
             tx: &tx,
@@ -263,7 +306,25 @@ fn parse_request(
         action: action_of(action)?,
         task_id: TaskId::parse(task_id).ok()?,
         requested_at,
-        // A database's requests have no file: who may write them is the database's to say.
+        // A database's requests have no file: who asked is the database's to say (`asker`).
         origin: None,
+        asker: None,
     })
+}
+
+/// Who asked, as this host sees the role the database vouches for.
+fn asker_of(vouched: Vouched) -> DatabaseAsker {
+    match vouched {
+        Vouched::Trusted => DatabaseAsker::Trusted {
+            role: String::new(),
+        },
+        Vouched::LocalUser { role, user } => match crate::submitter::Submitter::of_name(&user) {
+            Some(found) => DatabaseAsker::User {
+                role,
+                uid: found.uid,
+            },
+            None => DatabaseAsker::Unknown { role: Some(role) },
+        },
+        Vouched::Nobody { role } => DatabaseAsker::Unknown { role },
+    }
 }

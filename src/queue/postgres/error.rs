@@ -57,6 +57,9 @@ pub enum PgError {
          {supported}: upgrade cairn on this host"
     )]
     SchemaTooNew { found: i32, supported: i32 },
+    /// `cairn db grant` was given a role the database does not have.
+    #[error("the database has no role {0:?}: create it first (CREATE ROLE ... LOGIN)")]
+    NoSuchRole(String),
     /// Another live daemon registered under the same node name.
     #[error(
         "node name {node:?} is in use by another running daemon: give each daemon its own \
