@@ -230,7 +230,15 @@ fn a_forged_submitter_in_a_row_runs_as_the_role_s_mapped_user_or_not_at_all() {
     let gid = users.gid;
     own(queue.aux("").as_path(), 0, 0, 0o755);
     own(queue.root(), 0, gid, 0o750);
-    let daemon_url = url_as(&cluster, "daemon_r");
+    // The daemon's role creates nothing; TLS as libpq names it is accepted (a Unix socket
+    // has none, as with libpq).
+    let daemon_may_create = query_texts(
+        &owner,
+        "SELECT has_schema_privilege('daemon_r', current_schema(), 'CREATE')::text",
+        &[],
+    );
+    assert_eq!(daemon_may_create[0][0].as_deref(), Some("false"));
+    let daemon_url = format!("{}&sslmode=verify-full", url_as(&cluster, "daemon_r"));
     let mut daemon = queue.start_wrapped(
         &["setpriv", &format!("--regid={gid}"), "--clear-groups"],
         &["--db", &daemon_url, "--run-as-submitter", "--node", "n1"],

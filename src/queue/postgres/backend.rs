@@ -463,6 +463,9 @@ impl PgBackend {
             .build()
             .map_err(PgError::Runtime)?;
         let db = PgQueue::connect(url)?;
+        if let Some(warning) = db.plain_text_warning() {
+            tracing::warn!("{warning}");
+        }
         runtime.block_on(async {
             db.migrate().await?;
             db.register_node(node, lease_for).await

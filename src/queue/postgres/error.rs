@@ -26,6 +26,18 @@ pub enum PgError {
     /// TLS could not be set up for the connection.
     #[error("setting up TLS for the database connection: {0}")]
     Tls(#[source] rustls::Error),
+    /// The connection string's `sslmode` is none of libpq's.
+    #[error(
+        "invalid database URL: sslmode {0:?} is not one of disable, allow, prefer, require, \
+         verify-ca, verify-full"
+    )]
+    InvalidSslMode(String),
+    /// The connection string's `sslrootcert` could not be read.
+    #[error("sslrootcert {}: {problem}", path.display())]
+    RootCert {
+        path: std::path::PathBuf,
+        problem: String,
+    },
     /// The connection pool could not be set up.
     #[error("setting up the database connection pool: {0}")]
     Pool(#[source] deadpool_postgres::BuildError),

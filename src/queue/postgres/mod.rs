@@ -25,6 +25,7 @@
 
 mod backend;
 mod connect;
+mod conninfo;
 mod control;
 mod error;
 mod fenced;
