@@ -5,9 +5,9 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::refusals::Refusal;
 use super::{runner_blocking, Scheduler};
 use crate::queue::control::{ControlAction, ControlRequest};
+use crate::queue::refusals::Refusal;
 use crate::runner::RunContext;
 use crate::store::current_work::{ActiveStatus, ActiveTask, StoredOutput};
 use crate::store::events::Event;

@@ -22,7 +22,6 @@ mod notify;
 mod pending;
 mod records;
 mod recovery;
-mod refusals;
 mod schedule;
 mod shared_queue;
 mod start_order;
@@ -403,7 +402,7 @@ pub(crate) struct Scheduler {
     /// The owner of the request being applied (who asks), for the bounds on refusals.
     applying_uid: Option<u32>,
     /// Refused requests per task and requester, journaled and logged within bounds.
-    refusals: refusals::RefusalLimiter,
+    refusals: crate::queue::refusals::RefusalLimiter,
     /// Whether the request being applied was refused (its event is then flushed before the
     /// request is removed, so that `cairn` sees the refusal once its request is gone).
     request_refused: bool,

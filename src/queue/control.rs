@@ -221,7 +221,7 @@ pub fn handled(queue: &QueueDir, key: &str) -> bool {
 }
 
 /// How the daemon's notice begins that a requester's further refused requests for a task are
-/// only counted for a while (`daemon::refusals`); the uid and a space follow.
+/// only counted for a while (`queue::refusals`); the uid and a space follow.
 pub const SUPPRESSED_MARKER: &str = "too many refused requests from uid ";
 
 /// Why the daemon refused the request `cairn` wrote under `key` (`control/<name>`) for task

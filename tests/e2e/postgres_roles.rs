@@ -309,6 +309,35 @@ fn a_forged_submitter_in_a_row_runs_as_the_role_s_mapped_user_or_not_at_all() {
     );
     assert_eq!(request(&owner, "unmapped"), "applied", "the owner may");
 
+    // A flood of requests the database refuses reaches the task's journal a few times, then
+    // as one notice (and a count when the window ends), not once per request.
+    try_execute(
+        &alice_url,
+        "INSERT INTO cairn_control (task_id, action)
+         SELECT 'forged', 'resume' FROM generate_series(1, 40)",
+    )
+    .unwrap();
+    wait_until("the flood to be handled", DEADLINE, || {
+        query_texts(
+            &owner,
+            "SELECT count(*)::text FROM cairn_control WHERE task_id = 'forged' AND handled_at IS NULL",
+            &[],
+        )[0][0]
+            .as_deref()
+            == Some("0")
+    });
+    let journaled = query_texts(
+        &owner,
+        "SELECT count(*)::text FROM cairn_events
+         WHERE task_id = 'forged' AND event::text LIKE '%control_refused%'",
+        &[],
+    );
+    let journaled: u32 = journaled[0][0].as_deref().unwrap().parse().unwrap();
+    assert!(
+        (1..=6).contains(&journaled),
+        "40 refused requests made {journaled} journal entries"
+    );
+
     daemon.signal(nix::sys::signal::Signal::SIGTERM);
     let status = daemon.wait_exit(Duration::from_secs(120));
     assert!(status.success(), "the daemon stopped: {}", daemon.stderr());

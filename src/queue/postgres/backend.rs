@@ -117,6 +117,8 @@ pub struct PgBackend {
     vouching: bool,
     /// Judges requests for tasks no daemon holds, when vouching.
     control_judge: std::sync::OnceLock<ControlJudge>,
+    /// The bounds on journaling the refusals of requests applied in the database.
+    refusals: Mutex<crate::queue::refusals::RefusalLimiter>,
 }
 
 impl std::fmt::Debug for PgBackend {
@@ -488,6 +490,7 @@ impl PgBackend {
             inbox: None,
             vouching: false,
             control_judge: std::sync::OnceLock::new(),
+            refusals: Mutex::default(),
         })
     }
 
@@ -1331,7 +1334,10 @@ impl QueueBackend for PgBackend {
             return Ok(Vec::new());
         }
         let requests = self
-            .run(self.db.take_control(&self.node, self.judge()))
+            .run(
+                self.db
+                    .take_control(&self.node, self.judge(), &self.refusals),
+            )
             .map_err(|e| backend_error("handling control requests".to_string(), e))?;
         Ok(requests
             .into_iter()

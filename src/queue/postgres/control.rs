@@ -15,14 +15,17 @@
 //!   a `control_refused` event, as the file daemon does.
 
 use std::collections::HashSet;
+use std::sync::Mutex;
+use std::time::Instant;
 
 use chrono::{DateTime, Utc};
 
 use super::connect::PgQueue;
 use super::error::{During, PgError};
 use super::roles::Vouched;
-use super::steer::Unheld;
+use super::steer::{Refusals, Unheld};
 use crate::queue::control::{ControlAction, ControlJudge, ControlRequest, DatabaseAsker};
+use crate::queue::refusals::RefusalLimiter;
 use crate::task_id::TaskId;
 
 /// The requests not handled yet, oldest first, with where their task stands and who asked
@@ -143,7 +146,9 @@ impl PgQueue {
         &self,
         node: &str,
         judge: Option<&ControlJudge>,
+        refusals: &Mutex<RefusalLimiter>,
     ) -> Result<Vec<(i64, ControlRequest)>, PgError> {
+        self.journal_refusal_counts(node, refusals).await?;
         let rows = {
             let client = self.client().await?;
             client
@@ -188,13 +193,50 @@ impl PgQueue {
                     waiting.insert(task_id);
                 }
                 (Holder::Nobody, Some(request)) => {
-                    if !self.apply_unheld(id, &request, node, judge).await? {
+                    if !self
+                        .apply_unheld(id, &request, node, judge, refusals)
+                        .await?
+                    {
                         waiting.insert(task_id);
                     }
                 }
             }
         }
         Ok(held_here)
+    }
+
+    /// Journal the count of each window of refusals that is over, in its task's journal.
+    async fn journal_refusal_counts(
+        &self,
+        node: &str,
+        refusals: &Mutex<RefusalLimiter>,
+    ) -> Result<(), PgError> {
+        let summaries = refusals
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .close_expired(Instant::now());
+        if summaries.is_empty() {
+            return Ok(());
+        }
+        let client = self.client().await?;
+        for summary in summaries {
+            tracing::warn!(task_id = summary.task, "{}", summary.reason);
+            let event = crate::store::events::Event::ControlRefused {
+                action: "requests".to_string(),
+                reason: summary.reason,
+                request: None,
+            };
+            let event = super::error::json_text("a count of refused requests", &event)?;
+            client
+                .execute(
+                    "INSERT INTO cairn_events (task_id, node, lease_epoch, event)
+                     SELECT id, $2, lease_epoch, $3::text::json FROM cairn_tasks WHERE id = $1",
+                    &[&summary.task, &node, &event],
+                )
+                .await
+                .during("journaling a count of refused requests")?;
+        }
+        Ok(())
     }
 
     /// Mark request `id` handled by `node` with `outcome` (a missing or handled one: nothing).
@@ -221,6 +263,7 @@ impl PgQueue {
         request: &ControlRequest,
         node: &str,
         judge: Option<&ControlJudge>,
+        refusals: &Mutex<RefusalLimiter>,
     ) -> Result<bool, PgError> {
         let task_id = request.task_id.as_str();
         // Who submitted the task cannot change: read before the request is claimed.
@@ -259,25 +302,6 @@ impl PgQueue {
         if state == "running" {
             return Ok(false);
         }
-        if let Some(judge) = judge {
-            let definition: &str = task.get(3);
-            let recorded = crate::task::Task::parse_stored(definition.as_bytes())
-                .ok()
-                .and_then(|task| task.submitted_by);
-            let vouched = vouched.unwrap_or(Vouched::Nobody { role: None });
-            let submitter = vouched.submitter(recorded.as_ref());
-            if let Err(why) = judge(request, submitter.as_ref()) {
-                // Said to the asker (the outcome its `cairn` waits for) and logged; the
-                // task's journal is its submitter's, and not for others to fill.
-                tracing::warn!(task_id = %request.task_id, action = request.action.as_str(), "refused a control request: {}", why.escape_debug());
-                let outcome = format!("refused: {why}");
-                tx.execute(MARK_HANDLED, &[&id, &node, &outcome])
-                    .await
-                    .during("marking a control request handled")?;
-                tx.commit().await.during("committing a control request")?;
-                return Ok(true);
-            }
-        }
         let unheld = Unheld {
             tx: &tx,
             node,
@@ -287,7 +311,27 @@ impl PgQueue {
             definition: task.get(3),
             start_point: task.get(4),
         };
-        let outcome = unheld.apply(request.action, &state).await?;
+        let refusals = Refusals {
+            limiter: refusals,
+            asker: match &request.asker {
+                Some(DatabaseAsker::User { uid, .. }) => Some(*uid),
+                _ => None,
+            },
+        };
+        let judged = match judge {
+            Some(judge) => {
+                let recorded = crate::task::Task::parse_stored(unheld.definition.as_bytes())
+                    .ok()
+                    .and_then(|task| task.submitted_by);
+                let vouched = vouched.unwrap_or(Vouched::Nobody { role: None });
+                judge(request, vouched.submitter(recorded.as_ref()).as_ref())
+            }
+            None => Ok(()),
+        };
+        let outcome = match judged {
+            Ok(()) => unheld.apply(request.action, &state, &refusals).await?,
+            Err(why) => unheld.refuse(request.action, why, &refusals).await?,
+        };
         tx.execute(MARK_HANDLED, &[&id, &node, &outcome])
             .await
             .during("marking a control request handled")?;
