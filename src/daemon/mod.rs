@@ -75,6 +75,9 @@ pub struct DaemonConfig {
     /// The bound on each phase's log, kept as its head and tail (`runner::log_cap`;
     /// `cairn run --max-log-bytes`); `None`: unbounded.
     pub max_log_bytes: Option<u64>,
+    /// The bounds of each task's cgroup (`memory.max`, `pids.max`), where it has one and the
+    /// controllers are offered.
+    pub task_limits: crate::runner::TaskLimits,
 }
 
 /// A queue in PostgreSQL shared by several daemons (`cairn run --db`, `docs/cluster.md`).
@@ -103,6 +106,7 @@ impl DaemonConfig {
             submitter_limits: SubmitterLimits::default(),
             pass_env: Vec::new(),
             max_log_bytes: Some(crate::runner::log_cap::DEFAULT_MAX_LOG_BYTES),
+            task_limits: crate::runner::TaskLimits::host_default(),
         }
     }
 }
@@ -199,7 +203,8 @@ pub async fn run_with_summary(
     let admission = admit_by_limits(&queue, &config).await?;
     let confine = ConfineConfig {
         run_as_submitter: config.run_as_submitter,
-        cgroups: CgroupRoot::for_queue(&queue.runs_dir()),
+        cgroups: CgroupRoot::for_queue(&queue.runs_dir())
+            .map(|cgroups| cgroups.with_limits(config.task_limits)),
     };
     prepare_queue(&queue, &confine).await;
     clean_after_crash(&queue);

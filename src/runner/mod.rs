@@ -32,7 +32,7 @@ pub use environment::{check_pass_names, daemon_env, PassEnvError, NOTIFY_ENV, PA
 pub(crate) use loop_phase::LOOP_SCOPE;
 pub use orphans::kill_orphans;
 pub use spawn::{CommandProcess, Environment, InheritedEnv, StdinFrom, StdoutTo};
-pub use task_processes::CgroupRoot;
+pub use task_processes::{CgroupRoot, TaskLimits, DEFAULT_PIDS_MAX};
 pub use work_state::WorkState;
 
 use std::ops::ControlFlow;

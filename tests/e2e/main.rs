@@ -55,6 +55,7 @@ mod strace;
 mod submitter_limits;
 mod systemd_units;
 mod task_environment;
+mod task_limits;
 mod torture_quick;
 mod worker;
 mod worker_ack;
