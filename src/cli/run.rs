@@ -100,6 +100,12 @@ pub struct RunArgs {
     #[arg(long, default_value_t = crate::runner::DEFAULT_PIDS_MAX, value_name = "N")]
     task_pids_max: u64,
 
+    /// The checkpoint bytes one submitter's tasks in flight may hold together (each task's
+    /// newest, as stored); past it their next checkpoint is refused and that attempt fails
+    /// (bytes, or with a suffix; 0 = unbounded).
+    #[arg(long, default_value = "1GiB", value_parser = parse_size, value_name = "BYTES")]
+    max_checkpoint_bytes_per_submitter: u64,
+
     /// A variable of the daemon's environment that tasks' commands get too (repeatable, or a
     /// comma-separated list in CAIRN_PASS_ENV). Commands always get PATH, LANG, LANGUAGE,
     /// LC_*, TZ and the HOME, USER, LOGNAME and SHELL of the user they run as, besides their
@@ -263,6 +269,8 @@ pub fn run(queue: &Path, args: RunArgs) -> CliResult<u8> {
         config.task_limits.memory_max = (bytes > 0).then_some(bytes);
     }
     config.task_limits.pids_max = (args.task_pids_max > 0).then_some(args.task_pids_max);
+    config.max_checkpoint_bytes_per_submitter = (args.max_checkpoint_bytes_per_submitter > 0)
+        .then_some(args.max_checkpoint_bytes_per_submitter);
     config.run_as_submitter = args.run_as_submitter;
     config.operators_group = operators_group;
     config.exit_when_idle = args.exit_when_idle;

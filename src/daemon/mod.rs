@@ -78,6 +78,9 @@ pub struct DaemonConfig {
     /// The bounds of each task's cgroup (`memory.max`, `pids.max`), where it has one and the
     /// controllers are offered.
     pub task_limits: crate::runner::TaskLimits,
+    /// The checkpoint bytes one submitter's tasks in flight may hold
+    /// (`runner::checkpoint_quota`); `None`: unbounded.
+    pub max_checkpoint_bytes_per_submitter: Option<u64>,
 }
 
 /// A queue in PostgreSQL shared by several daemons (`cairn run --db`, `docs/cluster.md`).
@@ -107,6 +110,9 @@ impl DaemonConfig {
             pass_env: Vec::new(),
             max_log_bytes: Some(crate::runner::log_cap::DEFAULT_MAX_LOG_BYTES),
             task_limits: crate::runner::TaskLimits::host_default(),
+            max_checkpoint_bytes_per_submitter: Some(
+                crate::runner::checkpoint_quota::DEFAULT_MAX_CHECKPOINT_BYTES_PER_SUBMITTER,
+            ),
         }
     }
 }
@@ -219,6 +225,9 @@ pub async fn run_with_summary(
         lost_leases: Default::default(),
         inherited_env: crate::runner::daemon_env(&config.pass_env),
         max_log_bytes: config.max_log_bytes,
+        checkpoint_quota: crate::runner::CheckpointQuota::new(
+            config.max_checkpoint_bytes_per_submitter,
+        ),
     });
     let leases = ctx
         .queue

@@ -51,3 +51,35 @@ fn a_task_s_cgroup_carries_the_daemon_s_bounds_or_the_daemon_says_why_not() {
         );
     }
 }
+
+/// A loop whose checkpoints are larger than what one submitter may hold has its next
+/// checkpoint refused, and its attempt fails saying why; the same submitter's next task, with
+/// small checkpoints, runs.
+#[test]
+fn a_submitter_s_checkpoints_past_the_bound_are_refused_with_the_reason() {
+    let queue = TestQueue::new();
+    let script = "import json, os, sys; r = json.load(sys.stdin); \
+                  json.dump({'state': {'blob': os.urandom(100000).hex(), 'n': r['iteration']}}, sys.stdout)";
+    queue.seed_task(
+        "big.json",
+        &json!({"id": "big", "retry": {"max_attempts": 1}, "phases": [{
+            "name": "grow", "kind": "loop", "max_iterations": 5,
+            "run": ["python3", "-c", script]}]}),
+    );
+    queue.run_until_idle(&["--max-checkpoint-bytes-per-submitter", "64KiB"]);
+    let failed = queue.wait_failed("big");
+    let error = failed["error"].as_str().unwrap_or_default();
+    assert!(
+        error.contains("checkpoint refused") && error.contains("more than the 65536"),
+        "{failed:#}"
+    );
+    queue.seed_task(
+        "small.json",
+        &json!({"id": "small", "phases": [{
+            "name": "count", "kind": "loop", "max_iterations": 3,
+            "run": ["python3", "-c",
+                "import json, sys; r = json.load(sys.stdin); json.dump({'state': r['iteration']}, sys.stdout)"]}]}),
+    );
+    queue.run_until_idle(&["--max-checkpoint-bytes-per-submitter", "64KiB"]);
+    queue.wait_done("small");
+}
