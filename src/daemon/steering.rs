@@ -242,4 +242,39 @@ mod tests {
         // A request through a database.
         assert_eq!(judge(None, Some(&alice), None), Ok(()));
     }
+
+    #[test]
+    fn through_a_database_the_asking_role_is_judged_as_its_mapped_user() {
+        use super::{decide_asker, DatabaseAsker};
+        const DAEMON: u32 = 900;
+        let alice = Submitter {
+            uid: 1001,
+            user: Some("alice".into()),
+        };
+        let ops = OperatorsGroup {
+            gid: 50,
+            name: "ops".into(),
+        };
+        let member = |uid: u32, gid: u32| uid == 1003 && gid == 50;
+        let judge =
+            |asker: DatabaseAsker| decide_asker(&asker, Some(&alice), DAEMON, Some(&ops), member);
+        let user = |role: &str, uid| DatabaseAsker::User {
+            role: role.into(),
+            uid,
+        };
+        assert_eq!(judge(DatabaseAsker::Trusted { role: "d".into() }), Ok(()));
+        assert_eq!(judge(user("alice_r", 1001)), Ok(()));
+        assert_eq!(judge(user("carol_r", 1003)), Ok(()), "an operator");
+        assert_eq!(judge(user("root_r", 0)), Ok(()));
+        let refused = judge(user("bob_r", 1002)).unwrap_err();
+        assert!(
+            refused.contains("database role bob_r") && refused.contains("may not steer it"),
+            "{refused}"
+        );
+        let unknown = judge(DatabaseAsker::Unknown {
+            role: Some("mallory".into()),
+        })
+        .unwrap_err();
+        assert!(unknown.contains("mallory"), "{unknown}");
+    }
 }
