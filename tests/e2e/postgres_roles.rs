@@ -274,6 +274,15 @@ fn a_forged_submitter_in_a_row_runs_as_the_role_s_mapped_user_or_not_at_all() {
         records["unmapped"]
     );
 
+    // The operator commands work as a submitter's role, and show only its own tasks.
+    let status = cairn_db(&alice_url, &["status"]).output().unwrap();
+    let table = String::from_utf8_lossy(&status.stdout);
+    assert!(status.status.success(), "{}", stderr_of(&status));
+    assert!(
+        table.contains("forged") && table.contains("viacli") && !table.contains("bobs"),
+        "{table}"
+    );
+
     // Steering through the database: who asked is the session's role.
     let request = |url: &str, task: &str| -> String {
         try_execute(
