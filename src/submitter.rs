@@ -34,6 +34,15 @@ impl Submitter {
         Submitter { uid, user }
     }
 
+    /// The user named `name` on this host, if there is one.
+    pub fn of_name(name: &str) -> Option<Submitter> {
+        let user = User::from_name(name).ok().flatten()?;
+        Some(Submitter {
+            uid: user.uid.as_raw(),
+            user: Some(user.name),
+        })
+    }
+
     /// The user this process runs as (its effective uid).
     pub fn current() -> Submitter {
         Submitter::of_uid(Uid::effective().as_raw())

@@ -56,7 +56,7 @@ pub fn open(
     })?;
     let node = format!("{NODE}-{}", std::process::id());
     let queue =
-        Queue::open_postgres(root, url, &node, LEASE).context("opening the shared queue")?;
+        Queue::open_postgres(root, url, &node, LEASE, false).context("opening the shared queue")?;
     let guard = BenchTasks {
         db,
         runtime: Arc::new(runtime),

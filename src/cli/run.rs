@@ -90,6 +90,22 @@ pub struct RunArgs {
     #[arg(long, default_value = "64MiB", value_parser = parse_bytes, value_name = "BYTES")]
     max_log_bytes: u64,
 
+    /// The most memory one task's processes may use together (its cgroup's memory.max):
+    /// bytes, or with a suffix (512MiB, 8GiB); 0 = unbounded [default: half the host's].
+    #[arg(long, value_parser = parse_size, value_name = "BYTES")]
+    task_memory_max: Option<u64>,
+
+    /// The most processes and threads one task may have at once (its cgroup's pids.max;
+    /// 0 = unbounded).
+    #[arg(long, default_value_t = crate::runner::DEFAULT_PIDS_MAX, value_name = "N")]
+    task_pids_max: u64,
+
+    /// The checkpoint bytes one submitter's tasks in flight may hold together (each task's
+    /// newest, as stored); past it their next checkpoint is refused and that attempt fails
+    /// (bytes, or with a suffix; 0 = unbounded).
+    #[arg(long, default_value = "1GiB", value_parser = parse_size, value_name = "BYTES")]
+    max_checkpoint_bytes_per_submitter: u64,
+
     /// A variable of the daemon's environment that tasks' commands get too (repeatable, or a
     /// comma-separated list in CAIRN_PASS_ENV). Commands always get PATH, LANG, LANGUAGE,
     /// LC_*, TZ and the HOME, USER, LOGNAME and SHELL of the user they run as, besides their
@@ -120,8 +136,19 @@ impl RunArgs {
     }
 }
 
-/// A size in bytes: a number, optionally with KiB, MiB or GiB.
+/// A log's bound: a size of at least 64KiB, or 0.
 fn parse_bytes(text: &str) -> Result<u64, String> {
+    let bytes = parse_size(text)?;
+    if bytes > 0 && bytes < 64 << 10 {
+        return Err(format!(
+            "{text} is too small: a log keeps at least 64KiB (0: unbounded)"
+        ));
+    }
+    Ok(bytes)
+}
+
+/// A size in bytes: a number, optionally with KiB, MiB or GiB.
+fn parse_size(text: &str) -> Result<u64, String> {
     let (digits, unit) = match text.find(|c: char| !c.is_ascii_digit()) {
         Some(i) => text.split_at(i),
         None => (text, ""),
@@ -136,15 +163,9 @@ fn parse_bytes(text: &str) -> Result<u64, String> {
         "GiB" | "G" => 1 << 30,
         other => return Err(format!("{other:?} is not a unit (KiB, MiB or GiB)")),
     };
-    let bytes = number
+    number
         .checked_mul(scale)
-        .ok_or_else(|| format!("{text} is too large"))?;
-    if bytes > 0 && bytes < 64 << 10 {
-        return Err(format!(
-            "{text} is too small: a log keeps at least 64KiB (0: unbounded)"
-        ));
-    }
-    Ok(bytes)
+        .ok_or_else(|| format!("{text} is too large"))
 }
 
 fn saturating_usize(n: u64) -> usize {
@@ -245,6 +266,12 @@ pub fn run(queue: &Path, args: RunArgs) -> CliResult<u8> {
     let mut config = DaemonConfig::new(queue);
     config.pass_env = args.pass_env;
     config.max_log_bytes = (args.max_log_bytes > 0).then_some(args.max_log_bytes);
+    if let Some(bytes) = args.task_memory_max {
+        config.task_limits.memory_max = (bytes > 0).then_some(bytes);
+    }
+    config.task_limits.pids_max = (args.task_pids_max > 0).then_some(args.task_pids_max);
+    config.max_checkpoint_bytes_per_submitter = (args.max_checkpoint_bytes_per_submitter > 0)
+        .then_some(args.max_checkpoint_bytes_per_submitter);
     config.run_as_submitter = args.run_as_submitter;
     config.operators_group = operators_group;
     config.exit_when_idle = args.exit_when_idle;

@@ -5,9 +5,9 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::refusals::Refusal;
 use super::{runner_blocking, Scheduler};
 use crate::queue::control::{ControlAction, ControlRequest};
+use crate::queue::refusals::Refusal;
 use crate::runner::RunContext;
 use crate::store::current_work::{ActiveStatus, ActiveTask, StoredOutput};
 use crate::store::events::Event;
@@ -53,7 +53,14 @@ impl Scheduler {
                 continue;
             }
             self.applying_request = request.origin.as_ref().map(|o| o.name.clone());
-            self.applying_uid = request.origin.as_ref().map(|o| o.uid);
+            self.applying_uid = request
+                .origin
+                .as_ref()
+                .map(|o| o.uid)
+                .or(match &request.asker {
+                    Some(crate::queue::control::DatabaseAsker::User { uid, .. }) => Some(*uid),
+                    _ => None,
+                });
             self.request_refused = false;
             self.apply_control(request).await;
             let refused = std::mem::take(&mut self.request_refused);
@@ -89,9 +96,8 @@ impl Scheduler {
         tracing::info!(task_id = %id, action = action.as_str(), "control request");
         if self.steering.enforced() {
             let submitter = self.submitter_of(id).await;
-            let (rights, origin) = (self.steering.clone(), request.origin.clone());
-            let judged =
-                runner_blocking(move || rights.check(origin.as_ref(), submitter.as_ref())).await;
+            let (rights, asked) = (self.steering.clone(), request.clone());
+            let judged = runner_blocking(move || rights.check(&asked, submitter.as_ref())).await;
             if let Err(why) = judged {
                 return self.refuse(id, action, &why);
             }

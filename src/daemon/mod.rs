@@ -22,7 +22,6 @@ mod notify;
 mod pending;
 mod records;
 mod recovery;
-mod refusals;
 mod schedule;
 mod shared_queue;
 mod start_order;
@@ -76,6 +75,12 @@ pub struct DaemonConfig {
     /// The bound on each phase's log, kept as its head and tail (`runner::log_cap`;
     /// `cairn run --max-log-bytes`); `None`: unbounded.
     pub max_log_bytes: Option<u64>,
+    /// The bounds of each task's cgroup (`memory.max`, `pids.max`), where it has one and the
+    /// controllers are offered.
+    pub task_limits: crate::runner::TaskLimits,
+    /// The checkpoint bytes one submitter's tasks in flight may hold
+    /// (`runner::checkpoint_quota`); `None`: unbounded.
+    pub max_checkpoint_bytes_per_submitter: Option<u64>,
 }
 
 /// A queue in PostgreSQL shared by several daemons (`cairn run --db`, `docs/cluster.md`).
@@ -104,6 +109,10 @@ impl DaemonConfig {
             submitter_limits: SubmitterLimits::default(),
             pass_env: Vec::new(),
             max_log_bytes: Some(crate::runner::log_cap::DEFAULT_MAX_LOG_BYTES),
+            task_limits: crate::runner::TaskLimits::host_default(),
+            max_checkpoint_bytes_per_submitter: Some(
+                crate::runner::checkpoint_quota::DEFAULT_MAX_CHECKPOINT_BYTES_PER_SUBMITTER,
+            ),
         }
     }
 }
@@ -200,7 +209,8 @@ pub async fn run_with_summary(
     let admission = admit_by_limits(&queue, &config).await?;
     let confine = ConfineConfig {
         run_as_submitter: config.run_as_submitter,
-        cgroups: CgroupRoot::for_queue(&queue.runs_dir()),
+        cgroups: CgroupRoot::for_queue(&queue.runs_dir())
+            .map(|cgroups| cgroups.with_limits(config.task_limits)),
     };
     prepare_queue(&queue, &confine).await;
     clean_after_crash(&queue);
@@ -215,6 +225,9 @@ pub async fn run_with_summary(
         lost_leases: Default::default(),
         inherited_env: crate::runner::daemon_env(&config.pass_env),
         max_log_bytes: config.max_log_bytes,
+        checkpoint_quota: crate::runner::CheckpointQuota::new(
+            config.max_checkpoint_bytes_per_submitter,
+        ),
     });
     let leases = ctx
         .queue
@@ -253,8 +266,9 @@ async fn open_queue(config: &DaemonConfig) -> Result<Queue, DaemonError> {
     #[cfg(feature = "postgres")]
     {
         let root = config.queue_dir.clone();
+        let vouch = config.run_as_submitter;
         let opened = runner_blocking(move || {
-            Queue::open_postgres(&root, &database.url, &database.node, database.lease)
+            Queue::open_postgres(&root, &database.url, &database.node, database.lease, vouch)
         })
         .await?;
         Ok(opened)
@@ -402,7 +416,7 @@ pub(crate) struct Scheduler {
     /// The owner of the request being applied (who asks), for the bounds on refusals.
     applying_uid: Option<u32>,
     /// Refused requests per task and requester, journaled and logged within bounds.
-    refusals: refusals::RefusalLimiter,
+    refusals: crate::queue::refusals::RefusalLimiter,
     /// Whether the request being applied was refused (its event is then flushed before the
     /// request is removed, so that `cairn` sees the refusal once its request is gone).
     request_refused: bool,
@@ -426,6 +440,9 @@ impl Scheduler {
         let records = ctx.queue.record_locations();
         let steering =
             steering::SteeringRights::new(config.run_as_submitter, config.operators_group.clone());
+        if steering.enforced() {
+            ctx.queue.set_control_judge(steering.judge());
+        }
         Scheduler {
             ctx,
             config,

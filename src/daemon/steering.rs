@@ -7,7 +7,7 @@
 
 use nix::unistd::{Gid, Group, Uid};
 
-use crate::queue::control::RequestFile;
+use crate::queue::control::{ControlJudge, ControlRequest, DatabaseAsker, RequestFile};
 use crate::runner::identity::RunAs;
 use crate::submitter::Submitter;
 
@@ -59,24 +59,59 @@ impl SteeringRights {
         self.enforced
     }
 
-    /// May the writer of `origin` steer a task submitted by `submitter`? The error is the
-    /// reason, for the log, the journal and the requester. Looks group membership up in the
-    /// user database (blocking).
+    /// May who asked for `request` (the writer of its file, or the role a database vouches
+    /// for) steer a task submitted by `submitter`? The error is the reason, for the log, the
+    /// journal and the requester. Looks group membership up in the user database (blocking).
     pub(super) fn check(
         &self,
-        origin: Option<&RequestFile>,
+        request: &ControlRequest,
         submitter: Option<&Submitter>,
     ) -> Result<(), String> {
         if !self.enforced {
             return Ok(());
         }
-        decide(
-            origin,
-            submitter,
-            self.daemon_uid,
-            self.operators.as_ref(),
-            member_of,
+        let (daemon, operators) = (self.daemon_uid, self.operators.as_ref());
+        match (&request.origin, &request.asker) {
+            (Some(origin), _) => decide(Some(origin), submitter, daemon, operators, member_of),
+            (None, Some(asker)) => decide_asker(asker, submitter, daemon, operators, member_of),
+            (None, None) => decide(None, submitter, daemon, operators, member_of),
+        }
+    }
+
+    /// This rule as the judge a database applies requests with (see `ControlJudge`).
+    pub(super) fn judge(&self) -> ControlJudge {
+        let rights = self.clone();
+        std::sync::Arc::new(
+            move |request: &ControlRequest, submitter: Option<&Submitter>| {
+                rights.check(request, submitter)
+            },
         )
+    }
+}
+
+/// The rule for a request through a database, asked by the role `asker` stands for. Pure.
+fn decide_asker(
+    asker: &DatabaseAsker,
+    submitter: Option<&Submitter>,
+    daemon_uid: u32,
+    operators: Option<&OperatorsGroup>,
+    is_member: impl Fn(u32, u32) -> bool,
+) -> Result<(), String> {
+    match asker {
+        DatabaseAsker::Trusted { .. } => Ok(()),
+        DatabaseAsker::Unknown { role } => Err(format!(
+            "database role {} is mapped to no user of this host in cairn_roles, so it may steer \
+             no task",
+            role.as_deref().unwrap_or("(unrecorded)")
+        )),
+        DatabaseAsker::User { role, uid } => judge_uid(
+            &format!("database role {role} ({})", Submitter::of_uid(*uid)),
+            *uid,
+            submitter,
+            daemon_uid,
+            operators,
+            is_member,
+        ),
     }
 }
 
@@ -111,14 +146,33 @@ fn decide(
             origin.links
         ));
     }
-    if origin.uid == 0 || origin.uid == daemon_uid {
+    judge_uid(
+        &asker.to_string(),
+        origin.uid,
+        submitter,
+        daemon_uid,
+        operators,
+        is_member,
+    )
+}
+
+/// May user `uid` (`asker` for people) steer a task submitted by `submitter`? Pure.
+fn judge_uid(
+    asker: &str,
+    uid: u32,
+    submitter: Option<&Submitter>,
+    daemon_uid: u32,
+    operators: Option<&OperatorsGroup>,
+    is_member: impl Fn(u32, u32) -> bool,
+) -> Result<(), String> {
+    if uid == 0 || uid == daemon_uid {
         return Ok(());
     }
-    if submitter.is_some_and(|s| s.uid == origin.uid) {
+    if submitter.is_some_and(|s| s.uid == uid) {
         return Ok(());
     }
-    if let Some(group) = operators.filter(|g| is_member(origin.uid, g.gid)) {
-        tracing::debug!(uid = origin.uid, group = %group.name, "steering as an operator");
+    if let Some(group) = operators.filter(|g| is_member(uid, g.gid)) {
+        tracing::debug!(uid, group = %group.name, "steering as an operator");
         return Ok(());
     }
     let whose = match submitter {
@@ -187,5 +241,40 @@ mod tests {
         assert!(judge(Some(&file(1001, 0o640, 2)), Some(&alice), None).is_err());
         // A request through a database.
         assert_eq!(judge(None, Some(&alice), None), Ok(()));
+    }
+
+    #[test]
+    fn through_a_database_the_asking_role_is_judged_as_its_mapped_user() {
+        use super::{decide_asker, DatabaseAsker};
+        const DAEMON: u32 = 900;
+        let alice = Submitter {
+            uid: 1001,
+            user: Some("alice".into()),
+        };
+        let ops = OperatorsGroup {
+            gid: 50,
+            name: "ops".into(),
+        };
+        let member = |uid: u32, gid: u32| uid == 1003 && gid == 50;
+        let judge =
+            |asker: DatabaseAsker| decide_asker(&asker, Some(&alice), DAEMON, Some(&ops), member);
+        let user = |role: &str, uid| DatabaseAsker::User {
+            role: role.into(),
+            uid,
+        };
+        assert_eq!(judge(DatabaseAsker::Trusted { role: "d".into() }), Ok(()));
+        assert_eq!(judge(user("alice_r", 1001)), Ok(()));
+        assert_eq!(judge(user("carol_r", 1003)), Ok(()), "an operator");
+        assert_eq!(judge(user("root_r", 0)), Ok(()));
+        let refused = judge(user("bob_r", 1002)).unwrap_err();
+        assert!(
+            refused.contains("database role bob_r") && refused.contains("may not steer it"),
+            "{refused}"
+        );
+        let unknown = judge(DatabaseAsker::Unknown {
+            role: Some("mallory".into()),
+        })
+        .unwrap_err();
+        assert!(unknown.contains("mallory"), "{unknown}");
     }
 }

@@ -335,6 +335,13 @@ pub trait QueueBackend: Send + Sync + fmt::Debug {
     /// Whether a submission of `task_id` waits to be accepted (its requests then wait too).
     fn waiting_in_intake(&self, task_id: &str) -> bool;
 
+    /// Judge requests with `judge` before a backend applies them itself (a database applies
+    /// requests for tasks no daemon holds); a backend that hands every request to the daemon
+    /// ignores it.
+    fn set_control_judge(&self, judge: crate::queue::control::ControlJudge) {
+        let _ = judge;
+    }
+
     // ---- Reads ----
 
     /// An accepted task's definition.

@@ -53,7 +53,31 @@ pub struct ControlRequest {
     /// came through a database.
     #[serde(skip)]
     pub origin: Option<RequestFile>,
+    /// Who asked for a request that came through a database, as the database vouches for it
+    /// (only when the daemon runs tasks as their submitters); never read from the request.
+    #[serde(skip)]
+    pub asker: Option<DatabaseAsker>,
 }
+
+/// The role that asked for a request through a database (its `requested_role`, which the
+/// database sets), and what cairn makes of it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DatabaseAsker {
+    /// A daemon's role, the owner of cairn's tables or a superuser: may steer every task.
+    Trusted { role: String },
+    /// A submitter's role, mapped to this local user.
+    User { role: String, uid: u32 },
+    /// A role mapped to no user of this host, or a request from before roles were recorded.
+    Unknown { role: Option<String> },
+}
+
+/// Judges a request that came through a database before it is applied where no daemon holds
+/// its task: `Err` is why it is refused. Given the request and the task's submitter.
+pub type ControlJudge = std::sync::Arc<
+    dyn Fn(&ControlRequest, Option<&crate::submitter::Submitter>) -> Result<(), String>
+        + Send
+        + Sync,
+>;
 
 /// The file a request was read from, as `fstat` describes the descriptor it was read through:
 /// who wrote it is who asks (see `daemon::steering`).
@@ -76,6 +100,7 @@ impl ControlRequest {
             task_id: task_id.clone(),
             requested_at: Utc::now(),
             origin: None,
+            asker: None,
         }
     }
 
@@ -196,7 +221,7 @@ pub fn handled(queue: &QueueDir, key: &str) -> bool {
 }
 
 /// How the daemon's notice begins that a requester's further refused requests for a task are
-/// only counted for a while (`daemon::refusals`); the uid and a space follow.
+/// only counted for a while (`queue::refusals`); the uid and a space follow.
 pub const SUPPRESSED_MARKER: &str = "too many refused requests from uid ";
 
 /// Why the daemon refused the request `cairn` wrote under `key` (`control/<name>`) for task

@@ -18,6 +18,7 @@ mod permissions;
 pub mod postgres;
 mod prune;
 pub mod read;
+pub mod refusals;
 mod safe_remove;
 mod task_sink;
 mod watch;

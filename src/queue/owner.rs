@@ -115,6 +115,7 @@ impl Queue {
         url: &str,
         node: &str,
         lease: std::time::Duration,
+        vouch_for_submitters: bool,
     ) -> Result<Queue, OpenError> {
         use super::postgres::{PgBackend, PgError};
         let root = std::path::absolute(root)
@@ -134,6 +135,13 @@ impl Queue {
                 }
                 Err(e) => return Err(OpenError::Database(e.to_string())),
             }
+        };
+        let backend = if vouch_for_submitters {
+            backend
+                .vouching_for_submitters()
+                .map_err(OpenError::Database)?
+        } else {
+            backend
         };
         Ok(Queue {
             backend: Arc::new(backend),

@@ -73,6 +73,20 @@ impl<'r, 'a> PhaseCheckpointer<'r, 'a> {
         }
     }
 
+    /// Whose checkpoints these are, for the quota.
+    fn submitter(&self) -> Option<u32> {
+        self.run.task.submitted_by().map(|s| s.uid)
+    }
+
+    /// Refused when the task's submitter holds more checkpoint bytes than it may.
+    fn within_quota(&self) -> Result<(), PhaseError> {
+        self.run
+            .ctx
+            .checkpoint_quota
+            .check(self.submitter())
+            .map_err(PhaseError::Command)
+    }
+
     async fn call<T: Send + 'static>(
         &mut self,
         work: impl FnOnce(&mut LoopCheckpointer) -> Result<T, StoreError> + Send + 'static,
@@ -142,6 +156,9 @@ impl<'r, 'a> PhaseCheckpointer<'r, 'a> {
 
     fn note(&self, saved: SavedCheckpoint) {
         let run = self.run;
+        run.ctx
+            .checkpoint_quota
+            .note(self.submitter(), run.task.id(), saved.bytes);
         run.ctx.work.update(|w| {
             if let Some(entry) = w.get_mut(run.task.id()) {
                 entry.last_checkpoint_at = Some(chrono::Utc::now());
@@ -176,6 +193,7 @@ impl<'r, 'a> PhaseCheckpointer<'r, 'a> {
 
     /// `count` iterations are complete with `state`; written when due. True if written.
     pub async fn checkpoint(&mut self, count: u64, state: Value) -> Result<bool, PhaseError> {
+        self.within_quota()?;
         self.call(move |c| c.checkpoint(count, &state)).await
     }
 
@@ -186,6 +204,7 @@ impl<'r, 'a> PhaseCheckpointer<'r, 'a> {
         state: Value,
         output: Option<Value>,
     ) -> Result<(), PhaseError> {
+        self.within_quota()?;
         self.call(move |c| c.finish(count, &state, output)).await
     }
 

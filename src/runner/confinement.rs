@@ -6,9 +6,10 @@
 //! its logs (which the command writes through the descriptors it is given), large outputs and
 //! the FIFOs' names cannot be renamed, replaced or linked by the task. What the command uses is
 //! handed to its submitter with `chown`: the worker's FIFOs (`0600`), its resume file (`0600`)
-//! and the scratch directory `runs/<id>/scratch/` (`0700`, `$CAIRN_SCRATCH`). So only
-//! `CAP_CHOWN` is needed for this, not `CAP_DAC_OVERRIDE`, and the daemon never writes into a
-//! directory a task could fill with links.
+//! and the scratch directory `runs/<id>/scratch/` (`0700`, `$CAIRN_SCRATCH`), each given its
+//! mode before it is handed over. So only `CAP_CHOWN` is needed for this, not `CAP_FOWNER` or
+//! `CAP_DAC_OVERRIDE`, and the daemon never writes into a directory a task could fill with
+//! links.
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -41,8 +42,10 @@ pub struct TaskConfinement {
 #[derive(Debug, thiserror::Error)]
 pub enum ConfineError {
     #[error(
-        "the daemon runs tasks as their submitters (--run-as-submitter) and this task records no \
-         submitter (it was accepted before that was recorded): resubmit it"
+        "the daemon runs tasks as their submitters (--run-as-submitter) and this task has no \
+         submitter it can trust: it was accepted before submitters were recorded, or, on a \
+         shared queue, inserted by a database role that cairn_roles maps to no user of this \
+         host (`cairn db grant submitter ROLE --user LOCAL_USER`); nothing was run"
     )]
     NoSubmitter,
     #[error("cannot run as the task's submitter: {0}")]
@@ -149,13 +152,27 @@ impl FileOwner {
     }
 
     /// Give `path` to the owner with `mode`; nothing when there is none.
+    ///
+    /// The mode is set while the daemon owns the file, then the file is handed over: changing
+    /// the mode of another user's file needs `CAP_FOWNER`, which would let the daemon change
+    /// the mode of any file on the host, while `CAP_CHOWN` (which it has) is all a hand-over
+    /// needs. A file handed over before (the scratch directory of an earlier attempt) is
+    /// taken back first, unless it is as asked already.
     pub fn hand_over(self, path: &Path, mode: u32) -> io::Result<()> {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
         let Some((uid, gid)) = self.0 else {
             return Ok(());
         };
-        use std::os::unix::fs::PermissionsExt;
-        std::os::unix::fs::lchown(path, Some(uid), Some(gid))?;
-        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+        let found = std::fs::symlink_metadata(path)?;
+        if (found.uid(), found.gid(), found.mode() & 0o7777) == (uid, gid, mode) {
+            return Ok(());
+        }
+        let daemon = nix::unistd::geteuid().as_raw();
+        if found.uid() != daemon {
+            std::os::unix::fs::lchown(path, Some(daemon), None)?;
+        }
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))?;
+        std::os::unix::fs::lchown(path, Some(uid), Some(gid))
     }
 }
 

@@ -4,6 +4,7 @@
 //! attempt; this module runs the attempt itself. One file per phase kind; `child` runs commands.
 
 pub mod channel;
+pub mod checkpoint_quota;
 mod checkpointing;
 mod child;
 mod confinement;
@@ -22,6 +23,7 @@ mod work_state;
 mod worker;
 mod worker_supervision;
 
+pub use checkpoint_quota::CheckpointQuota;
 pub use child::{spawn_in_group, Confinement};
 pub use child::{CommandRun, RunEnd, KILL_AFTER, MAX_REPLY_BYTES};
 pub use confinement::ConfineConfig;
@@ -32,7 +34,7 @@ pub use environment::{check_pass_names, daemon_env, PassEnvError, NOTIFY_ENV, PA
 pub(crate) use loop_phase::LOOP_SCOPE;
 pub use orphans::kill_orphans;
 pub use spawn::{CommandProcess, Environment, InheritedEnv, StdinFrom, StdoutTo};
-pub use task_processes::CgroupRoot;
+pub use task_processes::{CgroupRoot, TaskLimits, DEFAULT_PIDS_MAX};
 pub use work_state::WorkState;
 
 use std::ops::ControlFlow;
@@ -83,6 +85,8 @@ pub struct RunContext {
     pub inherited_env: InheritedEnv,
     /// The bound on each phase's log (`log_cap`); `None`: unbounded.
     pub max_log_bytes: Option<u64>,
+    /// The checkpoint bytes each submitter's tasks in flight hold (`checkpoint_quota`).
+    pub checkpoint_quota: CheckpointQuota,
 }
 
 impl RunContext {
@@ -190,6 +194,8 @@ pub async fn run_attempt(ctx: &Arc<RunContext>, task: &Arc<Task>, lease: &Lease)
     };
     let end = run_phases(ctx, task, lease, &confinement).await;
     confinement::end(task.id(), confinement).await;
+    let submitter = task.submitted_by().map(|s| s.uid);
+    ctx.checkpoint_quota.forget(submitter, task.id());
     end
 }
 

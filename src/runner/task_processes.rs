@@ -29,10 +29,56 @@ use nix::unistd::Pid;
 /// start another between a scan and the kill.
 const MAX_ROUNDS: usize = 50;
 
+/// The bounds each task's cgroup gets (`memory.max`, `pids.max`), where the daemon's cgroup
+/// offers the controllers; `None`: unbounded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TaskLimits {
+    pub memory_max: Option<u64>,
+    pub pids_max: Option<u64>,
+}
+
+/// Processes and threads a task may have at once unless the daemon is told otherwise: far
+/// more than a task needs, far fewer than a fork bomb takes to stop a host.
+pub const DEFAULT_PIDS_MAX: u64 = 4096;
+
+impl TaskLimits {
+    /// The defaults: half of the host's memory, [`DEFAULT_PIDS_MAX`] processes.
+    pub fn host_default() -> TaskLimits {
+        TaskLimits {
+            memory_max: host_memory().map(|bytes| bytes / 2),
+            pids_max: Some(DEFAULT_PIDS_MAX),
+        }
+    }
+
+    /// The controllers these limits need, as `cgroup.subtree_control` names them.
+    fn controllers(&self) -> Vec<&'static str> {
+        let mut wanted = Vec::new();
+        if self.memory_max.is_some() {
+            wanted.push("memory");
+        }
+        if self.pids_max.is_some() {
+            wanted.push("pids");
+        }
+        wanted
+    }
+}
+
+/// The host's memory in bytes (`MemTotal` of `/proc/meminfo`).
+fn host_memory() -> Option<u64> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = meminfo.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
+}
+
 /// The cgroup directory under which this daemon puts its queue's task cgroups.
 #[derive(Debug, Clone)]
 pub struct CgroupRoot {
     dir: PathBuf,
+    /// The limits written into each task's cgroup, and the controllers they need (enabled in
+    /// the daemon's cgroup by [`CgroupRoot::with_limits`]).
+    limits: TaskLimits,
+    controllers: Arc<Vec<&'static str>>,
     /// Task cgroups made by [`CgroupRoot::task`] and not yet ended: the queue's cgroup is
     /// removed only when the last one ends. Trying it at every task's end would take the
     /// kernel's global cgroup lock once more per task, only to fail while others run.
@@ -68,8 +114,44 @@ impl CgroupRoot {
         }
         Some(CgroupRoot {
             dir,
+            limits: TaskLimits {
+                memory_max: None,
+                pids_max: None,
+            },
+            controllers: Arc::default(),
             live: Arc::new(AtomicUsize::new(0)),
         })
+    }
+
+    /// Bound each task's cgroup by `limits`: the controllers they need are handed down from
+    /// the daemon's cgroup (the daemon moves into a leaf of its own first when it is alone in
+    /// a cgroup that holds it, as under systemd's `Delegate=yes`: a cgroup with processes may
+    /// not hand controllers down). Says in the log what is bounded, or why nothing is.
+    pub fn with_limits(mut self, limits: TaskLimits) -> CgroupRoot {
+        self.limits = limits;
+        let wanted = limits.controllers();
+        if wanted.is_empty() {
+            return self;
+        }
+        let Some(own) = self.dir.parent().map(Path::to_path_buf) else {
+            return self;
+        };
+        match enable_controllers(&own, &wanted) {
+            Ok(()) => {
+                tracing::info!(
+                    memory_max = limits.memory_max,
+                    pids_max = limits.pids_max,
+                    "each task's cgroup is bounded: memory.max and pids.max (--task-memory-max, --task-pids-max)"
+                );
+                self.controllers = Arc::new(wanted);
+            }
+            Err(why) => tracing::warn!(
+                "tasks' memory and process counts are not bounded: {why}; their cgroups hold \
+                 them only to end them (with systemd, run the daemon with Delegate=yes on a \
+                 host with cgroup v2's memory and pids controllers)"
+            ),
+        }
+        self
     }
 
     /// The cgroup of task `id`, created if missing.
@@ -83,12 +165,14 @@ impl CgroupRoot {
         };
         // The queue's directory may have been removed when another task's cgroup, then the
         // last one, ended in between: create it again, once.
+        self.hand_controllers_down();
         for _ in 0..2 {
             match std::fs::create_dir(&made.dir) {
-                Ok(()) => return Ok(made),
+                Ok(()) => return Ok(self.bounded(made)),
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists => return Ok(made),
                 Err(e) if e.kind() == io::ErrorKind::NotFound => {
                     let _ = std::fs::create_dir(&self.dir);
+                    self.hand_controllers_down();
                 }
                 Err(e) => {
                     self.live.fetch_sub(1, Ordering::SeqCst);
@@ -97,12 +181,40 @@ impl CgroupRoot {
             }
         }
         match std::fs::create_dir(&made.dir) {
-            Ok(()) => Ok(made),
+            Ok(()) => Ok(self.bounded(made)),
             Err(e) => {
                 self.live.fetch_sub(1, Ordering::SeqCst);
                 Err(e)
             }
         }
+    }
+
+    /// Enable the controllers in the queue's cgroup, which is made again after it was removed.
+    fn hand_controllers_down(&self) {
+        if self.controllers.is_empty() {
+            return;
+        }
+        let line = controller_line(&self.controllers);
+        if let Err(e) = std::fs::write(self.dir.join("cgroup.subtree_control"), line) {
+            tracing::warn!(cgroup = %self.dir.display(), error = %e, "cannot enable the memory and pids controllers for task cgroups");
+        }
+    }
+
+    /// Write the limits into a task's new cgroup.
+    fn bounded(&self, cgroup: TaskCgroup) -> TaskCgroup {
+        let writes = [
+            ("memory", "memory.max", self.limits.memory_max),
+            ("pids", "pids.max", self.limits.pids_max),
+        ];
+        for (controller, file, value) in writes {
+            let Some(value) = value.filter(|_| self.controllers.contains(&controller)) else {
+                continue;
+            };
+            if let Err(e) = std::fs::write(cgroup.dir.join(file), value.to_string()) {
+                tracing::warn!(cgroup = %cgroup.dir.display(), error = %e, "cannot write {file}");
+            }
+        }
+        cgroup
     }
 
     /// End every process left in the queue's task cgroups (a previous daemon's) and remove
@@ -234,6 +346,62 @@ fn pids_with_env(matches: &impl Fn(&[u8]) -> bool) -> Vec<u32> {
         .collect()
 }
 
+/// `+memory +pids` for `cgroup.subtree_control`.
+fn controller_line(controllers: &[&str]) -> String {
+    controllers
+        .iter()
+        .map(|c| format!("+{c}"))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// Enable `wanted` in `own`'s `cgroup.subtree_control` (the daemon's cgroup), moving this
+/// process into the leaf `own/cairn-daemon` first if it is alone in `own`; the error says why
+/// it cannot be done.
+fn enable_controllers(own: &Path, wanted: &[&str]) -> Result<(), String> {
+    let available = std::fs::read_to_string(own.join("cgroup.controllers"))
+        .map_err(|e| format!("reading {}/cgroup.controllers: {e}", own.display()))?;
+    let missing: Vec<&str> = wanted
+        .iter()
+        .copied()
+        .filter(|c| !available.split_whitespace().any(|a| a == *c))
+        .collect();
+    if !missing.is_empty() {
+        return Err(format!(
+            "the daemon's cgroup {} offers no {} controller",
+            own.display(),
+            missing.join(" or ")
+        ));
+    }
+    let control = own.join("cgroup.subtree_control");
+    let line = controller_line(wanted);
+    match std::fs::write(&control, &line) {
+        Ok(()) => return Ok(()),
+        Err(e) if e.raw_os_error() == Some(nix::libc::EBUSY) => {}
+        Err(e) => return Err(format!("enabling them in {}: {e}", control.display())),
+    }
+    // A cgroup that holds processes may not hand controllers down: leave it, if this daemon
+    // is all it holds.
+    let procs = std::fs::read_to_string(own.join("cgroup.procs")).unwrap_or_default();
+    let me = std::process::id().to_string();
+    if procs.lines().any(|pid| pid.trim() != me) {
+        return Err(format!(
+            "the daemon's cgroup {} holds other processes, so it cannot hand controllers down",
+            own.display()
+        ));
+    }
+    let leaf = own.join("cairn-daemon");
+    match std::fs::create_dir(&leaf) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(format!("creating {}: {e}", leaf.display())),
+    }
+    std::fs::write(leaf.join("cgroup.procs"), "0")
+        .map_err(|e| format!("moving the daemon into {}: {e}", leaf.display()))?;
+    std::fs::write(&control, &line)
+        .map_err(|e| format!("enabling them in {}: {e}", control.display()))
+}
+
 /// This process's cgroup v2 directory, if it has one and the unified hierarchy is mounted.
 fn own_cgroup_dir() -> Option<PathBuf> {
     let cgroups = std::fs::read_to_string("/proc/self/cgroup").ok()?;
@@ -257,7 +425,29 @@ fn cgroup2_mount() -> Option<PathBuf> {
 
 #[cfg(test)]
 mod tests {
-    use super::{kill_by_marker, CgroupRoot};
+    use super::{controller_line, kill_by_marker, CgroupRoot, TaskLimits};
+
+    #[test]
+    fn only_the_controllers_a_limit_needs_are_asked_for() {
+        let both = TaskLimits {
+            memory_max: Some(1 << 30),
+            pids_max: Some(100),
+        };
+        assert_eq!(controller_line(&both.controllers()), "+memory +pids");
+        let pids = TaskLimits {
+            memory_max: None,
+            pids_max: Some(100),
+        };
+        assert_eq!(controller_line(&pids.controllers()), "+pids");
+        let none = TaskLimits {
+            memory_max: None,
+            pids_max: None,
+        };
+        assert!(none.controllers().is_empty());
+        let default = TaskLimits::host_default();
+        assert_eq!(default.pids_max, Some(super::DEFAULT_PIDS_MAX));
+        assert!(default.memory_max.is_some_and(|bytes| bytes > 0));
+    }
     use std::os::unix::process::CommandExt;
     use std::process::Command;
     use std::time::{Duration, Instant};

@@ -43,6 +43,8 @@ mod postgres_faults;
 mod postgres_intake;
 #[cfg(feature = "postgres")]
 mod postgres_leases;
+#[cfg(feature = "postgres")]
+mod postgres_roles;
 mod queue_modes;
 mod run_as_submitter;
 mod service;
@@ -53,6 +55,7 @@ mod strace;
 mod submitter_limits;
 mod systemd_units;
 mod task_environment;
+mod task_limits;
 mod torture_quick;
 mod worker;
 mod worker_ack;

@@ -324,3 +324,89 @@ fn operators_group_needs_run_as_submitter_and_an_existing_group() {
         "it worked on the queue before refusing"
     );
 }
+
+/// The capabilities `systemd/run-as-submitter.conf` gives the daemon (`AmbientCapabilities=`,
+/// which its `CapabilityBoundingSet=` matches), as setpriv names them: `setuid`, `chown`, ...
+fn drop_in_capabilities() -> Vec<String> {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/systemd/run-as-submitter.conf");
+    let text = std::fs::read_to_string(path).unwrap();
+    let value = |key: &str| -> Vec<String> {
+        text.lines()
+            .find_map(|line| line.strip_prefix(key)?.strip_prefix('='))
+            .unwrap_or_else(|| panic!("{path} has no {key}="))
+            .split_whitespace()
+            .map(|cap| cap.trim_start_matches("CAP_").to_ascii_lowercase())
+            .collect()
+    };
+    let ambient = value("AmbientCapabilities");
+    assert_eq!(ambient, value("CapabilityBoundingSet"), "{path}");
+    ambient
+}
+
+/// The daemon as the shipped drop-in runs it: its own user, with exactly the drop-in's
+/// capabilities (ambient, inheritable and the bounding set), started by setpriv as systemd
+/// would. A task submitted by another user runs as them and completes, twice (the second
+/// attempt finds the scratch directory handed over by the first).
+#[test]
+fn the_shipped_drop_in_s_capabilities_run_a_task_as_its_submitter() {
+    const TEST: &str = "the_shipped_drop_in_s_capabilities_run_a_task_as_its_submitter";
+    if !require_root(TEST, "it creates users and runs the daemon as one of them")
+        || require_tool(TEST, "setpriv", "util-linux").is_none()
+        || require_tool(TEST, "useradd", "passwd").is_none()
+    {
+        return;
+    }
+    let users = SystemUsers::create(&["d", "a"]);
+    let (daemon_user, alice) = (&users.users[0], &users.users[1]);
+    let gid = users.gid;
+    let queue = TestQueue::new();
+    own(queue.aux("").as_path(), 0, 0, 0o755);
+    own(queue.root(), daemon_user.uid, gid, 0o750);
+    for shared in ["inbox", "control"] {
+        let dir = queue.path(shared);
+        std::fs::create_dir_all(&dir).unwrap();
+        own(&dir, daemon_user.uid, gid, 0o3770);
+    }
+    let caps = drop_in_capabilities();
+    let plus = |caps: &[String]| {
+        caps.iter()
+            .map(|c| format!("+{c}"))
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    let wrapper = [
+        "setpriv".to_string(),
+        format!("--reuid={}", daemon_user.uid),
+        format!("--regid={gid}"),
+        "--clear-groups".to_string(),
+        format!("--inh-caps=-all,{}", plus(&caps)),
+        format!("--ambient-caps=-all,{}", plus(&caps)),
+        format!("--bounding-set=-all,{}", plus(&caps)),
+    ];
+    let wrapper: Vec<&str> = wrapper.iter().map(String::as_str).collect();
+    let mut daemon = queue.start_wrapped(&wrapper, &["--run-as-submitter"]);
+
+    // Fails its first attempt (after leaving a file in its scratch directory), then completes.
+    let task = serde_json::json!({
+        "id": "alice-job",
+        "retry": {"max_attempts": 2, "backoff": "1s"},
+        "phases": [{"name": "who", "run": ["sh", "-c",
+            "if [ -e \"$CAIRN_SCRATCH/tried\" ]; then printf '{\"uid\": %s}' \"$(id -u)\"; \
+             else touch \"$CAIRN_SCRATCH/tried\"; exit 1; fi"]}],
+    });
+    let submitted = cairn_as(
+        &queue,
+        &users,
+        alice,
+        &["submit", "-"],
+        task.to_string().as_bytes(),
+    );
+    assert!(submitted.status.success(), "{}", stderr_of(&submitted));
+    let done = queue.wait_done("alice-job");
+    assert_eq!(done["result"]["uid"], alice.uid, "{done:#}");
+    assert_eq!(done["attempts"], 2, "{done:#}");
+
+    daemon.signal(SIGTERM);
+    let status = daemon.wait_exit(DEADLINE);
+    assert_eq!(status.code(), Some(0), "{}", daemon.stderr());
+}

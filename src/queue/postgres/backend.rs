@@ -42,7 +42,7 @@ use crate::queue::backend::{
     lease_stop_margin, ClaimedWork, ControlClaim, HandBack, LoadError, QueueBackend, QueueError,
     TaskRecord,
 };
-use crate::queue::control::ControlRequest;
+use crate::queue::control::{ControlJudge, ControlRequest};
 use crate::queue::lease::{Lease, LeaseLost, OwnerLease};
 use crate::queue::{IntakeReport, QueueDir, QueueHint};
 use crate::store::current_work::{ActiveTask, CurrentWork, StartPoint};
@@ -112,6 +112,13 @@ pub struct PgBackend {
     runtime: Option<Runtime>,
     /// This host's inbox, when given ([`PgBackend::with_inbox`]).
     inbox: Option<LocalInbox>,
+    /// Tasks' submitters are the ones the database vouches for
+    /// ([`PgBackend::vouching_for_submitters`]).
+    vouching: bool,
+    /// Judges requests for tasks no daemon holds, when vouching.
+    control_judge: std::sync::OnceLock<ControlJudge>,
+    /// The bounds on journaling the refusals of requests applied in the database.
+    refusals: Mutex<crate::queue::refusals::RefusalLimiter>,
 }
 
 impl std::fmt::Debug for PgBackend {
@@ -458,6 +465,9 @@ impl PgBackend {
             .build()
             .map_err(PgError::Runtime)?;
         let db = PgQueue::connect(url)?;
+        if let Some(warning) = db.plain_text_warning() {
+            tracing::warn!("{warning}");
+        }
         runtime.block_on(async {
             db.migrate().await?;
             db.register_node(node, lease_for).await
@@ -478,7 +488,59 @@ impl PgBackend {
             journal,
             runtime: Some(runtime),
             inbox: None,
+            vouching: false,
+            control_judge: std::sync::OnceLock::new(),
+            refusals: Mutex::default(),
         })
+    }
+
+    /// Take each task's submitter from who the database vouches inserted it (see the `roles`
+    /// module), as running tasks as their submitters needs; refused, with what to set up, when
+    /// the database's roles do not vouch for them.
+    pub fn vouching_for_submitters(mut self) -> Result<PgBackend, String> {
+        self.run(self.db.check_vouching())?;
+        self.vouching = true;
+        Ok(self)
+    }
+
+    /// The judge of requests, when tasks run as the submitters the database vouches for. A
+    /// daemon that vouches but has no judge yet judges with the strictest rule: only trusted
+    /// roles.
+    fn judge(&self) -> Option<&ControlJudge> {
+        if !self.vouching {
+            return None;
+        }
+        Some(self.control_judge.get_or_init(|| {
+            std::sync::Arc::new(
+                |request: &ControlRequest, _: Option<&crate::submitter::Submitter>| match &request
+                    .asker
+                {
+                    Some(crate::queue::control::DatabaseAsker::Trusted { .. }) => Ok(()),
+                    _ => Err("no rule for steering was given to this daemon".to_string()),
+                },
+            )
+        }))
+    }
+
+    /// Set each task's submitter to the one the database vouches for (when vouching).
+    fn vouch(&self, tasks: &mut [&mut Task]) -> Result<(), PgError> {
+        if !self.vouching || tasks.is_empty() {
+            return Ok(());
+        }
+        let ids: Vec<&str> = tasks.iter().map(|task| task.id().as_str()).collect();
+        let vouched = self.run(self.db.vouched(&ids))?;
+        for task in tasks.iter_mut() {
+            let found = vouched.get(task.id().as_str());
+            let vouched = found
+                .cloned()
+                .unwrap_or(super::Vouched::Nobody { role: None });
+            let submitter = vouched.submitter(task.submitted_by.as_ref());
+            if submitter.is_none() {
+                tracing::warn!(task_id = %task.id(), ?vouched, "the database vouches for no local user as this task's submitter: it runs nothing");
+            }
+            task.submitted_by = submitter;
+        }
+        Ok(())
     }
 
     /// Take task files dropped into the `inbox/` of `local` (this host's queue directory,
@@ -703,13 +765,13 @@ impl QueueBackend for PgBackend {
             self.renew_soon.notify_one();
         }
         let mut work = Vec::with_capacity(claimed.len());
-        for claimed in claimed {
+        for claimed in &claimed {
             let held = claimed.lease.clone();
             let task_id = held.task_id.clone();
             let lease = self.owner.lease(&task_id, epoch_of(&held));
             self.holds_until(&task_id, held.epoch, claimed.sent_at + self.lease_for);
             locked(&self.leases).insert(task_id.clone(), held);
-            match self.claimed_work(&claimed, lease, claimed.phase_state.as_ref()) {
+            match self.claimed_work(claimed, lease, claimed.phase_state.as_ref()) {
                 Ok(claimed) => work.push(claimed),
                 Err(error) => {
                     // Validated when it was submitted, so this is damage: hold it for a person
@@ -720,6 +782,17 @@ impl QueueBackend for PgBackend {
                     }
                 }
             }
+        }
+        let mut tasks: Vec<&mut Task> = work.iter_mut().map(|w| &mut w.task).collect();
+        if let Err(error) = self.vouch(&mut tasks) {
+            // Not run without knowing as whom: handed back for a later claim.
+            for claimed in &claimed {
+                self.let_go(&claimed.lease.task_id);
+            }
+            return Err(backend_error(
+                "reading who submitted the claimed tasks".to_string(),
+                error,
+            ));
         }
         Ok(work)
     }
@@ -959,6 +1032,10 @@ impl QueueBackend for PgBackend {
             .unwrap_or_default()
     }
 
+    fn set_control_judge(&self, judge: ControlJudge) {
+        let _ = self.control_judge.set(judge);
+    }
+
     fn waiting_in_intake(&self, task_id: &str) -> bool {
         self.inbox
             .as_ref()
@@ -982,6 +1059,8 @@ impl QueueBackend for PgBackend {
             what: format!("task {task_id} in cairn_tasks"),
             problem: format!("task id {e}"),
         })?);
+        self.vouch(&mut [&mut task])
+            .map_err(|e| backend_error(format!("reading who submitted task {task_id}"), e))?;
         Ok(task)
     }
 
@@ -1255,7 +1334,10 @@ impl QueueBackend for PgBackend {
             return Ok(Vec::new());
         }
         let requests = self
-            .run(self.db.take_control(&self.node))
+            .run(
+                self.db
+                    .take_control(&self.node, self.judge(), &self.refusals),
+            )
             .map_err(|e| backend_error("handling control requests".to_string(), e))?;
         Ok(requests
             .into_iter()

@@ -15,23 +15,34 @@
 //!   a `control_refused` event, as the file daemon does.
 
 use std::collections::HashSet;
+use std::sync::Mutex;
+use std::time::Instant;
 
 use chrono::{DateTime, Utc};
 
 use super::connect::PgQueue;
 use super::error::{During, PgError};
-use super::steer::Unheld;
-use crate::queue::control::{ControlAction, ControlRequest};
+use super::roles::Vouched;
+use super::steer::{Refusals, Unheld};
+use crate::queue::control::{ControlAction, ControlJudge, ControlRequest, DatabaseAsker};
+use crate::queue::refusals::RefusalLimiter;
 use crate::task_id::TaskId;
 
-/// The requests not handled yet, oldest first, with where their task stands.
-const PENDING: &str = "
+/// The requests not handled yet, oldest first, with where their task stands and who asked
+/// (the role, whether it is trusted, the local user it is mapped to: see `roles`).
+const PENDING: &str = concat!(
+    "
 SELECT c.id, c.task_id, c.action, c.requested_at, t.state, t.lease_node,
-       COALESCE(t.lease_expires_at > now(), false)
+       COALESCE(t.lease_expires_at > now(), false), c.requested_role, ",
+    super::roles::trusted_role!("c.requested_role"),
+    ", CASE WHEN r.kind = 'submitter' THEN r.local_user END
 FROM cairn_control c LEFT JOIN cairn_tasks t ON t.id = c.task_id
+LEFT JOIN cairn_roles r ON r.role = c.requested_role
+LEFT JOIN pg_roles s ON s.rolname = c.requested_role
 WHERE c.handled_at IS NULL
 ORDER BY c.id
-LIMIT 1000";
+LIMIT 1000"
+);
 
 /// Mark request `$1` handled by node `$2`, with outcome `$3`.
 const MARK_HANDLED: &str = "
@@ -129,7 +140,15 @@ impl PgQueue {
     /// Handle the pending requests as node `node` (see the module docs): apply those for
     /// tasks nobody holds, and return those for tasks `node` holds, oldest first, for its
     /// daemon to apply and then [`mark_control_handled`](PgQueue::mark_control_handled).
-    pub async fn take_control(&self, node: &str) -> Result<Vec<(i64, ControlRequest)>, PgError> {
+    /// With `judge` (tasks run as their submitters), each request carries who the database
+    /// says asked, and one for a task nobody holds is applied only if `judge` lets it.
+    pub async fn take_control(
+        &self,
+        node: &str,
+        judge: Option<&ControlJudge>,
+        refusals: &Mutex<RefusalLimiter>,
+    ) -> Result<Vec<(i64, ControlRequest)>, PgError> {
+        self.journal_refusal_counts(node, refusals).await?;
         let rows = {
             let client = self.client().await?;
             client
@@ -154,7 +173,11 @@ impl PgQueue {
             if waiting.contains(&task_id) {
                 continue;
             }
-            let request = parse_request(&task_id, row.get(2), row.get(3));
+            let asker = judge.map(|_| asker_of(Vouched::of(row.get(7), row.get(8), row.get(9))));
+            let request = parse_request(&task_id, row.get(2), row.get(3)).map(|mut request| {
+                request.asker = asker;
+                request
+            });
             match (holder, request) {
                 (_, None) => {
                     tracing::warn!(request = id, task_id = ?task_id, "dropping a control request that is not one");
@@ -170,13 +193,50 @@ impl PgQueue {
                     waiting.insert(task_id);
                 }
                 (Holder::Nobody, Some(request)) => {
-                    if !self.apply_unheld(id, &request, node).await? {
+                    if !self
+                        .apply_unheld(id, &request, node, judge, refusals)
+                        .await?
+                    {
                         waiting.insert(task_id);
                     }
                 }
             }
         }
         Ok(held_here)
+    }
+
+    /// Journal the count of each window of refusals that is over, in its task's journal.
+    async fn journal_refusal_counts(
+        &self,
+        node: &str,
+        refusals: &Mutex<RefusalLimiter>,
+    ) -> Result<(), PgError> {
+        let summaries = refusals
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .close_expired(Instant::now());
+        if summaries.is_empty() {
+            return Ok(());
+        }
+        let client = self.client().await?;
+        for summary in summaries {
+            tracing::warn!(task_id = summary.task, "{}", summary.reason);
+            let event = crate::store::events::Event::ControlRefused {
+                action: "requests".to_string(),
+                reason: summary.reason,
+                request: None,
+            };
+            let event = super::error::json_text("a count of refused requests", &event)?;
+            client
+                .execute(
+                    "INSERT INTO cairn_events (task_id, node, lease_epoch, event)
+                     SELECT id, $2, lease_epoch, $3::text::json FROM cairn_tasks WHERE id = $1",
+                    &[&summary.task, &node, &event],
+                )
+                .await
+                .during("journaling a count of refused requests")?;
+        }
+        Ok(())
     }
 
     /// Mark request `id` handled by `node` with `outcome` (a missing or handled one: nothing).
@@ -202,7 +262,15 @@ impl PgQueue {
         id: i64,
         request: &ControlRequest,
         node: &str,
+        judge: Option<&ControlJudge>,
+        refusals: &Mutex<RefusalLimiter>,
     ) -> Result<bool, PgError> {
+        let task_id = request.task_id.as_str();
+        // Who submitted the task cannot change: read before the request is claimed.
+        let vouched = match judge {
+            Some(_) => self.vouched(&[task_id]).await?.remove(task_id),
+            None => None,
+        };
         let mut client = self.client().await?;
         let tx = client
             .transaction()
@@ -219,7 +287,6 @@ impl PgQueue {
         if mine.is_none() {
             return Ok(false);
         }
-        let task_id = request.task_id.as_str();
         let Some(task) = tx
             .query_opt(TASK_FOR_CONTROL, &[&task_id])
             .await
@@ -244,7 +311,27 @@ impl PgQueue {
             definition: task.get(3),
             start_point: task.get(4),
         };
-        let outcome = unheld.apply(request.action, &state).await?;
+        let refusals = Refusals {
+            limiter: refusals,
+            asker: match &request.asker {
+                Some(DatabaseAsker::User { uid, .. }) => Some(*uid),
+                _ => None,
+            },
+        };
+        let judged = match judge {
+            Some(judge) => {
+                let recorded = crate::task::Task::parse_stored(unheld.definition.as_bytes())
+                    .ok()
+                    .and_then(|task| task.submitted_by);
+                let vouched = vouched.unwrap_or(Vouched::Nobody { role: None });
+                judge(request, vouched.submitter(recorded.as_ref()).as_ref())
+            }
+            None => Ok(()),
+        };
+        let outcome = match judged {
+            Ok(()) => unheld.apply(request.action, &state, &refusals).await?,
+            Err(why) => unheld.refuse(request.action, why, &refusals).await?,
+        };
         tx.execute(MARK_HANDLED, &[&id, &node, &outcome])
             .await
             .during("marking a control request handled")?;
@@ -263,7 +350,25 @@ fn parse_request(
         action: action_of(action)?,
         task_id: TaskId::parse(task_id).ok()?,
         requested_at,
-        // A database's requests have no file: who may write them is the database's to say.
+        // A database's requests have no file: who asked is the database's to say (`asker`).
         origin: None,
+        asker: None,
     })
+}
+
+/// Who asked, as this host sees the role the database vouches for.
+fn asker_of(vouched: Vouched) -> DatabaseAsker {
+    match vouched {
+        Vouched::Trusted => DatabaseAsker::Trusted {
+            role: String::new(),
+        },
+        Vouched::LocalUser { role, user } => match crate::submitter::Submitter::of_name(&user) {
+            Some(found) => DatabaseAsker::User {
+                role,
+                uid: found.uid,
+            },
+            None => DatabaseAsker::Unknown { role: Some(role) },
+        },
+        Vouched::Nobody { role } => DatabaseAsker::Unknown { role },
+    }
 }

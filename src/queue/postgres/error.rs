@@ -26,6 +26,18 @@ pub enum PgError {
     /// TLS could not be set up for the connection.
     #[error("setting up TLS for the database connection: {0}")]
     Tls(#[source] rustls::Error),
+    /// The connection string's `sslmode` is none of libpq's.
+    #[error(
+        "invalid database URL: sslmode {0:?} is not one of disable, allow, prefer, require, \
+         verify-ca, verify-full"
+    )]
+    InvalidSslMode(String),
+    /// The connection string's `sslrootcert` could not be read.
+    #[error("sslrootcert {}: {problem}", path.display())]
+    RootCert {
+        path: std::path::PathBuf,
+        problem: String,
+    },
     /// The connection pool could not be set up.
     #[error("setting up the database connection pool: {0}")]
     Pool(#[source] deadpool_postgres::BuildError),
@@ -57,6 +69,9 @@ pub enum PgError {
          {supported}: upgrade cairn on this host"
     )]
     SchemaTooNew { found: i32, supported: i32 },
+    /// `cairn db grant` was given a role the database does not have.
+    #[error("the database has no role {0:?}: create it first (CREATE ROLE ... LOGIN)")]
+    NoSuchRole(String),
     /// Another live daemon registered under the same node name.
     #[error(
         "node name {node:?} is in use by another running daemon: give each daemon its own \

@@ -25,6 +25,7 @@
 
 mod backend;
 mod connect;
+mod conninfo;
 mod control;
 mod error;
 mod fenced;
@@ -36,6 +37,7 @@ mod listen;
 mod prune;
 mod read;
 mod redact;
+mod roles;
 pub mod schema;
 mod steer;
 mod submit;
@@ -52,5 +54,6 @@ pub use listen::{SubmitListener, Wakeup, WORK_CHANNEL};
 pub use prune::{DbPrune, PruneRules, PrunedGeneration, PrunedTask, PRUNE_BATCH};
 pub use read::{decode_newest, LeasedEvent, PgReader, ReadError, NODE_SEEN_WITHIN};
 pub use redact::redacted_url;
+pub use roles::{RegisteredRole, RoleKind, Vouched};
 pub use schema::{Migrated, SCHEMA_VERSION};
 pub use submit::{NewTask, Submitted};

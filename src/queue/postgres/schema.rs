@@ -11,7 +11,7 @@ use tokio_postgres::Client;
 use super::error::{During, PgError};
 
 /// The schema version this cairn reads and writes.
-pub const SCHEMA_VERSION: i32 = 4;
+pub const SCHEMA_VERSION: i32 = 5;
 
 /// The migrations, in order: each brings the schema from the version before it to its own.
 const MIGRATIONS: &[(i32, &str)] = &[
@@ -19,6 +19,7 @@ const MIGRATIONS: &[(i32, &str)] = &[
     (2, include_str!("schema_v2.sql")),
     (3, include_str!("schema_v3.sql")),
     (4, include_str!("schema_v4.sql")),
+    (5, include_str!("schema_v5.sql")),
 ];
 
 /// The advisory lock key all cairn migrations take (`cairn` in ASCII, then the lock's use).
@@ -41,8 +42,16 @@ impl Migrated {
 }
 
 /// Bring the schema up to [`SCHEMA_VERSION`]; idempotent, and safe to run from several
-/// connections at once.
+/// connections at once. A database already at [`SCHEMA_VERSION`] is left alone without
+/// asking for any right to create (a daemon's role need not have one: docs/security.md).
 pub async fn migrate(client: &mut Client) -> Result<Migrated, PgError> {
+    let found = current_version(client).await?;
+    if found == SCHEMA_VERSION {
+        return Ok(Migrated {
+            from: found,
+            to: SCHEMA_VERSION,
+        });
+    }
     let tx = client
         .transaction()
         .await
@@ -85,6 +94,8 @@ pub async fn migrate(client: &mut Client) -> Result<Migrated, PgError> {
             .during("recording the schema version")?;
         tracing::info!(version, "applied a schema migration");
     }
+    // Tables a migration added are granted to the roles registered already.
+    super::roles::grant_registered(&tx).await?;
     tx.commit().await.during("committing the migration")?;
     Ok(Migrated {
         from,

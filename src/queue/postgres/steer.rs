@@ -4,12 +4,15 @@
 //! words.
 
 use std::collections::BTreeMap;
+use std::sync::Mutex;
+use std::time::Instant;
 
 use serde_json::Value;
 use tokio_postgres::Transaction;
 
 use super::error::{json_text, During, PgError};
 use crate::queue::control::ControlAction;
+use crate::queue::refusals::{Refusal, RefusalLimiter};
 use crate::store::current_work::{ActiveStatus, ActiveTask, StartPoint, StoredOutput};
 use crate::store::events::Event;
 use crate::store::records::{to_record_bytes, FailedRecord, RecordStatus};
@@ -61,6 +64,12 @@ fn decide(action: ControlAction, state: &str, record: Option<&RecordStatus>) -> 
     }
 }
 
+/// The bounds on journaling refusals, and whose refusals they count (the asker's uid).
+pub(super) struct Refusals<'a> {
+    pub(super) limiter: &'a Mutex<RefusalLimiter>,
+    pub(super) asker: Option<u32>,
+}
+
 /// A task no daemon holds, locked in `tx` while a request is applied to it.
 pub(super) struct Unheld<'a> {
     pub(super) tx: &'a Transaction<'a>,
@@ -73,11 +82,13 @@ pub(super) struct Unheld<'a> {
 }
 
 impl Unheld<'_> {
-    /// Apply `action` to the task in `state`; returns the request's outcome.
+    /// Apply `action` to the task in `state`; returns the request's outcome. A refusal is
+    /// journaled within the bounds of `refusals` (see [`Unheld::refuse`]).
     pub(super) async fn apply(
         &self,
         action: ControlAction,
         state: &str,
+        refusals: &Refusals<'_>,
     ) -> Result<String, PgError> {
         let record = if action == ControlAction::Retry {
             self.record().await?
@@ -98,18 +109,39 @@ impl Unheld<'_> {
         }?;
         match result {
             Ok(()) => Ok("applied".to_string()),
-            Err(why) => {
-                let verb = action.as_str();
-                tracing::warn!(task_id = %self.task_id, "cannot {verb} task {}: {why}", self.task_id);
-                self.journal(&Event::ControlRefused {
-                    action: verb.to_string(),
-                    reason: why.clone(),
-                    request: None,
-                })
-                .await?;
-                Ok(format!("refused: {why}"))
-            }
+            Err(why) => self.refuse(action, why, refusals).await,
         }
+    }
+
+    /// Refuse `action` for `why`: logged and journaled in the task's journal as the daemon
+    /// does, within the bounds of `refusals` (per task and asker, a few in full, then one
+    /// notice, then only a count journaled when the window ends). Returns the outcome.
+    pub(super) async fn refuse(
+        &self,
+        action: ControlAction,
+        why: String,
+        refusals: &Refusals<'_>,
+    ) -> Result<String, PgError> {
+        let verb = action.as_str();
+        let outcome = format!("refused: {why}");
+        let refusal = refusals
+            .limiter
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .refuse(self.task_id.as_str(), refusals.asker, Instant::now());
+        let reason = match refusal {
+            Refusal::InFull => why,
+            Refusal::Notice(notice) => notice,
+            Refusal::Counted => return Ok(outcome),
+        };
+        tracing::warn!(task_id = %self.task_id, "cannot {verb} task {}: {}", self.task_id, reason.escape_debug());
+        self.journal(&Event::ControlRefused {
+            action: verb.to_string(),
+            reason,
+            request: None,
+        })
+        .await?;
+        Ok(outcome)
     }
 
     /// The task's final record, if it has one that reads as a failed record.

@@ -1,4 +1,5 @@
-//! Refused control requests, journaled and logged within bounds.
+//! Refused control requests, journaled and logged within bounds: by the daemon for requests
+//! it applies, and by a database for the requests it applies to tasks nobody holds.
 //!
 //! Anyone who may write `control/` can drop thousands of requests for a task they may not
 //! steer; each used to add a `control_refused` event to that task's journal (another user's)
