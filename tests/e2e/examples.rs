@@ -141,7 +141,6 @@ fn the_library_without_default_features_depends_on_no_cli_crate() {
         "clap",
         "clap_complete",
         "indicatif",
-        "json-patch",
         "signal-hook",
         "signal-hook-tokio",
         "tracing-journald",
