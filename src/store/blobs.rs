@@ -250,6 +250,28 @@ impl BlobStore {
                 ));
             }
         }
+        let (sha256, size, new_blob, after) =
+            self.copy_into_blob(&mut source, &full, &before, refused)?;
+        self.remember(full, &after, &sha256);
+        Ok((
+            StoredFile {
+                path: path.to_owned(),
+                sha256,
+                size,
+            },
+            new_blob,
+        ))
+    }
+
+    /// Copy the open `source` into a blob named by its hash (unless one exists): the hash,
+    /// size, whether a blob was renamed into place, and the file's metadata after the copy.
+    fn copy_into_blob(
+        &self,
+        source: &mut File,
+        full: &Path,
+        before: &fs::Metadata,
+        refused: impl Fn(String) -> BlobError,
+    ) -> Result<(String, u64, bool, fs::Metadata), BlobError> {
         let mut temp = self
             .ops
             .create_temp(&self.dir, "incoming")
@@ -261,24 +283,24 @@ impl BlobStore {
         #[cfg(test)]
         self.reads
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let copied = copy_hashing(&mut source, &mut temp.file);
+        let copied = copy_hashing(source, &mut temp.file);
         let (sha256, size) = match copied {
             Ok(done) => done,
             Err(source) => {
                 let _ = self.ops.remove_file(&temp.path);
                 return Err(BlobError::Io {
                     action: "copying",
-                    path: full,
+                    path: full.to_owned(),
                     source,
                 });
             }
         };
         let after = source.metadata().map_err(|source| BlobError::Io {
             action: "reading the metadata of",
-            path: full.clone(),
+            path: full.to_owned(),
             source,
         })?;
-        if changed(&before, &after) || after.size() != size {
+        if changed(before, &after) || after.size() != size {
             let _ = self.ops.remove_file(&temp.path);
             return Err(refused(
                 "it changed while it was being stored (write it completely before the checkpoint)"
@@ -304,15 +326,7 @@ impl BlobStore {
             }
             true
         };
-        self.remember(full, &after, &sha256);
-        Ok((
-            StoredFile {
-                path: path.to_owned(),
-                sha256,
-                size,
-            },
-            new_blob,
-        ))
+        Ok((sha256, size, new_blob, after))
     }
 
     /// The hash of `full` if this process stored it before and it has not changed since.
