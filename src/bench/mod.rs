@@ -9,6 +9,8 @@ pub mod checkpoint;
 pub mod postgres;
 pub mod pueue;
 pub mod queue;
+#[cfg(feature = "postgres")]
+mod queue_db;
 pub mod spawn;
 pub mod workload;
 
