@@ -41,20 +41,29 @@ macro_rules! fenced {
 /// held (another epoch, another node, expired) matches nothing in the fence and is written
 /// nowhere; the others are stored. Returns the task ids stored.
 ///
-/// The fence is an `UPDATE` of each task's row, which takes its lock: a claim of the same task
-/// waits for the batch to commit (or the batch waits for the claim, and then finds the epoch
-/// raised). The same generation sent again under the same epoch (a save retried after its
-/// answer was lost with the connection) stores it again rather than failing on the key. A
-/// committed checkpoint is progress: the crash count starts again, and an expiry of this lease
-/// is no crash of the task's (see [`super::lease`]).
+/// The fence locks each held task's row (`FOR NO KEY UPDATE`, the lock a claim's `UPDATE`
+/// takes): a claim of the same task waits for the batch to commit, or the batch waits for the
+/// claim and then finds the epoch raised (the row is checked again once locked). The row is
+/// rewritten only when the checkpoint is news to it: a committed checkpoint is progress, so
+/// the first of a lease sets `progressed_epoch` and clears the crash count (an expiry of this
+/// lease is then no crash of the task's, see [`super::lease`]); the later ones only lock it,
+/// which spares the server a new version of the task's row (its definition with it) per
+/// checkpoint. The same generation sent again under the same epoch (a save retried after its
+/// answer was lost with the connection) stores it again rather than failing on the key.
 const SAVE_CHECKPOINTS: &str = "
 WITH fence AS (
+    SELECT t.id, t.lease_epoch,
+           t.progressed_epoch IS DISTINCT FROM t.lease_epoch OR t.crash_count <> 0 AS news
+    FROM cairn_tasks t
+    JOIN unnest($2::text[], $3::int8[]) AS held(id, epoch)
+      ON t.id = held.id AND t.lease_epoch = held.epoch
+    WHERE t.lease_node = $1 AND t.state = 'running' AND t.lease_expires_at > now()
+    FOR NO KEY UPDATE OF t
+), progressed AS (
     UPDATE cairn_tasks t
-    SET updated_at = now(), crash_count = 0, progressed_epoch = held.epoch
-    FROM unnest($2::text[], $3::int8[]) AS held(id, epoch)
-    WHERE t.id = held.id AND t.lease_epoch = held.epoch
-      AND t.lease_node = $1 AND t.state = 'running' AND t.lease_expires_at > now()
-    RETURNING t.id, t.lease_epoch
+    SET updated_at = now(), crash_count = 0, progressed_epoch = f.lease_epoch
+    FROM fence f
+    WHERE t.id = f.id AND f.news
 ), saved AS (
     INSERT INTO cairn_checkpoints (task_id, generation, bytes, iteration_count, lease_epoch)
     SELECT w.id, w.generation, w.bytes, w.iterations, w.epoch
