@@ -10,6 +10,8 @@ pub mod files;
 pub mod postgres;
 pub mod pueue;
 pub mod queue;
+#[cfg(feature = "postgres")]
+mod queue_db;
 pub mod spawn;
 pub mod workload;
 

@@ -78,6 +78,9 @@ pub struct QueueOptions {
     pub dir: PathBuf,
     /// Keep the run's queues and daemon logs.
     pub keep: bool,
+    /// Run the daemons on a shared queue in this PostgreSQL database (`--db`): the intake,
+    /// pickup and resume figures only, see `queue_db`.
+    pub db: Option<String>,
 }
 
 /// One of the benchmark's measurements.
@@ -95,14 +98,14 @@ pub enum Measurement {
 
 /// The command of the one-phase tasks: `true` prints nothing, and a `once` phase takes empty
 /// stdout as the output `null` (see `runner/once.rs`).
-const ONCE_COMMAND: &[&str] = &["true"];
+pub(super) const ONCE_COMMAND: &[&str] = &["true"];
 
 /// The command of the loop tasks: a loop reply must be JSON, and `{}` is the smallest valid
 /// one (state `null`, not done).
 const LOOP_COMMAND: &[&str] = &["echo", "{}"];
 
 /// The reply of a resumed task's last iteration: done, so the loop ends there.
-const RESUME_COMMAND: &[&str] = &["echo", "{\"done\": true}"];
+pub(super) const RESUME_COMMAND: &[&str] = &["echo", "{\"done\": true}"];
 
 /// The command of the running figure's tasks: it outlives the measurement, and stopping the
 /// daemon ends it.
@@ -113,7 +116,7 @@ const RUNNING_COMMAND: &[&str] = &["sleep", "3600"];
 const PLATEAU: Duration = Duration::from_secs(30);
 
 /// With no task finishing for this long, the bench gives up (the daemon's log says why).
-const STALL_LIMIT: Duration = Duration::from_secs(120);
+pub(super) const STALL_LIMIT: Duration = Duration::from_secs(120);
 
 /// How long an idle daemon may take to exit after SIGTERM.
 const STOP_LIMIT: Duration = Duration::from_secs(60);
@@ -122,6 +125,14 @@ const STOP_LIMIT: Duration = Duration::from_secs(60);
 pub fn run(args: &QueueOptions) -> anyhow::Result<()> {
     if args.max_tasks == 0 || args.resume_max_tasks == Some(0) {
         bail!("--max-tasks and --resume-max-tasks must be at least 1");
+    }
+    #[cfg(feature = "postgres")]
+    if let Some(url) = &args.db {
+        return super::queue_db::run(args, url);
+    }
+    #[cfg(not(feature = "postgres"))]
+    if args.db.is_some() {
+        bail!("this cairn was built without PostgreSQL (the cargo feature `postgres`)");
     }
     let wanted = |m: Measurement| args.only.is_empty() || args.only.contains(&m);
     let parent = super::RunDirParent::create(&args.dir)?;
@@ -164,7 +175,7 @@ pub fn run(args: &QueueOptions) -> anyhow::Result<()> {
 }
 
 /// Print one result line at once (a long run shows each figure as it is measured).
-fn print_line(line: &impl Serialize) -> anyhow::Result<()> {
+pub(super) fn print_line(line: &impl Serialize) -> anyhow::Result<()> {
     let text = serde_json::to_string(line).context("printing a result")?;
     let mut out = std::io::stdout().lock();
     writeln!(out, "{text}").context("writing to stdout")?;
@@ -172,7 +183,7 @@ fn print_line(line: &impl Serialize) -> anyhow::Result<()> {
 }
 
 /// A new, empty directory for this run under `dir` (which exists).
-fn fresh_root(dir: &Path) -> anyhow::Result<PathBuf> {
+pub(super) fn fresh_root(dir: &Path) -> anyhow::Result<PathBuf> {
     let root = tempfile::Builder::new()
         .prefix("cairn-queue-")
         .tempdir_in(dir)
@@ -184,39 +195,42 @@ fn fresh_root(dir: &Path) -> anyhow::Result<PathBuf> {
 /// The `throughput` line.
 #[derive(Debug, Serialize)]
 pub struct ThroughputLine {
-    bench: &'static str,
-    what: &'static str,
+    pub(super) bench: &'static str,
+    pub(super) what: &'static str,
     #[serde(rename = "impl")]
-    implementation: &'static str,
-    tasks: usize,
-    max_tasks: usize,
-    command: String,
+    pub(super) implementation: &'static str,
+    pub(super) tasks: usize,
+    pub(super) max_tasks: usize,
+    pub(super) command: String,
     /// From the first rename into the inbox to the last task's `done` event.
-    seconds: f64,
-    tasks_s: f64,
+    pub(super) seconds: f64,
+    pub(super) tasks_s: f64,
     /// Rename into the inbox → first phase started, queueing behind `max_tasks` included.
-    pickup_p50_ms: f64,
-    pickup_p99_ms: f64,
-    peak_rss_mib: f64,
+    pub(super) pickup_p50_ms: f64,
+    pub(super) pickup_p99_ms: f64,
+    pub(super) peak_rss_mib: f64,
 }
 
 /// The `pickup` line.
 #[derive(Debug, Serialize)]
 pub struct PickupLine {
-    bench: &'static str,
-    what: &'static str,
-    tasks: usize,
-    command: String,
+    pub(super) bench: &'static str,
+    pub(super) what: &'static str,
+    /// `cairn`, or `cairn-postgres` with `--db`.
+    #[serde(rename = "impl")]
+    pub(super) implementation: &'static str,
+    pub(super) tasks: usize,
+    pub(super) command: String,
     /// Rename into the inbox → accepted (`tasks/<id>.json` written durably).
-    accept_p50_ms: f64,
-    accept_p99_ms: f64,
+    pub(super) accept_p50_ms: f64,
+    pub(super) accept_p99_ms: f64,
     /// Rename into the inbox → first phase started (its command about to be spawned).
-    pickup_p50_ms: f64,
-    pickup_p99_ms: f64,
-    pickup_max_ms: f64,
+    pub(super) pickup_p50_ms: f64,
+    pub(super) pickup_p99_ms: f64,
+    pub(super) pickup_max_ms: f64,
     /// Rename into the inbox → `done` (record written).
-    done_p50_ms: f64,
-    peak_rss_mib: f64,
+    pub(super) done_p50_ms: f64,
+    pub(super) peak_rss_mib: f64,
 }
 
 /// A `loop` line.
@@ -259,42 +273,46 @@ pub struct RunningLine {
 /// The `resume` line.
 #[derive(Debug, Serialize)]
 pub struct ResumeLine {
-    bench: &'static str,
-    what: &'static str,
-    tasks: usize,
-    max_tasks: usize,
-    command: String,
-    /// Size of the `current_work.json` the daemon starts from.
-    current_work_bytes: u64,
+    pub(super) bench: &'static str,
+    pub(super) what: &'static str,
+    /// `cairn`, or `cairn-postgres` with `--db`.
+    #[serde(rename = "impl")]
+    pub(super) implementation: &'static str,
+    pub(super) tasks: usize,
+    pub(super) max_tasks: usize,
+    pub(super) command: String,
+    /// Size of the `current_work.json` the daemon starts from (files only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) current_work_bytes: Option<u64>,
     /// Daemon process spawned → READY=1 (queue locked, every task recovered and lined up).
-    ready_ms: f64,
+    pub(super) ready_ms: f64,
     /// Daemon spawned → the first task resumed: its new attempt durably on record and its
     /// phase under way (the `phase_started` event, before the checkpoint is read).
-    first_resumed_ms: f64,
+    pub(super) first_resumed_ms: f64,
     /// Daemon spawned → the last task resumed (every task resumed).
-    all_resumed_ms: f64,
+    pub(super) all_resumed_ms: f64,
     /// Daemon spawned → the last task done.
-    all_done_ms: f64,
+    pub(super) all_done_ms: f64,
     /// The commands' own time: the same number of runs of the same command, spawned by the
     /// bench directly (no daemon) with as many at once as there are CPUs, each
     /// with its request on a stdin pipe and its reply read from a pipe, one after the other
     /// in that window, after the daemon has stopped.
-    commands_alone_ms: f64,
+    pub(super) commands_alone_ms: f64,
     /// `all_done_ms` − `commands_alone_ms`: what the daemon adds to the commands' own time
     /// (issue 16's bar for 10,000 tasks: under 15 s).
-    beyond_commands_ms: f64,
+    pub(super) beyond_commands_ms: f64,
     /// CPU time of the daemon's own threads (user + system), and of the commands it ran and
     /// reaped, read from `/proc/<pid>/stat` before it is stopped: unlike the times above, these
     /// hardly move with what else the machine runs.
-    daemon_cpu_ms: f64,
+    pub(super) daemon_cpu_ms: f64,
     /// `daemon_cpu_ms` split into user and system time, and the part of it spent by the
     /// daemon's async thread (its main thread): where a run that takes more CPU than others
     /// spends it.
-    daemon_user_ms: f64,
-    daemon_system_ms: f64,
-    async_thread_ms: f64,
-    commands_cpu_ms: f64,
-    peak_rss_mib: f64,
+    pub(super) daemon_user_ms: f64,
+    pub(super) daemon_system_ms: f64,
+    pub(super) async_thread_ms: f64,
+    pub(super) commands_cpu_ms: f64,
+    pub(super) peak_rss_mib: f64,
 }
 
 struct QueueBench {
@@ -415,6 +433,7 @@ impl QueueBench {
         Ok(PickupLine {
             bench: "queue",
             what: "pickup",
+            implementation: "cairn",
             tasks,
             command: ONCE_COMMAND.join(" "),
             accept_p50_ms: millis(percentile(&accepts, 0.50)),
@@ -518,10 +537,11 @@ impl QueueBench {
         Ok(ResumeLine {
             bench: "queue",
             what: "resume",
+            implementation: "cairn",
             tasks,
             max_tasks,
             command: RESUME_COMMAND.join(" "),
-            current_work_bytes,
+            current_work_bytes: Some(current_work_bytes),
             ready_ms: millis(ready),
             first_resumed_ms: after(first_resumed.unwrap_or(spawned_at)),
             all_resumed_ms: after(all_resumed),
@@ -603,19 +623,23 @@ fn open_files_limit(pid: i32) -> anyhow::Result<u64> {
 }
 
 /// A one-phase task running [`ONCE_COMMAND`].
-fn once_task(id: &str) -> Value {
+pub(super) fn once_task(id: &str) -> Value {
     json!({"id": id, "phases": [{"name": "noop", "run": ONCE_COMMAND}]})
 }
 
 /// Write a task file into the staging directory (not watched by the daemon).
-fn stage(staging: &Path, id: &str, task: &Value) -> anyhow::Result<()> {
+pub(super) fn stage(staging: &Path, id: &str, task: &Value) -> anyhow::Result<()> {
     let path = staging.join(format!("{id}.json"));
     let bytes = serde_json::to_vec(task).context("encoding a task")?;
     fs::write(&path, bytes).with_context(|| format!("writing {}", path.display()))
 }
 
 /// Rename a staged task file into the inbox; returns when it got there.
-fn drop_into_inbox(staging: &Path, queue: &Path, id: &str) -> anyhow::Result<SystemTime> {
+pub(super) fn drop_into_inbox(
+    staging: &Path,
+    queue: &Path,
+    id: &str,
+) -> anyhow::Result<SystemTime> {
     let name = format!("{id}.json");
     let (from, to) = (
         staging.join(&name),
@@ -706,7 +730,7 @@ fn first_entry(dir: &Path) -> anyhow::Result<Option<String>> {
 }
 
 /// The time from `earlier` to `later`, zero if the clock says otherwise.
-fn since(earlier: SystemTime, later: SystemTime) -> Duration {
+pub(super) fn since(earlier: SystemTime, later: SystemTime) -> Duration {
     later.duration_since(earlier).unwrap_or_default()
 }
 
@@ -794,7 +818,7 @@ fn own_run_time(queue: &Path, runs: u64) -> anyhow::Result<Duration> {
 /// How long `runs` runs of [`RESUME_COMMAND`] take by themselves: spawned from here, as many
 /// at once as there are CPUs (a new one as the oldest ends), each with a request on a stdin
 /// pipe, its reply read from a pipe and its stderr appended to a log, in the queue directory.
-fn commands_alone(queue: &Path, runs: usize) -> anyhow::Result<Duration> {
+pub(super) fn commands_alone(queue: &Path, runs: usize) -> anyhow::Result<Duration> {
     let log_path = queue.join("commands-alone.log");
     let log = fs::OpenOptions::new()
         .create(true)
@@ -969,15 +993,15 @@ fn check_resumed(queue: &Path, id: &str) -> anyhow::Result<()> {
 }
 
 /// CPU time of a process (or thread), and of its reaped children (user + system), in ms.
-struct CpuTimes {
-    user_ms: f64,
-    system_ms: f64,
-    children_ms: f64,
+pub(super) struct CpuTimes {
+    pub(super) user_ms: f64,
+    pub(super) system_ms: f64,
+    pub(super) children_ms: f64,
 }
 
 /// [`CpuTimes`] from a `stat` file of `/proc` (a process's or one thread's).
 #[allow(unsafe_code)] // sysconf has no safe wrapper in nix for the clock tick
-fn cpu_times(path: &str) -> anyhow::Result<CpuTimes> {
+pub(super) fn cpu_times(path: &str) -> anyhow::Result<CpuTimes> {
     let stat = fs::read_to_string(path).with_context(|| format!("reading {path}"))?;
     // Fields after the command name, which is in parentheses and may hold spaces: utime,
     // stime, cutime and cstime are fields 14 to 17 of the whole line, 12 to 15 of these.
@@ -1021,15 +1045,30 @@ pub(super) fn peak_rss_mib(pid: i32) -> anyhow::Result<f64> {
 }
 
 /// A `cairn run` child process on a queue, its stderr in `daemon.log` beside the queue.
-struct Daemon {
+pub(super) struct Daemon {
     child: Child,
-    log: PathBuf,
+    pub(super) log: PathBuf,
 }
 
 impl Daemon {
     /// Start `cairn run` (this binary) on `queue`; `notify` becomes its `NOTIFY_SOCKET` (see
     /// [`ReadyListener`]).
-    fn start(queue: &Path, max_tasks: usize, notify: Option<&Path>) -> anyhow::Result<Daemon> {
+    pub(super) fn start(
+        queue: &Path,
+        max_tasks: usize,
+        notify: Option<&Path>,
+    ) -> anyhow::Result<Daemon> {
+        Daemon::start_on(queue, max_tasks, notify, None)
+    }
+
+    /// [`Daemon::start`], on the shared queue `db` (its URL, given in `CAIRN_DATABASE_URL`
+    /// rather than on the command line, and this daemon's node name) when given.
+    pub(super) fn start_on(
+        queue: &Path,
+        max_tasks: usize,
+        notify: Option<&Path>,
+        db: Option<(&str, &str)>,
+    ) -> anyhow::Result<Daemon> {
         let exe = std::env::current_exe().context("finding the cairn binary")?;
         let log = queue.with_file_name("daemon.log");
         let log_file = fs::File::create(&log)
@@ -1043,6 +1082,12 @@ impl Daemon {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::from(log_file));
+        command.env_remove("CAIRN_DATABASE_URL");
+        if let Some((url, node)) = db {
+            command
+                .env("CAIRN_DATABASE_URL", url)
+                .args(["--node", node]);
+        }
         for name in crate::runner::NOTIFY_ENV {
             command.env_remove(name);
         }
@@ -1054,13 +1099,13 @@ impl Daemon {
         Ok(Daemon { child, log })
     }
 
-    fn pid(&self) -> i32 {
+    pub(super) fn pid(&self) -> i32 {
         // A pid always fits: Linux caps pids at 2^22.
         self.child.id() as i32
     }
 
     /// Fail if the daemon has exited.
-    fn check_running(&mut self) -> anyhow::Result<()> {
+    pub(super) fn check_running(&mut self) -> anyhow::Result<()> {
         match self.child.try_wait().context("checking on the daemon")? {
             None => Ok(()),
             Some(status) => bail!(
@@ -1071,13 +1116,13 @@ impl Daemon {
     }
 
     /// The daemon's peak resident memory so far (`VmHWM`), in MiB.
-    fn peak_rss_mib(&self) -> anyhow::Result<f64> {
+    pub(super) fn peak_rss_mib(&self) -> anyhow::Result<f64> {
         peak_rss_mib(self.pid())
     }
 
     /// SIGTERM, and wait for a clean exit ([`STOP_LIMIT`] at most: a daemon that does not
     /// exit is killed and reported, not waited for forever).
-    fn stop(&mut self) -> anyhow::Result<()> {
+    pub(super) fn stop(&mut self) -> anyhow::Result<()> {
         use nix::sys::signal::{kill, Signal};
         kill(nix::unistd::Pid::from_raw(self.pid()), Signal::SIGTERM)
             .context("signalling the daemon")?;
@@ -1119,8 +1164,8 @@ impl Drop for Daemon {
 /// The bench's end of the daemon's `NOTIFY_SOCKET`: a thread notes when READY=1 arrives and
 /// keeps reading every later message (STATUS= on each change), since a full socket would block
 /// the daemon's sends.
-struct ReadyListener {
-    path: PathBuf,
+pub(super) struct ReadyListener {
+    pub(super) path: PathBuf,
     ready_at: Arc<Mutex<Option<Instant>>>,
     stop: Arc<AtomicBool>,
     reader: Option<std::thread::JoinHandle<()>>,
@@ -1134,7 +1179,7 @@ impl ReadyListener {
     }
 
     /// Bind the socket and start reading it.
-    fn start() -> anyhow::Result<ReadyListener> {
+    pub(super) fn start() -> anyhow::Result<ReadyListener> {
         let path = Self::path();
         let _ = fs::remove_file(&path);
         let socket = UnixDatagram::bind(&path)
@@ -1168,7 +1213,7 @@ impl ReadyListener {
     }
 
     /// How long after `spawned` READY=1 arrived.
-    fn ready_after(&self, spawned: Instant) -> anyhow::Result<Duration> {
+    pub(super) fn ready_after(&self, spawned: Instant) -> anyhow::Result<Duration> {
         let ready_at = *self.ready_at.lock().unwrap_or_else(|p| p.into_inner());
         ready_at
             .map(|at| at.saturating_duration_since(spawned))

@@ -77,6 +77,11 @@ struct QueueArgs {
     /// Keep the run's queues and daemon logs (their directory is printed on stderr).
     #[arg(long)]
     keep: bool,
+    /// Run the daemons on a shared queue in this PostgreSQL database ("impl":
+    /// "cairn-postgres"): the throughput, pickup and resume figures only. An empty database
+    /// of its own, since it adds and removes tasks.
+    #[arg(long, value_name = "URL")]
+    db: Option<String>,
 }
 
 impl QueueArgs {
@@ -94,6 +99,7 @@ impl QueueArgs {
             only: self.only,
             dir: self.dir,
             keep: self.keep,
+            db: self.db,
         }
     }
 }

@@ -149,3 +149,93 @@ fn every_measurement_prints_its_line() {
     let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
     assert!(left.is_empty(), "the run left {left:?}");
 }
+
+/// `--db`: the intake, pickup and resume figures on a shared queue, each task run by the real
+/// daemon on PostgreSQL (the resumed ones checked by the bench to have resumed from their
+/// checkpoints), and nothing of the bench's left in the database afterwards.
+#[test]
+fn on_a_database_intake_pickup_and_resume_print_their_lines_and_leave_no_task() {
+    let test = "on_a_database_intake_pickup_and_resume_print_their_lines_and_leave_no_task";
+    let Some(cluster) = crate::common::postgres::PgCluster::start(test) else {
+        return;
+    };
+    let url = cluster.create_database("cairn_bench");
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_cairn"))
+        .args([
+            "bench",
+            "queue",
+            "--db",
+            &url,
+            "--tasks",
+            "20",
+            "--paced-tasks",
+            "3",
+            "--pace",
+            "5ms",
+            "--resume-tasks",
+            "20",
+            "--dir",
+        ])
+        .arg(dir.path())
+        .output()
+        .expect("running cairn bench queue --db");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "cairn bench queue --db failed ({}):\nstdout:\n{stdout}\nstderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines: Vec<Value> = stdout
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}")))
+        .collect();
+    let whats: Vec<&str> = lines.iter().map(|l| l["what"].as_str().unwrap()).collect();
+    assert_eq!(whats, ["throughput", "pickup", "resume"]);
+    for line in &lines {
+        assert_eq!(line["impl"], "cairn-postgres", "{line}");
+        assert!(num(line, "peak_rss_mib") > 0.0, "{line}");
+    }
+    assert_eq!(lines[0]["tasks"], 20);
+    assert!(num(&lines[0], "tasks_s") > 0.0, "{}", lines[0]);
+    assert_eq!(lines[1]["tasks"], 3);
+    let pickup = &lines[1];
+    assert!(
+        num(pickup, "accept_p50_ms") <= num(pickup, "pickup_p50_ms")
+            && num(pickup, "pickup_p50_ms") <= num(pickup, "done_p50_ms"),
+        "accepted, then started, then done: {pickup}"
+    );
+    let resume = &lines[2];
+    assert_eq!(resume["tasks"], 20);
+    assert!(
+        num(resume, "first_resumed_ms") <= num(resume, "all_resumed_ms")
+            && num(resume, "all_resumed_ms") <= num(resume, "all_done_ms"),
+        "{resume}"
+    );
+
+    let empty = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(async {
+            let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+                .await
+                .unwrap();
+            tokio::spawn(connection);
+            let row = client
+                .query_one(
+                    "SELECT (SELECT count(*) FROM cairn_tasks), (SELECT count(*) FROM cairn_nodes)",
+                    &[],
+                )
+                .await
+                .unwrap();
+            (row.get::<_, i64>(0), row.get::<_, i64>(1))
+        });
+    assert_eq!(empty, (0, 0), "the bench removed its tasks and nodes");
+    assert_eq!(
+        std::fs::read_dir(dir.path()).unwrap().count(),
+        0,
+        "and its run directory"
+    );
+}

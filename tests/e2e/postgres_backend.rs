@@ -420,3 +420,52 @@ fn a_final_record_sent_during_a_restart_lands_when_the_database_is_back() {
     assert!(holder.has_record("t1").unwrap());
     assert!(holder.renewed_tasks().is_empty());
 }
+
+/// The journal appends the events queued together in one statement, each fenced by its own
+/// lease: an event under a lease another node took over is not journaled, the events of the
+/// live lease beside it are, in order.
+#[test]
+fn events_under_a_lease_taken_over_are_refused_and_the_others_journaled() {
+    let Some(cluster) =
+        PgCluster::start("events_under_a_lease_taken_over_are_refused_and_the_others_journaled")
+    else {
+        return;
+    };
+    let (rt, url) = (runtime(), cluster.url());
+    submit(&rt, &url, "t1");
+    submit(&rt, &url, "t2");
+    let a = PgBackend::open(&url, "node-a", WRITE_THEN_EXPIRE).unwrap();
+    a.claim("t1").unwrap();
+    let a_t2 = a.claim("t2").unwrap();
+    // Progress under the lease, so that its expiry is cleared and t2 claimable at once (not a
+    // suspect to try alone).
+    save(&a, &a_t2, a_checkpoint("t2", 1)).unwrap();
+    wait_lease_expired(&rt, &url, "t2");
+    // node-a claims t1 again (a new epoch, live); node-b takes t2 over. node-a still holds
+    // t2's old lease in memory: no renewal has told it otherwise.
+    a.claim("t1").unwrap();
+    let b = PgBackend::open(&url, "node-b", LONG).unwrap();
+    b.claim("t2").unwrap();
+    let phase = |index: usize| cairn::store::events::Event::PhaseStarted {
+        phase: format!("p{index}"),
+        phase_index: index,
+        kind: cairn::task::PhaseKind::Once,
+        attempt: 1,
+    };
+    for index in 0..3 {
+        a.append_event("t1", phase(index));
+        a.append_event("t2", phase(index));
+    }
+    a.flush_events();
+    let journaled = |id: &str| {
+        text(
+            &rt,
+            &url,
+            "SELECT string_agg(event->>'phase', ',' ORDER BY id) FROM cairn_events
+             WHERE task_id = $1 AND node = 'node-a' AND event->>'event' = 'phase_started'",
+            id,
+        )
+    };
+    assert_eq!(journaled("t1").as_deref(), Some("p0,p1,p2"), "in order");
+    assert_eq!(journaled("t2"), None, "nothing under the lease taken over");
+}

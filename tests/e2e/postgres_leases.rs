@@ -10,8 +10,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cairn::queue::postgres::{
-    ClaimedTask, Lease, NewTask, Outcome, PgError, PgQueue, SubmitListener, Submitted, Wakeup,
-    SCHEMA_VERSION,
+    CheckpointWrite, ClaimedTask, Lease, NewTask, Outcome, PgError, PgQueue, SubmitListener,
+    Submitted, Wakeup, SCHEMA_VERSION,
 };
 use cairn::store::{decode_checkpoint, encode_checkpoint, IterationCheckpoint};
 use serde_json::json;
@@ -824,6 +824,77 @@ async fn checkpoint_bytes_round_trip_and_decode_with_the_stores_decoder() {
         .unwrap()
         .get(0);
     assert_eq!(output, "[1, 2.50]", "outputs are kept verbatim");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_of_checkpoints_refuses_only_the_row_whose_lease_was_taken_over() {
+    let Some((cluster, queue)) =
+        migrated_queue("a_batch_of_checkpoints_refuses_only_the_row_whose_lease_was_taken_over")
+            .await
+    else {
+        return;
+    };
+    // Node a holds t2 on a lease that is waited out, t1 and t3 on long ones.
+    submit(&queue, "t2").await;
+    let a_t2 = claim_one(&queue, "a", WRITE_THEN_EXPIRE).await.lease;
+    submit(&queue, "t1").await;
+    submit(&queue, "t3").await;
+    let claimed = queue.claim("a", 2, LONG, true).await.unwrap();
+    let mut a_leases: Vec<Lease> = claimed.into_iter().map(|c| c.lease).collect();
+    a_leases.sort_by(|x, y| x.task_id.cmp(&y.task_id));
+    assert_eq!(
+        a_leases
+            .iter()
+            .map(|l| l.task_id.as_str())
+            .collect::<Vec<_>>(),
+        ["t1", "t3"]
+    );
+    // t2's lease expires and node b takes the task over. (b has not checkpointed yet: a's
+    // stale generation would otherwise meet b's on the key and be refused there.)
+    let client = sql(&cluster.url()).await;
+    wait_lease_expired(&client, "t2").await;
+    let b_queue = PgQueue::connect(&cluster.url()).unwrap();
+    let b_t2 = claim_one(&b_queue, "b", LONG).await.lease;
+    assert_eq!(b_t2.epoch, a_t2.epoch + 1);
+    let b_work = everything_about(&client, "t2").await;
+
+    // Node a commits one batch: t1, its stale t2, t3.
+    let mut checkpoints: Vec<IterationCheckpoint> = ["t1", "t2", "t3"]
+        .iter()
+        .map(|id| a_checkpoint(id, 3))
+        .collect();
+    let leases = [&a_leases[0], &a_t2, &a_leases[1]];
+    let writes: Vec<CheckpointWrite> = leases
+        .iter()
+        .zip(checkpoints.iter_mut())
+        .map(|(lease, cp)| CheckpointWrite::encode(lease, cp).unwrap())
+        .collect();
+    let batch: Vec<&CheckpointWrite> = writes.iter().collect();
+    let stored = queue.save_checkpoints("a", &batch, 3).await.unwrap();
+    assert_eq!(stored, [true, false, true], "only t2 is refused");
+
+    assert_eq!(
+        everything_about(&client, "t2").await,
+        b_work,
+        "nothing of node a's stale write reached t2"
+    );
+    for (lease, cp) in [
+        (&a_leases[0], &checkpoints[0]),
+        (&a_leases[1], &checkpoints[2]),
+    ] {
+        let rows = queue.checkpoints(&lease.task_id).await.unwrap();
+        assert_eq!(rows.len(), 1, "{}: {rows:?}", lease.task_id);
+        assert_eq!(rows[0].lease_epoch, lease.epoch);
+        assert_eq!(decode_checkpoint(&rows[0].bytes).unwrap(), *cp);
+    }
+    // The stale row's waiter is told its lease is lost, as a save of its own would be.
+    let mut stale = a_t2.clone();
+    assert_lease_lost(
+        queue
+            .save_checkpoint(&mut stale, &mut a_checkpoint("t2", 4), 3)
+            .await,
+        &a_t2,
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -19,8 +19,10 @@
 //! Each host's inbox is taken into the database by [`super::intake`] (given with
 //! [`PgBackend::with_inbox`]); control requests are handled by [`super::control`] (those for
 //! tasks nobody holds applied in SQL, those for this node's tasks handed to its daemon).
-//! Not yet done by this backend: the owner's loop checkpointers (checkpoints are saved
-//! through [`QueueBackend::save_checkpoint`]).
+//!
+//! Checkpoints are saved through [`QueueBackend::save_checkpoint`] and group-committed
+//! ([`super::committer`]): the saves of all tasks that arrive while a commit is in flight go
+//! in the next one, one transaction for all, each row fenced by its own lease.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::future::Future;
@@ -32,9 +34,10 @@ use chrono::{DateTime, Utc};
 use serde_json::Value;
 use tokio::runtime::Runtime;
 
+use super::committer::CheckpointCommitter;
 use super::connect::PgQueue;
 use super::error::{During, PgError};
-use super::fenced::Outcome;
+use super::fenced::{CheckpointWrite, Outcome};
 use super::intake::LocalInbox;
 use super::journal::EventJournal;
 use super::lease::Lease as PgLease;
@@ -108,6 +111,8 @@ pub struct PgBackend {
     renew_soon: Arc<tokio::sync::Notify>,
     /// Appends events in order, off the callers' threads.
     journal: EventJournal,
+    /// Stores the checkpoints that arrive together in one commit.
+    checkpoints: CheckpointCommitter,
     /// Drives the database client; `None` only while dropping.
     runtime: Option<Runtime>,
     /// This host's inbox, when given ([`PgBackend::with_inbox`]).
@@ -446,12 +451,16 @@ impl PgBackend {
         }
     }
 
-    /// The leases this owner holds now, as task id and epoch, for a renewal.
+    /// The leases this owner holds now, as task id and epoch, for a renewal; in the order of
+    /// the task ids, as a commit of checkpoints names them: statements that lock several task
+    /// rows take the locks in one order, so they do not deadlock each other.
     fn held_now(&self) -> Vec<(String, i64)> {
-        locked(&self.leases)
+        let mut held: Vec<(String, i64)> = locked(&self.leases)
             .iter()
             .map(|(task_id, lease)| (task_id.clone(), lease.epoch))
-            .collect()
+            .collect();
+        held.sort_unstable();
+        held
     }
 
     /// Own the queue in the database at `url` as node `node`, each lease held for
@@ -473,6 +482,13 @@ impl PgBackend {
             db.register_node(node, lease_for).await
         })?;
         let journal = EventJournal::start(&runtime, db.clone(), lease_for);
+        let checkpoints = CheckpointCommitter::start(
+            &runtime,
+            db.clone(),
+            node.to_owned(),
+            KEEP_GENERATIONS,
+            lease_for,
+        );
         Ok(PgBackend {
             db,
             node: node.to_owned(),
@@ -486,6 +502,7 @@ impl PgBackend {
             latency: Mutex::default(),
             renew_soon: Arc::default(),
             journal,
+            checkpoints,
             runtime: Some(runtime),
             inbox: None,
             vouching: false,
@@ -1296,29 +1313,33 @@ impl QueueBackend for PgBackend {
         lease: &Lease,
         checkpoint: &mut IterationCheckpoint<&serde_json::value::RawValue>,
     ) -> Result<SavedCheckpoint, QueueError> {
-        let mut held = self.held(lease)?;
+        let started = Instant::now();
+        let held = self.held(lease)?;
+        // Encoded once: every try sends the same bytes under the same generation.
+        let write = Arc::new(
+            CheckpointWrite::encode(&held, checkpoint).map_err(|e| self.refused(lease, e))?,
+        );
         // A save that fails while the lease holds is tried again (the iteration is not lost);
         // only a lost lease or a database gone for the rest of it ends the attempt.
         let mut pause = RETRY_FIRST;
-        let saved = loop {
+        loop {
             let left = self.try_limit(&held, pause);
             match self.try_within(
                 left,
                 "saving a checkpoint",
-                self.db
-                    .save_checkpoint(&mut held, checkpoint, KEEP_GENERATIONS),
+                self.checkpoints.save(Arc::clone(&write)),
             ) {
-                Ok(saved) => break saved,
+                Ok(()) => break,
                 Err(e) if self.try_again(&e, lease.task_id(), held.epoch, &mut pause) => {}
                 Err(e) => return Err(self.refused(lease, e)),
             }
-        };
+        }
         if let Some(mine) = locked(&self.leases).get_mut(lease.task_id()) {
             if mine.epoch == held.epoch {
-                mine.last_generation = held.last_generation;
+                mine.last_generation = write.generation;
             }
         }
-        Ok(saved)
+        Ok(write.saved(started.elapsed()))
     }
 
     fn checkpoint_fence(&self, lease: &Lease) -> Result<Arc<dyn WriteFence>, QueueError> {

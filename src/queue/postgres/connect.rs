@@ -4,7 +4,7 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+use deadpool_postgres::{Hook, Manager, ManagerConfig, Pool, RecyclingMethod};
 use tokio_postgres::config::SslMode;
 use tokio_postgres_rustls::MakeRustlsConnect;
 
@@ -108,6 +108,12 @@ impl PgQueue {
             },
         );
         let pool = Pool::builder(manager)
+            .post_create(Hook::async_fn(|client, _| {
+                Box::pin(async move {
+                    prefer_lz4(client).await;
+                    Ok(())
+                })
+            }))
             .max_size(pool_size.max(1))
             .wait_timeout(Some(POOL_WAIT))
             .runtime(deadpool_postgres::Runtime::Tokio1)
@@ -166,6 +172,20 @@ impl PgQueue {
     pub async fn migrate(&self) -> Result<super::Migrated, PgError> {
         let mut client = self.client().await?;
         super::schema::migrate(&mut client).await
+    }
+}
+
+/// Have the new connection compress large values it stores with lz4 when the server can.
+/// A checkpoint's bytes are gzip, which no TOAST compression shrinks: PostgreSQL's own pglz
+/// reads all of a checkpoint before giving up (a quarter of the server's time saving 64 KiB
+/// states), lz4 gives up at once. A server without lz4 (built without it, or before 14)
+/// refuses the setting and keeps pglz; nothing else changes.
+async fn prefer_lz4(client: &tokio_postgres::Client) {
+    if let Err(error) = client
+        .batch_execute("SET default_toast_compression = lz4")
+        .await
+    {
+        tracing::debug!(%error, "the server keeps its own TOAST compression");
     }
 }
 

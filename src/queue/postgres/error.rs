@@ -102,6 +102,10 @@ pub enum PgError {
         #[source]
         source: CheckpointError,
     },
+    /// A batch of writes committed together failed as a whole (nothing of it was written):
+    /// the error each write of the batch gets.
+    #[error(transparent)]
+    Batch(std::sync::Arc<PgError>),
 }
 
 /// Name what a failed statement was doing.
@@ -144,6 +148,7 @@ impl PgError {
         match self {
             PgError::Connect(_) | PgError::TimedOut { .. } => true,
             PgError::Query { source, .. } => is_transient_query_error(source),
+            PgError::Batch(error) => error.is_transient(),
             _ => false,
         }
     }

@@ -34,27 +34,52 @@ macro_rules! fenced {
     };
 }
 
-/// Store checkpoint generation `$4` (`$5` bytes, `$6` iterations) and drop the generations
-/// older than the `$7` kept besides it. The same generation sent again under the same epoch (a
-/// save retried after its answer was lost with the connection) stores it again rather than
-/// failing on the key. A committed checkpoint is progress: the crash count
-/// starts again, and an expiry of this lease is no crash of the task's (see [`super::lease`]).
-const SAVE_CHECKPOINT: &str = fenced!(
-    ", crash_count = 0, progressed_epoch = $3",
-    ", saved AS (
-        INSERT INTO cairn_checkpoints (task_id, generation, bytes, iteration_count, lease_epoch)
-        SELECT id, $4, $5, $6, $3 FROM fence
-        ON CONFLICT (task_id, generation) DO UPDATE
-        SET bytes = EXCLUDED.bytes, iteration_count = EXCLUDED.iteration_count,
-            written_at = now()
-        WHERE cairn_checkpoints.lease_epoch = EXCLUDED.lease_epoch
-        RETURNING generation
-    ), pruned AS (
-        DELETE FROM cairn_checkpoints
-        WHERE task_id = $1 AND generation < $4 - $7 AND EXISTS (SELECT 1 FROM saved)
-    )
-    SELECT generation FROM saved"
-);
+/// Store a batch of checkpoints of node `$1`'s tasks in one statement (one transaction, one WAL
+/// flush), each row fenced on its own: `$2` task ids, `$3` the epochs their leases hold, `$4`
+/// generations, `$5` gzip bytes, `$6` iteration counts (arrays in the same order, one task at
+/// most once), `$7` older generations kept besides each new one. A row whose lease is no longer
+/// held (another epoch, another node, expired) matches nothing in the fence and is written
+/// nowhere; the others are stored. Returns the task ids stored.
+///
+/// The fence locks each held task's row (`FOR NO KEY UPDATE`, the lock a claim's `UPDATE`
+/// takes): a claim of the same task waits for the batch to commit, or the batch waits for the
+/// claim and then finds the epoch raised (the row is checked again once locked). The row is
+/// rewritten only when the checkpoint is news to it: a committed checkpoint is progress, so
+/// the first of a lease sets `progressed_epoch` and clears the crash count (an expiry of this
+/// lease is then no crash of the task's, see [`super::lease`]); the later ones only lock it,
+/// which spares the server a new version of the task's row (its definition with it) per
+/// checkpoint. The same generation sent again under the same epoch (a save retried after its
+/// answer was lost with the connection) stores it again rather than failing on the key.
+const SAVE_CHECKPOINTS: &str = "
+WITH fence AS (
+    SELECT t.id, t.lease_epoch,
+           t.progressed_epoch IS DISTINCT FROM t.lease_epoch OR t.crash_count <> 0 AS news
+    FROM cairn_tasks t
+    JOIN unnest($2::text[], $3::int8[]) AS held(id, epoch)
+      ON t.id = held.id AND t.lease_epoch = held.epoch
+    WHERE t.lease_node = $1 AND t.state = 'running' AND t.lease_expires_at > now()
+    FOR NO KEY UPDATE OF t
+), progressed AS (
+    UPDATE cairn_tasks t
+    SET updated_at = now(), crash_count = 0, progressed_epoch = f.lease_epoch
+    FROM fence f
+    WHERE t.id = f.id AND f.news
+), saved AS (
+    INSERT INTO cairn_checkpoints (task_id, generation, bytes, iteration_count, lease_epoch)
+    SELECT w.id, w.generation, w.bytes, w.iterations, w.epoch
+    FROM unnest($2::text[], $3::int8[], $4::int8[], $5::bytea[], $6::int8[])
+         AS w(id, epoch, generation, bytes, iterations)
+    JOIN fence f ON f.id = w.id AND f.lease_epoch = w.epoch
+    ON CONFLICT (task_id, generation) DO UPDATE
+    SET bytes = EXCLUDED.bytes, iteration_count = EXCLUDED.iteration_count,
+        written_at = now()
+    WHERE cairn_checkpoints.lease_epoch = EXCLUDED.lease_epoch
+    RETURNING task_id, generation
+), pruned AS (
+    DELETE FROM cairn_checkpoints c USING saved s
+    WHERE c.task_id = s.task_id AND c.generation < s.generation - $7
+)
+SELECT task_id FROM saved";
 
 /// Replace the task's phase-level state with `$4` (JSON text). (Set in the fence itself: a
 /// statement must not update one row twice.)
@@ -177,6 +202,64 @@ pub struct StoredCheckpoint {
     pub written_at: DateTime<Utc>,
 }
 
+/// A checkpoint encoded and numbered for a lease, ready to be stored
+/// ([`PgQueue::save_checkpoints`]): what a save sends, the same bytes on every try.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CheckpointWrite {
+    pub task_id: String,
+    /// The epoch of the lease it is written under.
+    pub epoch: i64,
+    pub generation: i64,
+    /// The gzip bytes, exactly as a checkpoint file holds them.
+    pub bytes: Vec<u8>,
+    pub iterations: i64,
+}
+
+impl CheckpointWrite {
+    /// Number `cp` as the next generation of `lease` and encode it. Sets `cp.generation`,
+    /// `cp.format_version` and `cp.last_checkpoint_at` as the file store does; the lease's
+    /// count moves on only once the write is stored.
+    pub fn encode<S: Serialize>(
+        lease: &Lease,
+        cp: &mut IterationCheckpoint<S>,
+    ) -> Result<CheckpointWrite, PgError> {
+        let generation = lease.last_generation + 1;
+        cp.generation = in_range("checkpoint generation", generation)?;
+        cp.format_version = FORMAT_VERSION;
+        cp.last_checkpoint_at = Utc::now();
+        let bytes = encode_checkpoint(cp).map_err(|source| PgError::Encode {
+            task_id: cp.task_id.clone(),
+            source,
+        })?;
+        Ok(CheckpointWrite {
+            task_id: lease.task_id.clone(),
+            epoch: lease.epoch,
+            generation,
+            bytes,
+            iterations: in_range("iteration count", cp.iteration_count)?,
+        })
+    }
+
+    /// What a stored write reports, `elapsed` after its save started.
+    pub fn saved(&self, elapsed: std::time::Duration) -> SavedCheckpoint {
+        SavedCheckpoint {
+            generation: u64::try_from(self.generation).unwrap_or(0),
+            iteration_count: u64::try_from(self.iterations).unwrap_or(0),
+            bytes: self.bytes.len() as u64,
+            elapsed,
+        }
+    }
+
+    /// The error of a write its lease's fence refused.
+    pub fn lease_lost(&self, node: &str) -> PgError {
+        PgError::LeaseLost {
+            task_id: self.task_id.clone(),
+            node: node.to_owned(),
+            epoch: self.epoch,
+        }
+    }
+}
+
 impl PgQueue {
     /// Durably store `cp` as the task's next checkpoint generation, keeping
     /// `keep_generations` older ones. Sets `cp.generation`, `cp.format_version` and
@@ -190,30 +273,58 @@ impl PgQueue {
         keep_generations: u32,
     ) -> Result<SavedCheckpoint, PgError> {
         let started = std::time::Instant::now();
-        let generation = lease.last_generation + 1;
-        cp.generation = in_range("checkpoint generation", generation)?;
-        cp.format_version = FORMAT_VERSION;
-        cp.last_checkpoint_at = Utc::now();
-        let bytes = encode_checkpoint(cp).map_err(|source| PgError::Encode {
-            task_id: cp.task_id.clone(),
-            source,
-        })?;
-        let iterations: i64 = in_range("iteration count", cp.iteration_count)?;
+        let write = CheckpointWrite::encode(lease, cp)?;
+        let stored = self
+            .save_checkpoints(&lease.node, &[&write], keep_generations)
+            .await?;
+        if stored.first() != Some(&true) {
+            return Err(write.lease_lost(&lease.node));
+        }
+        lease.last_generation = write.generation;
+        Ok(write.saved(started.elapsed()))
+    }
+
+    /// Store the checkpoints `writes` of node `node`'s tasks (each task at most once) in one
+    /// statement, keeping `keep_generations` older generations of each: one transaction and
+    /// one WAL flush for all, each still fenced by its own lease. Says for each write, in
+    /// order, whether it was stored (`false`: its lease is no longer held, and nothing of it
+    /// was written). An error means none was.
+    pub async fn save_checkpoints(
+        &self,
+        node: &str,
+        writes: &[&CheckpointWrite],
+        keep_generations: u32,
+    ) -> Result<Vec<bool>, PgError> {
+        const ACTION: &str = "saving checkpoints";
+        let ids: Vec<&str> = writes.iter().map(|w| w.task_id.as_str()).collect();
+        let epochs: Vec<i64> = writes.iter().map(|w| w.epoch).collect();
+        let generations: Vec<i64> = writes.iter().map(|w| w.generation).collect();
+        let bytes: Vec<&[u8]> = writes.iter().map(|w| w.bytes.as_slice()).collect();
+        let iterations: Vec<i64> = writes.iter().map(|w| w.iterations).collect();
         let keep = i64::from(keep_generations);
-        self.fenced_write(
-            lease,
-            SAVE_CHECKPOINT,
-            &[&generation, &bytes, &iterations, &keep],
-            "saving a checkpoint",
-        )
-        .await?;
-        lease.last_generation = generation;
-        Ok(SavedCheckpoint {
-            generation: cp.generation,
-            iteration_count: cp.iteration_count,
-            bytes: bytes.len() as u64,
-            elapsed: started.elapsed(),
-        })
+        let client = self.client().await?;
+        let prepared = client
+            .prepare_cached(SAVE_CHECKPOINTS)
+            .await
+            .during(ACTION)?;
+        let rows = client
+            .query(
+                &prepared,
+                &[
+                    &node,
+                    &ids,
+                    &epochs,
+                    &generations,
+                    &bytes,
+                    &iterations,
+                    &keep,
+                ],
+            )
+            .await
+            .during(ACTION)?;
+        let stored: std::collections::HashSet<String> =
+            rows.iter().map(|row| row.get::<_, String>(0)).collect();
+        Ok(writes.iter().map(|w| stored.contains(&w.task_id)).collect())
     }
 
     /// Replace the task's phase-level state (JSON text).

@@ -10,7 +10,9 @@
 //!   and the fenced writes (checkpoint, phase state, output, event, requeue after a failed
 //!   attempt, pause, final record), each of
 //!   which checks the lease in the same statement and returns [`PgError::LeaseLost`] when it
-//!   no longer holds.
+//!   no longer holds. Checkpoints of many tasks are stored in one statement, each row fenced
+//!   by its own lease ([`PgQueue::save_checkpoints`]); the backend group-commits its tasks'
+//!   saves that way.
 //! - [`PgBackend`]: the owner's [`QueueBackend`](super::QueueBackend) on these statements,
 //!   with each host's inbox feeding the shared queue ([`PgSink`]), control requests
 //!   (`cairn_control`, applied in SQL to tasks nobody holds) and forks with start points.
@@ -24,6 +26,7 @@
 //! matter. `docs/cluster.md` describes the model.
 
 mod backend;
+mod committer;
 mod connect;
 mod conninfo;
 mod control;
@@ -34,6 +37,7 @@ mod intake;
 mod journal;
 mod lease;
 mod listen;
+mod progress;
 mod prune;
 mod read;
 mod redact;
@@ -46,11 +50,12 @@ pub use backend::PgBackend;
 pub use connect::{PgQueue, DEFAULT_POOL_SIZE};
 pub use control::HandledRequest;
 pub use error::PgError;
-pub use fenced::{Outcome, StoredCheckpoint};
+pub use fenced::{CheckpointWrite, Outcome, StoredCheckpoint};
 pub use fork::{ForkError, ForkSource};
 pub use intake::PgSink;
 pub use lease::{ClaimedTask, Lease, RenewedLease};
 pub use listen::{SubmitListener, Wakeup, WORK_CHANNEL};
+pub use progress::TaskTimes;
 pub use prune::{DbPrune, PruneRules, PrunedGeneration, PrunedTask, PRUNE_BATCH};
 pub use read::{decode_newest, LeasedEvent, PgReader, ReadError, NODE_SEEN_WITHIN};
 pub use redact::redacted_url;
