@@ -22,6 +22,7 @@ mod source;
 mod status;
 mod submit;
 mod validate;
+mod web;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};

@@ -101,7 +101,12 @@ pub enum Source {
 impl Source {
     /// The database when `--db` names one, else the queue directory.
     pub fn open(queue: &Path, db: &DbArg) -> CliResult<Source> {
-        match db.url() {
+        Source::open_at(queue, db.url())
+    }
+
+    /// The database `url` names, else the queue directory.
+    pub fn open_at(queue: &Path, url: Option<&str>) -> CliResult<Source> {
+        match url {
             None => {
                 let reader = QueueReader::open(queue);
                 if let Some((dir, e)) = reader.unlistable_dir() {

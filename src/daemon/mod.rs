@@ -76,6 +76,9 @@ pub struct DaemonConfig {
     /// The bound on each phase's log, kept as its head and tail (`runner::log_cap`;
     /// `cairn run --max-log-bytes`); `None`: unbounded.
     pub max_log_bytes: Option<u64>,
+    /// Where the daemon records its metrics and the turns of its main loop, for an HTTP
+    /// listener (`cairn run --listen`); `None`: nothing is recorded.
+    pub observer: Option<Arc<crate::observe::Observer>>,
 }
 
 /// A queue in PostgreSQL shared by several daemons (`cairn run --db`, `docs/cluster.md`).
@@ -104,6 +107,7 @@ impl DaemonConfig {
             submitter_limits: SubmitterLimits::default(),
             pass_env: Vec::new(),
             max_log_bytes: Some(crate::runner::log_cap::DEFAULT_MAX_LOG_BYTES),
+            observer: None,
         }
     }
 }
@@ -215,6 +219,7 @@ pub async fn run_with_summary(
         lost_leases: Default::default(),
         inherited_env: crate::runner::daemon_env(&config.pass_env),
         max_log_bytes: config.max_log_bytes,
+        observer: config.observer.clone(),
     });
     let leases = ctx
         .queue
@@ -225,6 +230,9 @@ pub async fn run_with_summary(
     // The queue is locked and what was in flight is lined up again.
     let status = scheduler.status_line();
     scheduler.notifier.ready(status);
+    if let Some(observer) = &scheduler.ctx.observer {
+        observer.ready();
+    }
     let exit = scheduler.work_until_stopped().await;
     scheduler.drain().await;
     let summary = scheduler.close().await;

@@ -83,6 +83,8 @@ pub struct RunContext {
     pub inherited_env: InheritedEnv,
     /// The bound on each phase's log (`log_cap`); `None`: unbounded.
     pub max_log_bytes: Option<u64>,
+    /// Where events are also counted as metrics (`cairn run --listen`).
+    pub observer: Option<Arc<crate::observe::Observer>>,
 }
 
 impl RunContext {
@@ -102,6 +104,9 @@ impl RunContext {
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
             .insert(task_id.to_string());
+        if let Some(observer) = &self.observer {
+            observer.lease_lost();
+        }
         self.control(task_id).cancel.cancel();
     }
 
@@ -124,6 +129,9 @@ impl RunContext {
     /// Append to the task's event journal (see [`crate::store::journal`]); never waits for
     /// the disk.
     pub fn journal(&self, task_id: &str, event: Event) {
+        if let Some(observer) = &self.observer {
+            observer.event(task_id, &event);
+        }
         self.queue.append_event(task_id, event);
     }
 }
