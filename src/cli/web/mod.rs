@@ -11,6 +11,7 @@ mod actions;
 mod assets;
 mod queue_metrics;
 mod reader;
+pub mod serve;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -42,6 +43,7 @@ pub struct WebConfig {
 struct App {
     observer: Option<Arc<Observer>>,
     reader: reader::Reader,
+    source: ReadSource,
     token: Option<Token>,
 }
 
@@ -54,7 +56,8 @@ pub async fn bind(
     let bound = listener.local_addr()?;
     let app = App {
         observer: config.observer,
-        reader: reader::Reader::start(config.source),
+        reader: reader::Reader::start(config.source.clone()),
+        source: config.source,
         token: config.token,
     };
     let router = router(app);
@@ -265,7 +268,9 @@ pub async fn start(
     })?;
     let actions = match (&token, generated) {
         (None, _) => "read-only (start with --allow-actions to act from the page)".to_string(),
-        (Some(token), true) => format!("actions allowed with the token {token}"),
+        (Some(token), true) => {
+            format!("actions allowed with the token {token} (open http://{bound}/#token={token})")
+        }
         (Some(_), false) => "actions allowed with the token of --token-file".to_string(),
     };
     eprintln!(
