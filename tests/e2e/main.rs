@@ -54,6 +54,7 @@ mod submitter_limits;
 mod systemd_units;
 mod task_environment;
 mod torture_quick;
+mod web_browser;
 mod web_dashboard;
 mod web_metrics;
 mod worker;
