@@ -10,6 +10,7 @@ pub mod postgres;
 pub mod pueue;
 pub mod queue;
 pub mod spawn;
+pub mod web;
 pub mod workload;
 
 use std::path::{Path, PathBuf};

@@ -10,6 +10,7 @@ mod common;
 
 mod bench_checkpoint;
 mod bench_queue;
+mod bench_web;
 mod budget;
 mod cli;
 mod cli_as_root;

@@ -5,6 +5,7 @@
 //! token, or from a page of another origin, is refused and changes nothing.
 
 use std::net::SocketAddr;
+use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -80,6 +81,7 @@ fn the_dashboard_in_chromium_follows_and_steers_the_queue() {
     };
     let queue = TestQueue::new();
     let mut long = loop_task("long", &queue.aux("long.side"), 1_000_000, 0.3);
+    long["env"] = json!({"API_KEY": crate::web_dashboard::SECRET});
     // Each iteration says something on stderr, for the log tail.
     let command = long["phases"][0]["run"].clone();
     let mut run = vec![
@@ -117,9 +119,11 @@ fn the_dashboard_in_chromium_follows_and_steers_the_queue() {
     });
 
     let driver_port = free_port();
-    let driver = ChildGuard(
+    // In a process group of its own, which the browsers it starts join: ended as a whole.
+    let driver = GroupGuard(
         Command::new(&chromedriver)
             .arg(format!("--port={driver_port}"))
+            .process_group(0)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -139,6 +143,7 @@ fn the_dashboard_in_chromium_follows_and_steers_the_queue() {
             json!({
                 "binary": chromium,
                 "args": ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                         "--disable-crash-reporter", "--disable-breakpad",
                          format!("--user-data-dir={}", queue.aux("chromium-profile").display())],
             }),
         );
@@ -156,62 +161,145 @@ fn the_dashboard_in_chromium_follows_and_steers_the_queue() {
         })
         .await;
 
-        // The first screen follows the running task without a reload.
-        client.goto(&format!("http://{addr}/#token={token}")).await.expect("opening the dashboard");
-        let first = eventually("the page shows long's iteration", || shown_iteration(&client, "long")).await;
-        client.execute("window.notReloaded = true;", vec![]).await.unwrap();
-        eventually("the iteration advances on the page", || async {
-            shown_iteration(&client, "long").await.filter(|n| *n > first)
-        })
-        .await;
-        let same_page = client.execute("return window.notReloaded === true;", vec![]).await.unwrap();
-        assert_eq!(same_page, json!(true), "the page was reloaded");
-
-        // Pause, pressed on the page, pauses the task in the daemon.
-        click(&client, "tr[data-id='long'] button[data-action='pause']").await;
-        eventually("the daemon pauses long", || async {
-            queue.active_entry("long").filter(|e| e["status"] == "paused")
-        })
-        .await;
-
-        // Bulk retry of the failed tasks, which now pass.
-        std::fs::remove_file(&flag).unwrap();
-        click(&client, "#bulk-retry-failed").await;
-        for id in ["bad1", "bad2"] {
-            eventually(&format!("{id} is done after the retry"), || async { queue.done(id) }).await;
+        let steps = std::panic::AssertUnwindSafe(browse(&client, &queue, addr, other, &token, &flag));
+        let outcome = futures::FutureExt::catch_unwind(steps).await;
+        let _ = client.close().await;
+        if let Err(panic) = outcome {
+            std::panic::resume_unwind(panic);
         }
-
-        // An action without the token (the page forgets it) is refused.
-        client.execute("sessionStorage.clear();", vec![]).await.unwrap();
-        let no_token = fetch_from_page(&client, &format!("http://{addr}/api/actions/resume"), "", "same-origin").await;
-        assert_eq!(no_token, "403");
-        // From a page of another origin, even with the token: the JSON request's preflight is
-        // refused, and a simple request is refused by its origin.
-        client.goto(&format!("http://{other}/")).await.unwrap();
-        let cross = fetch_from_page(&client, &format!("http://{addr}/api/actions/resume"), &token, "cors").await;
-        assert!(cross.starts_with("error"), "a cross-origin action went through: {cross}");
-        let simple = fetch_from_page(&client, &format!("http://{addr}/api/actions/resume"), &token, "no-cors").await;
-        assert!(simple == "0" || simple.starts_with("error"), "{simple}");
-        assert!(queue.list("control").is_empty(), "a refused action left a request");
-        assert_eq!(queue.active_entry("long").unwrap()["status"], "paused");
-
-        // The task page: the decoded checkpoint and the log tail.
-        client.goto(&format!("http://{addr}/task/long")).await.unwrap();
-        let state = eventually("the task page shows the decoded checkpoint", || async {
-            text_of(&client, ".checkpoint-state").await.filter(|t| t.contains("\"seen\""))
-        })
-        .await;
-        assert!(state.contains("\"sum\""), "{state}");
-        eventually("the task page shows the log tail", || async {
-            text_of(&client, ".log-tail").await.filter(|t| t.contains("log-line-from-long"))
-        })
-        .await;
-        let shown = client.source().await.unwrap();
-        assert!(!shown.contains(crate::web_dashboard::SECRET));
-        client.close().await.unwrap();
     });
     drop(driver);
     drop(other_serve);
     daemon.signal(SIGTERM);
     daemon.wait_exit(DEADLINE);
+}
+
+/// What the test does in the browser.
+async fn browse(
+    client: &Client,
+    queue: &TestQueue,
+    addr: SocketAddr,
+    other: SocketAddr,
+    token: &str,
+    flag: &std::path::Path,
+) {
+    let client = client.clone();
+    {
+        // The first screen follows the running task without a reload.
+        client
+            .goto(&format!("http://{addr}/#token={token}"))
+            .await
+            .expect("opening the dashboard");
+        let first = eventually("the page shows long's iteration", || {
+            shown_iteration(&client, "long")
+        })
+        .await;
+        client
+            .execute("window.notReloaded = true;", vec![])
+            .await
+            .unwrap();
+        eventually("the iteration advances on the page", || async {
+            shown_iteration(&client, "long")
+                .await
+                .filter(|n| *n > first)
+        })
+        .await;
+        let same_page = client
+            .execute("return window.notReloaded === true;", vec![])
+            .await
+            .unwrap();
+        assert_eq!(same_page, json!(true), "the page was reloaded");
+
+        // Pause, pressed on the page, pauses the task in the daemon.
+        click(&client, "tr[data-id='long'] button[data-action='pause']").await;
+        eventually("the daemon pauses long", || async {
+            queue
+                .active_entry("long")
+                .filter(|e| e["status"] == "paused")
+        })
+        .await;
+
+        // Bulk retry of the failed tasks, which now pass.
+        std::fs::remove_file(flag).unwrap();
+        click(&client, "#bulk-retry-failed").await;
+        for id in ["bad1", "bad2"] {
+            eventually(&format!("{id} is done after the retry"), || async {
+                queue.done(id)
+            })
+            .await;
+        }
+
+        // An action without the token (the page forgets it) is refused.
+        client
+            .execute("sessionStorage.clear();", vec![])
+            .await
+            .unwrap();
+        let no_token = fetch_from_page(
+            &client,
+            &format!("http://{addr}/api/actions/resume"),
+            "",
+            "same-origin",
+        )
+        .await;
+        assert_eq!(no_token, "403");
+        // From a page of another origin, even with the token: the JSON request's preflight is
+        // refused, and a simple request is refused by its origin.
+        client.goto(&format!("http://{other}/")).await.unwrap();
+        let cross = fetch_from_page(
+            &client,
+            &format!("http://{addr}/api/actions/resume"),
+            token,
+            "cors",
+        )
+        .await;
+        assert!(
+            cross.starts_with("error"),
+            "a cross-origin action went through: {cross}"
+        );
+        let simple = fetch_from_page(
+            &client,
+            &format!("http://{addr}/api/actions/resume"),
+            token,
+            "no-cors",
+        )
+        .await;
+        assert!(simple == "0" || simple.starts_with("error"), "{simple}");
+        assert!(
+            queue.list("control").is_empty(),
+            "a refused action left a request"
+        );
+        assert_eq!(queue.active_entry("long").unwrap()["status"], "paused");
+
+        // The task page: the decoded checkpoint and the log tail.
+        client
+            .goto(&format!("http://{addr}/task/long"))
+            .await
+            .unwrap();
+        let state = eventually("the task page shows the decoded checkpoint", || async {
+            text_of(&client, ".checkpoint-state")
+                .await
+                .filter(|t| t.contains("\"seen\""))
+        })
+        .await;
+        assert!(state.contains("\"sum\""), "{state}");
+        eventually("the task page shows the log tail", || async {
+            text_of(&client, ".log-tail")
+                .await
+                .filter(|t| t.contains("log-line-from-long"))
+        })
+        .await;
+        let shown = client.source().await.unwrap();
+        assert!(!shown.contains(crate::web_dashboard::SECRET));
+    }
+}
+
+/// A process group (a chromedriver and the browsers it started), killed when the test ends.
+struct GroupGuard(std::process::Child);
+
+impl Drop for GroupGuard {
+    fn drop(&mut self) {
+        let group = nix::unistd::Pid::from_raw(-(self.0.id() as i32));
+        let _ = nix::sys::signal::kill(group, nix::sys::signal::Signal::SIGKILL);
+        let _ = self.0.wait();
+    }
 }
