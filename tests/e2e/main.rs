@@ -58,6 +58,8 @@ mod torture_quick;
 mod web_browser;
 mod web_dashboard;
 mod web_metrics;
+#[cfg(feature = "postgres")]
+mod web_postgres;
 mod worker;
 mod worker_ack;
 mod worker_channel;
