@@ -196,6 +196,30 @@ fn actions_need_the_token_and_the_same_origin_and_env_values_show_nowhere() {
         state_of(addr, "long").as_deref() == Some("running")
     });
 
+    // Bulk: every task of long's submitter paused, then resumed.
+    let status: Value = serde_json::from_str(&get(addr, "/api/status").unwrap().body).unwrap();
+    let long_row = status["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["id"] == "long")
+        .unwrap();
+    let submitter = long_row["submitted_by"]["user"]
+        .as_str()
+        .expect("a submitter name")
+        .to_string();
+    let by = json!({"submitter": submitter});
+    let paused = post_action(addr, "pause-submitter", &by, &good);
+    assert_eq!(paused.status, 200, "{paused:?}");
+    wait_until("the submitter's task is paused", DEADLINE, || {
+        state_of(addr, "long").as_deref() == Some("paused")
+    });
+    let resumed = post_action(addr, "resume-submitter", &by, &good);
+    assert_eq!(resumed.status, 200, "{resumed:?}");
+    wait_until("the submitter's task runs again", DEADLINE, || {
+        state_of(addr, "long").as_deref() == Some("running")
+    });
+
     // Bulk: every failed task back, and now they pass.
     std::fs::remove_file(&flag).unwrap();
     let retried = post_action(addr, "retry-failed", &json!({}), &good);

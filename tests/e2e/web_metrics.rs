@@ -225,14 +225,34 @@ impl FreezableMount {
         FreezableMount { mount, image }
     }
 
-    fn freeze(&self, frozen: bool) {
-        let flag = if frozen { "-f" } else { "-u" };
-        let status = Command::new("fsfreeze")
-            .arg(flag)
-            .arg(&self.mount)
-            .status()
-            .expect("fsfreeze");
-        assert!(status.success(), "fsfreeze {flag} failed");
+    /// Freeze the file system until the guard is dropped. Declared after the daemon, the guard
+    /// thaws first when a test fails: a process waiting on a frozen file system cannot exit,
+    /// not even on SIGKILL, until it thaws.
+    fn freeze(&self) -> Frozen<'_> {
+        fsfreeze("-f", &self.mount);
+        Frozen(self)
+    }
+}
+
+fn fsfreeze(flag: &str, mount: &Path) {
+    let status = Command::new("fsfreeze")
+        .arg(flag)
+        .arg(mount)
+        .status()
+        .expect("fsfreeze");
+    assert!(status.success(), "fsfreeze {flag} failed");
+}
+
+/// The file system frozen; thawed when dropped.
+struct Frozen<'a>(&'a FreezableMount);
+
+impl Drop for Frozen<'_> {
+    fn drop(&mut self) {
+        let _ = Command::new("fsfreeze")
+            .arg("-u")
+            .arg(&self.0.mount)
+            .stderr(Stdio::null())
+            .status();
     }
 }
 
@@ -304,7 +324,7 @@ fn healthz_is_unhealthy_while_the_main_loop_stalls_on_a_frozen_file_system() {
             && work_entry(&root, "long").is_some_and(|e| e["status"] == "running")
     });
 
-    mount.freeze(true);
+    let frozen = mount.freeze();
     // The loop waits on a write that the frozen file system holds; the listener still answers.
     let mut last = None;
     wait_until("/healthz reports the stall", DEADLINE, || {
@@ -313,7 +333,7 @@ fn healthz_is_unhealthy_while_the_main_loop_stalls_on_a_frozen_file_system() {
     });
     let (_, body) = last.unwrap();
     assert!(body.contains("has not turned for"), "{body}");
-    mount.freeze(false);
+    drop(frozen);
     wait_until("/healthz is healthy again after the thaw", DEADLINE, || {
         answer("/healthz").is_some_and(|(s, _)| s == 200)
     });

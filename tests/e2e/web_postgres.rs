@@ -124,10 +124,16 @@ fn readyz_waits_for_the_shared_queue_and_serve_shows_every_nodes_tasks() {
     assert!(metrics.contains("cairn_queue_nodes_alive 2"), "{metrics}");
     // Daemon a's own metrics count what a holds.
     let mut own = String::new();
-    wait_until("daemon a's metrics count its two tasks and leases", DEADLINE, || {
-        own = get(a_listen, "/metrics").map(|a| a.body).unwrap_or_default();
-        own.contains("cairn_tasks{state=\"running\"} 2") && own.contains("cairn_leases_held 2")
-    });
+    wait_until(
+        "daemon a's metrics count its two tasks and leases",
+        DEADLINE,
+        || {
+            own = get(a_listen, "/metrics")
+                .map(|a| a.body)
+                .unwrap_or_default();
+            own.contains("cairn_tasks{state=\"running\"} 2") && own.contains("cairn_leases_held 2")
+        },
+    );
     assert!(own.contains("cairn_ready 1"), "{own}");
     drop(serve);
     for daemon in [&mut a, &mut b] {

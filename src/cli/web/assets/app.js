@@ -181,6 +181,9 @@ async function pollQueue() {
 
 // A task's page.
 function renderTask(doc) {
+  document.getElementById("queue").textContent = doc.queue;
+  document.getElementById("daemon").textContent = doc.daemon && doc.daemon.running ? "daemon running" : "no daemon running here";
+  document.getElementById("updated").textContent = "updated " + new Date().toLocaleTimeString();
   document.getElementById("task-title").textContent = doc.id + " — " + doc.state;
   const s = doc.status || {};
   const summary = document.getElementById("task-summary");
