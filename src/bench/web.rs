@@ -35,7 +35,7 @@ pub fn run(options: &WebOptions) -> anyhow::Result<Value> {
 
 fn measure(dir: &Path, options: &WebOptions) -> anyhow::Result<Value> {
     let queue = dir.join("queue");
-    let inbox = queue.join("inbox");
+    let inbox = crate::queue::QueueDir::new(&queue).inbox();
     std::fs::create_dir_all(&inbox)?;
     for n in 0..options.tasks {
         let task = json!({
