@@ -19,6 +19,7 @@ pub mod clients;
 pub mod cost;
 pub mod daemon;
 pub mod limits;
+pub mod observe;
 pub mod queue;
 pub mod runner;
 pub mod shutdown;

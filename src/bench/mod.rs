@@ -13,6 +13,7 @@ pub mod queue;
 #[cfg(feature = "postgres")]
 mod queue_db;
 pub mod spawn;
+pub mod web;
 pub mod workload;
 
 use std::path::{Path, PathBuf};

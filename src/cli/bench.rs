@@ -33,6 +33,24 @@ enum Bench {
     /// What storing a checkpoint's file costs (changed, and unchanged since the last
     /// checkpoint) against writing and fsyncing the same bytes to a new file.
     Files(crate::bench::files::FilesArgs),
+    /// The HTTP listener with many tasks in the queue: the dashboard's first screen and
+    /// /metrics of a real daemon run with --listen; prints {"bench": "web", "tasks",
+    /// "first_screen_ms_p50", "first_screen_ms_max", "metrics_ms_p50", "metrics_ms_max", ...}.
+    Web(WebArgs),
+}
+
+/// Options of `cairn bench web`.
+#[derive(Debug, Args)]
+struct WebArgs {
+    /// Tasks in the queue (one running, the others pending).
+    #[arg(long, default_value_t = 10_000, value_name = "N")]
+    tasks: usize,
+    /// Requests of each kind timed.
+    #[arg(long, default_value_t = 5, value_name = "N")]
+    rounds: usize,
+    /// Where the run directory is made.
+    #[arg(long, value_name = "DIR", default_value_os_t = default_dir())]
+    dir: PathBuf,
 }
 
 /// Options of `cairn bench queue`.
@@ -145,6 +163,15 @@ pub fn run(args: BenchArgs) -> CliResult {
         Bench::Queue(args) => Ok(crate::bench::queue::run(&args.into_options())?),
         Bench::Spawn(args) => spawn(args),
         Bench::Files(args) => files(args),
+        Bench::Web(args) => {
+            let options = crate::bench::web::WebOptions {
+                tasks: args.tasks,
+                rounds: args.rounds,
+                dir: args.dir,
+            };
+            let line = crate::bench::web::run(&options)?;
+            print_line(line)
+        }
     }
 }
 

@@ -50,29 +50,48 @@ pub fn run(queue: &Path, action: Action, args: ControlArgs) -> CliResult {
         Action::Cancel => ControlAction::Cancel,
         Action::Retry => ControlAction::Retry,
     };
-    let id = format::task_id_arg(&args.id).exit_code(exit::USAGE)?;
-    if let Some(url) = args.db.url() {
-        return run_db(url, action, &id, args.no_wait);
+    print_line(request(
+        queue,
+        args.db.url(),
+        action,
+        &args.id,
+        args.no_wait,
+    )?)
+}
+
+/// Ask the daemon (of the queue directory, or of the shared queue at `db`) to apply `action`
+/// to the task `id_text`, and say what became of it: what `cairn pause|resume|cancel|retry`
+/// prints, and what the dashboard's actions answer.
+pub fn request(
+    queue: &Path,
+    db: Option<&str>,
+    action: ControlAction,
+    id_text: &str,
+    no_wait: bool,
+) -> CliResult<String> {
+    let id = format::task_id_arg(id_text).exit_code(exit::USAGE)?;
+    if let Some(url) = db {
+        return run_db(url, action, &id, no_wait);
     }
     let storage = FileStorage::new(queue);
     let reader = QueueReader::open(queue);
     // A task still in the inbox is steered too: the daemon holds the request until it has
     // taken the task.
     let mut submitted = false;
-    match storage.get(&QueueDir::task_key(&args.id)) {
+    match storage.get(&QueueDir::task_key(id_text)) {
         Ok(Some(_)) => {}
-        Ok(None) if reader.in_inbox(&args.id) => submitted = true,
+        Ok(None) if reader.in_inbox(id_text) => submitted = true,
         Ok(None) => {
             return Err(CliError::failure(format_args!(
                 "queue {} has no task {:?}",
                 queue.display(),
-                args.id
+                id_text
             )));
         }
         Err(e) => {
             return Err(CliError::failure(format_args!(
                 "reading the task {:?}: {e}",
-                args.id
+                id_text
             )));
         }
     }
@@ -86,8 +105,8 @@ pub fn run(queue: &Path, action: Action, args: ControlArgs) -> CliResult {
         ))
     })?;
     let verb = action.as_str();
-    if args.no_wait {
-        return print_line(format_args!("{verb} requested for {}", args.id));
+    if no_wait {
+        return Ok(format!("{verb} requested for {}", id_text));
     }
     let Some(pid) = reader.daemon().pid else {
         let when = if submitted {
@@ -98,29 +117,29 @@ pub fn run(queue: &Path, action: Action, args: ControlArgs) -> CliResult {
         } else {
             "no daemon is running, it takes effect when one starts".to_string()
         };
-        return print_line(format_args!("{verb} requested for {}; {when}", args.id));
+        return Ok(format!("{verb} requested for {}; {when}", id_text));
     };
     let deadline = Instant::now() + WAIT_FOR_DAEMON;
     while Instant::now() < deadline {
         if control::handled(reader.dir(), &key) {
             let uid = nix::unistd::geteuid().as_raw();
-            if let Some(why) = control::refusal(reader.dir(), &args.id, &key, uid, written_at) {
+            if let Some(why) = control::refusal(reader.dir(), id_text, &key, uid, written_at) {
                 return Err(CliError::failure(format_args!(
                     "{verb}: the daemon (pid {pid}) refused the request for {}: {why}",
-                    args.id
+                    id_text
                 )));
             }
             let outcome = what_follows(action);
-            return print_line(format_args!(
+            return Ok(format!(
                 "{verb}: the daemon (pid {pid}) took the request for {}; {outcome}",
-                args.id
+                id_text
             ));
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    print_line(format_args!(
+    Ok(format!(
         "{verb} requested for {}; the daemon (pid {pid}) has not taken it yet",
-        args.id
+        id_text
     ))
 }
 
@@ -135,14 +154,14 @@ fn what_follows(action: ControlAction) -> &'static str {
 }
 
 #[cfg(not(feature = "postgres"))]
-fn run_db(_url: &str, _action: ControlAction, _id: &TaskId, _no_wait: bool) -> CliResult {
+fn run_db(_url: &str, _action: ControlAction, _id: &TaskId, _no_wait: bool) -> CliResult<String> {
     Err(super::source::without_postgres())
 }
 
 /// The request into `cairn_control` of the database at `url`: refused for a task the shared
 /// queue does not have; then waits (unless `no_wait`) for a daemon to handle it and says how.
 #[cfg(feature = "postgres")]
-fn run_db(url: &str, action: ControlAction, id: &TaskId, no_wait: bool) -> CliResult {
+fn run_db(url: &str, action: ControlAction, id: &TaskId, no_wait: bool) -> CliResult<String> {
     let shared = super::shared_queue::SharedQueue::open(url)?;
     let (runtime, db) = (&shared.runtime, &shared.db);
     if runtime.block_on(db.task_state(id))?.is_none() {
@@ -155,7 +174,7 @@ fn run_db(url: &str, action: ControlAction, id: &TaskId, no_wait: bool) -> CliRe
     let request = runtime.block_on(db.request_control(id, action))?;
     let verb = action.as_str();
     if no_wait {
-        return print_line(format_args!("{verb} requested for {id}"));
+        return Ok(format!("{verb} requested for {id}"));
     }
     let deadline = Instant::now() + WAIT_FOR_DAEMON;
     while Instant::now() < deadline {
@@ -166,12 +185,12 @@ fn run_db(url: &str, action: ControlAction, id: &TaskId, no_wait: bool) -> CliRe
                     "{verb}: node {node} refused the request for {id}: {why}"
                 ))),
                 None if handled.outcome == "applied" || handled.outcome.starts_with("taken ") => {
-                    print_line(format_args!(
+                    Ok(format!(
                         "{verb}: node {node} took the request for {id}; {}",
                         what_follows(action)
                     ))
                 }
-                None => print_line(format_args!(
+                None => Ok(format!(
                     "{verb}: node {node} took the request for {id}: {}",
                     handled.outcome
                 )),
@@ -179,7 +198,7 @@ fn run_db(url: &str, action: ControlAction, id: &TaskId, no_wait: bool) -> CliRe
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    print_line(format_args!(
+    Ok(format!(
         "{verb} requested for {id}; no daemon has taken it yet, it takes effect when one does"
     ))
 }

@@ -45,11 +45,35 @@ pub struct ForkArgs {
 }
 
 pub fn run(queue: &Path, args: ForkArgs) -> CliResult {
+    print_line(fork_any(queue, &args)?)
+}
+
+/// Fork as `cairn fork` does, in the queue directory or the shared queue `--db` names; the
+/// new task's id.
+fn fork_any(queue: &Path, args: &ForkArgs) -> CliResult<String> {
     if let Some(url) = args.db.url() {
-        return print_line(fork_db(url, &args)?);
+        return Ok(fork_db(url, args)?.to_string());
     }
-    let new_id = fork(queue, &args)?;
-    print_line(new_id)
+    Ok(fork(queue, args)?.to_string())
+}
+
+/// Fork the latest checkpoint of `id` with an optional merge `patch` (JSON text) as
+/// `new_id` (else a fresh id), as `cairn fork` does: for the dashboard. The new task's id.
+pub fn fork_latest(
+    queue: &Path,
+    db: Option<&str>,
+    id: &str,
+    patch: Option<String>,
+    new_id: Option<String>,
+) -> CliResult<String> {
+    let args = ForkArgs {
+        id: id.to_string(),
+        generation: None,
+        patch,
+        new_id,
+        db: DbArg::with_url(db.map(str::to_string)),
+    };
+    fork_any(queue, &args)
 }
 
 /// The patch of `--patch`, parsed.

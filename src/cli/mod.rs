@@ -22,6 +22,7 @@ mod source;
 mod status;
 mod submit;
 mod validate;
+mod web;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -127,6 +128,9 @@ enum Command {
     /// Print the directory of the worker helpers (cairn_worker.py, cairn.sh), writing them there
     /// first if needed.
     ClientsPath(clients_path::ClientsPathArgs),
+    /// Serve the dashboard and the queue's metrics over HTTP without running tasks (a queue
+    /// directory, or with --db a shared queue: every node's tasks).
+    Serve(web::serve::ServeArgs),
     /// Measure cairn's hot paths and print the figures (one JSON line per run).
     Bench(bench::BenchArgs),
     /// The PostgreSQL database of a queue shared by several hosts (`db migrate`).
@@ -197,6 +201,7 @@ fn dispatch(queue: &Path, mut command: Command) -> CliResult<u8> {
         Command::Validate(args) => validate::run(args).map(done),
         Command::Status(args) => status::run(queue, args).map(done),
         Command::Show(args) => show::run(queue, args).map(done),
+        Command::Serve(args) => web::serve::run(queue, args).map(done),
         Command::History(args) => history::run(queue, args).map(done),
         Command::Checkpoint(args) => checkpoint::run(queue, args).map(done),
         Command::Fork(args) => fork::run(queue, args).map(done),
@@ -232,6 +237,7 @@ impl Command {
             | Command::Cancel(args)
             | Command::Retry(args) => &mut args.db,
             Command::Prune(args) => &mut args.db,
+            Command::Serve(args) => &mut args.db,
             Command::Run(args) => return args.read_db_url_file(),
             #[cfg(feature = "postgres")]
             Command::Db(args) => return args.read_db_url_file(),
@@ -256,6 +262,7 @@ impl Command {
             | Command::Cancel(args)
             | Command::Retry(args) => &args.db,
             Command::Prune(args) => &args.db,
+            Command::Serve(args) => &args.db,
             _ => return false,
         };
         db.url().is_some()
@@ -272,7 +279,7 @@ impl Command {
                 | Command::Cancel(_)
                 | Command::Retry(_)
                 | Command::Prune(_)
-        )
+        ) || matches!(self, Command::Serve(args) if args.listen.allow_actions)
     }
 
     /// Does root run the command as the queue's owner (see `as_owner`)? `submit` does so itself,
@@ -289,6 +296,7 @@ impl Command {
                 | Command::Resume(_)
                 | Command::Cancel(_)
                 | Command::Retry(_)
+                | Command::Serve(_)
         )
     }
 }

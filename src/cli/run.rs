@@ -127,6 +127,9 @@ pub struct RunArgs {
     /// it). Another host takes a dead or frozen daemon's tasks over after this.
     #[arg(long, default_value = "30s", value_parser = parse_lease, value_name = "DURATION")]
     lease: Duration,
+
+    #[command(flatten)]
+    web: super::web::ListenArgs,
 }
 
 impl RunArgs {
@@ -304,6 +307,12 @@ pub fn run(queue: &Path, args: RunArgs) -> CliResult<u8> {
         });
     }
     let fail_on_task_failure = args.fail_on_task_failure;
+    let web = args
+        .web
+        .config(queue, config.database.as_ref().map(|d| d.url.clone()))?;
+    if let Some(web) = &web {
+        config.observer = Some(std::sync::Arc::clone(&web.observer));
+    }
 
     let code = runtime.block_on(async move {
         let shutdown = Shutdown::new();
@@ -329,7 +338,14 @@ pub fn run(queue: &Path, args: RunArgs) -> CliResult<u8> {
                 }
             }
         });
+        let serving = match web {
+            Some(web) => Some(tokio::spawn(web.bind().await?)),
+            None => None,
+        };
         let outcome = daemon::run_with_summary(config, shutdown).await;
+        if let Some(serving) = serving {
+            serving.abort();
+        }
         // The listener only forwards signals; it is not waited for, so a signal racing the
         // close cannot keep the process alive.
         handle.close();

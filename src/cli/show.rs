@@ -51,25 +51,10 @@ struct PhaseRow {
 pub fn run(queue: &Path, args: ShowArgs) -> CliResult {
     let id = format::task_id_arg(&args.id).exit_code(exit::USAGE)?;
     let source = Source::open(queue, &args.db)?;
-    let found = match source.files() {
-        Some(reader) => find(reader, &id),
-        None => source.task(&id)?,
-    };
-    let Some(task) = found else {
-        let places = match source.files() {
-            Some(reader) => reader.places_of(&id),
-            None => "no row in cairn_tasks".to_string(),
-        };
-        return Err(CliError::failure(format_args!(
-            "queue {} has no task {:?} ({places}); `cairn status --all` lists the tasks",
-            source.location(),
-            args.id,
-        )));
-    };
+    let (facts, task) = read(&source, &args.id, &id)?;
     for warning in &task.warnings {
         eprintln!("warning: {warning}");
     }
-    let facts = ShowFacts::read(&source, &id, &task)?;
     let details = Details {
         phases: &phase_rows(&facts, &task),
         earlier: &facts.earlier,
@@ -78,11 +63,48 @@ pub fn run(queue: &Path, args: ShowArgs) -> CliResult {
     };
     let now = Utc::now();
     let text = if args.json {
-        document(&facts, &task, &details, now)
+        let mut text = serde_json::to_string_pretty(&document(&facts, &task, &details, now))
+            .unwrap_or_default();
+        text.push('\n');
+        text
     } else {
         human(&facts, &task, &details, now)
     };
     print(&text)
+}
+
+/// The task `id` (asked for as `asked`) and what `show` reads about it; a task the queue does
+/// not have is an error saying where it was looked for.
+fn read(source: &Source, asked: &str, id: &TaskId) -> CliResult<(ShowFacts, TaskView)> {
+    let found = match source.files() {
+        Some(reader) => find(reader, id),
+        None => source.task(id)?,
+    };
+    let Some(task) = found else {
+        let places = match source.files() {
+            Some(reader) => reader.places_of(id),
+            None => "no row in cairn_tasks".to_string(),
+        };
+        return Err(CliError::failure(format_args!(
+            "queue {} has no task {:?} ({places}); `cairn status --all` lists the tasks",
+            source.location(),
+            asked,
+        )));
+    };
+    let facts = ShowFacts::read(source, id, &task)?;
+    Ok((facts, task))
+}
+
+/// The `cairn show --json` document of a task, for the dashboard's task page.
+pub fn json_document(source: &Source, id: &TaskId) -> CliResult<Value> {
+    let (facts, task) = read(source, id.as_str(), id)?;
+    let details = Details {
+        phases: &phase_rows(&facts, &task),
+        earlier: &facts.earlier,
+        logs: &facts.logs,
+        timeline: &facts.timeline,
+    };
+    Ok(document(&facts, &task, &details, Utc::now()))
 }
 
 /// One event of the timeline; with `--db`, the node and lease epoch it was written under.
@@ -221,7 +243,7 @@ fn files_output(reader: &QueueReader, stored: &StoredOutput) -> Value {
 }
 
 /// The `--json` document (see docs/cli.md).
-fn document(facts: &ShowFacts, task: &TaskView, lists: &Details, now: DateTime<Utc>) -> String {
+fn document(facts: &ShowFacts, task: &TaskView, lists: &Details, now: DateTime<Utc>) -> Value {
     let mut status = format::task_json(task, now);
     if facts.run_dir.is_none() {
         format::add_lease_json(&mut status, task);
@@ -244,9 +266,7 @@ fn document(facts: &ShowFacts, task: &TaskView, lists: &Details, now: DateTime<U
         "logs": lists.logs.iter().map(|(path, bytes)| json!({"path": path.display().to_string(), "bytes": bytes})).collect::<Vec<_>>(),
         "timeline": lists.timeline.iter().map(TimelineEntry::to_json).collect::<Vec<_>>(),
     });
-    let mut text = serde_json::to_string_pretty(&document).unwrap_or_default();
-    text.push('\n');
-    text
+    document
 }
 
 /// The task with this id; else the latest rejection of the inbox file of this name (others

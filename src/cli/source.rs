@@ -79,6 +79,14 @@ fn url_from_file(file: &Path) -> CliResult<String> {
 }
 
 impl DbArg {
+    /// The argument as if `--db url` (or nothing) had been given.
+    pub fn with_url(db: Option<String>) -> DbArg {
+        DbArg {
+            db,
+            db_url_file: None,
+        }
+    }
+
     /// Read `--db-url-file`, if given, into the URL.
     pub fn read_url_file(&mut self) -> CliResult {
         read_db_url_file(&mut self.db, self.db_url_file.as_deref())
@@ -101,7 +109,12 @@ pub enum Source {
 impl Source {
     /// The database when `--db` names one, else the queue directory.
     pub fn open(queue: &Path, db: &DbArg) -> CliResult<Source> {
-        match db.url() {
+        Source::open_at(queue, db.url())
+    }
+
+    /// The database `url` names, else the queue directory.
+    pub fn open_at(queue: &Path, url: Option<&str>) -> CliResult<Source> {
+        match url {
             None => {
                 let reader = QueueReader::open(queue);
                 if let Some((dir, e)) = reader.unlistable_dir() {

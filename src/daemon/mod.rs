@@ -81,6 +81,9 @@ pub struct DaemonConfig {
     /// The checkpoint bytes one submitter's tasks in flight may hold
     /// (`runner::checkpoint_quota`); `None`: unbounded.
     pub max_checkpoint_bytes_per_submitter: Option<u64>,
+    /// Where the daemon records its metrics and the turns of its main loop, for an HTTP
+    /// listener (`cairn run --listen`); `None`: nothing is recorded.
+    pub observer: Option<Arc<crate::observe::Observer>>,
 }
 
 /// A queue in PostgreSQL shared by several daemons (`cairn run --db`, `docs/cluster.md`).
@@ -113,6 +116,7 @@ impl DaemonConfig {
             max_checkpoint_bytes_per_submitter: Some(
                 crate::runner::checkpoint_quota::DEFAULT_MAX_CHECKPOINT_BYTES_PER_SUBMITTER,
             ),
+            observer: None,
         }
     }
 }
@@ -228,6 +232,7 @@ pub async fn run_with_summary(
         checkpoint_quota: crate::runner::CheckpointQuota::new(
             config.max_checkpoint_bytes_per_submitter,
         ),
+        observer: config.observer.clone(),
     });
     let leases = ctx
         .queue
@@ -238,6 +243,9 @@ pub async fn run_with_summary(
     // The queue is locked and what was in flight is lined up again.
     let status = scheduler.status_line();
     scheduler.notifier.ready(status);
+    if let Some(observer) = &scheduler.ctx.observer {
+        observer.ready();
+    }
     let exit = scheduler.work_until_stopped().await;
     scheduler.drain().await;
     let summary = scheduler.close().await;

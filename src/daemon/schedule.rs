@@ -150,6 +150,36 @@ impl Scheduler {
     fn report_status(&mut self) {
         let status = self.notifier.status_due().then(|| self.status_line());
         self.notifier.tick(status);
+        if let Some(observer) = &self.ctx.observer {
+            observer.turned();
+            if observer.counts_due() {
+                observer.publish(self.state_counts());
+            }
+        }
+    }
+
+    /// The tasks this daemon holds by state, for the metrics (`cairn_tasks`).
+    fn state_counts(&self) -> crate::observe::StateCounts {
+        let mut counts = crate::observe::StateCounts {
+            pending: self.pending.len(),
+            leases_held: self
+                .ctx
+                .queue
+                .shares_queue()
+                .then(|| self.running_ids.len() + self.claimed_leases.len()),
+            ..Default::default()
+        };
+        self.ctx.work.update(|work| {
+            for entry in work.iter() {
+                match entry.status {
+                    ActiveStatus::Running => counts.running += 1,
+                    ActiveStatus::Paused => counts.paused += 1,
+                    ActiveStatus::WaitingRetry => counts.waiting_retry += 1,
+                    ActiveStatus::Interrupted => counts.interrupted += 1,
+                }
+            }
+        });
+        counts
     }
 
     /// Sleep until something needs the scheduler, at most until the next tick.
@@ -362,6 +392,9 @@ impl Scheduler {
             self.add_pending(task);
         }
         for rejection in report.rejected {
+            if let Some(observer) = &self.ctx.observer {
+                observer.rejected(&rejection.error);
+            }
             self.summary.rejected.add(rejection.record_name());
         }
         if let Some(error) = report.error {
@@ -505,6 +538,9 @@ impl Scheduler {
         self.ctx.drop_control(&id);
         self.running_ids.insert(id.clone());
         self.running_by.started(&id, SubmitterKey::of_task(&task));
+        if let Some(observer) = &self.ctx.observer {
+            observer.know_submitter(&id, task.submitted_by.as_ref());
+        }
         let ctx = Arc::clone(&self.ctx);
         // A shared queue's claim already leased the task: its first attempt runs under that.
         let claimed = self

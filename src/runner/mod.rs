@@ -87,6 +87,8 @@ pub struct RunContext {
     pub max_log_bytes: Option<u64>,
     /// The checkpoint bytes each submitter's tasks in flight hold (`checkpoint_quota`).
     pub checkpoint_quota: CheckpointQuota,
+    /// Where events are also counted as metrics (`cairn run --listen`).
+    pub observer: Option<Arc<crate::observe::Observer>>,
 }
 
 impl RunContext {
@@ -106,6 +108,9 @@ impl RunContext {
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
             .insert(task_id.to_string());
+        if let Some(observer) = &self.observer {
+            observer.lease_lost();
+        }
         self.control(task_id).cancel.cancel();
     }
 
@@ -128,6 +133,9 @@ impl RunContext {
     /// Append to the task's event journal (see [`crate::store::journal`]); never waits for
     /// the disk.
     pub fn journal(&self, task_id: &str, event: Event) {
+        if let Some(observer) = &self.observer {
+            observer.event(task_id, &event);
+        }
         self.queue.append_event(task_id, event);
     }
 }

@@ -8,6 +8,7 @@
 
 #[cfg(feature = "postgres")]
 pub mod delay_proxy;
+pub mod http;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 mod side_file;

@@ -10,6 +10,7 @@ mod common;
 
 mod bench_checkpoint;
 mod bench_queue;
+mod bench_web;
 mod budget;
 mod cli;
 mod cli_as_root;
@@ -57,6 +58,11 @@ mod systemd_units;
 mod task_environment;
 mod task_limits;
 mod torture_quick;
+mod web_browser;
+mod web_dashboard;
+mod web_metrics;
+#[cfg(feature = "postgres")]
+mod web_postgres;
 mod worker;
 mod worker_ack;
 mod worker_channel;

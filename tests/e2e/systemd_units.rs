@@ -532,3 +532,26 @@ fn the_readme_installs_the_service_as_docs_service_md_does() {
         "README's service snippet must start with docs/service.md's install steps"
     );
 }
+
+#[test]
+fn the_listen_drop_in_verifies_and_listens_on_the_loopback_only() {
+    let test = "the_listen_drop_in_verifies_and_listens_on_the_loopback_only";
+    let Some(analyze) = tool(test, "systemd-analyze") else {
+        return;
+    };
+    let drop_in = unit_source("listen.conf");
+    let exec: Vec<(String, String)> = section(&drop_in, "Service")
+        .into_iter()
+        .filter(|(k, v)| k == "ExecStart" && !v.is_empty())
+        .collect();
+    assert_eq!(exec.len(), 1, "one ExecStart= after the reset");
+    assert!(exec[0].1.starts_with(SYSTEM_EXEC), "{exec:?}");
+    assert!(
+        exec[0].1.ends_with(" --listen 127.0.0.1:9464"),
+        "the shipped listener is on the loopback, read-only: {exec:?}"
+    );
+    let drop_in = drop_in.replace(SYSTEM_EXEC, BINARY);
+    let text = with_built_binary(&unit_source("cairn.service"), SYSTEM_EXEC);
+    let (_dir, path) = unit_dir("cairn.service", &text, &[("listen.conf", drop_in.as_str())]);
+    assert_verifies(&analyze, &path, false);
+}
