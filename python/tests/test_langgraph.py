@@ -197,15 +197,18 @@ def test_the_example_graph_under_the_daemon_resumes_at_its_next_super_step(
     for _ in range(2):
         daemon = subprocess.Popen([cairn_command(), "--queue", str(queue), "run"],
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        target = len(_rounds_run(queue, "review")) + 4
-        deadline = time.monotonic() + 300
-        while (len(_rounds_run(queue, "review")) < target and daemon.poll() is None
-               and not (queue / "failed" / "review.json").exists()
-               and time.monotonic() < deadline):
-            time.sleep(0.02)
-        assert len(_rounds_run(queue, "review")) >= target, "the graph made no progress"
-        os.kill(daemon.pid, signal.SIGKILL)
-        daemon.wait()
+        try:
+            target = len(_rounds_run(queue, "review")) + 4
+            deadline = time.monotonic() + 300
+            while (len(_rounds_run(queue, "review")) < target and daemon.poll() is None
+                   and not (queue / "failed" / "review.json").exists()
+                   and time.monotonic() < deadline):
+                time.sleep(0.02)
+            assert len(_rounds_run(queue, "review")) >= target, "the graph made no progress"
+        finally:
+            # Killed by pid whatever happened, so a failing run leaves no daemon behind.
+            os.kill(daemon.pid, signal.SIGKILL)
+            daemon.wait()
         kills += 1
     finished = run_cairn(["--queue", str(queue), "run", "--exit-when-idle"])
     assert finished.returncode == 0, finished.stderr

@@ -139,13 +139,16 @@ def test_the_same_script_as_a_worker_phase_resumes_after_the_daemon_is_killed(
     for _ in range(3):
         daemon = subprocess.Popen([cairn_command(), "--queue", str(queue), "run"],
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        target = acked() + 5
-        deadline = time.monotonic() + 300
-        while acked() < target and time.monotonic() < deadline and daemon.poll() is None:
-            time.sleep(0.02)
-        assert acked() >= target, "the worker made no progress"
-        os.kill(daemon.pid, signal.SIGKILL)
-        daemon.wait()
+        try:
+            target = acked() + 5
+            deadline = time.monotonic() + 300
+            while acked() < target and time.monotonic() < deadline and daemon.poll() is None:
+                time.sleep(0.02)
+            assert acked() >= target, "the worker made no progress"
+        finally:
+            # Killed by pid whatever happened, so a failing run leaves no daemon behind.
+            os.kill(daemon.pid, signal.SIGKILL)
+            daemon.wait()
     finished = run_cairn(["--queue", str(queue), "run", "--exit-when-idle"])
     assert finished.returncode == 0, finished.stderr
 
