@@ -183,13 +183,14 @@ impl BlobStore {
             source,
         })?;
         let mut stored = BTreeMap::new();
-        let mut renamed = false;
         for (name, path) in files {
-            let (file, new_blob) = self.store_file(&scratch_dir, scratch, name, path)?;
-            renamed |= new_blob;
+            let file = self.store_file(&scratch_dir, scratch, name, path)?;
             stored.insert(name.clone(), file);
         }
-        if renamed {
+        // Synced whenever the checkpoint names a file, not only when a blob was renamed here:
+        // a blob found in place may be one whose earlier save failed before its directory was
+        // synced, and the checkpoint about to name it must not outlive its entry.
+        if !stored.is_empty() {
             self.ops
                 .sync_dir(&self.dir)
                 .map_err(|source| BlobError::Io {
@@ -201,15 +202,14 @@ impl BlobStore {
         Ok(stored)
     }
 
-    /// Store one file; whether a new blob was renamed into place (the directory then needs a
-    /// sync).
+    /// Store one file (its blob's directory entry still to be synced by the caller).
     fn store_file(
         &self,
         scratch_dir: &File,
         scratch: &Path,
         name: &str,
         path: &str,
-    ) -> Result<(StoredFile, bool), BlobError> {
+    ) -> Result<StoredFile, BlobError> {
         let refused = |reason: String| BlobError::Refused {
             name: name.to_owned(),
             path: path.to_owned(),
@@ -240,38 +240,31 @@ impl BlobStore {
         if let Some(sha256) = self.unchanged(&full, &before) {
             if self.blob_path(&sha256).exists() {
                 let size = before.size();
-                return Ok((
-                    StoredFile {
-                        path: path.to_owned(),
-                        sha256,
-                        size,
-                    },
-                    false,
-                ));
+                return Ok(StoredFile {
+                    path: path.to_owned(),
+                    sha256,
+                    size,
+                });
             }
         }
-        let (sha256, size, new_blob, after) =
-            self.copy_into_blob(&mut source, &full, &before, refused)?;
+        let (sha256, size, after) = self.copy_into_blob(&mut source, &full, &before, refused)?;
         self.remember(full, &after, &sha256);
-        Ok((
-            StoredFile {
-                path: path.to_owned(),
-                sha256,
-                size,
-            },
-            new_blob,
-        ))
+        Ok(StoredFile {
+            path: path.to_owned(),
+            sha256,
+            size,
+        })
     }
 
     /// Copy the open `source` into a blob named by its hash (unless one exists): the hash,
-    /// size, whether a blob was renamed into place, and the file's metadata after the copy.
+    /// size, and the file's metadata after the copy.
     fn copy_into_blob(
         &self,
         source: &mut File,
         full: &Path,
         before: &fs::Metadata,
         refused: impl Fn(String) -> BlobError,
-    ) -> Result<(String, u64, bool, fs::Metadata), BlobError> {
+    ) -> Result<(String, u64, fs::Metadata), BlobError> {
         let mut temp = self
             .ops
             .create_temp(&self.dir, "incoming")
@@ -308,9 +301,8 @@ impl BlobStore {
             ));
         }
         let target = self.blob_path(&sha256);
-        let new_blob = if target.exists() {
+        if target.exists() {
             let _ = self.ops.remove_file(&temp.path);
-            false
         } else {
             let synced = self
                 .ops
@@ -324,9 +316,8 @@ impl BlobStore {
                     source,
                 });
             }
-            true
-        };
-        Ok((sha256, size, new_blob, after))
+        }
+        Ok((sha256, size, after))
     }
 
     /// The hash of `full` if this process stored it before and it has not changed since.
