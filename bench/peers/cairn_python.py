@@ -18,17 +18,15 @@ waits on the disk).
     python3 bench/peers/cairn_python.py --api saver --size 1k --conc 1 --dir bench/.data
 """
 import argparse
-import json
 import os
 import shutil
-import sys
 import tempfile
 import threading
 import time
 
 import cairn
 
-from workload_state import ITERATIONS, WINDOW, canonical, check_generator, nearest_rank, state
+from workload_state import canonical, print_result, state, variant_args
 
 
 def run(api, path, size, tasks, iterations):
@@ -94,15 +92,7 @@ def stored_bytes(path):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--api", choices=["store", "saver"], default="store")
-    ap.add_argument("--size", choices=sorted(WINDOW), default="1k")
-    ap.add_argument("--conc", type=int, default=1)
-    ap.add_argument("--dir", default=os.path.join(os.path.dirname(__file__), "..", ".data"))
-    args = ap.parse_args()
-    iterations = ITERATIONS.get((args.size, args.conc))
-    if iterations is None:
-        sys.exit(f"no such variant in bench/workload.md: {args.size} x {args.conc}")
-    check_generator()
-    os.makedirs(args.dir, exist_ok=True)
+    args, iterations = variant_args(None, ap)
     work = tempfile.mkdtemp(prefix=f"cairn-python-{args.api}-", dir=args.dir)
     try:
         latencies, json_bytes, wall = run(args.api, work, args.size, args.conc, iterations)
@@ -113,17 +103,10 @@ def main():
                     for f in fs if not f.startswith("."))
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    n = len(latencies)
-    ordered = sorted(latencies)
-    print(json.dumps({
-        "impl": "cairn-python-" + args.api, "mode": "durable", "size": args.size,
-        "conc": args.conc, "n": n, "json_bytes": round(json_bytes / n),
-        "stored_bytes": round(kept / max(files, 1)),
-        "p50_ms": round(nearest_rank(ordered, 0.5) * 1000, 3),
-        "p99_ms": round(nearest_rank(ordered, 0.99) * 1000, 3),
-        # One task: the timed calls alone, as langgraph_sqlite.py counts; many: the wall time.
-        "ops_s": round(n / (sum(latencies) if args.conc == 1 else wall), 1),
-    }))
+    # One task: the timed calls alone, as langgraph_sqlite.py counts; many: the wall time.
+    seconds = sum(latencies) if args.conc == 1 else wall
+    print_result("cairn-python-" + args.api, "durable", args, latencies, json_bytes,
+                 kept / max(files, 1), seconds)
 
 
 if __name__ == "__main__":

@@ -13,13 +13,10 @@ workload task, as LangGraph's async graphs do.
     pip install langgraph-checkpoint-sqlite
     python3 bench/peers/langgraph_sqlite.py --size 1k --conc 1 --dir bench/.data
 """
-import argparse
 import asyncio
-import json
 import os
 import shutil
 import sqlite3
-import sys
 import tempfile
 import time
 
@@ -27,7 +24,7 @@ from langgraph.checkpoint.base import empty_checkpoint
 from langgraph.checkpoint.base.id import uuid6
 from langgraph.checkpoint.sqlite import SqliteSaver
 
-from workload_state import ITERATIONS, WINDOW, canonical, check_generator, nearest_rank, state
+from workload_state import canonical, print_result, state, variant_args
 
 def checkpoint_of(value):
     checkpoint = empty_checkpoint()
@@ -91,16 +88,7 @@ async def run_concurrent(path, size, tasks, iterations):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--size", choices=sorted(WINDOW), default="1k")
-    ap.add_argument("--conc", type=int, default=1)
-    ap.add_argument("--dir", default=os.path.join(os.path.dirname(__file__), "..", ".data"))
-    args = ap.parse_args()
-    iterations = ITERATIONS.get((args.size, args.conc))
-    if iterations is None:
-        sys.exit(f"no such variant in bench/workload.md: {args.size} x {args.conc}")
-    check_generator()
-    os.makedirs(args.dir, exist_ok=True)
+    args, iterations = variant_args(__doc__.splitlines()[0])
     work = tempfile.mkdtemp(prefix="langgraph-", dir=args.dir)
     path = os.path.join(work, "checkpoints.sqlite")
     try:
@@ -116,16 +104,9 @@ def main():
         conn.close()
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    n = len(latencies)
-    ordered = sorted(latencies)
     mode = "shipped" if synchronous == 2 else f"synchronous={synchronous}"
-    print(json.dumps({
-        "impl": "langgraph-sqlite", "mode": mode, "size": args.size, "conc": args.conc,
-        "n": n, "json_bytes": round(json_bytes / n), "stored_bytes": round(stored / n),
-        "p50_ms": round(nearest_rank(ordered, 0.5) * 1000, 3),
-        "p99_ms": round(nearest_rank(ordered, 0.99) * 1000, 3),
-        "ops_s": round(n / total, 1),
-    }))
+    print_result("langgraph-sqlite", mode, args, latencies, json_bytes,
+                 stored / len(latencies), total)
 
 
 if __name__ == "__main__":

@@ -3,9 +3,11 @@
 `state(size, task, iteration)` makes the very bytes cairn's generator makes; `check_generator()`
 checks a few of the workload's reference digests first, as every implementation must.
 """
+import argparse
 import hashlib
 import json
 import math
+import os
 import sys
 
 MASK = (1 << 64) - 1
@@ -69,3 +71,34 @@ def check_generator():
 
 def nearest_rank(sorted_values, q):
     return sorted_values[max(0, math.ceil(q * len(sorted_values)) - 1)]
+
+
+def variant_args(description, parser=None):
+    """The workload variant asked for on the command line (`--size`, `--conc`, `--dir`, and
+    whatever `parser` adds), its iterations per task, with the generator checked and the run
+    directory's parent made."""
+    ap = parser or argparse.ArgumentParser(description=description)
+    ap.add_argument("--size", choices=sorted(WINDOW), default="1k")
+    ap.add_argument("--conc", type=int, default=1)
+    ap.add_argument("--dir", default=os.path.join(os.path.dirname(__file__), "..", ".data"))
+    args = ap.parse_args()
+    iterations = ITERATIONS.get((args.size, args.conc))
+    if iterations is None:
+        sys.exit(f"no such variant in bench/workload.md: {args.size} x {args.conc}")
+    check_generator()
+    os.makedirs(args.dir, exist_ok=True)
+    return args, iterations
+
+
+def print_result(impl, mode, args, latencies, json_bytes, stored_bytes, seconds):
+    """The workload's one JSON line: `stored_bytes` per checkpoint, `seconds` the time the
+    throughput is counted over."""
+    n = len(latencies)
+    ordered = sorted(latencies)
+    print(json.dumps({
+        "impl": impl, "mode": mode, "size": args.size, "conc": args.conc, "n": n,
+        "json_bytes": round(json_bytes / n), "stored_bytes": round(stored_bytes),
+        "p50_ms": round(nearest_rank(ordered, 0.5) * 1000, 3),
+        "p99_ms": round(nearest_rank(ordered, 0.99) * 1000, 3),
+        "ops_s": round(n / seconds, 1),
+    }))
