@@ -201,17 +201,26 @@ mod tests {
         }
     }
 
+    /// The submitter of the tasks steered in these tests.
+    fn alice() -> Submitter {
+        Submitter {
+            uid: 1001,
+            user: Some("alice".into()),
+        }
+    }
+
+    /// The operators' group (gid 50) of these tests; uid 1003 is its one member.
+    fn ops() -> OperatorsGroup {
+        OperatorsGroup {
+            gid: 50,
+            name: "ops".into(),
+        }
+    }
+
     #[test]
     fn only_the_submitter_the_daemon_root_and_operators_may_steer() {
         const DAEMON: u32 = 900;
-        let alice = Submitter {
-            uid: 1001,
-            user: Some("alice".into()),
-        };
-        let ops = OperatorsGroup {
-            gid: 50,
-            name: "ops".into(),
-        };
+        let (alice, ops) = (alice(), ops());
         // uid 1003 is in the operators' group, 1002 is not.
         let member = |uid: u32, gid: u32| uid == 1003 && gid == 50;
         let judge = |origin: Option<&RequestFile>, submitter, operators| {
@@ -247,14 +256,7 @@ mod tests {
     fn through_a_database_the_asking_role_is_judged_as_its_mapped_user() {
         use super::{decide_asker, DatabaseAsker};
         const DAEMON: u32 = 900;
-        let alice = Submitter {
-            uid: 1001,
-            user: Some("alice".into()),
-        };
-        let ops = OperatorsGroup {
-            gid: 50,
-            name: "ops".into(),
-        };
+        let (alice, ops) = (alice(), ops());
         let member = |uid: u32, gid: u32| uid == 1003 && gid == 50;
         let judge =
             |asker: DatabaseAsker| decide_asker(&asker, Some(&alice), DAEMON, Some(&ops), member);
