@@ -15,6 +15,7 @@
 pub mod bench;
 #[cfg(feature = "cli")]
 pub mod cli;
+pub mod client;
 pub mod clients;
 pub mod cost;
 pub mod daemon;

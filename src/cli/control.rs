@@ -1,22 +1,21 @@
-//! `cairn pause|resume|cancel|retry ID`: steer a task through a request in `control/`.
+//! `cairn pause|resume|cancel|retry ID`: steer a task, or with filters instead of an id every
+//! task they select (`--state`, `--submitter`, `--phase`, `--since`, `--older-than`, `--all`).
 //!
-//! A running daemon takes the request within a second (it watches `control/`); this command
-//! waits up to a few seconds for that and says what happened: taken, or refused and why (the
-//! daemon's `control_refused` event naming the request, in the task's journal; exit 1). Without a daemon the request
-//! waits in `control/` and takes effect when the next one starts.
+//! A running daemon takes a request within a second (it watches `control/`, or the shared
+//! queue's requests); this command waits up to a few seconds for that and says what happened:
+//! taken, or refused and why (exit 1). Without a daemon the request waits and takes effect when
+//! the next one starts. The requests themselves are the client's (`client::QueueClient`).
 
+use std::io::{BufRead, IsTerminal, Write};
 use std::path::Path;
-use std::time::{Duration, Instant};
 
 use clap::Args;
 
-use super::error::{print_line, CliError, CliResult, ExitCodeExt};
+use super::error::{print, print_line, CliError, CliResult};
 use super::source::DbArg;
-use super::{exit, format};
-use crate::queue::control::{self, ControlAction, ControlRequest};
-use crate::queue::{QueueDir, QueueReader};
-use crate::store::{FileStorage, Storage};
-use crate::task_id::TaskId;
+use crate::client::{BulkOutcome, QueueClient, TaskFilter};
+use crate::queue::control::ControlAction;
+use crate::queue::TaskView;
 
 /// Which request.
 #[derive(Debug, Clone, Copy)]
@@ -28,177 +27,230 @@ pub enum Action {
 }
 
 #[derive(Debug, Args)]
+#[command(after_help = "\
+Without an id, the filters select the tasks (every condition given must hold): the command \
+lists them and, on a terminal, asks before sending (--yes does not ask; --dry-run only lists). \
+Each task's request is judged as one for that task alone would be, and each is reported.
+
+Examples:
+  cairn retry --state failed --yes            every failed task
+  cairn pause --submitter alice               alice's tasks (asks first)
+  cairn cancel --phase fetch --older-than 2d --dry-run")]
 pub struct ControlArgs {
-    /// The task id.
-    id: String,
+    /// The task id (or filters instead, below).
+    #[arg(required_unless_present_any = ["state", "submitter", "phase", "since", "older_than", "all"])]
+    id: Option<String>,
 
     /// Return as soon as the request is written, without waiting for the daemon to take it.
     #[arg(long)]
     no_wait: bool,
 
+    /// Tasks in this state (as `status` prints it; repeat or comma-separate for several).
+    #[arg(
+        long,
+        value_name = "STATE",
+        value_delimiter = ',',
+        conflicts_with = "id"
+    )]
+    state: Vec<String>,
+
+    /// Tasks of this submitter (user name or uid).
+    #[arg(long, value_name = "USER", conflicts_with = "id")]
+    submitter: Option<String>,
+
+    /// Tasks at this phase.
+    #[arg(long, value_name = "PHASE", conflicts_with = "id")]
+    phase: Option<String>,
+
+    /// Tasks active (finished, checkpointed or started) within this long, e.g. 1h.
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration, conflicts_with = "id")]
+    since: Option<std::time::Duration>,
+
+    /// Tasks not active for this long, e.g. 2d.
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration, conflicts_with = "id")]
+    older_than: Option<std::time::Duration>,
+
+    /// Every task (the other filters still narrow it).
+    #[arg(long, conflicts_with = "id")]
+    all: bool,
+
+    /// With filters: list what would be touched, send nothing.
+    #[arg(long)]
+    dry_run: bool,
+
+    /// With filters: do not ask for confirmation.
+    #[arg(long, short = 'y')]
+    yes: bool,
+
+    /// With filters: one JSON document of what was selected and what became of each.
+    #[arg(long)]
+    json: bool,
+
     #[command(flatten)]
     pub(super) db: DbArg,
 }
 
-/// How long to wait for a running daemon to take the request.
-const WAIT_FOR_DAEMON: Duration = Duration::from_secs(5);
+impl Action {
+    fn request(self) -> ControlAction {
+        match self {
+            Action::Pause => ControlAction::Pause,
+            Action::Resume => ControlAction::Resume,
+            Action::Cancel => ControlAction::Cancel,
+            Action::Retry => ControlAction::Retry,
+        }
+    }
+}
 
 pub fn run(queue: &Path, action: Action, args: ControlArgs) -> CliResult {
-    let action = match action {
-        Action::Pause => ControlAction::Pause,
-        Action::Resume => ControlAction::Resume,
-        Action::Cancel => ControlAction::Cancel,
-        Action::Retry => ControlAction::Retry,
-    };
-    print_line(request(
-        queue,
-        args.db.url(),
-        action,
-        &args.id,
-        args.no_wait,
-    )?)
+    let action = action.request();
+    let client = QueueClient::open(queue, args.db.url())?;
+    match &args.id {
+        Some(id) => print_line(request(&client, action, id, !args.no_wait)?),
+        None => bulk(&client, action, &args),
+    }
 }
 
-/// Ask the daemon (of the queue directory, or of the shared queue at `db`) to apply `action`
-/// to the task `id_text`, and say what became of it: what `cairn pause|resume|cancel|retry`
-/// prints, and what the dashboard's actions answer.
+/// Ask for `action` on task `id_text` and say what became of it: what
+/// `cairn pause|resume|cancel|retry ID` prints, and what the dashboard's actions answer.
 pub fn request(
-    queue: &Path,
-    db: Option<&str>,
+    client: &QueueClient,
     action: ControlAction,
     id_text: &str,
-    no_wait: bool,
+    wait: bool,
 ) -> CliResult<String> {
-    let id = format::task_id_arg(id_text).exit_code(exit::USAGE)?;
-    if let Some(url) = db {
-        return run_db(url, action, &id, no_wait);
-    }
-    let storage = FileStorage::new(queue);
-    let reader = QueueReader::open(queue);
-    // A task still in the inbox is steered too: the daemon holds the request until it has
-    // taken the task.
-    let mut submitted = false;
-    match storage.get(&QueueDir::task_key(id_text)) {
-        Ok(Some(_)) => {}
-        Ok(None) if reader.in_inbox(id_text) => submitted = true,
-        Ok(None) => {
-            return Err(CliError::failure(format_args!(
-                "queue {} has no task {:?}",
-                queue.display(),
-                id_text
-            )));
-        }
-        Err(e) => {
-            return Err(CliError::failure(format_args!(
-                "reading the task {:?}: {e}",
-                id_text
-            )));
-        }
-    }
-    let request = ControlRequest::new(action, &id);
-    // A second back: the journal's clock is the daemon's, which reads the same clock later.
-    let written_at = chrono::Utc::now() - chrono::Duration::seconds(1);
-    let key = control::submit(&storage, &request).map_err(|e| {
-        CliError::failure(format_args!(
-            "writing the request into {}: {e}",
-            QueueDir::new(queue).control().display()
-        ))
-    })?;
-    let verb = action.as_str();
-    if no_wait {
-        return Ok(format!("{verb} requested for {}", id_text));
-    }
-    let Some(pid) = reader.daemon().pid else {
-        let when = if submitted {
-            format!(
-                "it is still in {}/ and no daemon is running; it takes effect when one takes the task",
-                QueueDir::INBOX_NAME
-            )
-        } else {
-            "no daemon is running, it takes effect when one starts".to_string()
-        };
-        return Ok(format!("{verb} requested for {}; {when}", id_text));
+    let id = QueueClient::task_id(id_text)?;
+    Ok(client.request(action, &id, wait)?.message(action, &id))
+}
+
+/// The filters of `args`, with the durations as times before now.
+fn filter_of(args: &ControlArgs) -> TaskFilter {
+    let before = |d: std::time::Duration| {
+        chrono::Utc::now() - chrono::Duration::from_std(d).unwrap_or(chrono::Duration::MAX)
     };
-    let deadline = Instant::now() + WAIT_FOR_DAEMON;
-    while Instant::now() < deadline {
-        if control::handled(reader.dir(), &key) {
-            let uid = nix::unistd::geteuid().as_raw();
-            if let Some(why) = control::refusal(reader.dir(), id_text, &key, uid, written_at) {
-                return Err(CliError::failure(format_args!(
-                    "{verb}: the daemon (pid {pid}) refused the request for {}: {why}",
-                    id_text
-                )));
-            }
-            let outcome = what_follows(action);
-            return Ok(format!(
-                "{verb}: the daemon (pid {pid}) took the request for {}; {outcome}",
-                id_text
-            ));
+    TaskFilter {
+        states: args.state.clone(),
+        submitter: args.submitter.clone(),
+        phase: args.phase.clone(),
+        since: args.since.map(before),
+        older_than: args.older_than.map(before),
+        all: args.all,
+    }
+}
+
+/// The request for every task the filters select: listed, confirmed, sent, reported.
+fn bulk(client: &QueueClient, action: ControlAction, args: &ControlArgs) -> CliResult {
+    let tasks = client.select(&filter_of(args))?;
+    let verb = action.as_str();
+    if args.dry_run || tasks.is_empty() {
+        return report_selection(verb, &tasks, args);
+    }
+    if !args.json {
+        print(&listing(verb, &tasks))?;
+    }
+    if !args.yes && !confirmed(verb, tasks.len())? {
+        return Err(CliError::failure(format_args!("{verb}: nothing was sent")));
+    }
+    let outcomes = client.request_each(action, &tasks, !args.no_wait);
+    let refused = outcomes.iter().filter(|o| o.result.is_err()).count();
+    if args.json {
+        print_line(serde_json::json!({
+            "action": verb,
+            "dry_run": false,
+            "tasks": outcomes.iter().map(|o| outcome_json(action, o)).collect::<Vec<_>>(),
+        }))?;
+    } else {
+        let mut text = String::new();
+        for outcome in &outcomes {
+            text.push_str(&format!("{}\n", outcome_line(action, outcome)));
         }
-        std::thread::sleep(Duration::from_millis(50));
+        text.push_str(&format!(
+            "{verb}: {} of {} task(s) asked, {refused} refused\n",
+            outcomes.len() - refused,
+            outcomes.len()
+        ));
+        print(&text)?;
     }
-    Ok(format!(
-        "{verb} requested for {}; the daemon (pid {pid}) has not taken it yet",
-        id_text
-    ))
-}
-
-/// What an applied request does next, for the operator.
-fn what_follows(action: ControlAction) -> &'static str {
-    match action {
-        ControlAction::Pause => "it stops at its next iteration boundary, checkpointed",
-        ControlAction::Resume => "it continues",
-        ControlAction::Cancel => "it is stopped and recorded as cancelled",
-        ControlAction::Retry => "it resumes from its last checkpoint",
+    if refused == 0 {
+        Ok(())
+    } else {
+        Err(CliError::failure(format_args!(
+            "{verb}: {refused} of {} task(s) refused",
+            outcomes.len()
+        )))
     }
 }
 
-#[cfg(not(feature = "postgres"))]
-fn run_db(_url: &str, _action: ControlAction, _id: &TaskId, _no_wait: bool) -> CliResult<String> {
-    Err(super::source::without_postgres())
+/// `--dry-run` (or nothing selected): what would be touched.
+fn report_selection(verb: &str, tasks: &[TaskView], args: &ControlArgs) -> CliResult {
+    if args.json {
+        let listed: Vec<_> = tasks
+            .iter()
+            .map(|t| serde_json::json!({"id": t.id, "state": t.state.as_str()}))
+            .collect();
+        return print_line(serde_json::json!({
+            "action": verb, "dry_run": args.dry_run, "tasks": listed,
+        }));
+    }
+    if tasks.is_empty() {
+        return print_line(format!("{verb}: no task matches"));
+    }
+    print(&listing(verb, tasks))?;
+    print_line(format!("{verb} --dry-run: nothing was sent"))
 }
 
-/// The request into `cairn_control` of the database at `url`: refused for a task the shared
-/// queue does not have; then waits (unless `no_wait`) for a daemon to handle it and says how.
-#[cfg(feature = "postgres")]
-fn run_db(url: &str, action: ControlAction, id: &TaskId, no_wait: bool) -> CliResult<String> {
-    let shared = super::shared_queue::SharedQueue::open(url)?;
-    let (runtime, db) = (&shared.runtime, &shared.db);
-    if runtime.block_on(db.task_state(id))?.is_none() {
-        return Err(CliError::failure(format_args!(
-            "the shared queue has no task {:?} (a file still in a host's {}/ is taken in first)",
-            id.as_str(),
-            QueueDir::INBOX_NAME
+/// The tasks a bulk request is for, one a line.
+fn listing(verb: &str, tasks: &[TaskView]) -> String {
+    let mut text = format!("{verb}: {} task(s):\n", tasks.len());
+    for task in tasks {
+        let by = task
+            .submitted_by()
+            .map(|s| s.short())
+            .unwrap_or_else(|| "-".into());
+        let phase = task.phase.as_deref().unwrap_or("-");
+        text.push_str(&format!(
+            "  {}  {}  {phase}  {by}\n",
+            task.id,
+            task.state.as_str()
+        ));
+    }
+    text
+}
+
+/// On a terminal, ask; elsewhere (a script without `--yes`) refuse.
+fn confirmed(verb: &str, count: usize) -> CliResult<bool> {
+    if !std::io::stdin().is_terminal() {
+        return Err(CliError::usage(format_args!(
+            "{verb}: {count} task(s) selected; stdin is not a terminal, so nothing was sent: \
+             give --yes to send, or --dry-run to list"
         )));
     }
-    let request = runtime.block_on(db.request_control(id, action))?;
-    let verb = action.as_str();
-    if no_wait {
-        return Ok(format!("{verb} requested for {id}"));
+    eprint!("{verb} these {count} task(s)? [y/N] ");
+    let _ = std::io::stderr().flush();
+    let mut answer = String::new();
+    std::io::stdin()
+        .lock()
+        .read_line(&mut answer)
+        .map_err(|e| CliError::failure(format_args!("reading the answer: {e}")))?;
+    Ok(matches!(answer.trim(), "y" | "Y" | "yes"))
+}
+
+fn outcome_line(action: ControlAction, outcome: &BulkOutcome) -> String {
+    match &outcome.result {
+        Ok(taken) => match QueueClient::task_id(&outcome.id) {
+            Ok(id) => taken.message(action, &id),
+            Err(_) => outcome.id.clone(),
+        },
+        Err(e) => e.to_string(),
     }
-    let deadline = Instant::now() + WAIT_FOR_DAEMON;
-    while Instant::now() < deadline {
-        if let Some(handled) = runtime.block_on(db.control_outcome(request))? {
-            let node = &handled.node;
-            return match handled.outcome.strip_prefix("refused: ") {
-                Some(why) => Err(CliError::failure(format_args!(
-                    "{verb}: node {node} refused the request for {id}: {why}"
-                ))),
-                None if handled.outcome == "applied" || handled.outcome.starts_with("taken ") => {
-                    Ok(format!(
-                        "{verb}: node {node} took the request for {id}; {}",
-                        what_follows(action)
-                    ))
-                }
-                None => Ok(format!(
-                    "{verb}: node {node} took the request for {id}: {}",
-                    handled.outcome
-                )),
-            };
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    Ok(format!(
-        "{verb} requested for {id}; no daemon has taken it yet, it takes effect when one does"
-    ))
+}
+
+fn outcome_json(action: ControlAction, outcome: &BulkOutcome) -> serde_json::Value {
+    let (result, message) = match &outcome.result {
+        Ok(taken) if taken.taken() => ("taken", outcome_line(action, outcome)),
+        Ok(_) => ("requested", outcome_line(action, outcome)),
+        Err(e) => ("refused", e.to_string()),
+    };
+    serde_json::json!({
+        "id": outcome.id, "state": outcome.state, "result": result, "message": message,
+    })
 }

@@ -75,8 +75,24 @@ impl CliError {
 }
 
 impl<E: Into<anyhow::Error>> From<E> for CliError {
+    /// A runtime failure (exit 1), except for the client's errors, whose class says their code.
     fn from(error: E) -> CliError {
-        CliError::new(exit::FAILURE, error)
+        let error = error.into();
+        let code = error
+            .downcast_ref::<crate::client::ClientError>()
+            .map_or(exit::FAILURE, |e| exit_code_of(e.kind()));
+        CliError::new(code, error)
+    }
+}
+
+/// The exit code of a client error of class `kind`.
+fn exit_code_of(kind: crate::client::ErrorKind) -> u8 {
+    use crate::client::ErrorKind;
+    match kind {
+        ErrorKind::Failure => exit::FAILURE,
+        ErrorKind::Usage => exit::USAGE,
+        ErrorKind::InvalidTask => exit::INVALID_TASK,
+        ErrorKind::UnsafeQueue => exit::UNSAFE_QUEUE,
     }
 }
 

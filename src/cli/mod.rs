@@ -16,7 +16,6 @@ mod prune;
 mod python_json;
 mod run;
 #[cfg(feature = "postgres")]
-mod shared_queue;
 mod show;
 mod source;
 mod status;

@@ -5,17 +5,18 @@
 //! queue shared in PostgreSQL go with all their rows (`PgQueue::prune`), judged by the
 //! database's clock.
 
-use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
-use chrono::Utc;
 use clap::Args;
 
 use super::error::{print, CliError, CliResult};
 use super::format;
 use super::source::DbArg;
-use crate::queue::{PrunePlan, PruneReason, PruneRules, QueuePruner, QueueReader};
+#[cfg(feature = "postgres")]
+use crate::client::DatabasePruneReport;
+use crate::client::{FilePruneReport, PruneReport, PruneRequest, QueueClient};
+use crate::queue::PruneReason;
 
 #[derive(Debug, Args)]
 #[command(after_help = "\
@@ -53,114 +54,69 @@ pub struct PruneArgs {
 }
 
 pub fn run(queue: &Path, args: PruneArgs) -> CliResult {
-    if let Some(url) = args.db.url() {
-        return prune_db(url, &args);
-    }
-    let reader = QueueReader::open(queue);
-    if !reader.exists() {
-        return Err(CliError::failure(format_args!(
-            "queue {} does not exist",
-            reader.root().display()
-        )));
-    }
-    // Refused before anything is read: a directory replaced by a link would lead the plan (and,
-    // for root, the removals) outside the queue.
-    let pruner = QueuePruner::open(&reader)
-        .map_err(|problem| CliError::failure(format_args!("refusing to prune: {problem}")))?;
-    let rules = PruneRules {
+    let client = QueueClient::open(queue, args.db.url())?;
+    let request = PruneRequest {
         older_than: args.older_than,
         keep_generations: args.keep_generations,
+        dry_run: args.dry_run,
     };
-    let plan = reader
-        .prune_plan(&rules, Utc::now())
-        .map_err(|e| CliError::failure(format_args!("{e}; nothing was removed")))?;
-    let verb = if args.dry_run {
+    match client.prune(&request)? {
+        PruneReport::Files(report) => print_files(&report, args.dry_run),
+        #[cfg(feature = "postgres")]
+        PruneReport::Database(report) => print(&database_text(&report, args.dry_run)),
+    }
+}
+
+fn verb(dry_run: bool) -> &'static str {
+    if dry_run {
         "would remove"
     } else {
         "removed"
-    };
-    let mut not_removed: Vec<String> = Vec::new();
-    let mut bytes = 0u64;
-    let mut counts: BTreeMap<PruneReason, usize> = BTreeMap::new();
-    for item in &plan.items {
-        let size = item.disk_size();
-        let result = if args.dry_run {
-            Ok(item.is_dir())
-        } else {
-            pruner.remove(item)
-        };
-        match result {
-            Ok(is_dir) => {
-                bytes += size;
-                *counts.entry(item.reason).or_default() += 1;
-                let slash = if is_dir { "/" } else { "" };
-                print(&format!("{verb} {}{slash}\n", item.path.display()))?;
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            // The others are still removed; the failures are the command's error at the end.
-            Err(e) => not_removed.push(format!("{}: {e}", item.path.display())),
-        }
     }
-    print(&summary(&plan, &counts, bytes, args.dry_run))?;
-    if not_removed.is_empty() {
+}
+
+/// Each path removed, the summary, and the paths that could not be removed as the error.
+fn print_files(report: &FilePruneReport, dry_run: bool) -> CliResult {
+    let mut text = String::new();
+    for (path, is_dir) in &report.removed {
+        let slash = if *is_dir { "/" } else { "" };
+        text.push_str(&format!("{} {}{slash}\n", verb(dry_run), path.display()));
+    }
+    text.push_str(&summary(report, dry_run));
+    print(&text)?;
+    if report.not_removed.is_empty() {
         Ok(())
     } else {
         Err(CliError::failure(format_args!(
             "{} path(s) could not be removed: {}",
-            not_removed.len(),
-            not_removed.join("; ")
+            report.not_removed.len(),
+            report.not_removed.join("; ")
         )))
     }
 }
 
 /// The last line: what was (or would be) removed, by reason, and the bytes freed.
-fn summary(
-    plan: &PrunePlan,
-    counts: &BTreeMap<PruneReason, usize>,
-    bytes: u64,
-    dry_run: bool,
-) -> String {
-    let count = |why| counts.get(&why).copied().unwrap_or(0);
+fn summary(report: &FilePruneReport, dry_run: bool) -> String {
+    let count = |why| report.counts.get(&why).copied().unwrap_or(0);
     format!(
         "{}: {} finished task(s), {} rejected file(s), {} old generation(s), {} orphan(s), \
          {} control request(s); {} path(s), {}\n",
         if dry_run { "prune --dry-run" } else { "prune" },
-        plan.finished_tasks,
-        plan.rejected_records,
+        report.finished_tasks,
+        report.rejected_records,
         count(PruneReason::Generation),
         count(PruneReason::Orphan),
         count(PruneReason::Control),
-        counts.values().sum::<usize>(),
-        format::format_bytes(bytes),
+        report.counts.values().sum::<usize>(),
+        format::format_bytes(report.bytes),
     )
 }
 
-/// `cairn prune --db URL`: the shared queue's finished tasks past their retention, with all
-/// their rows; each task (and trimmed generation) is printed, then a summary.
+/// Each task (and trimmed generation) removed from the shared queue, then a summary.
 #[cfg(feature = "postgres")]
-fn prune_db(url: &str, args: &PruneArgs) -> CliResult {
-    use crate::queue::postgres::PruneRules;
-
-    let shared = super::shared_queue::SharedQueue::open(url)?;
-    let rules = PruneRules {
-        keep_generations: args.keep_generations,
-        dry_run: args.dry_run,
-        ..PruneRules::older_than(args.older_than)
-    };
-    // Batches already committed stay removed when a later one fails; the error says so.
-    let pruned = shared
-        .runtime
-        .block_on(shared.db.prune(&rules))
-        .map_err(|e| {
-            shared.error(format_args!(
-                "{e}; tasks of the batches before were removed, the others were not"
-            ))
-        })?;
-    let verb = if args.dry_run {
-        "would remove"
-    } else {
-        "removed"
-    };
+fn database_text(report: &DatabasePruneReport, dry_run: bool) -> String {
+    let pruned = &report.pruned;
+    let verb = verb(dry_run);
     let mut text = String::new();
     for task in &pruned.tasks {
         text.push_str(&format!(
@@ -183,21 +139,12 @@ fn prune_db(url: &str, args: &PruneArgs) -> CliResult {
     }
     text.push_str(&format!(
         "{}: {} finished task(s), {} old generation(s), {} control request(s); {} row(s) in {}\n",
-        if args.dry_run {
-            "prune --dry-run"
-        } else {
-            "prune"
-        },
+        if dry_run { "prune --dry-run" } else { "prune" },
         pruned.tasks.len(),
         pruned.generations.len(),
         pruned.control_requests,
         pruned.rows(),
-        shared.database,
+        report.database,
     ));
-    print(&text)
-}
-
-#[cfg(not(feature = "postgres"))]
-fn prune_db(_url: &str, _args: &PruneArgs) -> CliResult {
-    Err(super::source::without_postgres())
+    text
 }

@@ -79,14 +79,6 @@ fn url_from_file(file: &Path) -> CliResult<String> {
 }
 
 impl DbArg {
-    /// The argument as if `--db url` (or nothing) had been given.
-    pub fn with_url(db: Option<String>) -> DbArg {
-        DbArg {
-            db,
-            db_url_file: None,
-        }
-    }
-
     /// Read `--db-url-file`, if given, into the URL.
     pub fn read_url_file(&mut self) -> CliResult {
         read_db_url_file(&mut self.db, self.db_url_file.as_deref())

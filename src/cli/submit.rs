@@ -8,10 +8,8 @@ use clap::Args;
 
 use super::error::{print_line, CliError, CliResult};
 use super::source::DbArg;
-use crate::queue::{QueueDir, QueueReader};
-use crate::store::{FileStorage, Storage};
-use crate::task::{random_suffix, Task, TaskError, MAX_TASK_FILE_BYTES};
-use crate::task_id::TaskId;
+use crate::client::QueueClient;
+use crate::task::{Task, TaskError, MAX_TASK_FILE_BYTES};
 
 #[derive(Debug, Args)]
 #[command(after_help = "\
@@ -33,126 +31,16 @@ pub struct SubmitArgs {
 }
 
 pub fn run(queue: &Path, args: SubmitArgs) -> CliResult {
-    let (stem, mut task) = read_task_file(&args.file)?;
-    let id = task
-        .id
-        .get_or_insert_with(|| TaskId::generate(&stem, &random_suffix()))
-        .clone();
-    if let Some(url) = args.db.url() {
-        return submit_db(url, &args.file, &task);
+    let (stem, task) = read_task_file(&args.file)?;
+    let client = QueueClient::open(queue, args.db.url())?;
+    if !client.is_shared() {
+        // Root writes into another user's queue as that user (the task file is read already).
+        super::as_owner::become_queue_owner(queue)?;
     }
-    let queue_dir = QueueDir::new(queue);
-    if !queue.is_dir() && !args.create_queue {
-        let shown = std::path::absolute(queue).unwrap_or_else(|_| queue.to_path_buf());
-        return Err(CliError::failure(format_args!(
-            "there is no queue at {} (nothing was submitted); name the queue with \
-             --queue DIR or CAIRN_QUEUE, run from the directory that holds it, or create it \
-             with `cairn submit --create-queue` or `cairn run`",
-            shown.display()
-        )));
-    }
-    // Root writes into another user's queue as that user (the task file is read already).
-    super::as_owner::become_queue_owner(queue)?;
-    // The inbox of a new queue is created; an existing one is left as its owner set it up.
-    if !queue_dir.inbox().is_dir() {
-        queue_dir.create_all()?;
-    }
-    let storage = FileStorage::new(queue);
-    let inbox_key = QueueDir::inbox_key(&id);
-    for key in QueueDir::keys_of_id(&id) {
-        match storage.get(&key) {
-            Ok(None) => {}
-            Ok(Some(_)) => {
-                return Err(CliError::invalid_task(format_args!(
-                    "{}: a task with id {id:?} already exists in the queue ({})",
-                    args.file.display(),
-                    queue_dir.display_key(&key)
-                )));
-            }
-            // A submitter may not be allowed to read the daemon's directories; the daemon
-            // refuses a duplicate id itself, so the early check is only a courtesy.
-            Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {}
-            Err(e) => {
-                return Err(CliError::failure(format_args!(
-                    "reading {}: {e}",
-                    queue_dir.display_key(&key)
-                )));
-            }
-        }
-    }
-    // The inbox file appears whole or not at all: temp file, fsync, rename, directory fsync.
-    storage
-        .put(&inbox_key, &task.to_json_bytes(), None)
-        .map_err(|e| {
-            CliError::failure(format_args!(
-                "writing {}: {e}",
-                queue_dir.display_key(&inbox_key)
-            ))
-        })?;
-    print_line(&id)?;
-    tell_what_next(queue, &id);
+    let submitted = client.submit(task, &stem, &file_name(&args.file), args.create_queue)?;
+    print_line(&submitted.id)?;
+    eprintln!("{}", submitted.next);
     Ok(())
-}
-
-/// Insert `task` (its id set) into the shared queue at `url`, once: an id the queue has
-/// already is refused as the file queue refuses it, and nothing changes.
-#[cfg(feature = "postgres")]
-fn submit_db(url: &str, file: &Path, task: &Task) -> CliResult {
-    use crate::queue::postgres::{NewTask, Submitted};
-
-    let shared = super::shared_queue::SharedQueue::open(url)?;
-    let id = task.id();
-    // Stored as the inbox's intake stores it (with its submitter: the user running this, as
-    // a host's intake takes the owner of the file), so a task is the same text however it
-    // came in.
-    let mut task = task.clone();
-    task.submitted_by = Some(crate::submitter::Submitter::current());
-    let definition = String::from_utf8_lossy(&task.to_json_bytes()).into_owned();
-    let submitted = shared
-        .runtime
-        .block_on(shared.db.submit(&NewTask::of(&task, &definition)))
-        .map_err(|e| shared.error(format_args!("{e}; nothing was submitted")))?;
-    if submitted == Submitted::AlreadyThere {
-        return Err(CliError::invalid_task(format_args!(
-            "{}: a task with id {:?} already exists in the shared queue ({}); nothing was \
-             submitted",
-            file_name(file),
-            id.as_str(),
-            shared.database
-        )));
-    }
-    print_line(id)?;
-    eprintln!(
-        "submitted {id} to the shared queue ({}); a `cairn run --db` daemon takes it within a \
-         second or two; follow it with `cairn status --db URL` or `cairn show --db URL {id}`",
-        shared.database
-    );
-    Ok(())
-}
-
-#[cfg(not(feature = "postgres"))]
-fn submit_db(_url: &str, _file: &Path, _task: &Task) -> CliResult {
-    Err(super::source::without_postgres())
-}
-
-/// For people (stderr, so the id stays alone on stdout): where the task went and what to run.
-fn tell_what_next(queue: &Path, id: &str) {
-    let shown = std::path::absolute(queue).unwrap_or_else(|_| queue.to_path_buf());
-    let cairn = if queue == Path::new("./queue") {
-        "cairn".to_string()
-    } else {
-        format!("cairn --queue {}", shown.display())
-    };
-    let reader = QueueReader::open(queue);
-    let daemon = if reader.daemon().running {
-        "its daemon takes it within a second".to_string()
-    } else {
-        format!("no daemon runs on this queue: `{cairn} run` starts one")
-    };
-    eprintln!(
-        "submitted {id} to {}; {daemon}; follow it with `{cairn} status` or `{cairn} show {id}`",
-        reader.dir().inbox().display()
-    );
 }
 
 /// Read and validate a task file ("-" is stdin). Returns the name to derive an id from, or

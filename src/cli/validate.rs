@@ -8,6 +8,7 @@ use clap::Args;
 
 use super::error::{print_line, CliError, CliResult};
 use super::source::DbArg;
+use crate::client::QueueClient;
 
 #[derive(Debug, Args)]
 pub struct ValidateArgs {
@@ -32,8 +33,9 @@ pub fn run(args: ValidateArgs) -> CliResult {
             // `submit` gives it a new id (the file's name and a random suffix).
             None => line.push_str("; no id (submit gives it a new one)"),
             Some(id) => {
-                let (taken, database) = id_taken(url, id.as_str())?;
-                if taken {
+                let client = QueueClient::database(url)?;
+                let database = client.location();
+                if !client.id_is_free(id)? {
                     return Err(CliError::invalid_task(format_args!(
                         "{name}: a task with id {:?} already exists in the shared queue \
                          ({database}); `cairn submit --db` would refuse it",
@@ -48,19 +50,4 @@ pub fn run(args: ValidateArgs) -> CliResult {
         }
     }
     print_line(line)
-}
-
-/// Does the shared queue at `url` have a task `id`? With the database's name for messages.
-#[cfg(feature = "postgres")]
-fn id_taken(url: &str, id: &str) -> CliResult<(bool, String)> {
-    let reader = super::source::open_database(url)?;
-    let exists = reader
-        .task_exists(id)
-        .map_err(|e| super::source::database_error(&reader, e))?;
-    Ok((exists, reader.database().to_string()))
-}
-
-#[cfg(not(feature = "postgres"))]
-fn id_taken(_url: &str, _id: &str) -> CliResult<(bool, String)> {
-    Err(super::source::without_postgres())
 }

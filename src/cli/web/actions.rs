@@ -7,6 +7,7 @@ use axum::extract::{Path as UrlPath, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 
+use crate::client::{QueueClient, TaskFilter};
 use crate::queue::control::ControlAction;
 
 use super::App;
@@ -91,12 +92,11 @@ pub async fn act(
         );
     };
     let (queue, db) = (app.source.queue.clone(), app.source.db.clone());
-    let status = app.reader.clone();
     // The command line's functions block (a daemon is given a few seconds to take a request)
     // and a database's open a runtime of their own: a thread of their own, not this runtime.
     let (answer, answered) = tokio::sync::oneshot::channel();
     std::thread::spawn(move || {
-        let _ = answer.send(kind.take(&queue, db.as_deref(), body, &status));
+        let _ = answer.send(kind.take(&queue, db.as_deref(), body));
     });
     match answered.await {
         Ok(Ok(message)) => (StatusCode::OK, format!("{message}\n")).into_response(),
@@ -171,92 +171,90 @@ impl ActionKind {
         })
     }
 
-    /// Take the action through the command line's own functions; what it says, or why not.
-    fn take(
-        self,
-        queue: &Path,
-        db: Option<&str>,
-        body: ActionBody,
-        status: &super::reader::Reader,
-    ) -> Result<String, String> {
+    /// Take the action through the queue's client, as the commands do; what it says, or why
+    /// not.
+    fn take(self, queue: &Path, db: Option<&str>, body: ActionBody) -> Result<String, String> {
+        let client = QueueClient::open(queue, db).map_err(|e| e.to_string())?;
         let id = || {
             body.id
                 .clone()
                 .ok_or_else(|| "the action names no task (\"id\")".to_string())
         };
+        let submitter = || {
+            body.submitter
+                .clone()
+                .filter(|s| !s.is_empty())
+                .ok_or_else(|| "the action names no submitter (\"submitter\")".to_string())
+        };
+        let in_states = |states: &[&str], submitter: Option<String>| TaskFilter {
+            states: states.iter().map(|s| s.to_string()).collect(),
+            submitter,
+            ..TaskFilter::default()
+        };
         match self {
             ActionKind::One(action) => {
-                crate::cli::control::request(queue, db, action, &id()?, false)
-                    .map_err(|e| e.message())
+                crate::cli::control::request(&client, action, &id()?, true).map_err(|e| e.message())
             }
             ActionKind::Fork => {
-                let patch = body.patch.clone().filter(|p| !p.trim().is_empty());
-                crate::cli::fork::fork_latest(queue, db, &id()?, patch, body.new_id.clone())
+                let patch = body.patch.as_deref().filter(|p| !p.trim().is_empty());
+                crate::cli::fork::fork(&client, &id()?, None, patch, body.new_id.as_deref(), None)
                     .map(|new_id| format!("forked as {new_id}"))
                     .map_err(|e| e.message())
             }
             ActionKind::RetryFailed => {
-                let ids = status.blocking_ids(|task| task["state"] == "failed")?;
-                bulk(queue, db, ControlAction::Retry, &ids)
+                bulk(&client, ControlAction::Retry, &in_states(&["failed"], None))
             }
-            ActionKind::PauseSubmitter | ActionKind::ResumeSubmitter => {
-                let Some(who) = body.submitter.clone().filter(|s| !s.is_empty()) else {
-                    return Err("the action names no submitter (\"submitter\")".into());
-                };
-                let (action, states): (_, &[&str]) = match self {
-                    ActionKind::PauseSubmitter => (
-                        ControlAction::Pause,
-                        &[
-                            "pending",
-                            "running",
-                            "waiting_retry",
-                            "interrupted",
-                            "submitted",
-                        ],
-                    ),
-                    _ => (ControlAction::Resume, &["paused"]),
-                };
-                let ids = status.blocking_ids(|task| {
-                    states.iter().any(|s| task["state"] == *s) && submitter_is(task, &who)
-                })?;
-                bulk(queue, db, action, &ids)
+            ActionKind::PauseSubmitter => {
+                let states = [
+                    "pending",
+                    "running",
+                    "waiting_retry",
+                    "interrupted",
+                    "submitted",
+                ];
+                bulk(
+                    &client,
+                    ControlAction::Pause,
+                    &in_states(&states, Some(submitter()?)),
+                )
             }
+            ActionKind::ResumeSubmitter => bulk(
+                &client,
+                ControlAction::Resume,
+                &in_states(&["paused"], Some(submitter()?)),
+            ),
         }
     }
 }
 
-/// Whether the task's submitter is `who` (a user name or a uid).
-fn submitter_is(task: &serde_json::Value, who: &str) -> bool {
-    let by = &task["submitted_by"];
-    by["user"].as_str() == Some(who)
-        || by["uid"].as_u64().map(|u| u.to_string()).as_deref() == Some(who)
-}
-
-/// The same request for every task of `ids`, without waiting for the daemon to take each.
+/// The same request for every task `filter` selects, without waiting for the daemon to take
+/// each.
 fn bulk(
-    queue: &Path,
-    db: Option<&str>,
+    client: &QueueClient,
     action: ControlAction,
-    ids: &[String],
+    filter: &TaskFilter,
 ) -> Result<String, String> {
     let verb = action.as_str();
-    if ids.is_empty() {
+    let tasks = client.select(filter).map_err(|e| e.to_string())?;
+    if tasks.is_empty() {
         return Ok(format!("{verb}: no task to {verb}"));
     }
-    let mut refused = Vec::new();
-    for id in ids {
-        if let Err(e) = crate::cli::control::request(queue, db, action, id, true) {
-            refused.push(format!("{id}: {}", e.message()));
-        }
-    }
-    let asked = ids.len() - refused.len();
-    let listed = ids.join(", ");
+    let outcomes = client.request_each(action, &tasks, false);
+    let refused: Vec<String> = outcomes
+        .iter()
+        .filter_map(|o| o.result.as_ref().err().map(|e| format!("{}: {e}", o.id)))
+        .collect();
+    let asked = outcomes.len() - refused.len();
+    let listed: Vec<&str> = outcomes.iter().map(|o| o.id.as_str()).collect();
     if refused.is_empty() {
-        Ok(format!("{verb} requested for {asked} task(s): {listed}"))
+        Ok(format!(
+            "{verb} requested for {asked} task(s): {}",
+            listed.join(", ")
+        ))
     } else {
         Err(format!(
             "{verb} requested for {asked} of {} task(s); refused: {}",
-            ids.len(),
+            outcomes.len(),
             refused.join("; ")
         ))
     }

@@ -34,8 +34,6 @@ const RECENT_REJECTED: usize = 10;
 
 enum Job {
     Status(oneshot::Sender<Result<String, String>>),
-    /// The status read now, not a second old: what a bulk action acts on.
-    FreshStatus(oneshot::Sender<Result<String, String>>),
     Task(String, oneshot::Sender<Result<Option<String>, String>>),
     QueueMetrics(oneshot::Sender<Result<String, String>>),
 }
@@ -84,26 +82,6 @@ impl Reader {
         self.ask(|answer| Job::Task(id, answer)).await
     }
 
-    /// The ids of the tasks of a fresh status document that `select` picks (from a thread
-    /// outside the runtime).
-    pub fn blocking_ids(&self, select: impl Fn(&Value) -> bool) -> Result<Vec<String>, String> {
-        let (answer, answered) = oneshot::channel();
-        self.jobs
-            .send(Job::FreshStatus(answer))
-            .map_err(|_| "the dashboard's reader is gone".to_string())?;
-        let text = answered
-            .blocking_recv()
-            .map_err(|_| "the dashboard's reader is gone".to_string())??;
-        let document: Value = serde_json::from_str(&text).map_err(|e| e.to_string())?;
-        Ok(document["tasks"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter(|task| select(task))
-            .filter_map(|task| task["id"].as_str().map(str::to_string))
-            .collect())
-    }
-
     /// `cairn serve`'s metrics: the queue's tasks by state.
     pub async fn queue_metrics(&self) -> Result<String, String> {
         self.ask(Job::QueueMetrics).await
@@ -119,7 +97,7 @@ fn serve_reads(source: ReadSource, jobs: mpsc::Receiver<Job>) {
             Err(e) => {
                 let e = e.clone();
                 match job {
-                    Job::Status(answer) | Job::FreshStatus(answer) | Job::QueueMetrics(answer) => {
+                    Job::Status(answer) | Job::QueueMetrics(answer) => {
                         let _ = answer.send(Err(e));
                     }
                     Job::Task(_, answer) => {
@@ -131,11 +109,6 @@ fn serve_reads(source: ReadSource, jobs: mpsc::Receiver<Job>) {
         };
         match job {
             Job::Status(answer) => {
-                let (_, text, _) = fresh_status(opened, &mut cached);
-                let _ = answer.send(text.clone());
-            }
-            Job::FreshStatus(answer) => {
-                cached = None;
                 let (_, text, _) = fresh_status(opened, &mut cached);
                 let _ = answer.send(text.clone());
             }

@@ -124,23 +124,16 @@ impl PgQueue {
         &self,
         task: &NewTask<'_>,
         start: &StartPoint,
-        checkpoint: &mut IterationCheckpoint,
+        checkpoint: Option<&mut IterationCheckpoint>,
         patched: bool,
     ) -> Result<(), ForkError> {
         let new_id = TaskId::parse(task.id).map_err(|reason| PgError::InvalidTaskId {
             task_id: task.id.to_owned(),
             reason,
         })?;
-        checkpoint.generation = 1;
-        checkpoint.format_version = FORMAT_VERSION;
-        checkpoint.last_checkpoint_at = Utc::now();
-        let bytes = encode_checkpoint(checkpoint).map_err(|source| PgError::Encode {
-            task_id: task.id.to_owned(),
-            source,
-        })?;
+        let copied = checkpoint.map(encode_first_generation).transpose()?;
         let start_json = json_text("the fork's start", start)?;
         let crash_limit = i32::try_from(task.crash_limit).unwrap_or(i32::MAX);
-        let iterations = i64::try_from(checkpoint.iteration_count).unwrap_or(i64::MAX);
         let mut client = self.client().await?;
         let tx = client.transaction().await.during("starting the fork")?;
         let inserted = tx
@@ -160,13 +153,15 @@ impl PgQueue {
             return Err(ForkError::IdTaken(task.id.to_owned()));
         }
         super::submit::journal_accepted(&tx, task).await?;
-        tx.execute(
-            "INSERT INTO cairn_checkpoints (task_id, generation, bytes, iteration_count, lease_epoch)
-             VALUES ($1, 1, $2, $3, 0)",
-            &[&task.id, &bytes, &iterations],
-        )
-        .await
-        .during("copying the checkpoint forked from")?;
+        if let Some((bytes, iterations)) = &copied {
+            tx.execute(
+                "INSERT INTO cairn_checkpoints (task_id, generation, bytes, iteration_count, lease_epoch)
+                 VALUES ($1, 1, $2, $3, 0)",
+                &[&task.id, bytes, iterations],
+            )
+            .await
+            .during("copying the checkpoint forked from")?;
+        }
         let event = Event::Forked {
             new_id,
             generation: start.generation,
@@ -198,4 +193,20 @@ impl PgQueue {
             .during("reading a task's start point")?;
         Ok(row.and_then(|row| row.get(0)))
     }
+}
+
+/// `checkpoint` as the first generation of a forked task (generation 1, this format, now), as
+/// a save sets them: its bytes and iteration count.
+fn encode_first_generation(
+    checkpoint: &mut IterationCheckpoint,
+) -> Result<(Vec<u8>, i64), PgError> {
+    checkpoint.generation = 1;
+    checkpoint.format_version = FORMAT_VERSION;
+    checkpoint.last_checkpoint_at = Utc::now();
+    let bytes = encode_checkpoint(checkpoint).map_err(|source| PgError::Encode {
+        task_id: checkpoint.task_id.clone(),
+        source,
+    })?;
+    let iterations = i64::try_from(checkpoint.iteration_count).unwrap_or(i64::MAX);
+    Ok((bytes, iterations))
 }
