@@ -26,14 +26,35 @@ import types
 from typing import Any, Iterator, Optional, Tuple, Union
 
 from . import _native
-from ._native import Checkpoint, CheckpointError, CheckpointStore, Generation
+from ._native import (
+    BudgetExceeded,
+    Checkpoint,
+    CheckpointError,
+    CheckpointStore,
+    Generation,
+    InvalidTask,
+    Queue,
+    QueueError,
+    QueueUnsafe,
+    TaskCancelled,
+    TaskFailed,
+    UsageError,
+)
 
 __all__ = [
+    "BudgetExceeded",
     "Checkpoint",
     "CheckpointError",
     "CheckpointStore",
     "Generation",
+    "InvalidTask",
     "LoopCheckpointer",
+    "Queue",
+    "QueueError",
+    "QueueUnsafe",
+    "TaskCancelled",
+    "TaskFailed",
+    "UsageError",
     "in_worker_phase",
     "worker",
 ]

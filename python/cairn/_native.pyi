@@ -1,7 +1,7 @@
 """Type hints of the Rust extension module (see cairn/__init__.py for the package's API)."""
 
 from os import PathLike
-from typing import Any, List, Optional, Union
+from typing import Any, Dict, List, Optional, Union
 
 class CheckpointError(Exception):
     """A checkpoint could not be written or read."""
@@ -86,3 +86,55 @@ def run_cli(argv: List[str]) -> int: ...
 def worker_helper_source() -> str: ...
 def dumps(value: Any) -> str: ...
 def loads(text: str) -> Any: ...
+
+class QueueError(Exception):
+    """A request to a queue failed (the message says which file, task or database, and why)."""
+
+class UsageError(QueueError):
+    """A request wrong in itself: a bad task id, a bad patch, an id already taken."""
+
+class InvalidTask(QueueError):
+    """A task definition that does not validate, or whose id the queue has already."""
+
+class QueueUnsafe(QueueError):
+    """A queue others could write, or that exposes task definitions with `env`."""
+
+class TaskFailed(QueueError):
+    """The task ended without finishing."""
+    task_id: str
+    status: str
+    record: Dict[str, Any]
+
+class TaskCancelled(TaskFailed):
+    """The task was cancelled by an operator."""
+
+class BudgetExceeded(TaskFailed):
+    """The task was stopped by its budget."""
+
+class Queue:
+    """A queue directory, or with `db` a queue shared in PostgreSQL."""
+    def __init__(
+        self, path: Union[str, "PathLike[str]", None] = None, *, db: Optional[str] = None
+    ) -> None: ...
+    @property
+    def location(self) -> str: ...
+    def submit(
+        self, task: Union[Dict[str, Any], str, "PathLike[str]"], *, create: bool = False
+    ) -> str: ...
+    def status(self, id: Optional[str] = None) -> Dict[str, Any]: ...
+    def show(self, id: str) -> Dict[str, Any]: ...
+    def wait(
+        self, id: str, timeout: Optional[float] = None, *, poll: float = 0.2
+    ) -> Dict[str, Any]: ...
+    def pause(self, id: str, *, wait: bool = True) -> str: ...
+    def resume(self, id: str, *, wait: bool = True) -> str: ...
+    def cancel(self, id: str, *, wait: bool = True) -> str: ...
+    def retry(self, id: str, *, wait: bool = True) -> str: ...
+    def fork(
+        self,
+        id: str,
+        gen: Optional[int] = None,
+        patch: Any = None,
+        as_id: Optional[str] = None,
+        from_phase: Optional[str] = None,
+    ) -> str: ...

@@ -5,6 +5,8 @@
 //! crosses as JSON values, numbers as their text: Python integers of any size and `Decimal`s
 //! are kept exactly. The interpreter is released while the store waits on the disk.
 
+mod queue;
+
 use std::path::PathBuf;
 use std::sync::Mutex;
 
@@ -564,6 +566,7 @@ fn _native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<Checkpoint>()?;
     module.add_class::<Generation>()?;
     module.add("CheckpointError", module.py().get_type::<CheckpointError>())?;
+    queue::register(module)?;
     module.add_function(wrap_pyfunction!(run_cli, module)?)?;
     module.add_function(wrap_pyfunction!(worker_helper_source, module)?)?;
     module.add_function(wrap_pyfunction!(dumps, module)?)?;

@@ -361,3 +361,28 @@ fn stderr_is_journal() -> bool {
     };
     dev.parse() == Ok(stderr.dev()) && ino.parse() == Ok(stderr.ino())
 }
+
+/// The documents `cairn status --json` and `cairn show --json` print, for the programs that
+/// embed the command line (the Python package's `Queue`).
+pub mod documents {
+    use std::path::Path;
+
+    use serde_json::Value;
+
+    use super::error::CliResult;
+    use super::source::Source;
+    use crate::queue::LoadOptions;
+    use crate::task_id::TaskId;
+
+    /// The queue's `status --json` document (the queue directory, or the database `db`).
+    pub fn status(queue: &Path, db: Option<&str>) -> CliResult<Value> {
+        let source = Source::open_at(queue, db)?;
+        Ok(super::status::to_json(&source.status(LoadOptions::default())?))
+    }
+
+    /// Task `id`'s `show --json` document.
+    pub fn show(queue: &Path, db: Option<&str>, id: &TaskId) -> CliResult<Value> {
+        let source = Source::open_at(queue, db)?;
+        super::show::json_document(&source, id)
+    }
+}
