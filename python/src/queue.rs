@@ -85,6 +85,9 @@ fn cli_error(error: cairn::cli::error::CliError) -> PyErr {
     }
 }
 
+/// How long `wait` looks for a task it cannot find before it says the queue has none.
+const MISSING_FOR: Duration = Duration::from_secs(10);
+
 /// A queue: a directory (`Queue("queue")`) or a queue shared in PostgreSQL
 /// (`Queue(db="postgresql://...")`).
 #[pyclass(module = "cairn", name = "Queue", frozen)]
@@ -248,11 +251,21 @@ impl PyQueue {
         let task_id = QueueClient::task_id(id).map_err(client_error)?;
         let deadline = timeout.map(|t| Instant::now() + Duration::from_secs_f64(t.max(0.0)));
         let poll = Duration::from_secs_f64(poll.clamp(0.01, 60.0));
+        let mut missing_since: Option<Instant> = None;
         loop {
             let view = self.with(py, |client| client.task(&task_id))?;
             let Some(view) = view else {
-                return Err(QueueError::new_err(format!("the queue has no task {id:?}")));
+                // Intake moves a task from the inbox into the queue: for a moment it is in
+                // neither. Only a task missing for a while is no task.
+                let since = *missing_since.get_or_insert_with(Instant::now);
+                if since.elapsed() >= MISSING_FOR {
+                    return Err(QueueError::new_err(format!("the queue has no task {id:?}")));
+                }
+                py.check_signals()?;
+                py.detach(|| std::thread::sleep(poll));
+                continue;
             };
+            missing_since = None;
             if let (TaskState::Finished(status), Some(record)) = (&view.state, &view.record) {
                 if let Some(err) = finished_error(py, id, status, &record.value)? {
                     return Err(err);

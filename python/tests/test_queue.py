@@ -49,9 +49,9 @@ def failing_task(id: str) -> dict:
 
 
 @contextmanager
-def daemon(args: List[str]) -> Iterator[subprocess.Popen]:
-    """A `cairn run` with `args`, killed by pid at the end whatever happened."""
-    process = subprocess.Popen([cairn_command(), *args, "run"], stderr=subprocess.PIPE, text=True)
+def daemon(queue: Path, run_args: List[str]) -> Iterator[subprocess.Popen]:
+    """`cairn --queue QUEUE run RUN_ARGS`, ended by pid at the end whatever happened."""
+    process = subprocess.Popen([cairn_command(), "--queue", str(queue), "run", *run_args])
     try:
         yield process
     finally:
@@ -127,7 +127,7 @@ def steer_and_wait(q: cairn.Queue) -> None:
 
 def test_queue_on_a_directory(queue: Path) -> None:
     q = cairn.Queue(queue)
-    with daemon(["--queue", str(queue)]):
+    with daemon(queue, []):
         steer_and_wait(q)
     # What Python submitted is what the command reads.
     shown = run_cairn(["--queue", str(queue), "status", "--json"])
@@ -192,6 +192,6 @@ def test_queue_on_a_shared_database(tmp_path: Path) -> None:
         assert "postgres" in q.location
         local = tmp_path / "node"
         local.mkdir(mode=0o750)
-        with daemon(["--queue", str(local), "--db", url]) as running:
+        with daemon(local, ["--db", url]) as running:
             steer_and_wait(q)
             assert running.poll() is None
