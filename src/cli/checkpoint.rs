@@ -22,8 +22,8 @@ use super::error::{print, CliError, CliResult};
 use super::format;
 use super::python_json::PythonJson;
 use super::source::DbArg;
+use crate::client::QueueClient;
 use crate::queue::QueueReader;
-use crate::store::IterationCheckpoint;
 
 /// The fields every checkpoint of the pattern has.
 pub const PATTERN_FIELDS: [&str; 6] = [
@@ -59,14 +59,15 @@ pub struct CheckpointArgs {
 }
 
 pub fn run(queue: &Path, args: CheckpointArgs) -> CliResult {
-    if let Some(url) = args.db.url() {
-        return run_db(url, &args);
-    }
-    let reader = QueueReader::open(queue);
-    let printed = if is_path(&args.target, |id| reader.task_exists(id)) {
+    let client = QueueClient::open(queue, args.db.url())?;
+    // Only a target that can be an id is looked up (as `is_path` does).
+    let exists = !args.target.contains('/')
+        && format::task_id_arg(&args.target).is_ok()
+        && client.task_exists(&args.target)?;
+    let printed = if is_path(&args.target, |_| exists) {
         read_path(&args)?
     } else {
-        read_task(&reader, &args.target, args.generation)?
+        read_task(&client, &args.target, args.generation)?
     };
     print_checkpoint(printed)
 }
@@ -98,108 +99,40 @@ fn print_checkpoint(mut text: String) -> CliResult {
     print(&text)
 }
 
-/// `cairn checkpoint --db URL TARGET`: a task of the shared queue (or a file, as without
-/// `--db`).
-#[cfg(feature = "postgres")]
-fn run_db(url: &str, args: &CheckpointArgs) -> CliResult {
-    let reader = super::source::open_database(url)?;
-    // Only a target that can be an id is looked up (as `is_path` does).
-    let exists = !args.target.contains('/')
-        && format::task_id_arg(&args.target).is_ok()
-        && reader
-            .task_exists(&args.target)
-            .map_err(|e| super::source::database_error(&reader, e))?;
-    let printed = if is_path(&args.target, |_| exists) {
-        read_path(args)?
-    } else {
-        read_task_db(&reader, &args.target, args.generation)?
+/// A task's latest usable checkpoint, or one generation, printed in the struct's field order.
+fn read_task(client: &QueueClient, id: &str, generation: Option<u64>) -> CliResult<String> {
+    let Some(read) = client.checkpoint(id, generation)? else {
+        let found = client.task_exists(id)?;
+        return Err(CliError::failure(match (found, client.root()) {
+            (true, Some(root)) => format!(
+                "task {id:?} has no checkpoint in {} (only loop, items and worker phases write them)",
+                QueueReader::open(root).dir().checkpoint_dir().display()
+            ),
+            (true, None) => format!(
+                "task {id:?} has no checkpoint in the shared queue ({}) (only loop, items and \
+                 worker phases write them)",
+                client.location()
+            ),
+            (false, Some(root)) => format!(
+                "queue {} has no task {id:?} and no checkpoint of it; for a file, give its path (./{id})",
+                root.display()
+            ),
+            (false, None) => format!(
+                "the shared queue ({}) has no task {id:?} and no checkpoint of it; for a file, \
+                 give its path (./{id})",
+                client.location()
+            ),
+        }));
     };
-    print_checkpoint(printed)
-}
-
-#[cfg(not(feature = "postgres"))]
-fn run_db(_url: &str, _args: &CheckpointArgs) -> CliResult {
-    Err(super::source::without_postgres())
-}
-
-/// A task's latest checkpoint in the shared queue that decodes, or one generation.
-#[cfg(feature = "postgres")]
-fn read_task_db(
-    reader: &super::source::PgReader,
-    id: &str,
-    generation: Option<u64>,
-) -> anyhow::Result<String> {
-    let database = reader.database();
-    let context = |e: crate::queue::postgres::ReadError| {
-        anyhow::Error::new(e).context(format!("task {id:?} in the shared queue ({database})"))
-    };
-    let checkpoint: IterationCheckpoint = match generation {
-        Some(generation) => reader
-            .checkpoint_generation(id, generation)
-            .map_err(context)?,
-        None => {
-            let Some(loaded) = reader.latest_checkpoint(id).map_err(context)? else {
-                return Err(if reader.task_exists(id)? {
-                    anyhow!(
-                        "task {id:?} has no checkpoint in the shared queue ({database}) (only \
-                         loop, items and worker phases write them)"
-                    )
-                } else {
-                    anyhow!(
-                        "the shared queue ({database}) has no task {id:?} and no checkpoint of \
-                         it; for a file, give its path (./{id})"
-                    )
-                });
-            };
-            for (key, why) in &loaded.skipped {
-                eprintln!(
-                    "warning: {key} does not decode ({why}); printing {} instead",
-                    loaded.key
-                );
-            }
-            loaded.checkpoint
-        }
-    };
-    serde_json::to_string_pretty(&checkpoint).with_context(|| format!("task {id:?}"))
-}
-
-/// A task's latest usable checkpoint, or one generation.
-/// Printed in the struct's field order.
-fn read_task(reader: &QueueReader, id: &str, generation: Option<u64>) -> anyhow::Result<String> {
-    let root = reader.root();
-    let context = |e: crate::store::StoreError| {
-        anyhow::Error::new(e).context(format!("task {id:?} in queue {}", root.display()))
-    };
-    let checkpoint: IterationCheckpoint = match generation {
-        Some(generation) => reader
-            .checkpoint_generation(id, generation)
-            .map_err(context)?,
-        None => {
-            let loaded = reader.latest_checkpoint(id).map_err(context)?;
-            let Some(loaded) = loaded else {
-                return Err(if reader.task_exists(id) {
-                    anyhow!(
-                        "task {id:?} has no checkpoint in {} (only loop, items and worker phases write them)",
-                        reader.dir().checkpoint_dir().display()
-                    )
-                } else {
-                    anyhow!(
-                        "queue {} has no task {id:?} and no checkpoint of it; for a file, give its path (./{id})",
-                        root.display()
-                    )
-                });
-            };
-            for (key, why) in &loaded.skipped {
-                eprintln!(
-                    "warning: {} does not decode ({why}); printing {} instead",
-                    reader.path_of_key(key).display(),
-                    reader.path_of_key(&loaded.key).display()
-                );
-            }
-            loaded.checkpoint
-        }
-    };
-    serde_json::to_string_pretty(&checkpoint).with_context(|| format!("task {id:?}"))
+    for (location, why) in &read.skipped {
+        eprintln!(
+            "warning: {location} does not decode ({why}); printing {} instead",
+            read.location
+        );
+    }
+    serde_json::to_string_pretty(&read.checkpoint)
+        .with_context(|| format!("task {id:?}"))
+        .map_err(CliError::from)
 }
 
 /// Say on stderr that a file holds Python's non-standard tokens, which are printed as written.

@@ -20,8 +20,9 @@ use super::error::{print, CliError, CliResult, ExitCodeExt};
 use super::exit;
 use super::format;
 use super::source::DbArg;
+use crate::client::{QueueClient, StoredGeneration};
 use crate::queue::QueueReader;
-use crate::store::{decode_checkpoint, GenerationInfo, IterationCheckpoint};
+use crate::store::{GenerationInfo, IterationCheckpoint};
 
 #[derive(Debug, Args)]
 #[command(after_help = "\
@@ -54,24 +55,25 @@ struct Row {
 }
 
 impl Row {
-    /// The row of one file: cairn's checkpoint, else possibly one of the Python pattern.
-    fn read(reader: &QueueReader, info: GenerationInfo) -> Row {
-        let bytes = reader.read_key(&info.key);
-        let file = reader.path_of_key(&info.key).display().to_string();
-        let decoded = bytes
-            .as_deref()
-            .and_then(|bytes| decode_checkpoint(bytes).ok())
-            .filter(|_| info.error.is_none());
-        if let Some(cp) = decoded {
-            return Row::decoded(info, file, &cp);
+    /// The row of one generation: cairn's checkpoint, else possibly a file of the Python
+    /// pattern.
+    fn of(stored: StoredGeneration) -> Row {
+        let StoredGeneration {
+            info,
+            location,
+            checkpoint,
+            undecoded,
+        } = stored;
+        if let Some(cp) = checkpoint {
+            return Row::decoded(info, location, &cp);
         }
-        let foreign = bytes
+        let foreign = undecoded
             .as_deref()
             .and_then(|bytes| decode_lenient(bytes).ok())
             .filter(|parsed| parsed.value.get("generation").is_none());
         match foreign {
-            Some(parsed) => Row::foreign(info, file, &parsed.value),
-            None => Row::undecodable(info, file),
+            Some(parsed) => Row::foreign(info, location, &parsed.value),
+            None => Row::undecodable(info, location),
         }
     }
 
@@ -117,62 +119,26 @@ impl Row {
 
 pub fn run(queue: &Path, args: HistoryArgs) -> CliResult {
     let id = format::task_id_arg(&args.id).exit_code(exit::USAGE)?;
-    if let Some(url) = args.db.url() {
-        let (location, rows) = database_rows(url, &args.id)?;
-        return print_rows(&args, &location, &rows);
+    let client = QueueClient::open(queue, args.db.url())?;
+    let generations = client.generations(&id)?;
+    if generations.is_empty() && !client.task_exists(&id)? {
+        let where_looked = match client.root() {
+            Some(root) => format!(
+                "queue {} has no task {:?} and no checkpoint of it in {}",
+                root.display(),
+                args.id,
+                QueueReader::open(root).dir().checkpoint_dir().display()
+            ),
+            None => format!(
+                "the shared queue ({}) has no task {:?}",
+                client.location(),
+                args.id
+            ),
+        };
+        return Err(CliError::failure(where_looked));
     }
-    let reader = QueueReader::open(queue);
-    let root = reader.root();
-    let history = reader.history(&id).map_err(|e| {
-        CliError::failure(format_args!(
-            "task {:?} in queue {}: {e}",
-            args.id,
-            root.display()
-        ))
-    })?;
-    if history.is_empty() && !reader.task_exists(&id) {
-        return Err(CliError::failure(format_args!(
-            "queue {} has no task {:?} and no checkpoint of it in {}",
-            root.display(),
-            args.id,
-            reader.dir().checkpoint_dir().display()
-        )));
-    }
-    let rows: Vec<Row> = history
-        .into_iter()
-        .map(|info| Row::read(&reader, info))
-        .collect();
-    print_rows(&args, &root.display().to_string(), &rows)
-}
-
-/// The generations of task `id` in the shared queue at `url`, and the database's name.
-#[cfg(feature = "postgres")]
-fn database_rows(url: &str, id: &str) -> CliResult<(String, Vec<Row>)> {
-    let reader = super::source::open_database(url)?;
-    let failed = |e| super::source::database_error(&reader, e);
-    let history = reader.history(id).map_err(failed)?;
-    if history.is_empty() && !reader.task_exists(id).map_err(failed)? {
-        return Err(CliError::failure(format_args!(
-            "the shared queue ({}) has no task {id:?}",
-            reader.database()
-        )));
-    }
-    let rows = history
-        .into_iter()
-        .map(|(info, decoded)| {
-            let file = info.key.clone();
-            match decoded {
-                Some(cp) => Row::decoded(info, file, &cp),
-                None => Row::undecodable(info, file),
-            }
-        })
-        .collect();
-    Ok((reader.database().to_string(), rows))
-}
-
-#[cfg(not(feature = "postgres"))]
-fn database_rows(_url: &str, _id: &str) -> CliResult<(String, Vec<Row>)> {
-    Err(super::source::without_postgres())
+    let rows: Vec<Row> = generations.into_iter().map(Row::of).collect();
+    print_rows(&args, &client.location(), &rows)
 }
 
 /// The table, or with `--json` the document, of `rows` of the queue at `location`.

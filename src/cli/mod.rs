@@ -370,19 +370,20 @@ pub mod documents {
     use serde_json::Value;
 
     use super::error::CliResult;
-    use super::source::Source;
+    use crate::client::QueueClient;
     use crate::queue::LoadOptions;
     use crate::task_id::TaskId;
 
     /// The queue's `status --json` document (the queue directory, or the database `db`).
     pub fn status(queue: &Path, db: Option<&str>) -> CliResult<Value> {
-        let source = Source::open_at(queue, db)?;
-        Ok(super::status::to_json(&source.status(LoadOptions::default())?))
+        let client = QueueClient::open(queue, db)?;
+        Ok(super::status::to_json(
+            &client.status(LoadOptions::default())?,
+        ))
     }
 
     /// Task `id`'s `show --json` document.
     pub fn show(queue: &Path, db: Option<&str>, id: &TaskId) -> CliResult<Value> {
-        let source = Source::open_at(queue, db)?;
-        super::show::json_document(&source, id)
+        super::show::json_document(&QueueClient::open(queue, db)?, id)
     }
 }

@@ -12,11 +12,11 @@ use serde_json::{json, Map, Value};
 use super::error::{print, CliError, CliResult, ExitCodeExt};
 use super::exit;
 use super::format;
-use super::source::{DbArg, Source};
+use super::source::DbArg;
 use super::status::{iter_cell, phase_cell};
-use crate::queue::{DaemonInfo, QueueDir, QueueReader, TaskView};
-use crate::store::current_work::{PhaseTiming, StoredOutput};
-use crate::store::journal::JournalEvent;
+use crate::client::{QueueClient, TaskFacts as ShowFacts, TimelineEntry};
+use crate::queue::{QueueDir, QueueReader, TaskView};
+use crate::store::current_work::PhaseTiming;
 use crate::store::task_state::TaskState;
 use crate::task::PhaseKind;
 use crate::task_id::TaskId;
@@ -50,8 +50,8 @@ struct PhaseRow {
 
 pub fn run(queue: &Path, args: ShowArgs) -> CliResult {
     let id = format::task_id_arg(&args.id).exit_code(exit::USAGE)?;
-    let source = Source::open(queue, &args.db)?;
-    let (facts, task) = read(&source, &args.id, &id)?;
+    let client = QueueClient::open(queue, args.db.url())?;
+    let (facts, task) = read(&client, &args.id, &id)?;
     for warning in &task.warnings {
         eprintln!("warning: {warning}");
     }
@@ -75,29 +75,32 @@ pub fn run(queue: &Path, args: ShowArgs) -> CliResult {
 
 /// The task `id` (asked for as `asked`) and what `show` reads about it; a task the queue does
 /// not have is an error saying where it was looked for.
-fn read(source: &Source, asked: &str, id: &TaskId) -> CliResult<(ShowFacts, TaskView)> {
-    let found = match source.files() {
-        Some(reader) => find(reader, id),
-        None => source.task(id)?,
+fn read(client: &QueueClient, asked: &str, id: &TaskId) -> CliResult<(ShowFacts, TaskView)> {
+    let found = match client.root() {
+        Some(root) => find(&QueueReader::open(root), id),
+        None => client.task(id)?,
     };
     let Some(task) = found else {
-        let places = match source.files() {
-            Some(reader) => reader.places_of(id),
+        let places = match client.root() {
+            Some(root) => QueueReader::open(root).places_of(id),
             None => "no row in cairn_tasks".to_string(),
         };
         return Err(CliError::failure(format_args!(
             "queue {} has no task {:?} ({places}); `cairn status --all` lists the tasks",
-            source.location(),
+            client.location(),
             asked,
         )));
     };
-    let facts = ShowFacts::read(source, id, &task)?;
+    let facts = client.facts(id, &task)?;
+    for warning in &facts.warnings {
+        eprintln!("warning: {warning}");
+    }
     Ok((facts, task))
 }
 
 /// The `cairn show --json` document of a task, for the dashboard's task page.
-pub fn json_document(source: &Source, id: &TaskId) -> CliResult<Value> {
-    let (facts, task) = read(source, id.as_str(), id)?;
+pub fn json_document(client: &QueueClient, id: &TaskId) -> CliResult<Value> {
+    let (facts, task) = read(client, id.as_str(), id)?;
     let details = Details {
         phases: &phase_rows(&facts, &task),
         earlier: &facts.earlier,
@@ -107,139 +110,15 @@ pub fn json_document(source: &Source, id: &TaskId) -> CliResult<Value> {
     Ok(document(&facts, &task, &details, Utc::now()))
 }
 
-/// One event of the timeline; with `--db`, the node and lease epoch it was written under.
-struct TimelineEntry {
-    journal: JournalEvent,
-    lease: Option<(String, i64)>,
-}
-
-impl TimelineEntry {
-    fn to_json(&self) -> Value {
-        let mut value = serde_json::to_value(&self.journal).unwrap_or(Value::Null);
-        if let (Some((node, epoch)), Some(object)) = (&self.lease, value.as_object_mut()) {
-            object.insert("node".into(), json!(node));
-            object.insert("lease_epoch".into(), json!(epoch));
-        }
-        value
+/// One event of the timeline as `--json` lists it; with `--db`, the node and lease epoch it was
+/// written under.
+fn timeline_json(entry: &TimelineEntry) -> Value {
+    let mut value = serde_json::to_value(&entry.journal).unwrap_or(Value::Null);
+    if let (Some((node, epoch)), Some(object)) = (&entry.lease, value.as_object_mut()) {
+        object.insert("node".into(), json!(node));
+        object.insert("lease_epoch".into(), json!(epoch));
     }
-}
-
-/// What `show` reads about a task besides its view, from the queue's files or the database.
-struct ShowFacts {
-    /// The queue: its directory, or the database without its password.
-    queue: String,
-    daemon: DaemonInfo,
-    /// The journal's name: `runs/<id>/events.jsonl`, or `cairn_events`.
-    journal: String,
-    /// The task's run directory, on a queue directory (with `--db` the logs stay on the host
-    /// that ran the task).
-    run_dir: Option<PathBuf>,
-    timeline: Vec<TimelineEntry>,
-    earlier: Vec<Value>,
-    logs: Vec<(PathBuf, u64)>,
-    /// The outputs the work state of a task in flight refers to, by phase name.
-    outputs: Map<String, Value>,
-}
-
-impl ShowFacts {
-    /// `id` is the one asked for (a rejection's record has a name of its own).
-    fn read(source: &Source, id: &str, task: &TaskView) -> CliResult<ShowFacts> {
-        match source {
-            Source::Files(reader) => Ok(ShowFacts::of_files(reader, id, task)),
-            #[cfg(feature = "postgres")]
-            Source::Database(db) => {
-                ShowFacts::of_database(db, task).map_err(|e| super::source::database_error(db, e))
-            }
-        }
-    }
-
-    fn of_files(reader: &QueueReader, id: &str, task: &TaskView) -> ShowFacts {
-        let timeline = match reader.journal(id) {
-            Ok(events) => events,
-            Err(e) => {
-                eprintln!(
-                    "warning: reading {}: {e}",
-                    reader.journal_file(id).display()
-                );
-                Vec::new()
-            }
-        };
-        let journal = reader.journal_file(id);
-        let journal = journal.strip_prefix(reader.root()).unwrap_or(&journal);
-        let outputs = task
-            .entry
-            .iter()
-            .flat_map(|entry| &entry.phase_outputs)
-            .map(|(name, stored)| (name.clone(), files_output(reader, stored)))
-            .collect();
-        ShowFacts {
-            queue: reader.root().display().to_string(),
-            daemon: reader.daemon(),
-            journal: journal.display().to_string(),
-            run_dir: Some(reader.run_dir(&task.id)),
-            timeline: timeline
-                .into_iter()
-                .map(|journal| TimelineEntry {
-                    journal,
-                    lease: None,
-                })
-                .collect(),
-            earlier: reader.earlier_failures(id),
-            logs: reader.log_files(&task.id),
-            outputs,
-        }
-    }
-
-    #[cfg(feature = "postgres")]
-    fn of_database(
-        db: &super::source::PgReader,
-        task: &TaskView,
-    ) -> Result<ShowFacts, crate::queue::postgres::PgError> {
-        let id = task.id.as_str();
-        let stored = db.outputs(id)?;
-        let outputs = task
-            .entry
-            .iter()
-            .flat_map(|entry| &entry.phase_outputs)
-            .filter_map(|(name, output)| {
-                let value = match output {
-                    StoredOutput::Inline(value) => value.clone(),
-                    StoredOutput::File(reference) => {
-                        let index = reference.rsplit('/').next()?.parse::<usize>().ok()?;
-                        stored.iter().find(|(i, _)| *i == index)?.1.clone()
-                    }
-                };
-                Some((name.clone(), value))
-            })
-            .collect();
-        Ok(ShowFacts {
-            queue: db.database().to_string(),
-            daemon: DaemonInfo {
-                running: db.daemons()?.iter().any(|node| node.alive),
-                pid: None,
-            },
-            journal: "cairn_events".to_string(),
-            run_dir: None,
-            timeline: db
-                .events(id)?
-                .into_iter()
-                .map(|event| TimelineEntry {
-                    journal: event.journal,
-                    lease: Some((event.node, event.lease_epoch)),
-                })
-                .collect(),
-            earlier: Vec::new(),
-            logs: Vec::new(),
-            outputs,
-        })
-    }
-}
-
-/// A stored output of a queue directory, or why it does not read.
-fn files_output(reader: &QueueReader, stored: &StoredOutput) -> Value {
-    reader
-        .stored_output(stored)
-        .unwrap_or_else(|e| json!({"unreadable": e.to_string()}))
+    value
 }
 
 /// The `--json` document (see docs/cli.md).
@@ -264,7 +143,7 @@ fn document(facts: &ShowFacts, task: &TaskView, lists: &Details, now: DateTime<U
         "record": task.record.as_ref().map(|r| r.value.clone()),
         "earlier_failures": lists.earlier,
         "logs": lists.logs.iter().map(|(path, bytes)| json!({"path": path.display().to_string(), "bytes": bytes})).collect::<Vec<_>>(),
-        "timeline": lists.timeline.iter().map(TimelineEntry::to_json).collect::<Vec<_>>(),
+        "timeline": lists.timeline.iter().map(timeline_json).collect::<Vec<_>>(),
     });
     document
 }

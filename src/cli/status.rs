@@ -15,7 +15,8 @@ use serde_json::{json, Value};
 
 use super::error::{print, CliError, CliResult};
 use super::format;
-use super::source::{DbArg, Source};
+use super::source::DbArg;
+use crate::client::QueueClient as Source;
 use crate::limits::{PublishedLimits, SubmitterKey};
 use crate::queue::{LoadOptions, QueueView, TaskView};
 use crate::store::current_work::ActiveStatus;
@@ -78,8 +79,11 @@ pub struct StatusArgs {
 const RECENT_REJECTED: usize = 3;
 
 pub fn run(queue: &Path, args: StatusArgs) -> CliResult {
-    let source = Source::open(queue, &args.db)?;
-    if source.files().is_some_and(|reader| !reader.exists()) {
+    let source = Source::open(queue, args.db.url())?;
+    if source
+        .root()
+        .is_some_and(|root| !crate::queue::QueueReader::open(root).exists())
+    {
         return Err(CliError::failure(format_args!(
             "queue {} does not exist (use --queue DIR or CAIRN_QUEUE)",
             queue.display()
@@ -178,7 +182,8 @@ fn notes(source: &Source, view: &QueueView) {
             "note: {paused} paused task(s) stay paused, also across `cairn run`, until `cairn resume ID`"
         );
     }
-    if let (true, Some(reader)) = (view.inbox > 0, source.files()) {
+    if let (true, Some(root)) = (view.inbox > 0, source.root()) {
+        let reader = crate::queue::QueueReader::open(root);
         eprintln!(
             "note: {} file(s) in {} wait for a daemon to take them",
             view.inbox,
@@ -460,7 +465,7 @@ mod bars {
     use super::{iter_cell, phase_cell, tick};
     use crate::cli::error::CliResult;
     use crate::cli::format;
-    use crate::cli::source::Source;
+    use crate::client::QueueClient as Source;
     use crate::queue::{LoadOptions, QueueView, TaskView};
 
     pub fn watch(source: &Source, options: LoadOptions, stop: &AtomicBool) -> CliResult {

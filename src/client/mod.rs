@@ -15,6 +15,7 @@ mod database;
 mod error;
 mod fork;
 mod prune;
+mod read;
 mod submit;
 
 use std::path::{Path, PathBuf};
@@ -24,6 +25,7 @@ pub use control::{RequestOutcome, Sent, WAIT_FOR_DAEMON};
 pub use error::{ClientError, ClientResult, ErrorKind};
 pub use fork::ForkRequest;
 pub use prune::{DatabasePruneReport, FilePruneReport, PruneReport, PruneRequest};
+pub use read::{ReadCheckpoint, StoredGeneration, TaskFacts, TimelineEntry};
 pub use submit::Submitted;
 
 use crate::queue::{LoadOptions, QueueReader, QueueView, TaskView};

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 use tokio::sync::oneshot;
 
-use crate::cli::source::Source;
+use crate::client::QueueClient as Source;
 use crate::queue::{LoadOptions, QueueReader};
 use crate::task_id::TaskId;
 
@@ -124,7 +124,7 @@ fn serve_reads(source: ReadSource, jobs: mpsc::Receiver<Job>) {
 }
 
 fn open(source: &ReadSource) -> Result<Source, String> {
-    Source::open_at(&source.queue, source.db.as_deref()).map_err(|e| e.message())
+    Source::open(&source.queue, source.db.as_deref()).map_err(|e| e.to_string())
 }
 
 /// The status document, read again when older than [`STATUS_FRESH_FOR`].
@@ -153,7 +153,7 @@ fn fresh_status<'a>(
         });
         *cached = Some(match read {
             Ok(document) => (Instant::now(), Ok(document.to_string()), document),
-            Err(e) => (Instant::now(), Err(e.message()), Value::Null),
+            Err(e) => (Instant::now(), Err(e.to_string()), Value::Null),
         });
     }
     cached.as_ref().expect("filled above")
@@ -163,15 +163,16 @@ fn task_document(source: &Source, id: &str) -> Result<Option<String>, String> {
     let Ok(id) = TaskId::parse(id) else {
         return Ok(None);
     };
-    let exists = match source.files() {
+    let files = source.root().map(QueueReader::open);
+    let exists = match &files {
         Some(reader) => reader.task(&id).is_some(),
-        None => source.task(&id).map_err(|e| e.message())?.is_some(),
+        None => source.task(&id).map_err(|e| e.to_string())?.is_some(),
     };
     if !exists {
         return Ok(None);
     }
     let mut document = crate::cli::show::json_document(source, &id).map_err(|e| e.message())?;
-    if let Some(reader) = source.files() {
+    if let Some(reader) = &files {
         document["checkpoints"] = checkpoints(reader, &id);
         document["log_tails"] = log_tails(reader, &id);
     }
