@@ -8,7 +8,6 @@ use serde_json::{json, Map, Value};
 
 use super::{readable, Backend, ClientError, ClientResult, QueueClient};
 use crate::queue::{DaemonInfo, QueueReader, TaskView};
-use crate::store::current_work::StoredOutput;
 use crate::store::journal::JournalEvent;
 use crate::store::{decode_checkpoint, GenerationInfo, IterationCheckpoint};
 
@@ -264,6 +263,8 @@ fn database_facts(
     db: &crate::queue::postgres::PgReader,
     task: &TaskView,
 ) -> Result<TaskFacts, crate::queue::postgres::PgError> {
+    use crate::store::current_work::StoredOutput;
+
     let id = task.id.as_str();
     let stored = db.outputs(id)?;
     let outputs = task
