@@ -150,6 +150,9 @@ fn what_follows(action: ControlAction) -> &'static str {
         ControlAction::Resume => "it continues",
         ControlAction::Cancel => "it is stopped and recorded as cancelled",
         ControlAction::Retry => "it resumes from its last checkpoint",
+        ControlAction::Budget => {
+            "its spending limit is set (a paused task stays paused until `cairn resume`)"
+        }
     }
 }
 

@@ -11,10 +11,10 @@ use chrono::{DateTime, Utc};
 use super::{AttemptOutcome, Scheduler};
 use crate::queue::HandBack;
 use crate::runner::AttemptEnd;
-use crate::store::current_work::{ActiveStatus, ActiveTask};
+use crate::store::current_work::{ActiveStatus, ActiveTask, PolicyPause};
 use crate::store::events::Event;
 use crate::store::records::RecordStatus;
-use crate::task::{RetryPolicy, Task};
+use crate::task::{OnExceed, OnExhausted, RetryPolicy, Task};
 use crate::task_id::TaskId;
 
 /// What the scheduler knows when an attempt's future returns.
@@ -24,6 +24,8 @@ pub(super) struct AttemptFacts<'a> {
     /// when it has no entry any more.
     pub failed_attempts: Option<u32>,
     pub retry: &'a RetryPolicy,
+    /// What a spent budget does to the task (`budget.on_exceed`).
+    pub on_exceed: OnExceed,
     /// `cairn cancel` arrived while the attempt ran.
     pub cancel_requested: bool,
     /// `cairn pause` arrived while the attempt ran.
@@ -44,6 +46,9 @@ pub(super) enum AfterFailure {
     Retry(RetryAt),
     /// The attempt used up the task's last one: it goes to `failed/`.
     GiveUp,
+    /// The attempt used up the task's last one and `retry.on_exhausted` is `pause`: it is
+    /// held, its last error shown, until `cairn resume`.
+    Pause,
 }
 
 /// What becomes of a task whose attempt ended.
@@ -75,6 +80,9 @@ pub(super) enum Decision {
     Cancel,
     /// The budget is spent: recorded `budget_exceeded` with the reason.
     StopForBudget { reason: String },
+    /// The budget is spent and `budget.on_exceed` is `pause`: held with its checkpoints, the
+    /// reason shown, until `cairn resume` (after `cairn budget` raised the limit).
+    PauseForBudget { reason: String },
     /// Stopped at an iteration boundary for an operator's pause: held until `cairn resume`.
     Pause,
     /// Stopped by a shutdown: resumed at the next start.
@@ -99,7 +107,12 @@ impl Decision {
     /// paused, or waiting for a retry (a file queue keeps such tasks in its work state).
     pub(super) fn hand_back(&self) -> Option<HandBack> {
         match self {
-            Decision::Pause => Some(HandBack::Paused),
+            Decision::Pause
+            | Decision::PauseForBudget { .. }
+            | Decision::AttemptFailed {
+                then: AfterFailure::Pause,
+                ..
+            } => Some(HandBack::Paused),
             Decision::RecordAgain { retry, .. }
             | Decision::AttemptFailed {
                 then: AfterFailure::Retry(retry),
@@ -147,6 +160,7 @@ pub(super) fn decide_after_attempt(facts: AttemptFacts<'_>) -> Decision {
         outcome,
         failed_attempts,
         retry,
+        on_exceed,
         cancel_requested,
         pause_requested,
         now,
@@ -178,11 +192,17 @@ pub(super) fn decide_after_attempt(facts: AttemptFacts<'_>) -> Decision {
         _ if cancel_requested => Decision::Cancel,
         (AttemptEnd::Interrupted, _) if pause_requested => Decision::Pause,
         (AttemptEnd::Interrupted, _) => Decision::LeaveForResume,
-        (AttemptEnd::BudgetStopped { reason }, _) => Decision::StopForBudget { reason },
+        (AttemptEnd::BudgetStopped { reason }, _) => match on_exceed {
+            OnExceed::Fail => Decision::StopForBudget { reason },
+            OnExceed::Pause => Decision::PauseForBudget { reason },
+        },
         (AttemptEnd::Failed { error, counts }, failed) => {
             let failed_attempts = if counts { failed + 1 } else { failed };
             let then = if counts && failed_attempts >= retry.max_attempts {
-                AfterFailure::GiveUp
+                match retry.on_exhausted {
+                    OnExhausted::Fail => AfterFailure::GiveUp,
+                    OnExhausted::Pause => AfterFailure::Pause,
+                }
             } else {
                 AfterFailure::Retry(retry_at(retry, failed_attempts, now))
             };
@@ -225,6 +245,11 @@ impl Scheduler {
             outcome,
             failed_attempts: entry.as_ref().map(|e| e.failed_attempts),
             retry: &task.retry,
+            on_exceed: task
+                .budget
+                .as_ref()
+                .map(|b| b.on_exceed)
+                .unwrap_or_default(),
             cancel_requested: control.cancel.is_cancelled(),
             pause_requested: control.pause.is_cancelled(),
             now: Utc::now(),
@@ -285,6 +310,13 @@ impl Scheduler {
                     .await;
                 self.tasks.remove(&id);
             }
+            Decision::PauseForBudget { reason } => {
+                let limit = entry.spend_limit(task.budget.as_ref()).unwrap_or(0.0);
+                entry.paused_for = Some(PolicyPause::budget(entry.spent(), limit));
+                tracing::warn!(task_id = %id, "task paused by its budget: {reason}");
+                entry.last_error = Some(reason);
+                self.hold(entry, ActiveStatus::Paused);
+            }
             Decision::Pause => self.hold(entry, ActiveStatus::Paused),
             Decision::LeaveForResume => self.hold(entry, ActiveStatus::Interrupted),
         }
@@ -319,6 +351,15 @@ impl Scheduler {
                 self.give_up(task, entry, error).await;
                 self.tasks.remove(&id);
             }
+            AfterFailure::Pause => {
+                tracing::warn!(task_id = %id, failed_attempts, "attempts used up: task paused until `cairn resume`");
+                entry.paused_for = Some(PolicyPause::retries_exhausted(
+                    failed_attempts,
+                    error.clone(),
+                ));
+                entry.last_error = Some(error);
+                self.hold(entry, ActiveStatus::Paused);
+            }
         }
     }
 
@@ -331,7 +372,15 @@ impl Scheduler {
         if status == ActiveStatus::Paused {
             tracing::info!(task_id = %id, phase = %phase, iterations, "task paused");
             let (phase, iterations) = (Some(phase), Some(iterations));
-            self.ctx.journal(&id, Event::Paused { phase, iterations });
+            let reason = entry.paused_for.as_ref().map(PolicyPause::describe);
+            self.ctx.journal(
+                &id,
+                Event::Paused {
+                    phase,
+                    iterations,
+                    reason,
+                },
+            );
         } else {
             tracing::info!(task_id = %id, phase = %phase, iterations, "task interrupted");
             self.ctx
