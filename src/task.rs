@@ -62,7 +62,7 @@ pub struct Budget {
 }
 
 /// What becomes of a task whose spend reached its budget.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum OnExceed {
     /// Recorded in `failed/` with status `budget_exceeded`.
@@ -79,7 +79,7 @@ impl OnExceed {
 }
 
 /// What becomes of a task whose failed attempts reached `retry.max_attempts`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum OnExhausted {
     /// Recorded in `failed/`.
@@ -93,6 +93,37 @@ pub enum OnExhausted {
 impl OnExhausted {
     fn is_fail(&self) -> bool {
         *self == OnExhausted::Fail
+    }
+}
+
+/// Read `"fail"` or `"pause"`, the words of both policies, with an error that says so (serde's
+/// own for a value of the wrong type reads as a JSON syntax error).
+fn fail_or_pause<'de, D: serde::Deserializer<'de>>(d: D) -> Result<bool, D::Error> {
+    let value = Value::deserialize(d)?;
+    match value.as_str() {
+        Some("fail") => Ok(false),
+        Some("pause") => Ok(true),
+        _ => Err(serde::de::Error::custom(format!(
+            "{value} is not one of \"fail\", \"pause\""
+        ))),
+    }
+}
+
+impl<'de> Deserialize<'de> for OnExceed {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Ok(match fail_or_pause(d)? {
+            true => OnExceed::Pause,
+            false => OnExceed::Fail,
+        })
+    }
+}
+
+impl<'de> Deserialize<'de> for OnExhausted {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Ok(match fail_or_pause(d)? {
+            true => OnExhausted::Pause,
+            false => OnExhausted::Fail,
+        })
     }
 }
 
@@ -781,7 +812,7 @@ mod tests {
             let err = parse(text).unwrap_err();
             assert_eq!(err.field.as_deref(), Some(field), "{text}: {err}");
             assert!(
-                err.to_string().contains("fail") || err.to_string().contains("string"),
+                err.problem.contains(r#"is not one of "fail", "pause""#),
                 "{err}"
             );
         }

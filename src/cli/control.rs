@@ -16,7 +16,6 @@ use super::{exit, format};
 use crate::queue::control::{self, ControlAction, ControlRequest};
 use crate::queue::{QueueDir, QueueReader};
 use crate::store::{FileStorage, Storage};
-use crate::task_id::TaskId;
 
 /// Which request.
 #[derive(Debug, Clone, Copy)]
@@ -70,8 +69,21 @@ pub fn request(
     no_wait: bool,
 ) -> CliResult<String> {
     let id = format::task_id_arg(id_text).exit_code(exit::USAGE)?;
+    send(queue, db, ControlRequest::new(action, &id), no_wait)
+}
+
+/// Hand `request` to the daemon (of the queue directory, or of the shared queue at `db`) and
+/// say what became of it, as [`request`] does.
+pub fn send(
+    queue: &Path,
+    db: Option<&str>,
+    request: ControlRequest,
+    no_wait: bool,
+) -> CliResult<String> {
+    let (action, id) = (request.action, request.task_id.clone());
+    let id_text = id.as_str();
     if let Some(url) = db {
-        return run_db(url, action, &id, no_wait);
+        return run_db(url, &request, no_wait);
     }
     let storage = FileStorage::new(queue);
     let reader = QueueReader::open(queue);
@@ -95,7 +107,6 @@ pub fn request(
             )));
         }
     }
-    let request = ControlRequest::new(action, &id);
     // A second back: the journal's clock is the daemon's, which reads the same clock later.
     let written_at = chrono::Utc::now() - chrono::Duration::seconds(1);
     let key = control::submit(&storage, &request).map_err(|e| {
@@ -157,14 +168,15 @@ fn what_follows(action: ControlAction) -> &'static str {
 }
 
 #[cfg(not(feature = "postgres"))]
-fn run_db(_url: &str, _action: ControlAction, _id: &TaskId, _no_wait: bool) -> CliResult<String> {
+fn run_db(_url: &str, _request: &ControlRequest, _no_wait: bool) -> CliResult<String> {
     Err(super::source::without_postgres())
 }
 
 /// The request into `cairn_control` of the database at `url`: refused for a task the shared
 /// queue does not have; then waits (unless `no_wait`) for a daemon to handle it and says how.
 #[cfg(feature = "postgres")]
-fn run_db(url: &str, action: ControlAction, id: &TaskId, no_wait: bool) -> CliResult<String> {
+fn run_db(url: &str, request: &ControlRequest, no_wait: bool) -> CliResult<String> {
+    let (action, id) = (request.action, &request.task_id);
     let shared = super::shared_queue::SharedQueue::open(url)?;
     let (runtime, db) = (&shared.runtime, &shared.db);
     if runtime.block_on(db.task_state(id))?.is_none() {
@@ -174,7 +186,10 @@ fn run_db(url: &str, action: ControlAction, id: &TaskId, no_wait: bool) -> CliRe
             QueueDir::INBOX_NAME
         )));
     }
-    let request = runtime.block_on(db.request_control(id, action))?;
+    let request = match request.max_cost {
+        Some(max_cost) => runtime.block_on(db.request_budget(id, max_cost))?,
+        None => runtime.block_on(db.request_control(id, action))?,
+    };
     let verb = action.as_str();
     if no_wait {
         return Ok(format!("{verb} requested for {id}"));

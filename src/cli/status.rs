@@ -18,7 +18,7 @@ use super::format;
 use super::source::{DbArg, Source};
 use crate::limits::{PublishedLimits, SubmitterKey};
 use crate::queue::{LoadOptions, QueueView, TaskView};
-use crate::store::current_work::ActiveStatus;
+use crate::store::current_work::{ActiveStatus, PauseReason};
 use crate::store::task_state::TaskState;
 use crate::submitter::Submitter;
 
@@ -102,13 +102,21 @@ pub fn run(queue: &Path, args: StatusArgs) -> CliResult {
         text
     } else if view.cluster.is_some() {
         format!(
-            "{}\n{}{}",
+            "{}\n{}{}{}{}",
             header(&view),
             table(&view),
-            submitters_section(&view)
+            paused_section(&view),
+            submitters_section(&view),
+            spend_section(&view)
         )
     } else {
-        format!("{}{}", table(&view), submitters_section(&view))
+        format!(
+            "{}{}{}{}",
+            table(&view),
+            paused_section(&view),
+            submitters_section(&view),
+            spend_section(&view)
+        )
     };
     print(&text)?;
     let unreadable = view.current_work_problem.as_ref();
@@ -211,6 +219,7 @@ pub fn to_json(view: &QueueView) -> Value {
         "tasks": tasks,
         "limits": view.limits.as_ref().map(limits_json),
         "submitters": submitters_json(view),
+        "spend_by_submitter": spend_json(view),
     });
     if let Some(cluster) = &view.cluster {
         document["nodes"] = format::nodes_json(cluster);
@@ -242,6 +251,121 @@ pub fn submitter_counts(view: &QueueView) -> Vec<SubmitterCount> {
         }
     }
     counts.into_values().collect()
+}
+
+/// What one submitter's tasks listed have spent: the committed cost and, apart, the estimate
+/// for iterations lost to crashes (each `None` while none of them reported one).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SubmitterSpend {
+    pub submitter: Option<Submitter>,
+    pub tasks: usize,
+    pub cost: Option<f64>,
+    pub lost_cost_estimate: Option<f64>,
+}
+
+/// The spend of each submitter over the tasks listed (files refused at intake aside), by
+/// uid with "unknown" last; decimals summed exactly.
+pub fn spend_by_submitter(view: &QueueView) -> Vec<SubmitterSpend> {
+    let sum = |total: Option<f64>, more: Option<f64>| match (total, more) {
+        (Some(total), Some(more)) => Some(crate::cost::add(total, more)),
+        (total, more) => total.or(more),
+    };
+    let mut spend: BTreeMap<SubmitterKey, SubmitterSpend> = BTreeMap::new();
+    for task in view.tasks.iter().filter(|t| !t.state.is_rejected()) {
+        let submitter = task.submitted_by();
+        let line = spend
+            .entry(SubmitterKey::of(submitter.as_ref()))
+            .or_insert_with(|| SubmitterSpend {
+                submitter,
+                tasks: 0,
+                cost: None,
+                lost_cost_estimate: None,
+            });
+        line.tasks += 1;
+        line.cost = sum(line.cost, task.cost);
+        line.lost_cost_estimate = sum(line.lost_cost_estimate, task.lost_cost_estimate);
+    }
+    spend.into_values().collect()
+}
+
+fn spend_json(view: &QueueView) -> Value {
+    spend_by_submitter(view)
+        .into_iter()
+        .map(|line| {
+            json!({
+                "submitted_by": line.submitter,
+                "tasks": line.tasks,
+                "cost": line.cost,
+                "lost_cost_estimate": line.lost_cost_estimate,
+            })
+        })
+        .collect()
+}
+
+/// After the table, when a listed task reported a cost: what each submitter's tasks spent
+/// (`0.05+~0.01`: committed, and the estimate for iterations lost to crashes).
+pub fn spend_section(view: &QueueView) -> String {
+    let lines = spend_by_submitter(view);
+    if lines
+        .iter()
+        .all(|l| l.cost.is_none() && l.lost_cost_estimate.is_none())
+    {
+        return String::new();
+    }
+    let rows: Vec<Vec<String>> = lines
+        .iter()
+        .map(|line| {
+            let cost = match (line.cost, line.lost_cost_estimate) {
+                (None, None) => "-".to_string(),
+                (cost, None) => format::format_cost(cost.unwrap_or(0.0)),
+                (cost, Some(lost)) => format!(
+                    "{}+~{}",
+                    format::format_cost(cost.unwrap_or(0.0)),
+                    format::format_cost(lost)
+                ),
+            };
+            vec![
+                line.submitter
+                    .as_ref()
+                    .map_or_else(|| "unknown".to_string(), Submitter::short),
+                line.tasks.to_string(),
+                cost,
+            ]
+        })
+        .collect();
+    format!(
+        "\ncost by submitter (tasks listed)\n{}",
+        format::render_table(&["SUBMITTER", "TASKS", "COST"], &rows)
+    )
+}
+
+/// After the table, for each task a policy of its own paused (its budget, its used-up
+/// attempts): why, and what lets it go on.
+pub fn paused_section(view: &QueueView) -> String {
+    let rows: Vec<Vec<String>> = view
+        .tasks
+        .iter()
+        .filter_map(|task| {
+            let pause = task.paused_for.as_ref()?;
+            let limit = task
+                .max_cost
+                .filter(|_| pause.reason == PauseReason::Budget)
+                .map(|limit| format!(" (limit now {})", format::format_cost(limit)))
+                .unwrap_or_default();
+            Some(vec![
+                task.id.clone(),
+                format!("{}{limit}", pause.describe()),
+            ])
+        })
+        .collect();
+    if rows.is_empty() {
+        return String::new();
+    }
+    format!(
+        "\npaused by their own policy (`cairn budget ID --max-cost X` raises a limit, \
+         `cairn resume ID` continues)\n{}",
+        format::render_table(&["ID", "WHY"], &rows)
+    )
 }
 
 /// One submitter's line of [`submitter_counts`].
@@ -353,7 +477,7 @@ fn row(task: &TaskView, view: &QueueView) -> Vec<String> {
     let dash = || "-".to_string();
     vec![
         task.id.clone(),
-        task.state.as_str().to_string(),
+        format::state_cell(task),
         phase_cell(task),
         iter_cell(task),
         task.rate_per_min

@@ -432,9 +432,10 @@ mod tests {
 
     use super::{decide_after_attempt, AfterFailure, AttemptFacts, CrashRecord, Decision, RetryAt};
     use crate::daemon::AttemptOutcome;
+    use crate::queue::HandBack;
     use crate::runner::AttemptEnd;
     use crate::store::current_work::ActiveTask;
-    use crate::task::RetryPolicy;
+    use crate::task::{OnExceed, OnExhausted, RetryPolicy};
     use crate::task_id::TaskId;
 
     /// The operator's requests that arrived while the attempt ran.
@@ -590,6 +591,7 @@ mod tests {
                 outcome,
                 failed_attempts,
                 retry: &policy,
+                on_exceed: OnExceed::Fail,
                 cancel_requested,
                 pause_requested,
                 now: now(),
@@ -599,12 +601,75 @@ mod tests {
         }
     }
 
+    /// With the policies that pause (`budget.on_exceed`, `retry.on_exhausted`): a spent
+    /// budget and used-up attempts hold the task instead of failing it, and a shared queue's
+    /// daemon hands it back paused. Everything else is as with the policies that fail.
+    #[test]
+    fn the_decision_table_of_the_pausing_policies() {
+        use Asked::{Cancel, Nothing, Pause};
+        let pause_for_budget = || Decision::PauseForBudget {
+            reason: "spent".into(),
+        };
+        let pause_exhausted = |failed_attempts| Decision::AttemptFailed {
+            error: "boom".into(),
+            counts: true,
+            failed_attempts,
+            then: AfterFailure::Pause,
+        };
+        let fail = (OnExceed::Fail, OnExhausted::Fail);
+        let budget_pauses = (OnExceed::Pause, OnExhausted::Fail);
+        let exhaustion_pauses = (OnExceed::Fail, OnExhausted::Pause);
+        let both = (OnExceed::Pause, OnExhausted::Pause);
+        #[rustfmt::skip]
+        let table = [
+            // how it ended  failed   asked    policies           → decision               hand back
+            // A spent budget pauses the task, whatever an operator's pause asked; a cancel wins.
+            ((budget(),       Some(0), Nothing, budget_pauses),     (pause_for_budget(),     Some(HandBack::Paused))),
+            ((budget(),       Some(2), Pause,   both),              (pause_for_budget(),     Some(HandBack::Paused))),
+            ((budget(),       Some(0), Cancel,  budget_pauses),     (Decision::Cancel,       None)),
+            ((budget(),       Some(0), Nothing, exhaustion_pauses), (budget_stop(),          None)),
+            ((budget(),       Some(0), Nothing, fail),              (budget_stop(),          None)),
+            // The last attempt's failure pauses it; one before the last is retried as ever.
+            ((failed(true),   Some(2), Nothing, exhaustion_pauses), (pause_exhausted(3),     Some(HandBack::Paused))),
+            ((failed(true),   Some(2), Nothing, both),              (pause_exhausted(3),     Some(HandBack::Paused))),
+            ((failed(true),   Some(5), Nothing, exhaustion_pauses), (pause_exhausted(6),     Some(HandBack::Paused))),
+            ((failed(true),   Some(1), Nothing, exhaustion_pauses), (retry(true, 2, 20),     Some(HandBack::RetryAfter(Duration::from_secs(20))))),
+            ((failed(true),   Some(2), Nothing, budget_pauses),     (give_up(3),             None)),
+            ((failed(true),   Some(2), Cancel,  exhaustion_pauses), (Decision::Cancel,       None)),
+            // A failure of cairn's own never uses up an attempt, so it never pauses.
+            ((failed(false),  Some(2), Nothing, exhaustion_pauses), (retry(false, 2, 20),    Some(HandBack::RetryAfter(Duration::from_secs(20))))),
+        ];
+        for ((outcome, failed_attempts, asked, (on_exceed, on_exhausted)), (decision, hand_back)) in
+            table
+        {
+            let row = format!(
+                "{outcome:?}, failed before {failed_attempts:?}, asked {asked:?}, {on_exceed:?}/{on_exhausted:?}"
+            );
+            let policy = RetryPolicy {
+                on_exhausted,
+                ..policy()
+            };
+            let decided = decide_after_attempt(AttemptFacts {
+                outcome,
+                failed_attempts,
+                retry: &policy,
+                on_exceed,
+                cancel_requested: matches!(asked, Cancel),
+                pause_requested: matches!(asked, Pause),
+                now: now(),
+            });
+            assert_eq!(decided, decision, "{row}");
+            assert_eq!(decided.hand_back(), hand_back, "{row}");
+        }
+    }
+
     #[test]
     fn the_backoff_follows_the_tasks_own_policy() {
         let policy = RetryPolicy {
             max_attempts: 10,
             backoff: Duration::from_secs(3),
             max_backoff: Duration::from_secs(20),
+            ..RetryPolicy::default()
         };
         let delays: Vec<u64> = (0..6)
             .map(|failed_before| {
@@ -612,6 +677,7 @@ mod tests {
                     outcome: failed(true),
                     failed_attempts: Some(failed_before),
                     retry: &policy,
+                    on_exceed: OnExceed::Fail,
                     cancel_requested: false,
                     pause_requested: false,
                     now: now(),
