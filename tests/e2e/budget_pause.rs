@@ -124,7 +124,10 @@ fn a_task_paused_by_its_budget_across_sigkills_continues_once_raised_and_resumed
     );
     let (mut daemon, kills) = kill_until_paused(&queue, "paid", &side, 3);
     // Each kill lost the iteration in flight: 3 of them before 0.05 is reached.
-    assert_eq!(kills, 3, "the daemon was killed {kills} times before the pause");
+    assert_eq!(
+        kills, 3,
+        "the daemon was killed {kills} times before the pause"
+    );
 
     // Paused, not failed, at most one iteration past the budget, its checkpoint kept.
     assert!(queue.failed("paid").is_none());

@@ -38,6 +38,8 @@ mod operator;
 #[cfg(feature = "postgres")]
 mod postgres_backend;
 #[cfg(feature = "postgres")]
+mod postgres_budget;
+#[cfg(feature = "postgres")]
 mod postgres_cli;
 #[cfg(feature = "postgres")]
 mod postgres_faults;
