@@ -149,8 +149,19 @@ fn a_task_paused_by_its_budget_across_sigkills_continues_once_raised_and_resumed
     assert_eq!(task["state"], "paused", "{status:#}");
     assert_eq!(task["paused_for"]["reason"], "budget", "{status:#}");
     assert_eq!(task["max_cost"], 0.05, "{status:#}");
+    // The spend of the submitter's tasks listed: this one task's.
+    let spend = status["spend_by_submitter"].as_array().unwrap();
+    assert_eq!(spend.len(), 1, "{status:#}");
+    assert_eq!(spend[0]["tasks"], 1, "{status:#}");
+    assert_eq!(spend[0]["cost"], task["cost"], "{status:#}");
+    assert_eq!(
+        spend[0]["lost_cost_estimate"], task["lost_cost_estimate"],
+        "{status:#}"
+    );
+    assert_eq!(spend[0]["submitted_by"], task["submitted_by"], "{status:#}");
     let table = cairn_ok(&queue, &["status"]);
     assert!(table.contains("paused(budget)"), "{table}");
+    assert!(table.contains("cost by submitter"), "{table}");
     assert!(
         table.contains(&format!("budget: spent {spent} of 0.05")),
         "{table}"

@@ -120,4 +120,13 @@ fn a_task_paused_by_its_budget_on_the_database_is_raised_resumed_and_finishes() 
     assert_eq!(record["max_cost"], 0.06, "{record:#}");
     // Resumed from its checkpoint: each iteration ran once.
     assert_eq!(side_events(&side).len(), 12);
+    // status --db sums the spend of the tasks it lists by submitter.
+    let status: Value = serde_json::from_str(&ok(&url, &["status", "--json"])).unwrap();
+    let spend = status["spend_by_submitter"].as_array().unwrap();
+    assert_eq!(spend.len(), 1, "{status:#}");
+    assert_eq!(
+        (&spend[0]["tasks"], &spend[0]["cost"]),
+        (&json!(1), &json!(0.06)),
+        "{status:#}"
+    );
 }
