@@ -123,11 +123,14 @@ fn a_task_paused_by_its_budget_across_sigkills_continues_once_raised_and_resumed
         &paused_by_budget("paid", &side, &charges, 0.05, 7),
     );
     let (mut daemon, kills) = kill_until_paused(&queue, "paid", &side, 3);
-    // Each kill lost the iteration in flight: 3 of them before 0.05 is reached.
-    assert_eq!(
-        kills, 3,
+    // Each kill lost the iteration in flight, priced at 0.01: with a commit or two between
+    // kills, 0.05 is reached after two or three of them.
+    assert!(
+        kills >= 2,
         "the daemon was killed {kills} times before the pause"
     );
+    let entry = queue.active_entry("paid").unwrap();
+    assert_eq!(entry["lost_iterations"], kills, "{entry:#}");
 
     // Paused, not failed, at most one iteration past the budget, its checkpoint kept.
     assert!(queue.failed("paid").is_none());
