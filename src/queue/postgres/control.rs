@@ -194,7 +194,10 @@ impl PgQueue {
                 continue;
             }
             // Who asked is known whether or not it is judged: a budget request journals it.
-            let asker = asker_of(Vouched::of(row.get(7), row.get(8), row.get(9)), row.get(7));
+            // A request without a recorded role has no verdict on it (NULL): not trusted.
+            let trusted = row.get::<_, Option<bool>>(8).unwrap_or(false);
+            let vouched = Vouched::of(row.get(7), trusted, row.get(9));
+            let asker = asker_of(vouched, row.get(7));
             let request = parse_request(&task_id, row.get(2), row.get(3), row.get(10));
             let request = request.map(|mut request| {
                 request.asker = Some(asker);
