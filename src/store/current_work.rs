@@ -474,6 +474,57 @@ mod tests {
         assert_eq!(back.lost_cost_estimate().unwrap().to_string(), "0.3");
     }
 
+    /// A resume lets a paused task go on: one its used-up attempts paused gets a fresh
+    /// allowance; one its budget paused keeps everything it spent (the lost iterations'
+    /// estimate too) and the limit an operator set, which replaces the definition's.
+    #[test]
+    fn a_resume_clears_the_policy_pause_and_keeps_the_spend() {
+        use super::{PauseReason, PolicyPause};
+        let budget = crate::task::Budget {
+            max_cost: 0.05,
+            on_exceed: crate::task::OnExceed::Pause,
+        };
+        let mut entry: ActiveTask = serde_json::from_str(OLD_ENTRY).unwrap();
+        entry.cost = Some(0.03);
+        entry.lost_iterations = 2;
+        entry.max_iteration_cost = Some(0.01);
+        assert_eq!(entry.spent().to_string(), "0.05");
+        assert_eq!(entry.spend_limit(Some(&budget)), Some(0.05));
+        entry.status = ActiveStatus::Paused;
+        entry.paused_for = Some(PolicyPause::budget(entry.spent(), 0.05));
+        entry.max_cost = Some(0.1);
+        entry.failed_attempts = 1;
+        let text = serde_json::to_string(&entry).unwrap();
+        assert_eq!(serde_json::from_str::<ActiveTask>(&text).unwrap(), entry);
+        entry.resume_from_pause();
+        assert_eq!(entry.status, ActiveStatus::Interrupted);
+        assert_eq!(entry.paused_for, None);
+        assert_eq!(
+            (entry.failed_attempts, entry.spent().to_string()),
+            (1, "0.05".into())
+        );
+        assert_eq!(entry.spend_limit(Some(&budget)), Some(0.1));
+        assert_eq!(entry.spend_limit(None), Some(0.1));
+
+        entry.status = ActiveStatus::Paused;
+        entry.failed_attempts = 3;
+        entry.paused_for = Some(PolicyPause::retries_exhausted(3, "boom".into()));
+        assert_eq!(
+            entry.paused_for.as_ref().map(|p| p.reason),
+            Some(PauseReason::RetriesExhausted)
+        );
+        entry.resume_from_pause();
+        assert_eq!(
+            (entry.status, entry.failed_attempts),
+            (ActiveStatus::Interrupted, 0)
+        );
+        // An operator's pause carries no reason; its resume counts nothing afresh.
+        entry.status = ActiveStatus::Paused;
+        entry.failed_attempts = 2;
+        entry.resume_from_pause();
+        assert_eq!(entry.failed_attempts, 2);
+    }
+
     /// Iterations lost in a phase are priced at that phase's largest iteration cost, not at the
     /// task's (a worker billing 0.01 after a loop billing 0.05); a phase that reported nothing
     /// yet, and lost iterations of unknown phase, at the task's.

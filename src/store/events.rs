@@ -292,11 +292,6 @@ mod tests {
                 iterations: None,
                 reason: None,
             },
-            Event::Paused {
-                phase: Some(phase()),
-                iterations: Some(5),
-                reason: Some("budget: spent 0.05 of 0.05".into()),
-            },
             Event::Resumed {},
             Event::ResumedAfterCrash {
                 attempt: 2,
@@ -344,6 +339,11 @@ mod tests {
                 from: None,
                 to: 2.5,
                 by: "database role ops".into(),
+            },
+            Event::Paused {
+                phase: Some("p".into()),
+                iterations: Some(5),
+                reason: Some("budget: spent 0.05 of 0.05".into()),
             },
             Event::CancelRequested {},
             Event::ControlRefused {
