@@ -466,6 +466,11 @@ pub(crate) fn pending(facts: &dyn TaskFacts, view: &mut TaskView) {
         };
     }
     view.attempts = Some(0);
+    view.max_cost = view
+        .task
+        .as_ref()
+        .and_then(|t| t.budget.as_ref())
+        .map(|b| b.max_cost);
 }
 
 /// The number of items of an items phase: its literal list, or the array an earlier phase put
