@@ -3,7 +3,8 @@
 //! why in `status` and `show`, and continues from its checkpoint once `cairn budget` raised its
 //! limit and `cairn resume` let it go, the raise journaled with who made it; a task with
 //! `retry.on_exhausted: "pause"` is held with its last error once its attempts are used up,
-//! and runs again, with fresh attempts, once the cause is fixed and it is resumed.
+//! and runs again, with fresh attempts, once the cause is fixed and it is resumed; a limit
+//! raised while a task runs holds from its next iteration.
 
 use std::path::Path;
 
@@ -309,4 +310,42 @@ fn a_budget_request_names_a_limit_and_a_task_in_flight() {
         "{}",
         stderr_of(&out)
     );
+}
+
+/// A loop of `iterations` whose every iteration waits for the file `gate`, then bills 0.01.
+pub(crate) fn gated_loop(id: &str, gate: &Path, max_cost: f64, iterations: u64) -> Value {
+    let wait_then_bill =
+        "while [ ! -f \"$0\" ]; do sleep 0.05; done; printf '{\"state\": null, \"cost\": 0.01}'";
+    json!({
+        "id": id,
+        "budget": {"max_cost": max_cost},
+        "phases": [{
+            "name": "spend", "kind": "loop", "max_iterations": iterations,
+            "run": ["sh", "-c", wait_then_bill, gate],
+        }],
+    })
+}
+
+#[test]
+fn a_limit_raised_while_the_task_runs_holds_from_its_next_iteration() {
+    let queue = TestQueue::new();
+    let gate = queue.aux("gate");
+    // Its first iteration alone would reach the budget and fail it.
+    queue.seed_task("gated.json", &gated_loop("gated", &gate, 0.01, 3));
+    let mut daemon = queue.start(&[]);
+    wait_until("the first iteration runs", DEADLINE, || {
+        entry_status(&queue, "gated").as_deref() == Some("running")
+    });
+    let raised = cairn_ok(&queue, &["budget", "gated", "--max-cost", "0.05"]);
+    assert!(raised.contains("took the request"), "{raised}");
+    std::fs::write(&gate, b"").unwrap();
+    let done = queue.wait_done("gated");
+    daemon.signal(SIGTERM);
+    assert_eq!(daemon.wait_exit(DEADLINE).code(), Some(0));
+    assert_eq!(
+        (&done["cost"], &done["max_cost"]),
+        (&json!(0.03), &json!(0.05)),
+        "{done:#}"
+    );
+    assert!(queue.failed("gated").is_none());
 }

@@ -2,7 +2,8 @@
 //! `tests/common/postgres.rs`): a task with `budget.on_exceed: "pause"` is handed back paused
 //! at its budget, shows why in `status --db`, has its limit raised by `cairn budget --db`
 //! (applied in SQL, as no daemon holds a paused task; journaled with the database role that
-//! asked), stays paused until `cairn resume --db`, and then finishes from its checkpoint.
+//! asked), stays paused until `cairn resume --db`, and then finishes from its checkpoint; and a
+//! limit raised while the task runs is handed to the daemon holding it, which applies it.
 
 use serde_json::{json, Value};
 
@@ -128,5 +129,52 @@ fn a_task_paused_by_its_budget_on_the_database_is_raised_resumed_and_finishes() 
         (&spend[0]["tasks"], &spend[0]["cost"]),
         (&json!(1), &json!(0.06)),
         "{status:#}"
+    );
+}
+
+#[test]
+fn a_limit_raised_on_the_database_while_the_task_runs_is_applied_by_its_daemon() {
+    let test = "a_limit_raised_on_the_database_while_the_task_runs_is_applied_by_its_daemon";
+    let Some(cluster) = PgCluster::start(test) else {
+        return;
+    };
+    let url = cluster.url();
+    let host = TestQueue::new();
+    ok(&url, &["db", "migrate"]);
+    let gate = host.aux("gate");
+    let file = host.aux("gated.json");
+    let task = crate::budget_pause::gated_loop("gated", &gate, 0.01, 3);
+    std::fs::write(&file, task.to_string()).unwrap();
+    ok(&url, &["submit", file.to_str().unwrap()]);
+    let mut daemon = host.start(&["--db", &url, "--node", "n1", "--lease", "5s"]);
+    wait_for("the first iteration runs", DEADLINE, || {
+        (state_of(&url, "gated").as_deref() == Some("running")).then_some(())
+    });
+    let raised = ok(&url, &["budget", "gated", "--max-cost", "0.05"]);
+    assert!(raised.contains("took the request"), "{raised}");
+    std::fs::write(&gate, b"").unwrap();
+    let record = wait_for("the task has a record", DEADLINE, || {
+        final_record(&url, "gated")
+    });
+    daemon.signal(nix::sys::signal::Signal::SIGTERM);
+    assert_eq!(daemon.wait_exit(DEADLINE).code(), Some(0));
+    assert_eq!(record["status"], "done", "{record:#}");
+    assert_eq!(
+        (&record["cost"], &record["max_cost"]),
+        (&json!(0.03), &json!(0.05)),
+        "{record:#}"
+    );
+    let raise = events_named(&url, "gated", "budget_set");
+    assert_eq!(raise.len(), 1, "{raise:?}");
+    assert_eq!(
+        (&raise[0]["from"], &raise[0]["to"]),
+        (&json!(0.01), &json!(0.05))
+    );
+    assert!(
+        raise[0]["by"]
+            .as_str()
+            .unwrap()
+            .starts_with("database role "),
+        "{raise:?}"
     );
 }
