@@ -65,7 +65,8 @@ Exit codes:
   4    the queue is owned by another running daemon (run)
   5    the queue's directories are unsafe: writable by other users, a shared one not
        sticky, a parent others can write (run), or open to every user while task
-       definitions hold env (run, submit, fork, pause, resume, cancel, retry, prune)
+       definitions hold env (run, submit, fork, pause, resume, cancel, retry, budget,
+       prune)
   6    with run --fail-on-task-failure: a task of this run failed, was cancelled or
        stopped by its budget, or a file was rejected
   130  a second SIGINT/SIGTERM stopped the daemon at once, after flushing committed work

@@ -41,7 +41,9 @@ pub const LEASE_COLUMNS: [&str; 2] = ["NODE", "LEASE"];
 
 #[derive(Debug, Args)]
 #[command(after_help = "\
-States: submitted (in inbox/, not taken by a daemon yet), pending, running, paused, waiting_retry, interrupted (stopped, or its daemon died; \
+States: submitted (in inbox/, not taken by a daemon yet), pending, running, paused \
+(paused(budget), paused(retries_exhausted): by a policy of the task's own, the reason after the \
+table), waiting_retry, interrupted (stopped, or its daemon died; \
 resumes at the next start), done, failed, budget_exceeded, cancelled, rejected (a file refused \
 at intake: the 3 most recent are listed, --all lists every one; `cairn show NAME` says why).
 
@@ -51,7 +53,8 @@ ETA is the time left at that rate; CHECKPOINT is the age of the last iteration c
 SUBMITTER is the user who submitted the task (the owner of the file the daemon took in).
 After the table, when the daemon runs with limits per submitter (cairn run \
 --max-queued-per-submitter, ...) or several submitters have unfinished tasks: the limits in \
-effect and each submitter's tasks QUEUED (pending or in flight) and RUNNING, as n/limit.
+effect and each submitter's tasks QUEUED (pending or in flight) and RUNNING, as n/limit. \
+When a listed task reported a cost: the COST of the tasks listed, per submitter.
 With --db, a first line names the daemons sharing the queue (alive or gone), and NODE and LEASE \
 say which daemon holds a running task and how long its lease has left.
 
