@@ -701,3 +701,85 @@ mod bars {
         bar.set_message(parts.join("  "));
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{spend_by_submitter, spend_section};
+    use crate::queue::{DaemonInfo, QueueView, TaskView};
+    use crate::store::records::RecordStatus;
+    use crate::store::task_state::TaskState;
+    use crate::submitter::Submitter;
+    use crate::task::Task;
+
+    /// A listed task of the submitter with `uid` (none: unrecorded) with these costs.
+    fn listed(id: &str, uid: Option<u32>, cost: Option<f64>, lost: Option<f64>) -> TaskView {
+        let mut view = TaskView::new(id, TaskState::Pending);
+        let mut task = Task::parse(br#"{"phases":[{"name":"a","run":["x"]}]}"#).unwrap();
+        task.submitted_by = uid.map(|uid| Submitter {
+            uid,
+            user: Some(format!("user{uid}")),
+        });
+        view.task = Some(task);
+        view.cost = cost;
+        view.lost_cost_estimate = lost;
+        view
+    }
+
+    fn view_of(tasks: Vec<TaskView>) -> QueueView {
+        QueueView {
+            root: "/q".into(),
+            now: chrono::Utc::now(),
+            daemon: DaemonInfo {
+                running: false,
+                pid: None,
+            },
+            tasks,
+            inbox: 0,
+            rejected: 0,
+            warnings: Vec::new(),
+            current_work_problem: None,
+            cluster: None,
+            limits: None,
+        }
+    }
+
+    #[test]
+    fn spend_is_summed_exactly_per_submitter_over_the_tasks_listed() {
+        let mut rejected = listed("rejected-x", Some(1001), Some(9.0), None);
+        rejected.state = RecordStatus::Rejected.into();
+        let view = view_of(vec![
+            listed("a1", Some(1001), Some(0.1), None),
+            listed("a2", Some(1001), Some(0.2), Some(0.05)),
+            listed("b1", Some(1002), None, None),
+            listed("n1", None, Some(0.5), None),
+            rejected,
+        ]);
+        let spend = spend_by_submitter(&view);
+        let lines: Vec<_> = spend
+            .iter()
+            .map(|l| {
+                let who = l.submitter.as_ref().map(|s| s.uid);
+                (
+                    who,
+                    l.tasks,
+                    l.cost.map(|c| c.to_string()),
+                    l.lost_cost_estimate,
+                )
+            })
+            .collect();
+        assert_eq!(
+            lines,
+            [
+                (Some(1001), 2, Some("0.3".to_string()), Some(0.05)),
+                (Some(1002), 1, None, None),
+                (None, 1, Some("0.5".to_string()), None),
+            ]
+        );
+        let section = spend_section(&view);
+        assert!(section.contains("user1001   2      0.3+~0.05"), "{section}");
+        assert!(section.contains("unknown    1      0.5"), "{section}");
+        // Nothing reported a cost: no section.
+        let quiet = view_of(vec![listed("b1", Some(1002), None, None)]);
+        assert_eq!(spend_section(&quiet), "");
+    }
+}
