@@ -290,13 +290,15 @@ fn a_task_whose_attempts_are_used_up_pauses_and_runs_again_once_fixed_and_resume
 #[test]
 fn a_budget_request_names_a_limit_and_a_task_in_flight() {
     let queue = TestQueue::new();
-    let out = queue.cairn_output(&["budget", "nosuch", "--max-cost", "-1"], b"");
-    assert!(!out.status.success());
-    assert!(
-        stderr_of(&out).contains("--max-cost"),
-        "{}",
-        stderr_of(&out)
-    );
+    for bad in ["--max-cost=-1", "--max-cost=inf", "--max-cost=NaN"] {
+        let out = queue.cairn_output(&["budget", "nosuch", bad], b"");
+        assert_eq!(out.status.code(), Some(2), "{bad}: {}", stderr_of(&out));
+        assert!(
+            stderr_of(&out).contains("--max-cost must be a number of at least 0"),
+            "{bad}: {}",
+            stderr_of(&out)
+        );
+    }
     let side = queue.aux("done.side");
     queue.seed_task("quick.json", &loop_task("quick", &side, 1, 0.0));
     queue.run_until_idle(&[]);
