@@ -55,6 +55,76 @@ pub struct Task {
 pub struct Budget {
     /// The task stops before its next iteration once its summed cost reaches this.
     pub max_cost: f64,
+    /// What a task whose spend reached `max_cost` becomes: failed, or paused until an operator
+    /// raises the limit (`cairn budget`) and resumes it.
+    #[serde(default, skip_serializing_if = "OnExceed::is_fail")]
+    pub on_exceed: OnExceed,
+}
+
+/// What becomes of a task whose spend reached its budget.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnExceed {
+    /// Recorded in `failed/` with status `budget_exceeded`.
+    #[default]
+    Fail,
+    /// Held paused with its checkpoints, the reason shown, until `cairn resume`.
+    Pause,
+}
+
+impl OnExceed {
+    fn is_fail(&self) -> bool {
+        *self == OnExceed::Fail
+    }
+}
+
+/// What becomes of a task whose failed attempts reached `retry.max_attempts`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnExhausted {
+    /// Recorded in `failed/`.
+    #[default]
+    Fail,
+    /// Held paused with its last error, until an operator fixes the cause and resumes it
+    /// (with a fresh allowance of attempts).
+    Pause,
+}
+
+impl OnExhausted {
+    fn is_fail(&self) -> bool {
+        *self == OnExhausted::Fail
+    }
+}
+
+/// Read `"fail"` or `"pause"`, the words of both policies, with an error that says so (serde's
+/// own for a value of the wrong type reads as a JSON syntax error).
+fn fail_or_pause<'de, D: serde::Deserializer<'de>>(d: D) -> Result<bool, D::Error> {
+    let value = Value::deserialize(d)?;
+    match value.as_str() {
+        Some("fail") => Ok(false),
+        Some("pause") => Ok(true),
+        _ => Err(serde::de::Error::custom(format!(
+            "{value} is not one of \"fail\", \"pause\""
+        ))),
+    }
+}
+
+impl<'de> Deserialize<'de> for OnExceed {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Ok(match fail_or_pause(d)? {
+            true => OnExceed::Pause,
+            false => OnExceed::Fail,
+        })
+    }
+}
+
+impl<'de> Deserialize<'de> for OnExhausted {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Ok(match fail_or_pause(d)? {
+            true => OnExhausted::Pause,
+            false => OnExhausted::Fail,
+        })
+    }
 }
 
 /// How often and how patiently a failing task is tried again.
@@ -69,6 +139,9 @@ pub struct RetryPolicy {
     pub backoff: Duration,
     #[serde(default = "default_max_backoff", with = "humantime_serde_compat")]
     pub max_backoff: Duration,
+    /// What a task becomes once its attempts are used up.
+    #[serde(default, skip_serializing_if = "OnExhausted::is_fail")]
+    pub on_exhausted: OnExhausted,
 }
 
 impl Default for RetryPolicy {
@@ -77,6 +150,7 @@ impl Default for RetryPolicy {
             max_attempts: default_max_attempts(),
             backoff: default_backoff(),
             max_backoff: default_max_backoff(),
+            on_exhausted: OnExhausted::Fail,
         }
     }
 }
@@ -590,7 +664,7 @@ pub fn random_suffix() -> String {
 mod tests {
     use std::time::Duration;
 
-    use super::{PhaseKind, RetryPolicy, Task, TaskError};
+    use super::{OnExceed, OnExhausted, PhaseKind, RetryPolicy, Task, TaskError};
 
     fn parse(text: &str) -> Result<Task, TaskError> {
         Task::parse(text.as_bytes())
@@ -699,11 +773,61 @@ mod tests {
     }
 
     #[test]
+    fn what_a_spent_budget_or_used_up_attempts_do_is_read_and_checked() {
+        let task =
+            parse(r#"{"phases":[{"name":"a","run":["x"]}],"budget":{"max_cost":1}}"#).unwrap();
+        assert_eq!(task.budget.as_ref().unwrap().on_exceed, OnExceed::Fail);
+        assert_eq!(task.retry.on_exhausted, OnExhausted::Fail);
+        // The defaults are not written into the stored form, which stays as it was.
+        let stored = String::from_utf8(task.to_json_bytes()).unwrap();
+        assert!(
+            !stored.contains("on_exceed") && !stored.contains("on_exhausted"),
+            "{stored}"
+        );
+
+        let task = parse(
+            r#"{"budget":{"max_cost":0.05,"on_exceed":"pause"},"retry":{"on_exhausted":"pause"},
+               "phases":[{"name":"a","run":["x"]}]}"#,
+        )
+        .unwrap();
+        assert_eq!(task.budget.as_ref().unwrap().on_exceed, OnExceed::Pause);
+        assert_eq!(task.retry.on_exhausted, OnExhausted::Pause);
+        assert_eq!(task.retry.max_attempts, 3);
+        assert_eq!(Task::parse(&task.to_json_bytes()).unwrap(), task);
+
+        for (text, field) in [
+            (
+                r#"{"budget":{"max_cost":1,"on_exceed":"stop"},"phases":[{"name":"a","run":["x"]}]}"#,
+                "budget.on_exceed",
+            ),
+            (
+                r#"{"budget":{"max_cost":1,"on_exceed":true},"phases":[{"name":"a","run":["x"]}]}"#,
+                "budget.on_exceed",
+            ),
+            (
+                r#"{"retry":{"on_exhausted":"Pause"},"phases":[{"name":"a","run":["x"]}]}"#,
+                "retry.on_exhausted",
+            ),
+        ] {
+            let err = parse(text).unwrap_err();
+            assert_eq!(err.field.as_deref(), Some(field), "{text}: {err}");
+            assert!(
+                err.problem.contains(r#"is not one of "fail", "pause""#),
+                "{err}"
+            );
+        }
+        let err = parse(r#"{"budget":{"on_exceed":"pause"},"phases":[{"name":"a","run":["x"]}]}"#)
+            .unwrap_err();
+        assert!(err.to_string().contains("max_cost"), "{err}");
+    }
+
+    #[test]
     fn backoff_doubles_and_is_capped() {
         let policy = RetryPolicy {
             max_attempts: 9,
             backoff: Duration::from_secs(10),
             max_backoff: Duration::from_secs(60),
+            ..RetryPolicy::default()
         };
         assert_eq!(policy.delay_after(1), Duration::from_secs(10));
         assert_eq!(policy.delay_after(2), Duration::from_secs(20));

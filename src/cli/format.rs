@@ -113,6 +113,8 @@ pub fn task_json(task: &TaskView, now: DateTime<Utc>) -> Value {
         "eta_seconds": task.eta_seconds,
         "cost": task.cost,
         "lost_cost_estimate": task.lost_cost_estimate,
+        "max_cost": task.max_cost,
+        "paused_for": task.paused_for,
         "last_checkpoint_at": task.last_checkpoint_at.map(rfc3339),
         "last_checkpoint_age_seconds": task.checkpoint_age(now),
         "attempts": task.attempts,
@@ -120,6 +122,15 @@ pub fn task_json(task: &TaskView, now: DateTime<Utc>) -> Value {
         "error": task.error,
         "submitted_by": task.submitted_by(),
     })
+}
+
+/// The STATE cell: the state, and for a task a policy of its own paused, which one
+/// (`paused(budget)`, `paused(retries_exhausted)`), without spaces as table cells are.
+pub fn state_cell(task: &TaskView) -> String {
+    match &task.paused_for {
+        Some(pause) => format!("{}({})", task.state.as_str(), pause.reason.as_str()),
+        None => task.state.as_str().to_string(),
+    }
 }
 
 /// RFC 3339 with milliseconds, UTC.

@@ -2,6 +2,7 @@
 
 mod as_owner;
 mod bench;
+mod budget;
 mod checkpoint;
 mod clients_path;
 mod completions;
@@ -63,7 +64,8 @@ Exit codes:
   4    the queue is owned by another running daemon (run)
   5    the queue's directories are unsafe: writable by other users, a shared one not
        sticky, a parent others can write (run), or open to every user while task
-       definitions hold env (run, submit, fork, pause, resume, cancel, retry, prune)
+       definitions hold env (run, submit, fork, pause, resume, cancel, retry, budget,
+       prune)
   6    with run --fail-on-task-failure: a task of this run failed, was cancelled or
        stopped by its budget, or a file was rejected
   130  a second SIGINT/SIGTERM stopped the daemon at once, after flushing committed work
@@ -120,6 +122,8 @@ enum Command {
     Cancel(control::ControlArgs),
     /// Put a failed or cancelled task back, resuming from its last checkpoint.
     Retry(control::ControlArgs),
+    /// Set a task's spending limit (a paused task then continues with `cairn resume`).
+    Budget(budget::BudgetArgs),
     /// Remove records, logs and checkpoints of finished tasks past their retention.
     Prune(prune::PruneArgs),
     /// Print a shell completion script.
@@ -208,6 +212,7 @@ fn dispatch(queue: &Path, mut command: Command) -> CliResult<u8> {
         Command::Resume(args) => control::run(queue, control::Action::Resume, args).map(done),
         Command::Cancel(args) => control::run(queue, control::Action::Cancel, args).map(done),
         Command::Retry(args) => control::run(queue, control::Action::Retry, args).map(done),
+        Command::Budget(args) => budget::run(queue, args).map(done),
         Command::Prune(args) => prune::run(queue, args).map(done),
         Command::Completions(args) => completions::run(args).map(done),
         Command::ClientsPath(args) => clients_path::run(queue, args).map(done),
@@ -235,6 +240,7 @@ impl Command {
             | Command::Resume(args)
             | Command::Cancel(args)
             | Command::Retry(args) => &mut args.db,
+            Command::Budget(args) => &mut args.db,
             Command::Prune(args) => &mut args.db,
             Command::Serve(args) => &mut args.db,
             Command::Run(args) => return args.read_db_url_file(),
@@ -260,6 +266,7 @@ impl Command {
             | Command::Resume(args)
             | Command::Cancel(args)
             | Command::Retry(args) => &args.db,
+            Command::Budget(args) => &args.db,
             Command::Prune(args) => &args.db,
             Command::Serve(args) => &args.db,
             _ => return false,
@@ -277,6 +284,7 @@ impl Command {
                 | Command::Resume(_)
                 | Command::Cancel(_)
                 | Command::Retry(_)
+                | Command::Budget(_)
                 | Command::Prune(_)
         ) || matches!(self, Command::Serve(args) if args.listen.allow_actions)
     }
@@ -295,6 +303,7 @@ impl Command {
                 | Command::Resume(_)
                 | Command::Cancel(_)
                 | Command::Retry(_)
+                | Command::Budget(_)
                 | Command::Serve(_)
         )
     }

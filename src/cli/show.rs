@@ -16,7 +16,7 @@ use super::source::DbArg;
 use super::status::{iter_cell, phase_cell};
 use crate::client::{QueueClient, TaskFacts as ShowFacts, TimelineEntry};
 use crate::queue::{QueueDir, QueueReader, TaskView};
-use crate::store::current_work::PhaseTiming;
+use crate::store::current_work::{PauseReason, PhaseTiming, PolicyPause};
 use crate::store::task_state::TaskState;
 use crate::task::PhaseKind;
 use crate::task_id::TaskId;
@@ -411,6 +411,12 @@ fn progress_fields(task: &TaskView, now: DateTime<Utc>, field: &mut impl FnMut(&
         field("rate", format!("{}{eta}", format::format_rate(rate)));
     }
     field("cost", cost_field(task));
+    if let Some(limit) = task.max_cost {
+        field("budget", format!("limit {}", format::format_cost(limit)));
+    }
+    if let Some(pause) = &task.paused_for {
+        field("paused for", paused_for_field(task, pause));
+    }
     // Every start is an attempt (resumes after a stop, pause or crash too); only failed
     // attempts count against `retry.max_attempts`, so the two are shown apart.
     let allowed = task
@@ -445,6 +451,22 @@ fn progress_fields(task: &TaskView, now: DateTime<Utc>, field: &mut impl FnMut(&
         field("finished", format!("{at} ({})", record.path.display()));
     }
     field("error", task.error.clone().unwrap_or("-".into()));
+}
+
+/// Why a policy of the task's own paused it, and what lets it go on.
+fn paused_for_field(task: &TaskView, pause: &PolicyPause) -> String {
+    let id = &task.id;
+    let next = match pause.reason {
+        PauseReason::Budget => {
+            format!(
+                "`cairn budget {id} --max-cost X` raises the limit, `cairn resume {id}` continues"
+            )
+        }
+        PauseReason::RetriesExhausted => {
+            format!("fix the cause, then `cairn resume {id}` runs it again with fresh attempts")
+        }
+    };
+    format!("{}; {next}", pause.describe())
 }
 
 /// The committed cost, and the estimate for iterations lost to crashes apart.

@@ -19,7 +19,7 @@ use super::source::DbArg;
 use crate::client::QueueClient as Source;
 use crate::limits::{PublishedLimits, SubmitterKey};
 use crate::queue::{LoadOptions, QueueView, TaskView};
-use crate::store::current_work::ActiveStatus;
+use crate::store::current_work::{ActiveStatus, PauseReason};
 use crate::store::task_state::TaskState;
 use crate::submitter::Submitter;
 
@@ -42,7 +42,9 @@ pub const LEASE_COLUMNS: [&str; 2] = ["NODE", "LEASE"];
 
 #[derive(Debug, Args)]
 #[command(after_help = "\
-States: submitted (in inbox/, not taken by a daemon yet), pending, running, paused, waiting_retry, interrupted (stopped, or its daemon died; \
+States: submitted (in inbox/, not taken by a daemon yet), pending, running, paused \
+(paused(budget), paused(retries_exhausted): by a policy of the task's own, the reason after the \
+table), waiting_retry, interrupted (stopped, or its daemon died; \
 resumes at the next start), done, failed, budget_exceeded, cancelled, rejected (a file refused \
 at intake: the 3 most recent are listed, --all lists every one; `cairn show NAME` says why).
 
@@ -52,7 +54,8 @@ ETA is the time left at that rate; CHECKPOINT is the age of the last iteration c
 SUBMITTER is the user who submitted the task (the owner of the file the daemon took in).
 After the table, when the daemon runs with limits per submitter (cairn run \
 --max-queued-per-submitter, ...) or several submitters have unfinished tasks: the limits in \
-effect and each submitter's tasks QUEUED (pending or in flight) and RUNNING, as n/limit.
+effect and each submitter's tasks QUEUED (pending or in flight) and RUNNING, as n/limit. \
+When a listed task reported a cost: the COST of the tasks listed, per submitter.
 With --db, a first line names the daemons sharing the queue (alive or gone), and NODE and LEASE \
 say which daemon holds a running task and how long its lease has left.
 
@@ -106,13 +109,21 @@ pub fn run(queue: &Path, args: StatusArgs) -> CliResult {
         text
     } else if view.cluster.is_some() {
         format!(
-            "{}\n{}{}",
+            "{}\n{}{}{}{}",
             header(&view),
             table(&view),
-            submitters_section(&view)
+            paused_section(&view),
+            submitters_section(&view),
+            spend_section(&view)
         )
     } else {
-        format!("{}{}", table(&view), submitters_section(&view))
+        format!(
+            "{}{}{}{}",
+            table(&view),
+            paused_section(&view),
+            submitters_section(&view),
+            spend_section(&view)
+        )
     };
     print(&text)?;
     let unreadable = view.current_work_problem.as_ref();
@@ -216,6 +227,7 @@ pub fn to_json(view: &QueueView) -> Value {
         "tasks": tasks,
         "limits": view.limits.as_ref().map(limits_json),
         "submitters": submitters_json(view),
+        "spend_by_submitter": spend_json(view),
     });
     if let Some(cluster) = &view.cluster {
         document["nodes"] = format::nodes_json(cluster);
@@ -247,6 +259,121 @@ pub fn submitter_counts(view: &QueueView) -> Vec<SubmitterCount> {
         }
     }
     counts.into_values().collect()
+}
+
+/// What one submitter's tasks listed have spent: the committed cost and, apart, the estimate
+/// for iterations lost to crashes (each `None` while none of them reported one).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SubmitterSpend {
+    pub submitter: Option<Submitter>,
+    pub tasks: usize,
+    pub cost: Option<f64>,
+    pub lost_cost_estimate: Option<f64>,
+}
+
+/// The spend of each submitter over the tasks listed (files refused at intake aside), by
+/// uid with "unknown" last; decimals summed exactly.
+pub fn spend_by_submitter(view: &QueueView) -> Vec<SubmitterSpend> {
+    let sum = |total: Option<f64>, more: Option<f64>| match (total, more) {
+        (Some(total), Some(more)) => Some(crate::cost::add(total, more)),
+        (total, more) => total.or(more),
+    };
+    let mut spend: BTreeMap<SubmitterKey, SubmitterSpend> = BTreeMap::new();
+    for task in view.tasks.iter().filter(|t| !t.state.is_rejected()) {
+        let submitter = task.submitted_by();
+        let line = spend
+            .entry(SubmitterKey::of(submitter.as_ref()))
+            .or_insert_with(|| SubmitterSpend {
+                submitter,
+                tasks: 0,
+                cost: None,
+                lost_cost_estimate: None,
+            });
+        line.tasks += 1;
+        line.cost = sum(line.cost, task.cost);
+        line.lost_cost_estimate = sum(line.lost_cost_estimate, task.lost_cost_estimate);
+    }
+    spend.into_values().collect()
+}
+
+fn spend_json(view: &QueueView) -> Value {
+    spend_by_submitter(view)
+        .into_iter()
+        .map(|line| {
+            json!({
+                "submitted_by": line.submitter,
+                "tasks": line.tasks,
+                "cost": line.cost,
+                "lost_cost_estimate": line.lost_cost_estimate,
+            })
+        })
+        .collect()
+}
+
+/// After the table, when a listed task reported a cost: what each submitter's tasks spent
+/// (`0.05+~0.01`: committed, and the estimate for iterations lost to crashes).
+pub fn spend_section(view: &QueueView) -> String {
+    let lines = spend_by_submitter(view);
+    if lines
+        .iter()
+        .all(|l| l.cost.is_none() && l.lost_cost_estimate.is_none())
+    {
+        return String::new();
+    }
+    let rows: Vec<Vec<String>> = lines
+        .iter()
+        .map(|line| {
+            let cost = match (line.cost, line.lost_cost_estimate) {
+                (None, None) => "-".to_string(),
+                (cost, None) => format::format_cost(cost.unwrap_or(0.0)),
+                (cost, Some(lost)) => format!(
+                    "{}+~{}",
+                    format::format_cost(cost.unwrap_or(0.0)),
+                    format::format_cost(lost)
+                ),
+            };
+            vec![
+                line.submitter
+                    .as_ref()
+                    .map_or_else(|| "unknown".to_string(), Submitter::short),
+                line.tasks.to_string(),
+                cost,
+            ]
+        })
+        .collect();
+    format!(
+        "\ncost by submitter (tasks listed)\n{}",
+        format::render_table(&["SUBMITTER", "TASKS", "COST"], &rows)
+    )
+}
+
+/// After the table, for each task a policy of its own paused (its budget, its used-up
+/// attempts): why, and what lets it go on.
+pub fn paused_section(view: &QueueView) -> String {
+    let rows: Vec<Vec<String>> = view
+        .tasks
+        .iter()
+        .filter_map(|task| {
+            let pause = task.paused_for.as_ref()?;
+            let limit = task
+                .max_cost
+                .filter(|_| pause.reason == PauseReason::Budget)
+                .map(|limit| format!(" (limit now {})", format::format_cost(limit)))
+                .unwrap_or_default();
+            Some(vec![
+                task.id.clone(),
+                format!("{}{limit}", pause.describe()),
+            ])
+        })
+        .collect();
+    if rows.is_empty() {
+        return String::new();
+    }
+    format!(
+        "\npaused by their own policy (`cairn budget ID --max-cost X` raises a limit, \
+         `cairn resume ID` continues)\n{}",
+        format::render_table(&["ID", "WHY"], &rows)
+    )
 }
 
 /// One submitter's line of [`submitter_counts`].
@@ -358,7 +485,7 @@ fn row(task: &TaskView, view: &QueueView) -> Vec<String> {
     let dash = || "-".to_string();
     vec![
         task.id.clone(),
-        task.state.as_str().to_string(),
+        format::state_cell(task),
         phase_cell(task),
         iter_cell(task),
         task.rate_per_min
@@ -577,5 +704,87 @@ mod bars {
             }
         }
         bar.set_message(parts.join("  "));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{spend_by_submitter, spend_section};
+    use crate::queue::{DaemonInfo, QueueView, TaskView};
+    use crate::store::records::RecordStatus;
+    use crate::store::task_state::TaskState;
+    use crate::submitter::Submitter;
+    use crate::task::Task;
+
+    /// A listed task of the submitter with `uid` (none: unrecorded) with these costs.
+    fn listed(id: &str, uid: Option<u32>, cost: Option<f64>, lost: Option<f64>) -> TaskView {
+        let mut view = TaskView::new(id, TaskState::Pending);
+        let mut task = Task::parse(br#"{"phases":[{"name":"a","run":["x"]}]}"#).unwrap();
+        task.submitted_by = uid.map(|uid| Submitter {
+            uid,
+            user: Some(format!("user{uid}")),
+        });
+        view.task = Some(task);
+        view.cost = cost;
+        view.lost_cost_estimate = lost;
+        view
+    }
+
+    fn view_of(tasks: Vec<TaskView>) -> QueueView {
+        QueueView {
+            root: "/q".into(),
+            now: chrono::Utc::now(),
+            daemon: DaemonInfo {
+                running: false,
+                pid: None,
+            },
+            tasks,
+            inbox: 0,
+            rejected: 0,
+            warnings: Vec::new(),
+            current_work_problem: None,
+            cluster: None,
+            limits: None,
+        }
+    }
+
+    #[test]
+    fn spend_is_summed_exactly_per_submitter_over_the_tasks_listed() {
+        let mut rejected = listed("rejected-x", Some(1001), Some(9.0), None);
+        rejected.state = RecordStatus::Rejected.into();
+        let view = view_of(vec![
+            listed("a1", Some(1001), Some(0.1), None),
+            listed("a2", Some(1001), Some(0.2), Some(0.05)),
+            listed("b1", Some(1002), None, None),
+            listed("n1", None, Some(0.5), None),
+            rejected,
+        ]);
+        let spend = spend_by_submitter(&view);
+        let lines: Vec<_> = spend
+            .iter()
+            .map(|l| {
+                let who = l.submitter.as_ref().map(|s| s.uid);
+                (
+                    who,
+                    l.tasks,
+                    l.cost.map(|c| c.to_string()),
+                    l.lost_cost_estimate,
+                )
+            })
+            .collect();
+        assert_eq!(
+            lines,
+            [
+                (Some(1001), 2, Some("0.3".to_string()), Some(0.05)),
+                (Some(1002), 1, None, None),
+                (None, 1, Some("0.5".to_string()), None),
+            ]
+        );
+        let section = spend_section(&view);
+        assert!(section.contains("user1001   2      0.3+~0.05"), "{section}");
+        assert!(section.contains("unknown    1      0.5"), "{section}");
+        // Nothing reported a cost: no section.
+        let quiet = view_of(vec![listed("b1", Some(1002), None, None)]);
+        assert_eq!(spend_section(&quiet), "");
     }
 }

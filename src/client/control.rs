@@ -62,6 +62,9 @@ fn what_follows(action: ControlAction) -> &'static str {
         ControlAction::Resume => "it continues",
         ControlAction::Cancel => "it is stopped and recorded as cancelled",
         ControlAction::Retry => "it resumes from its last checkpoint",
+        ControlAction::Budget => {
+            "its spending limit is set (a paused task stays paused until `cairn resume`)"
+        }
     }
 }
 
@@ -103,18 +106,42 @@ impl QueueClient {
         self.outcome(&sent)
     }
 
-    /// Write the request, without waiting for a daemon.
+    /// Write the request for `action` on task `id`, without waiting for a daemon.
     pub fn send(&self, action: ControlAction, id: &TaskId) -> ClientResult<Sent> {
+        self.send_request(&ControlRequest::new(action, id))
+    }
+
+    /// Set task `id`'s spending limit to `max_cost` (`cairn budget`); as [`Self::request`].
+    pub fn set_budget(
+        &self,
+        id: &TaskId,
+        max_cost: f64,
+        wait: bool,
+    ) -> ClientResult<RequestOutcome> {
+        if !control::valid_limit(max_cost) {
+            return Err(ClientError::usage(
+                "--max-cost must be a number of at least 0",
+            ));
+        }
+        let sent = self.send_request(&ControlRequest::budget(id, max_cost))?;
+        if !wait {
+            return Ok(RequestOutcome::Waiting { why: None });
+        }
+        self.outcome(&sent)
+    }
+
+    /// Write `request`, without waiting for a daemon.
+    pub fn send_request(&self, request: &ControlRequest) -> ClientResult<Sent> {
         let how = match &self.backend {
             Backend::Files { root, writable } => {
-                send_file(writable_root(root, writable)?, action, id)?
+                send_file(writable_root(root, writable)?, request)?
             }
             #[cfg(feature = "postgres")]
-            Backend::Database(shared) => send_db(shared, action, id)?,
+            Backend::Database(shared) => send_db(shared, request)?,
         };
         Ok(Sent {
-            action,
-            id: id.clone(),
+            action: request.action,
+            id: request.task_id.clone(),
             how,
         })
     }
@@ -142,7 +169,8 @@ impl QueueClient {
     }
 }
 
-fn send_file(root: &Path, action: ControlAction, id: &TaskId) -> ClientResult<SentHow> {
+fn send_file(root: &Path, request: &ControlRequest) -> ClientResult<SentHow> {
+    let id = &request.task_id;
     let storage = FileStorage::new(root);
     let reader = QueueReader::open(root);
     // A task still in the inbox is steered too: the daemon holds the request until it has
@@ -164,10 +192,9 @@ fn send_file(root: &Path, action: ControlAction, id: &TaskId) -> ClientResult<Se
             )));
         }
     };
-    let request = ControlRequest::new(action, id);
     // A second back: the journal's clock is the daemon's, which reads the same clock later.
     let written_at = chrono::Utc::now() - chrono::Duration::seconds(1);
-    let key = control::submit(&storage, &request).map_err(|e| {
+    let key = control::submit(&storage, request).map_err(|e| {
         ClientError::failure(format_args!(
             "writing the request into {}: {e}",
             QueueDir::new(root).control().display()
@@ -226,9 +253,9 @@ fn outcome_file(
 #[cfg(feature = "postgres")]
 fn send_db(
     shared: &super::database::SharedQueue,
-    action: ControlAction,
-    id: &TaskId,
+    request: &ControlRequest,
 ) -> ClientResult<SentHow> {
+    let id = &request.task_id;
     if shared.block_on(shared.db.task_state(id))?.is_none() {
         return Err(ClientError::failure(format_args!(
             "the shared queue has no task {:?} (a file still in a host's {}/ is taken in first)",
@@ -236,7 +263,10 @@ fn send_db(
             QueueDir::INBOX_NAME
         )));
     }
-    let request = shared.block_on(shared.db.request_control(id, action))?;
+    let request = match request.max_cost {
+        Some(max_cost) => shared.block_on(shared.db.request_budget(id, max_cost))?,
+        None => shared.block_on(shared.db.request_control(id, request.action))?,
+    };
     Ok(SentHow::Database { request })
 }
 

@@ -11,10 +11,10 @@ use chrono::{DateTime, Utc};
 use super::{AttemptOutcome, Scheduler};
 use crate::queue::HandBack;
 use crate::runner::AttemptEnd;
-use crate::store::current_work::{ActiveStatus, ActiveTask};
+use crate::store::current_work::{ActiveStatus, ActiveTask, PolicyPause};
 use crate::store::events::Event;
 use crate::store::records::RecordStatus;
-use crate::task::{RetryPolicy, Task};
+use crate::task::{OnExceed, OnExhausted, RetryPolicy, Task};
 use crate::task_id::TaskId;
 
 /// What the scheduler knows when an attempt's future returns.
@@ -24,6 +24,8 @@ pub(super) struct AttemptFacts<'a> {
     /// when it has no entry any more.
     pub failed_attempts: Option<u32>,
     pub retry: &'a RetryPolicy,
+    /// What a spent budget does to the task (`budget.on_exceed`).
+    pub on_exceed: OnExceed,
     /// `cairn cancel` arrived while the attempt ran.
     pub cancel_requested: bool,
     /// `cairn pause` arrived while the attempt ran.
@@ -44,6 +46,9 @@ pub(super) enum AfterFailure {
     Retry(RetryAt),
     /// The attempt used up the task's last one: it goes to `failed/`.
     GiveUp,
+    /// The attempt used up the task's last one and `retry.on_exhausted` is `pause`: it is
+    /// held, its last error shown, until `cairn resume`.
+    Pause,
 }
 
 /// What becomes of a task whose attempt ended.
@@ -75,6 +80,9 @@ pub(super) enum Decision {
     Cancel,
     /// The budget is spent: recorded `budget_exceeded` with the reason.
     StopForBudget { reason: String },
+    /// The budget is spent and `budget.on_exceed` is `pause`: held with its checkpoints, the
+    /// reason shown, until `cairn resume` (after `cairn budget` raised the limit).
+    PauseForBudget { reason: String },
     /// Stopped at an iteration boundary for an operator's pause: held until `cairn resume`.
     Pause,
     /// Stopped by a shutdown: resumed at the next start.
@@ -99,7 +107,12 @@ impl Decision {
     /// paused, or waiting for a retry (a file queue keeps such tasks in its work state).
     pub(super) fn hand_back(&self) -> Option<HandBack> {
         match self {
-            Decision::Pause => Some(HandBack::Paused),
+            Decision::Pause
+            | Decision::PauseForBudget { .. }
+            | Decision::AttemptFailed {
+                then: AfterFailure::Pause,
+                ..
+            } => Some(HandBack::Paused),
             Decision::RecordAgain { retry, .. }
             | Decision::AttemptFailed {
                 then: AfterFailure::Retry(retry),
@@ -147,6 +160,7 @@ pub(super) fn decide_after_attempt(facts: AttemptFacts<'_>) -> Decision {
         outcome,
         failed_attempts,
         retry,
+        on_exceed,
         cancel_requested,
         pause_requested,
         now,
@@ -178,11 +192,17 @@ pub(super) fn decide_after_attempt(facts: AttemptFacts<'_>) -> Decision {
         _ if cancel_requested => Decision::Cancel,
         (AttemptEnd::Interrupted, _) if pause_requested => Decision::Pause,
         (AttemptEnd::Interrupted, _) => Decision::LeaveForResume,
-        (AttemptEnd::BudgetStopped { reason }, _) => Decision::StopForBudget { reason },
+        (AttemptEnd::BudgetStopped { reason }, _) => match on_exceed {
+            OnExceed::Fail => Decision::StopForBudget { reason },
+            OnExceed::Pause => Decision::PauseForBudget { reason },
+        },
         (AttemptEnd::Failed { error, counts }, failed) => {
             let failed_attempts = if counts { failed + 1 } else { failed };
             let then = if counts && failed_attempts >= retry.max_attempts {
-                AfterFailure::GiveUp
+                match retry.on_exhausted {
+                    OnExhausted::Fail => AfterFailure::GiveUp,
+                    OnExhausted::Pause => AfterFailure::Pause,
+                }
             } else {
                 AfterFailure::Retry(retry_at(retry, failed_attempts, now))
             };
@@ -225,6 +245,11 @@ impl Scheduler {
             outcome,
             failed_attempts: entry.as_ref().map(|e| e.failed_attempts),
             retry: &task.retry,
+            on_exceed: task
+                .budget
+                .as_ref()
+                .map(|b| b.on_exceed)
+                .unwrap_or_default(),
             cancel_requested: control.cancel.is_cancelled(),
             pause_requested: control.pause.is_cancelled(),
             now: Utc::now(),
@@ -285,6 +310,13 @@ impl Scheduler {
                     .await;
                 self.tasks.remove(&id);
             }
+            Decision::PauseForBudget { reason } => {
+                let limit = entry.spend_limit(task.budget.as_ref()).unwrap_or(0.0);
+                entry.paused_for = Some(PolicyPause::budget(entry.spent(), limit));
+                tracing::warn!(task_id = %id, "task paused by its budget: {reason}");
+                entry.last_error = Some(reason);
+                self.hold(entry, ActiveStatus::Paused);
+            }
             Decision::Pause => self.hold(entry, ActiveStatus::Paused),
             Decision::LeaveForResume => self.hold(entry, ActiveStatus::Interrupted),
         }
@@ -319,6 +351,15 @@ impl Scheduler {
                 self.give_up(task, entry, error).await;
                 self.tasks.remove(&id);
             }
+            AfterFailure::Pause => {
+                tracing::warn!(task_id = %id, failed_attempts, "attempts used up: task paused until `cairn resume`");
+                entry.paused_for = Some(PolicyPause::retries_exhausted(
+                    failed_attempts,
+                    error.clone(),
+                ));
+                entry.last_error = Some(error);
+                self.hold(entry, ActiveStatus::Paused);
+            }
         }
     }
 
@@ -331,7 +372,15 @@ impl Scheduler {
         if status == ActiveStatus::Paused {
             tracing::info!(task_id = %id, phase = %phase, iterations, "task paused");
             let (phase, iterations) = (Some(phase), Some(iterations));
-            self.ctx.journal(&id, Event::Paused { phase, iterations });
+            let reason = entry.paused_for.as_ref().map(PolicyPause::describe);
+            self.ctx.journal(
+                &id,
+                Event::Paused {
+                    phase,
+                    iterations,
+                    reason,
+                },
+            );
         } else {
             tracing::info!(task_id = %id, phase = %phase, iterations, "task interrupted");
             self.ctx
@@ -383,9 +432,10 @@ mod tests {
 
     use super::{decide_after_attempt, AfterFailure, AttemptFacts, CrashRecord, Decision, RetryAt};
     use crate::daemon::AttemptOutcome;
+    use crate::queue::HandBack;
     use crate::runner::AttemptEnd;
     use crate::store::current_work::ActiveTask;
-    use crate::task::RetryPolicy;
+    use crate::task::{OnExceed, OnExhausted, RetryPolicy};
     use crate::task_id::TaskId;
 
     /// The operator's requests that arrived while the attempt ran.
@@ -541,6 +591,7 @@ mod tests {
                 outcome,
                 failed_attempts,
                 retry: &policy,
+                on_exceed: OnExceed::Fail,
                 cancel_requested,
                 pause_requested,
                 now: now(),
@@ -550,12 +601,75 @@ mod tests {
         }
     }
 
+    /// With the policies that pause (`budget.on_exceed`, `retry.on_exhausted`): a spent
+    /// budget and used-up attempts hold the task instead of failing it, and a shared queue's
+    /// daemon hands it back paused. Everything else is as with the policies that fail.
+    #[test]
+    fn the_decision_table_of_the_pausing_policies() {
+        use Asked::{Cancel, Nothing, Pause};
+        let pause_for_budget = || Decision::PauseForBudget {
+            reason: "spent".into(),
+        };
+        let pause_exhausted = |failed_attempts| Decision::AttemptFailed {
+            error: "boom".into(),
+            counts: true,
+            failed_attempts,
+            then: AfterFailure::Pause,
+        };
+        let fail = (OnExceed::Fail, OnExhausted::Fail);
+        let budget_pauses = (OnExceed::Pause, OnExhausted::Fail);
+        let exhaustion_pauses = (OnExceed::Fail, OnExhausted::Pause);
+        let both = (OnExceed::Pause, OnExhausted::Pause);
+        #[rustfmt::skip]
+        let table = [
+            // how it ended  failed   asked    policies           → decision               hand back
+            // A spent budget pauses the task, whatever an operator's pause asked; a cancel wins.
+            ((budget(),       Some(0), Nothing, budget_pauses),     (pause_for_budget(),     Some(HandBack::Paused))),
+            ((budget(),       Some(2), Pause,   both),              (pause_for_budget(),     Some(HandBack::Paused))),
+            ((budget(),       Some(0), Cancel,  budget_pauses),     (Decision::Cancel,       None)),
+            ((budget(),       Some(0), Nothing, exhaustion_pauses), (budget_stop(),          None)),
+            ((budget(),       Some(0), Nothing, fail),              (budget_stop(),          None)),
+            // The last attempt's failure pauses it; one before the last is retried as ever.
+            ((failed(true),   Some(2), Nothing, exhaustion_pauses), (pause_exhausted(3),     Some(HandBack::Paused))),
+            ((failed(true),   Some(2), Nothing, both),              (pause_exhausted(3),     Some(HandBack::Paused))),
+            ((failed(true),   Some(5), Nothing, exhaustion_pauses), (pause_exhausted(6),     Some(HandBack::Paused))),
+            ((failed(true),   Some(1), Nothing, exhaustion_pauses), (retry(true, 2, 20),     Some(HandBack::RetryAfter(Duration::from_secs(20))))),
+            ((failed(true),   Some(2), Nothing, budget_pauses),     (give_up(3),             None)),
+            ((failed(true),   Some(2), Cancel,  exhaustion_pauses), (Decision::Cancel,       None)),
+            // A failure of cairn's own never uses up an attempt, so it never pauses.
+            ((failed(false),  Some(2), Nothing, exhaustion_pauses), (retry(false, 2, 20),    Some(HandBack::RetryAfter(Duration::from_secs(20))))),
+        ];
+        for ((outcome, failed_attempts, asked, (on_exceed, on_exhausted)), (decision, hand_back)) in
+            table
+        {
+            let row = format!(
+                "{outcome:?}, failed before {failed_attempts:?}, asked {asked:?}, {on_exceed:?}/{on_exhausted:?}"
+            );
+            let policy = RetryPolicy {
+                on_exhausted,
+                ..policy()
+            };
+            let decided = decide_after_attempt(AttemptFacts {
+                outcome,
+                failed_attempts,
+                retry: &policy,
+                on_exceed,
+                cancel_requested: matches!(asked, Cancel),
+                pause_requested: matches!(asked, Pause),
+                now: now(),
+            });
+            assert_eq!(decided, decision, "{row}");
+            assert_eq!(decided.hand_back(), hand_back, "{row}");
+        }
+    }
+
     #[test]
     fn the_backoff_follows_the_tasks_own_policy() {
         let policy = RetryPolicy {
             max_attempts: 10,
             backoff: Duration::from_secs(3),
             max_backoff: Duration::from_secs(20),
+            ..RetryPolicy::default()
         };
         let delays: Vec<u64> = (0..6)
             .map(|failed_before| {
@@ -563,6 +677,7 @@ mod tests {
                     outcome: failed(true),
                     failed_attempts: Some(failed_before),
                     retry: &policy,
+                    on_exceed: OnExceed::Fail,
                     cancel_requested: false,
                     pause_requested: false,
                     now: now(),

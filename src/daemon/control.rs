@@ -142,7 +142,32 @@ impl Scheduler {
                 self.steer_entry(steer, entry).await;
             }
             Steer::Retry => self.retry(id).await,
+            Steer::SetLimit => self.set_limit(&request).await,
         }
+    }
+
+    /// `cairn budget`: set the task's spending limit in its entry, where a running attempt
+    /// reads it before its next iteration; journaled with the old and the new limit and who
+    /// asked. It does not resume a paused task: `cairn resume` does (docs/decisions.md).
+    async fn set_limit(&mut self, request: &ControlRequest) {
+        let id = &request.task_id;
+        let Some(to) = request.max_cost else {
+            return self.refuse(id, ControlAction::Budget, "it names no limit");
+        };
+        let budget = self.tasks.get(id).and_then(|task| task.budget.clone());
+        let from = self.ctx.work.update(|w| {
+            let entry = w.get_mut(id)?;
+            let from = entry.spend_limit(budget.as_ref());
+            entry.max_cost = Some(to);
+            Some(from)
+        });
+        let Some(from) = from else {
+            return self.refuse(id, ControlAction::Budget, NOT_IN_FLIGHT);
+        };
+        let by = request.requester();
+        tracing::info!(task_id = %id, from = ?from, to, by = %by.escape_debug(), "spending limit set");
+        self.ctx.journal(id, Event::BudgetSet { from, to, by });
+        self.persist().await;
     }
 
     /// Carry out a pause, resume or cancel of a task that is not running.
@@ -154,10 +179,18 @@ impl Scheduler {
                 entry.status = ActiveStatus::Paused;
                 self.ctx.work.update(|w| w.upsert(entry));
                 let (phase, iterations) = (None, None);
-                self.ctx.journal(&id, Event::Paused { phase, iterations });
+                let reason = None;
+                self.ctx.journal(
+                    &id,
+                    Event::Paused {
+                        phase,
+                        iterations,
+                        reason,
+                    },
+                );
             }
             Steer::Resume => {
-                entry.status = ActiveStatus::Interrupted;
+                entry.resume_from_pause();
                 // A crash suspect paused before its trial is still to be tried alone.
                 let queue = if entry.suspect {
                     &mut self.suspects
@@ -178,7 +211,9 @@ impl Scheduler {
                     .await;
                 self.tasks.remove(&id);
             }
-            Steer::Refuse(_) | Steer::Nothing | Steer::Signal | Steer::Retry => return,
+            Steer::Refuse(_) | Steer::Nothing | Steer::Signal | Steer::Retry | Steer::SetLimit => {
+                return
+            }
         }
         self.persist().await;
     }
@@ -312,6 +347,13 @@ impl Scheduler {
     }
 }
 
+/// Why a `budget` request for a task not in flight is refused.
+pub(super) const NOT_IN_FLIGHT: &str =
+    "it is not in flight (a finished task's budget is renewed by `cairn retry`)";
+/// Why a `budget` request for a task that never started is refused.
+pub(super) const NOT_STARTED: &str =
+    "it has not started: its limit is its definition's budget.max_cost until it runs";
+
 /// Where a task named by a control request stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Standing {
@@ -340,6 +382,8 @@ pub(super) enum Steer {
     Cancel,
     /// Bring its failed record back (see [`Scheduler::retry`], which checks the record).
     Retry,
+    /// Set its spending limit (`cairn budget`), running or not.
+    SetLimit,
     /// Nothing to do: it is so already.
     Nothing,
     /// The request does not apply, for this reason.
@@ -357,6 +401,9 @@ pub(super) fn decide_control(
     let paused = |status| status == ActiveStatus::Paused;
     match (action, standing) {
         (ControlAction::Retry, _) => Steer::Retry,
+        (ControlAction::Budget, Standing::Running | Standing::InFlight { .. }) => Steer::SetLimit,
+        (ControlAction::Budget, Standing::Pending) => Steer::Refuse(NOT_STARTED),
+        (ControlAction::Budget, Standing::Unknown) => Steer::Refuse(NOT_IN_FLIGHT),
         (ControlAction::Pause | ControlAction::Cancel, Standing::Running) => Steer::Signal,
         (ControlAction::Pause | ControlAction::Cancel, Standing::Unknown) => {
             Steer::Refuse(NOT_THERE)
@@ -407,7 +454,7 @@ mod tests {
     #[test]
     fn what_each_request_does() {
         use ActiveStatus::{Interrupted, Paused, WaitingRetry};
-        use ControlAction::{Cancel, Pause, Resume, Retry};
+        use ControlAction::{Budget, Cancel, Pause, Resume, Retry};
         use Standing::{Pending, Running, Unknown};
         let in_flight = |status| Standing::InFlight {
             status,
@@ -449,6 +496,14 @@ mod tests {
             // A retry is for a failed record, wherever the task stands.
             ((Retry,  Unknown,                   false), Steer::Retry),
             ((Retry,  Running,                   true),  Steer::Retry),
+            // A spending limit is set on a task in flight, running or held (a paused one
+            // stays paused); one that never started or has finished has none to set.
+            ((Budget, Running,                   true),  Steer::SetLimit),
+            ((Budget, in_flight(Paused),         true),  Steer::SetLimit),
+            ((Budget, in_flight(WaitingRetry),   false), Steer::SetLimit),
+            ((Budget, suspect(Interrupted),      true),  Steer::SetLimit),
+            ((Budget, Pending,                   true),  Steer::Refuse(super::NOT_STARTED)),
+            ((Budget, Unknown,                   false), Steer::Refuse(super::NOT_IN_FLIGHT)),
         ];
         for ((action, standing, loaded), steer) in table {
             assert_eq!(

@@ -82,6 +82,7 @@ async fn write_done(
         lost_cost_estimate: entry.lost_cost_estimate(),
         phases: entry.phases.clone(),
         submitted_by: task.submitted_by.clone(),
+        max_cost: entry.spend_limit(task.budget.as_ref()),
     };
     let (queue, lease) = (ctx.queue.clone(), lease.clone());
     runner_blocking(move || queue.finish(&lease, &TaskRecord::Done(record)))
@@ -129,7 +130,8 @@ impl Scheduler {
             .map(|p| p.name.clone())
             .unwrap_or_else(|| entry.phase.clone());
         let record = FailedRecord::from_entry(&entry, status, error, phase, outputs)
-            .submitted_by(task.submitted_by.clone());
+            .submitted_by(task.submitted_by.clone())
+            .with_limit(task.budget.as_ref());
         let (queue, claim_id) = (self.ctx.queue.clone(), id.clone());
         let written = runner_blocking(move || {
             // The events so far (a quarantine's, a takeover's) land under the lease they were

@@ -28,6 +28,9 @@ pub enum ControlAction {
     Resume,
     Cancel,
     Retry,
+    /// Set the task's spending limit (`cairn budget ID --max-cost X`): the request's
+    /// `max_cost`.
+    Budget,
 }
 
 impl ControlAction {
@@ -37,6 +40,7 @@ impl ControlAction {
             ControlAction::Resume => "resume",
             ControlAction::Cancel => "cancel",
             ControlAction::Retry => "retry",
+            ControlAction::Budget => "budget",
         }
     }
 }
@@ -48,6 +52,9 @@ pub struct ControlRequest {
     pub action: ControlAction,
     pub task_id: TaskId,
     pub requested_at: DateTime<Utc>,
+    /// The new spending limit of a `budget` request (only that request has one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_cost: Option<f64>,
     /// Where the request came from, as the daemon saw the file it read: never read from the
     /// file itself (a request that names it is refused as unknown). `None` for a request that
     /// came through a database.
@@ -99,8 +106,45 @@ impl ControlRequest {
             action,
             task_id: task_id.clone(),
             requested_at: Utc::now(),
+            max_cost: None,
             origin: None,
             asker: None,
+        }
+    }
+
+    /// A request to set the spending limit of `task_id` to `max_cost`.
+    pub fn budget(task_id: &TaskId, max_cost: f64) -> Self {
+        ControlRequest {
+            max_cost: Some(max_cost),
+            ..ControlRequest::new(ControlAction::Budget, task_id)
+        }
+    }
+
+    /// Whether the request carries what its action needs: a `budget` request a limit of at
+    /// least 0, every other action none.
+    pub fn is_well_formed(&self) -> bool {
+        match (self.action, self.max_cost) {
+            (ControlAction::Budget, Some(limit)) => valid_limit(limit),
+            (ControlAction::Budget, None) => false,
+            (_, limit) => limit.is_none(),
+        }
+    }
+
+    /// Who asked, for the journal: the user who wrote the request's file, or the database
+    /// role the database vouches asked it.
+    pub fn requester(&self) -> String {
+        use crate::submitter::Submitter;
+        let role = |role: &Option<String>| role.clone().unwrap_or_else(|| "(unrecorded)".into());
+        match (&self.origin, &self.asker) {
+            (Some(origin), _) => Submitter::of_uid(origin.uid).to_string(),
+            (None, Some(DatabaseAsker::User { role, uid })) => {
+                format!("database role {role} ({})", Submitter::of_uid(*uid))
+            }
+            (None, Some(DatabaseAsker::Trusted { role })) => format!("database role {role}"),
+            (None, Some(DatabaseAsker::Unknown { role: r })) => {
+                format!("database role {}", role(r))
+            }
+            (None, None) => "an unrecorded requester".to_string(),
         }
     }
 
@@ -113,8 +157,18 @@ impl ControlRequest {
         }
         // Parsed again from the bytes, so that a field given twice is refused (and the id
         // is checked as it is read).
-        serde_json::from_slice(bytes).map_err(BadRequest::Json)
+        let request: ControlRequest = serde_json::from_slice(bytes).map_err(BadRequest::Json)?;
+        if !request.is_well_formed() {
+            return Err(BadRequest::Limit);
+        }
+        Ok(request)
     }
+}
+
+/// Whether `limit` may be a task's spending limit: a finite number of at least 0, as
+/// `budget.max_cost` must be.
+pub fn valid_limit(limit: f64) -> bool {
+    limit.is_finite() && limit >= 0.0
 }
 
 /// Why a request in `control/` is refused (and removed, with one log line saying this).
@@ -124,6 +178,8 @@ pub enum BadRequest {
     Json(#[source] serde_json::Error),
     #[error("not a control request: it must be a JSON object")]
     NotAnObject,
+    #[error("not a control request: a budget request needs a max_cost of at least 0, and only it has one")]
+    Limit,
     #[error("it is a symbolic link; a request must be a regular file")]
     Symlink,
     #[error("it is {0}; a request must be a regular file")]
@@ -439,6 +495,17 @@ mod tests {
             br#"{"action":"explode","task_id":"a","requested_at":"2026-01-01T00:00:00Z"}"#
         )
         .is_err());
+        // A budget request carries its limit, and only it does.
+        let raise = ControlRequest::budget(&TaskId::parse("t-1").unwrap(), 0.1);
+        let bytes = serde_json::to_vec(&raise).unwrap();
+        assert_eq!(ControlRequest::parse(&bytes).unwrap().max_cost, Some(0.1));
+        for bad in [
+            br#"{"action":"budget","task_id":"a","requested_at":"2026-01-01T00:00:00Z"}"#.as_slice(),
+            br#"{"action":"budget","task_id":"a","requested_at":"2026-01-01T00:00:00Z","max_cost":-1}"#,
+            br#"{"action":"pause","task_id":"a","requested_at":"2026-01-01T00:00:00Z","max_cost":1}"#,
+        ] {
+            assert!(ControlRequest::parse(bad).is_err(), "{}", String::from_utf8_lossy(bad));
+        }
         assert!(ControlRequest::parse(
             br#"{"action":"pause","task_id":"../a","requested_at":"2026-01-01T00:00:00Z"}"#
         )

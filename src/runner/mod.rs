@@ -689,7 +689,18 @@ impl PhaseRun<'_> {
     /// far is unknown (`cost_known` false) — unknown cost is not zero. What is spent includes
     /// the estimate for the iterations lost to crashes.
     pub fn check_budget(&self, cost_known: bool, what: &str) -> Result<(), PhaseError> {
-        let Some(budget) = &self.task.budget else {
+        // The limit is read each time: `cairn budget` may raise it while the task runs.
+        let (limit, committed, lost, estimate) = self
+            .ctx
+            .work
+            .update(|w| {
+                w.get(self.task.id()).map(|e| {
+                    let limit = e.spend_limit(self.task.budget.as_ref());
+                    (limit, e.cost, e.lost_iterations, e.lost_cost_estimate())
+                })
+            })
+            .unwrap_or((self.task.budget.as_ref().map(|b| b.max_cost), None, 0, None));
+        let Some(limit) = limit else {
             return Ok(());
         };
         if !cost_known {
@@ -697,16 +708,8 @@ impl PhaseRun<'_> {
                 "budget: {what} reported no cost; with budget.max_cost set every iteration must report its cost (unknown cost is not zero)"
             )));
         }
-        let (committed, lost, estimate) = self
-            .ctx
-            .work
-            .update(|w| {
-                w.get(self.task.id())
-                    .map(|e| (e.cost, e.lost_iterations, e.lost_cost_estimate()))
-            })
-            .unwrap_or_default();
         let spent = crate::cost::add(committed.unwrap_or(0.0), estimate.unwrap_or(0.0));
-        if spent >= budget.max_cost {
+        if spent >= limit {
             let lost = match estimate {
                 Some(estimate) => format!(
                     ", of which {estimate} is the estimate for {lost} iteration(s) in flight when the daemon died"
@@ -714,8 +717,7 @@ impl PhaseRun<'_> {
                 None => String::new(),
             };
             return Err(PhaseError::Budget(format!(
-                "budget.max_cost {} reached (spent {spent}{lost})",
-                budget.max_cost
+                "budget.max_cost {limit} reached (spent {spent}{lost})"
             )));
         }
         Ok(())

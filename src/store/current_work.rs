@@ -215,6 +215,92 @@ pub struct ActiveTask {
     pub retry_of: Option<DateTime<Utc>>,
     #[serde(default)]
     pub phases: Vec<PhaseTiming>,
+    /// The spending limit an operator set with `cairn budget`: it replaces the definition's
+    /// `budget.max_cost` from then on (the definition stays as submitted).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_cost: Option<f64>,
+    /// Why the task is paused when a policy of its own paused it (`budget.on_exceed`,
+    /// `retry.on_exhausted`) rather than an operator; cleared when it resumes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub paused_for: Option<PolicyPause>,
+}
+
+/// What paused a task by its own policy, as `status` and `show` give it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PolicyPause {
+    pub reason: PauseReason,
+    /// `budget`: what was spent (committed cost plus the estimate for lost iterations) and the
+    /// limit it reached.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spent: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit: Option<f64>,
+    /// `retries_exhausted`: the failed attempts, the last one's error.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failed_attempts: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// Which policy paused a task.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PauseReason {
+    /// `budget.on_exceed: "pause"`: its spend reached its limit.
+    Budget,
+    /// `retry.on_exhausted: "pause"`: its attempts are used up.
+    RetriesExhausted,
+}
+
+impl PauseReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PauseReason::Budget => "budget",
+            PauseReason::RetriesExhausted => "retries_exhausted",
+        }
+    }
+}
+
+impl PolicyPause {
+    /// Paused by its budget: `spent` reached `limit`.
+    pub fn budget(spent: f64, limit: f64) -> PolicyPause {
+        PolicyPause {
+            reason: PauseReason::Budget,
+            spent: Some(spent),
+            limit: Some(limit),
+            failed_attempts: None,
+            error: None,
+        }
+    }
+
+    /// Paused with its attempts used up, the last one failing with `error`.
+    pub fn retries_exhausted(failed_attempts: u32, error: String) -> PolicyPause {
+        PolicyPause {
+            reason: PauseReason::RetriesExhausted,
+            spent: None,
+            limit: None,
+            failed_attempts: Some(failed_attempts),
+            error: Some(error),
+        }
+    }
+
+    /// One line for people: `budget: spent 0.05 of 0.05`, `retries exhausted: 3 failed
+    /// attempts, the last: ...`.
+    pub fn describe(&self) -> String {
+        match self.reason {
+            PauseReason::Budget => format!(
+                "budget: spent {} of {}",
+                self.spent.unwrap_or(0.0),
+                self.limit.unwrap_or(0.0)
+            ),
+            PauseReason::RetriesExhausted => format!(
+                "retries exhausted: {} failed attempt(s), the last: {}",
+                self.failed_attempts.unwrap_or(0),
+                self.error.as_deref().unwrap_or("")
+            ),
+        }
+    }
 }
 
 impl ActiveTask {
@@ -245,6 +331,34 @@ impl ActiveTask {
             last_error: None,
             retry_of: None,
             phases: Vec::new(),
+            max_cost: None,
+            paused_for: None,
+        }
+    }
+
+    /// The spending limit in force: the one `cairn budget` set, else the definition's.
+    pub fn spend_limit(&self, budget: Option<&crate::task::Budget>) -> Option<f64> {
+        self.max_cost.or(budget.map(|b| b.max_cost))
+    }
+
+    /// What the task has spent, as its budget counts it: the committed cost plus the estimate
+    /// for the iterations lost to crashes (decimals summed exactly).
+    pub fn spent(&self) -> f64 {
+        crate::cost::add(
+            self.cost.unwrap_or(0.0),
+            self.lost_cost_estimate().unwrap_or(0.0),
+        )
+    }
+
+    /// `cairn resume` of a paused task: it is lined up to run again, from its last checkpoint.
+    /// A task its used-up attempts paused gets a fresh allowance (the operator fixed the
+    /// cause); its attempts are still numbered on.
+    pub fn resume_from_pause(&mut self) {
+        self.status = ActiveStatus::Interrupted;
+        if let Some(pause) = self.paused_for.take() {
+            if pause.reason == PauseReason::RetriesExhausted {
+                self.failed_attempts = 0;
+            }
         }
     }
 }
@@ -271,6 +385,7 @@ impl ActiveTask {
             .flatten();
         entry.last_error = Some(record.error.clone());
         entry.retry_of = Some(record.failed_at);
+        entry.max_cost = record.max_cost;
         entry
     }
 
@@ -357,6 +472,57 @@ mod tests {
         let back: ActiveTask = serde_json::from_str(&text).unwrap();
         assert_eq!(back, entry);
         assert_eq!(back.lost_cost_estimate().unwrap().to_string(), "0.3");
+    }
+
+    /// A resume lets a paused task go on: one its used-up attempts paused gets a fresh
+    /// allowance; one its budget paused keeps everything it spent (the lost iterations'
+    /// estimate too) and the limit an operator set, which replaces the definition's.
+    #[test]
+    fn a_resume_clears_the_policy_pause_and_keeps_the_spend() {
+        use super::{PauseReason, PolicyPause};
+        let budget = crate::task::Budget {
+            max_cost: 0.05,
+            on_exceed: crate::task::OnExceed::Pause,
+        };
+        let mut entry: ActiveTask = serde_json::from_str(OLD_ENTRY).unwrap();
+        entry.cost = Some(0.03);
+        entry.lost_iterations = 2;
+        entry.max_iteration_cost = Some(0.01);
+        assert_eq!(entry.spent().to_string(), "0.05");
+        assert_eq!(entry.spend_limit(Some(&budget)), Some(0.05));
+        entry.status = ActiveStatus::Paused;
+        entry.paused_for = Some(PolicyPause::budget(entry.spent(), 0.05));
+        entry.max_cost = Some(0.1);
+        entry.failed_attempts = 1;
+        let text = serde_json::to_string(&entry).unwrap();
+        assert_eq!(serde_json::from_str::<ActiveTask>(&text).unwrap(), entry);
+        entry.resume_from_pause();
+        assert_eq!(entry.status, ActiveStatus::Interrupted);
+        assert_eq!(entry.paused_for, None);
+        assert_eq!(
+            (entry.failed_attempts, entry.spent().to_string()),
+            (1, "0.05".into())
+        );
+        assert_eq!(entry.spend_limit(Some(&budget)), Some(0.1));
+        assert_eq!(entry.spend_limit(None), Some(0.1));
+
+        entry.status = ActiveStatus::Paused;
+        entry.failed_attempts = 3;
+        entry.paused_for = Some(PolicyPause::retries_exhausted(3, "boom".into()));
+        assert_eq!(
+            entry.paused_for.as_ref().map(|p| p.reason),
+            Some(PauseReason::RetriesExhausted)
+        );
+        entry.resume_from_pause();
+        assert_eq!(
+            (entry.status, entry.failed_attempts),
+            (ActiveStatus::Interrupted, 0)
+        );
+        // An operator's pause carries no reason; its resume counts nothing afresh.
+        entry.status = ActiveStatus::Paused;
+        entry.failed_attempts = 2;
+        entry.resume_from_pause();
+        assert_eq!(entry.failed_attempts, 2);
     }
 
     /// Iterations lost in a phase are priced at that phase's largest iteration cost, not at the

@@ -74,6 +74,10 @@ pub enum Event {
         phase: Option<String>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         iterations: Option<u64>,
+        /// Why, when a policy of the task's own paused it (`budget.on_exceed`,
+        /// `retry.on_exhausted`) rather than an operator.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reason: Option<String>,
     },
     Resumed {},
     /// Found in flight at a start after the daemon died, with the crash-blame verdict.
@@ -117,6 +121,15 @@ pub enum Event {
         width: usize,
     },
     PauseRequested {},
+    /// `cairn budget` set the task's spending limit: the old one (`null`: none) and the new
+    /// one, and who asked (a user, or a database role).
+    BudgetSet {
+        #[serde(deserialize_with = "exact")]
+        from: Option<f64>,
+        #[serde(deserialize_with = "exact")]
+        to: f64,
+        by: String,
+    },
     CancelRequested {},
     /// An operator's request that could not be applied, and why. `action` is the request's
     /// (`pause`, `resume`, `cancel`, `retry`: the queue's `ControlAction`, which this layer
@@ -272,10 +285,12 @@ mod tests {
             Event::Paused {
                 phase: Some(phase()),
                 iterations: Some(4),
+                reason: None,
             },
             Event::Paused {
                 phase: None,
                 iterations: None,
+                reason: None,
             },
             Event::Resumed {},
             Event::ResumedAfterCrash {
@@ -320,6 +335,16 @@ mod tests {
         let error = || "boom".to_string();
         vec![
             Event::PauseRequested {},
+            Event::BudgetSet {
+                from: None,
+                to: 2.5,
+                by: "database role ops".into(),
+            },
+            Event::Paused {
+                phase: Some("p".into()),
+                iterations: Some(5),
+                reason: Some("budget: spent 0.05 of 0.05".into()),
+            },
             Event::CancelRequested {},
             Event::ControlRefused {
                 action: "retry".into(),
@@ -395,9 +420,19 @@ mod tests {
                 Event::Paused {
                     phase: None,
                     iterations: None,
+                    reason: None,
                 },
                 json!({}),
                 "paused",
+            ),
+            (
+                Event::BudgetSet {
+                    from: Some(0.05),
+                    to: 0.1,
+                    by: "alice (uid 1001)".into(),
+                },
+                json!({"from": 0.05, "to": 0.1, "by": "alice (uid 1001)"}),
+                "budget_set",
             ),
             (
                 Event::Forked {

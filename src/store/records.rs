@@ -81,6 +81,10 @@ pub struct DoneRecord {
     /// cairn recorded it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub submitted_by: Option<Submitter>,
+    /// The spending limit in force when it ended (the definition's, or the one `cairn budget`
+    /// set); absent without a budget.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_cost: Option<f64>,
 }
 
 /// Written when a task has used up its attempts, or was stopped by its budget (its
@@ -111,6 +115,9 @@ pub struct FailedRecord {
     /// As in [`DoneRecord`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub submitted_by: Option<Submitter>,
+    /// As in [`DoneRecord`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_cost: Option<f64>,
 }
 
 impl FailedRecord {
@@ -140,7 +147,15 @@ impl FailedRecord {
             phase_outputs: outputs,
             phases: entry.phases.clone(),
             submitted_by: None,
+            max_cost: entry.max_cost,
         }
+    }
+
+    /// The same record, with the spending limit in force (the definition's unless
+    /// `cairn budget` set one).
+    pub fn with_limit(mut self, budget: Option<&crate::task::Budget>) -> FailedRecord {
+        self.max_cost = self.max_cost.or(budget.map(|b| b.max_cost));
+        self
     }
 
     /// The same record, naming the task's submitter.

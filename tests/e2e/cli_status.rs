@@ -31,11 +31,13 @@ fn status_json(queue: &TestQueue) -> Value {
         .unwrap_or_else(|e| panic!("status --json is not JSON ({e}): {text}"))
 }
 
-/// The rows of the human table by id: each row's whitespace-separated cells.
+/// The rows of the human table by id: each row's whitespace-separated cells (up to the blank
+/// line before the sections that follow the table).
 fn table_rows(table: &str) -> Vec<Vec<String>> {
     table
         .lines()
         .skip(1)
+        .take_while(|line| !line.is_empty())
         .map(|line| line.split_whitespace().map(str::to_string).collect())
         .collect()
 }
@@ -56,7 +58,7 @@ fn task(document: &Value, id: &str) -> Value {
 }
 
 /// The keys of a status task object and the JSON types each may have.
-const TASK_SCHEMA: [(&str, &[&str]); 17] = [
+const TASK_SCHEMA: [(&str, &[&str]); 19] = [
     ("id", &["string"]),
     ("state", &["string"]),
     ("phase", &["string", "null"]),
@@ -68,6 +70,8 @@ const TASK_SCHEMA: [(&str, &[&str]); 17] = [
     ("eta_seconds", &["integer", "null"]),
     ("cost", &["number", "null"]),
     ("lost_cost_estimate", &["number", "null"]),
+    ("max_cost", &["number", "null"]),
+    ("paused_for", &["object", "null"]),
     ("last_checkpoint_at", &["string", "null"]),
     ("last_checkpoint_age_seconds", &["integer", "null"]),
     ("attempts", &["integer", "null"]),
@@ -101,11 +105,26 @@ fn assert_status_schema(document: &Value) {
             "limits",
             "queue",
             "rejected",
+            "spend_by_submitter",
             "submitters",
             "tasks",
             "version"
         ]
     );
+    for spend in document["spend_by_submitter"]
+        .as_array()
+        .expect("spend_by_submitter is a list")
+    {
+        let object = spend.as_object().expect("a submitter's spend is an object");
+        let mut keys: Vec<&str> = object.keys().map(String::as_str).collect();
+        keys.sort();
+        assert_eq!(
+            keys,
+            ["cost", "lost_cost_estimate", "submitted_by", "tasks"],
+            "{spend}"
+        );
+        assert_eq!(json_type(&spend["tasks"]), "integer");
+    }
     let limits = json_type(&document["limits"]);
     assert!(limits == "null" || limits == "object", "limits is {limits}");
     for count in document["submitters"]
@@ -317,7 +336,7 @@ fn status_shows_each_state_in_stable_columns_and_a_documented_json() {
     .iter()
     .map(|h| header.find(h).unwrap())
     .collect();
-    for line in table.lines().skip(1) {
+    for line in table.lines().skip(1).take_while(|line| !line.is_empty()) {
         for start in &starts {
             let before = line.as_bytes()[start - 1];
             let at = line.as_bytes()[*start];

@@ -12,6 +12,7 @@ mod bench_checkpoint;
 mod bench_queue;
 mod bench_web;
 mod budget;
+mod budget_pause;
 mod bulk;
 mod cli;
 mod cli_as_root;
@@ -37,6 +38,8 @@ mod numbers;
 mod operator;
 #[cfg(feature = "postgres")]
 mod postgres_backend;
+#[cfg(feature = "postgres")]
+mod postgres_budget;
 #[cfg(feature = "postgres")]
 mod postgres_cli;
 #[cfg(feature = "postgres")]

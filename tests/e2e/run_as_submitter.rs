@@ -186,13 +186,20 @@ fn each_submitter_s_task_runs_as_them_and_only_they_may_steer_it() {
     );
     assert_eq!(bob_done["submitted_by"]["uid"], bob.uid, "{bob_done:#}");
 
-    // Bob may not steer Alice's task: each request is refused, and he is told why.
+    // Bob may not steer Alice's task (nor set its spending limit): each request is refused,
+    // and he is told why.
     assert!(
         queue.done("alice-job").is_none(),
         "alice's task ended too soon to be steered"
     );
-    for action in ["cancel", "pause"] {
-        let out = cairn_as(&queue, &users, bob, &[action, "alice-job"], b"");
+    let requests: [&[&str]; 3] = [
+        &["cancel", "alice-job"],
+        &["pause", "alice-job"],
+        &["budget", "alice-job", "--max-cost", "100"],
+    ];
+    for request in requests {
+        let action = request[0];
+        let out = cairn_as(&queue, &users, bob, request, b"");
         let stderr = stderr_of(&out);
         assert_eq!(out.status.code(), Some(1), "bob's {action}: {stderr}");
         assert!(
@@ -208,7 +215,8 @@ fn each_submitter_s_task_runs_as_them_and_only_they_may_steer_it() {
         .lines()
         .filter(|l| l.contains("\"control_refused\"") && l.contains("may not steer it"))
         .count();
-    assert_eq!(refusals, 2, "{journal}");
+    assert_eq!(refusals, 3, "{journal}");
+    assert!(!journal.contains("\"budget_set\""), "{journal}");
     assert!(
         journal
             .lines()

@@ -141,11 +141,11 @@ fn fresh_status<'a>(
         };
         let read = source.status(options).map(|view| {
             let mut document = crate::cli::status::to_json(&view);
-            // The page shows cost against budget.
+            // The page shows cost against budget: the limit in force (`cairn budget` may have
+            // set one other than the definition's).
             if let Some(tasks) = document["tasks"].as_array_mut() {
                 for (json, task) in tasks.iter_mut().zip(&view.tasks) {
-                    let budget = task.task.as_ref().and_then(|t| t.budget.as_ref());
-                    json["budget"] = json!(budget.map(|b| b.max_cost));
+                    json["budget"] = json!(task.max_cost);
                 }
             }
             hide_env_values(&mut document);

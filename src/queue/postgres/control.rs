@@ -35,7 +35,7 @@ const PENDING: &str = concat!(
 SELECT c.id, c.task_id, c.action, c.requested_at, t.state, t.lease_node,
        COALESCE(t.lease_expires_at > now(), false), c.requested_role, ",
     super::roles::trusted_role!("c.requested_role"),
-    ", CASE WHEN r.kind = 'submitter' THEN r.local_user END
+    ", CASE WHEN r.kind = 'submitter' THEN r.local_user END, c.max_cost
 FROM cairn_control c LEFT JOIN cairn_tasks t ON t.id = c.task_id
 LEFT JOIN cairn_roles r ON r.role = c.requested_role
 LEFT JOIN pg_roles s ON s.rolname = c.requested_role
@@ -73,6 +73,7 @@ fn action_of(name: &str) -> Option<ControlAction> {
         "resume" => Some(ControlAction::Resume),
         "cancel" => Some(ControlAction::Cancel),
         "retry" => Some(ControlAction::Retry),
+        "budget" => Some(ControlAction::Budget),
         _ => None,
     }
 }
@@ -104,6 +105,25 @@ impl PgQueue {
             )
             .await
             .during("writing a control request")?
+            .get(0);
+        super::listen::notify_work(&tx, "").await?;
+        tx.commit().await.during("committing the request")?;
+        Ok(id)
+    }
+
+    /// Ask for the spending limit of `task_id` to be set to `max_cost` (`cairn budget --db`):
+    /// insert the request and wake the daemons. Returns the request's number.
+    pub async fn request_budget(&self, task_id: &TaskId, max_cost: f64) -> Result<i64, PgError> {
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.during("starting the request")?;
+        let id: i64 = tx
+            .query_one(
+                "INSERT INTO cairn_control (task_id, action, max_cost) VALUES ($1, 'budget', $2)
+                 RETURNING id",
+                &[&task_id.as_str(), &max_cost],
+            )
+            .await
+            .during("writing a budget request")?
             .get(0);
         super::listen::notify_work(&tx, "").await?;
         tx.commit().await.during("committing the request")?;
@@ -173,9 +193,14 @@ impl PgQueue {
             if waiting.contains(&task_id) {
                 continue;
             }
-            let asker = judge.map(|_| asker_of(Vouched::of(row.get(7), row.get(8), row.get(9))));
-            let request = parse_request(&task_id, row.get(2), row.get(3)).map(|mut request| {
-                request.asker = asker;
+            // Who asked is known whether or not it is judged: a budget request journals it.
+            // A request without a recorded role has no verdict on it (NULL): not trusted.
+            let trusted = row.get::<_, Option<bool>>(8).unwrap_or(false);
+            let vouched = Vouched::of(row.get(7), trusted, row.get(9));
+            let asker = asker_of(vouched, row.get(7));
+            let request = parse_request(&task_id, row.get(2), row.get(3), row.get(10));
+            let request = request.map(|mut request| {
+                request.asker = Some(asker);
                 request
             });
             match (holder, request) {
@@ -329,7 +354,7 @@ impl PgQueue {
             None => Ok(()),
         };
         let outcome = match judged {
-            Ok(()) => unheld.apply(request.action, &state, &refusals).await?,
+            Ok(()) => unheld.apply(request, &state, &refusals).await?,
             Err(why) => unheld.refuse(request.action, why, &refusals).await?,
         };
         tx.execute(MARK_HANDLED, &[&id, &node, &outcome])
@@ -345,22 +370,25 @@ fn parse_request(
     task_id: &str,
     action: &str,
     requested_at: DateTime<Utc>,
+    max_cost: Option<f64>,
 ) -> Option<ControlRequest> {
-    Some(ControlRequest {
+    let request = ControlRequest {
         action: action_of(action)?,
         task_id: TaskId::parse(task_id).ok()?,
         requested_at,
+        max_cost,
         // A database's requests have no file: who asked is the database's to say (`asker`).
         origin: None,
         asker: None,
-    })
+    };
+    request.is_well_formed().then_some(request)
 }
 
-/// Who asked, as this host sees the role the database vouches for.
-fn asker_of(vouched: Vouched) -> DatabaseAsker {
+/// Who asked, as this host sees the role (`role`) the database vouches for.
+fn asker_of(vouched: Vouched, role: Option<String>) -> DatabaseAsker {
     match vouched {
         Vouched::Trusted => DatabaseAsker::Trusted {
-            role: String::new(),
+            role: role.unwrap_or_default(),
         },
         Vouched::LocalUser { role, user } => match crate::submitter::Submitter::of_name(&user) {
             Some(found) => DatabaseAsker::User {

@@ -11,7 +11,7 @@ use tokio_postgres::Client;
 use super::error::{During, PgError};
 
 /// The schema version this cairn reads and writes.
-pub const SCHEMA_VERSION: i32 = 5;
+pub const SCHEMA_VERSION: i32 = 6;
 
 /// The migrations, in order: each brings the schema from the version before it to its own.
 const MIGRATIONS: &[(i32, &str)] = &[
@@ -20,6 +20,7 @@ const MIGRATIONS: &[(i32, &str)] = &[
     (3, include_str!("schema_v3.sql")),
     (4, include_str!("schema_v4.sql")),
     (5, include_str!("schema_v5.sql")),
+    (6, include_str!("schema_v6.sql")),
 ];
 
 /// The advisory lock key all cairn migrations take (`cairn` in ASCII, then the lock's use).

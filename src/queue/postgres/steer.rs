@@ -11,7 +11,7 @@ use serde_json::Value;
 use tokio_postgres::Transaction;
 
 use super::error::{json_text, During, PgError};
-use crate::queue::control::ControlAction;
+use crate::queue::control::{ControlAction, ControlRequest};
 use crate::queue::refusals::{Refusal, RefusalLimiter};
 use crate::store::current_work::{ActiveStatus, ActiveTask, StartPoint, StoredOutput};
 use crate::store::events::Event;
@@ -31,6 +31,10 @@ const NOT_THERE: &str = "it is neither pending nor in flight";
 const NOT_PAUSED: &str = "it is not paused";
 const NOT_FAILED: &str = "it has not failed or been cancelled";
 const CANCELLED: &str = "cancelled by an operator";
+const NOT_IN_FLIGHT: &str =
+    "it is not in flight (a finished task's budget is renewed by `cairn retry`)";
+const NOT_STARTED: &str =
+    "it has not started: its limit is its definition's budget.max_cost until it runs";
 
 /// What a request applied in SQL does to a task that no daemon holds. Pure.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -39,15 +43,26 @@ enum SqlSteer {
     Resume,
     Cancel,
     Retry,
+    /// Set its spending limit in its phase state (`cairn budget`).
+    SetLimit,
     /// It is so already.
     Nothing(&'static str),
     Refuse(String),
 }
 
-/// `action` on a task in `state` (not running) whose final record has `record` status.
-fn decide(action: ControlAction, state: &str, record: Option<&RecordStatus>) -> SqlSteer {
+/// `action` on a task in `state` (not running) whose final record has `record` status;
+/// `started`: whether it has a phase state (it ran, or was paused, before).
+fn decide(
+    action: ControlAction,
+    state: &str,
+    record: Option<&RecordStatus>,
+    started: bool,
+) -> SqlSteer {
     let waiting = matches!(state, "queued" | "paused");
     match action {
+        ControlAction::Budget if waiting && started => SqlSteer::SetLimit,
+        ControlAction::Budget if waiting => SqlSteer::Refuse(NOT_STARTED.to_string()),
+        ControlAction::Budget => SqlSteer::Refuse(NOT_IN_FLIGHT.to_string()),
         ControlAction::Pause if state == "paused" => SqlSteer::Nothing("it is paused already"),
         ControlAction::Pause if waiting => SqlSteer::Pause,
         ControlAction::Resume if state == "paused" => SqlSteer::Resume,
@@ -86,17 +101,20 @@ impl Unheld<'_> {
     /// journaled within the bounds of `refusals` (see [`Unheld::refuse`]).
     pub(super) async fn apply(
         &self,
-        action: ControlAction,
+        request: &ControlRequest,
         state: &str,
         refusals: &Refusals<'_>,
     ) -> Result<String, PgError> {
+        let action = request.action;
         let record = if action == ControlAction::Retry {
             self.record().await?
         } else {
             None
         };
-        let steer = decide(action, state, record.as_ref().map(|r| &r.status));
+        let started = self.entry().is_some();
+        let steer = decide(action, state, record.as_ref().map(|r| &r.status), started);
         let result = match steer {
+            SqlSteer::SetLimit => self.set_limit(request).await,
             SqlSteer::Pause => self.hold().await,
             SqlSteer::Resume => self.resume().await,
             SqlSteer::Cancel => self.cancel().await,
@@ -195,6 +213,32 @@ impl Unheld<'_> {
         Ok(())
     }
 
+    /// Set the spending limit in the task's phase state, keeping its state (a paused task
+    /// stays paused, a retry's backoff stands), and journal the old and new limit and who
+    /// asked, as the file daemon does.
+    async fn set_limit(&self, request: &ControlRequest) -> Result<Result<(), String>, PgError> {
+        let (Some(mut entry), Some(to)) = (self.entry(), request.max_cost) else {
+            return Ok(Err(NOT_STARTED.to_string()));
+        };
+        let budget = Task::parse_stored(self.definition.as_bytes())
+            .ok()
+            .and_then(|task| task.budget);
+        let from = entry.spend_limit(budget.as_ref());
+        entry.max_cost = Some(to);
+        let json = json_text("the task's phase state", &entry)?;
+        self.tx
+            .execute(
+                "UPDATE cairn_tasks SET phase_state = $2::text::json, updated_at = now()
+                 WHERE id = $1",
+                &[&self.task_id.as_str(), &json],
+            )
+            .await
+            .during("setting a task's spending limit")?;
+        let by = request.requester();
+        self.journal(&Event::BudgetSet { from, to, by }).await?;
+        Ok(Ok(()))
+    }
+
     /// Pause a queued task: not claimed until resumed.
     async fn hold(&self) -> Result<Result<(), String>, PgError> {
         let entry = self.entry().map(|mut entry| {
@@ -203,14 +247,20 @@ impl Unheld<'_> {
         });
         self.set("paused", entry.as_ref()).await?;
         let (phase, iterations) = (None, None);
-        self.journal(&Event::Paused { phase, iterations }).await?;
+        let reason = None;
+        self.journal(&Event::Paused {
+            phase,
+            iterations,
+            reason,
+        })
+        .await?;
         Ok(Ok(()))
     }
 
     /// Queue a paused task again, at once (a retry's backoff is over), and wake the daemons.
     async fn resume(&self) -> Result<Result<(), String>, PgError> {
         let entry = self.entry().map(|mut entry| {
-            entry.status = ActiveStatus::Interrupted;
+            entry.resume_from_pause();
             entry
         });
         self.set("queued", entry.as_ref()).await?;
@@ -346,8 +396,30 @@ impl Unheld<'_> {
 #[cfg(test)]
 mod tests {
     use super::{decide, SqlSteer};
-    use crate::queue::control::ControlAction::{Cancel, Pause, Resume, Retry};
+    use crate::queue::control::ControlAction::{Budget, Cancel, Pause, Resume, Retry};
     use crate::store::records::RecordStatus;
+
+    #[test]
+    fn a_spending_limit_is_set_on_a_task_that_ran_and_waits() {
+        let refuse = |why: &str| SqlSteer::Refuse(why.to_string());
+        let not_started = refuse(super::NOT_STARTED);
+        let not_in_flight = refuse(super::NOT_IN_FLIGHT);
+        #[rustfmt::skip]
+        let table = [
+            (("paused",          true),  SqlSteer::SetLimit),
+            (("queued",          true),  SqlSteer::SetLimit),
+            (("queued",          false), not_started),
+            (("failed",          true),  not_in_flight.clone()),
+            (("done",            false), not_in_flight),
+        ];
+        for ((state, started), steer) in table {
+            assert_eq!(
+                decide(Budget, state, None, started),
+                steer,
+                "{state}, started {started}"
+            );
+        }
+    }
 
     #[test]
     fn what_a_request_does_to_a_task_no_daemon_holds() {
@@ -373,7 +445,7 @@ mod tests {
         ];
         for ((action, state, record), steer) in table {
             assert_eq!(
-                decide(action, state, record),
+                decide(action, state, record, true),
                 steer,
                 "{action:?} on {state}"
             );

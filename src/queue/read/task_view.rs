@@ -22,7 +22,9 @@ use super::rate::rate_from_events;
 use super::record::Record;
 use super::QueueReader;
 use crate::queue::QueueDir;
-use crate::store::current_work::{ActiveStatus, ActiveTask, CurrentWork, StoredOutput};
+use crate::store::current_work::{
+    ActiveStatus, ActiveTask, CurrentWork, PolicyPause, StoredOutput,
+};
 use crate::store::journal::JournalEvent;
 use crate::store::records::RecordStatus;
 use crate::store::task_state::TaskState;
@@ -55,6 +57,10 @@ pub struct TaskView {
     /// (not in `cost`).
     pub lost_iterations: u64,
     pub lost_cost_estimate: Option<f64>,
+    /// The spending limit in force: the one `cairn budget` set, else the definition's.
+    pub max_cost: Option<f64>,
+    /// Why a policy of the task's own paused it (its budget, its used-up attempts).
+    pub paused_for: Option<PolicyPause>,
     pub last_checkpoint_at: Option<DateTime<Utc>>,
     /// Runs started (resumes after a stop, pause or crash included), and how many attempts
     /// failed; only the failures count against `retry.max_attempts`.
@@ -143,6 +149,8 @@ impl TaskView {
             cost: None,
             lost_iterations: 0,
             lost_cost_estimate: None,
+            max_cost: None,
+            paused_for: None,
             last_checkpoint_at: None,
             attempts: None,
             failed_attempts: None,
@@ -309,6 +317,10 @@ pub(crate) fn in_flight(
     view.cost = entry.cost;
     view.lost_iterations = entry.lost_iterations;
     view.lost_cost_estimate = entry.lost_cost_estimate();
+    view.max_cost = entry.spend_limit(view.task.as_ref().and_then(|t| t.budget.as_ref()));
+    if entry.status == ActiveStatus::Paused {
+        view.paused_for = entry.paused_for.clone();
+    }
     view.last_checkpoint_at = entry.last_checkpoint_at;
     let phase = view
         .task
@@ -382,6 +394,10 @@ pub(crate) fn finished(facts: &dyn TaskFacts, view: &mut TaskView, record: Recor
     view.cost = value["cost"].as_f64();
     view.lost_iterations = value["lost_iterations"].as_u64().unwrap_or(0);
     view.lost_cost_estimate = value["lost_cost_estimate"].as_f64();
+    view.max_cost = value["max_cost"].as_f64().or_else(|| {
+        let budget = view.task.as_ref()?.budget.as_ref()?;
+        Some(budget.max_cost)
+    });
     view.error = value["error"].as_str().map(str::to_string);
     let phase_count = view.phase_count;
     let index = match value["phase_index"].as_u64() {
@@ -450,6 +466,11 @@ pub(crate) fn pending(facts: &dyn TaskFacts, view: &mut TaskView) {
         };
     }
     view.attempts = Some(0);
+    view.max_cost = view
+        .task
+        .as_ref()
+        .and_then(|t| t.budget.as_ref())
+        .map(|b| b.max_cost);
 }
 
 /// The number of items of an items phase: its literal list, or the array an earlier phase put
