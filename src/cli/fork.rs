@@ -131,7 +131,8 @@ fn fork(queue: &Path, args: &ForkArgs) -> CliResult<TaskId> {
     let storage = FileStorage::new(queue);
     let mut task = source_task(&reader, queue, &args.id)?;
     let new_id = new_task_id(&storage, queue, &id, args)?;
-    let checkpoints = CheckpointStore::with_storage(std::sync::Arc::new(storage.clone()));
+    let checkpoints = CheckpointStore::with_storage(std::sync::Arc::new(storage.clone()))
+        .with_blobs_of_queue(queue);
     let mut checkpoint = source_checkpoint(&reader, args, &task)?;
     let from_generation = checkpoint.generation;
     let phase_index = checkpoint.phase_index;

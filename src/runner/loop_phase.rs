@@ -11,7 +11,7 @@
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::checkpointing::PhaseCheckpointer;
+use super::checkpointing::{Files, PhaseCheckpointer};
 use super::{PhaseEnd, PhaseError, PhaseRun};
 
 /// The scope name of the daemon's loop checkpoints.
@@ -30,11 +30,16 @@ struct LoopReply {
     cost: Option<f64>,
     #[serde(default)]
     output: Option<Value>,
+    /// Files in the scratch directory the checkpoint keeps: name → relative path.
+    #[serde(default)]
+    files: Files,
 }
 
 pub(super) async fn run(run: &PhaseRun<'_>) -> Result<PhaseEnd, PhaseError> {
     let task_id = run.task.id().to_string();
     let mut checkpoints = PhaseCheckpointer::new(run, LOOP_SCOPE);
+    // The files the current state's checkpoint names (the resumed one's are in place).
+    let mut files = Files::new();
     let (mut count, mut state) = match checkpoints.resume().await? {
         Some(cp) if cp.done => {
             tracing::info!(task_id, phase = %run.phase.name, iterations = cp.iteration_count, "loop already finished");
@@ -43,6 +48,11 @@ pub(super) async fn run(run: &PhaseRun<'_>) -> Result<PhaseEnd, PhaseError> {
         }
         Some(cp) => {
             tracing::info!(task_id, phase = %run.phase.name, iteration = cp.iteration_count, "resuming loop");
+            files = cp
+                .files
+                .into_iter()
+                .map(|(name, f)| (name, f.path))
+                .collect();
             (cp.iteration_count, cp.partial_results)
         }
         None => (0, run.phase.initial_state.clone().unwrap_or(Value::Null)),
@@ -53,7 +63,9 @@ pub(super) async fn run(run: &PhaseRun<'_>) -> Result<PhaseEnd, PhaseError> {
 
     loop {
         if run.phase.max_iterations.is_some_and(|max| count >= max) {
-            checkpoints.finish(count, state.clone(), None).await?;
+            checkpoints
+                .finish(count, state.clone(), None, Files::new())
+                .await?;
             return Ok(PhaseEnd::Completed(state));
         }
         if run.should_stop() {
@@ -65,7 +77,7 @@ pub(super) async fn run(run: &PhaseRun<'_>) -> Result<PhaseEnd, PhaseError> {
             checkpoints.flush().await?;
             return Err(stop);
         }
-        let request = json!({
+        let mut request = json!({
             "task_id": task_id,
             "phase": run.phase.name,
             "iteration": count,
@@ -73,6 +85,9 @@ pub(super) async fn run(run: &PhaseRun<'_>) -> Result<PhaseEnd, PhaseError> {
             "inputs": run.inputs,
             "attempt": run.attempt,
         });
+        if !files.is_empty() {
+            request["files"] = json!(files);
+        }
         if let Err(error) = run.command_may_start().await {
             checkpoints.flush().await?;
             return Err(error);
@@ -102,14 +117,19 @@ pub(super) async fn run(run: &PhaseRun<'_>) -> Result<PhaseEnd, PhaseError> {
         }
         count += 1;
         state = reply.state;
+        files = reply.files;
         set_progress(run, count);
         tracing::debug!(task_id, phase = %run.phase.name, iteration = count - 1, "iteration done");
         if reply.done || run.phase.max_iterations.is_some_and(|max| count >= max) {
             let result = reply.output.clone().unwrap_or_else(|| state.clone());
-            checkpoints.finish(count, state, reply.output).await?;
+            checkpoints
+                .finish(count, state, reply.output, files)
+                .await?;
             return Ok(PhaseEnd::Completed(result));
         }
-        checkpoints.checkpoint(count, state.clone()).await?;
+        checkpoints
+            .checkpoint(count, state.clone(), files.clone())
+            .await?;
     }
 }
 
