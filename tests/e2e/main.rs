@@ -12,6 +12,7 @@ mod bench_checkpoint;
 mod bench_queue;
 mod bench_web;
 mod budget;
+mod checkpoint_files;
 mod cli;
 mod cli_as_root;
 mod cli_inspect;
