@@ -101,6 +101,14 @@ pub fn run(queue: &Path, args: PruneArgs) -> CliResult {
             Err(e) => not_removed.push(format!("{}: {e}", item.path.display())),
         }
     }
+    // The files the removed checkpoints named, unless another checkpoint names them.
+    match (!args.dry_run).then(|| pruner.collect_blobs()) {
+        Some(Ok(n)) if n > 0 => print(&format!(
+            "removed {n} checkpoint file(s) no checkpoint names\n"
+        ))?,
+        Some(Err(e)) => not_removed.push(format!("checkpoint files: {e}")),
+        _ => {}
+    }
     print(&summary(&plan, &counts, bytes, args.dry_run))?;
     if not_removed.is_empty() {
         Ok(())

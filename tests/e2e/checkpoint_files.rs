@@ -199,3 +199,68 @@ exit 0
     assert_eq!(cp.iteration_count, 1);
     assert_eq!(cp.files["a"].sha256, hex(&Sha256::digest(b"one\n")));
 }
+
+/// A loop command that names `out.txt` in each reply: iteration i writes `v<i>`. Given
+/// `"files"` in its request (every request after the first), it checks the file holds what its state says and
+/// records each check in the state; attempt 1 fails at iteration 2 after scribbling over it.
+const LOOP_SCRIPT: &str = r#"
+import json, os, sys
+req = json.load(sys.stdin)
+path = os.path.join(os.environ["CAIRN_SCRATCH"], "out.txt")
+state = req["state"] or {"content": None, "checked": []}
+if "files" in req:
+    found = open(path).read() if os.path.exists(path) else None
+    state["checked"].append([req["iteration"], req["files"] == {"out": "out.txt"} and found == state["content"]])
+if req["iteration"] == 2 and req["attempt"] == 1 and not req["task_id"].startswith("fork"):
+    open(path, "w").write("scribbled by a failed attempt")
+    sys.exit(1)
+open(path, "w").write("v%d" % req["iteration"])
+state["content"] = "v%d" % req["iteration"]
+print(json.dumps({"state": state, "files": {"out": "out.txt"}}))
+"#;
+
+#[test]
+fn a_loops_files_come_back_on_a_retry_and_in_a_fork_and_prune_collects_them() {
+    let queue = TestQueue::new();
+    let script = queue.aux("loop.py");
+    fs::write(&script, LOOP_SCRIPT).unwrap();
+    let task = |id: &str| {
+        json!({"id": id, "retry": {"max_attempts": 3, "backoff": "1s"},
+            "phases": [{"name": "l", "kind": "loop", "max_iterations": 4,
+                "run": ["python3", &script]}]})
+    };
+    queue.drop_task("l.json", &task("l"));
+    queue.run_until_idle(&[]);
+    let done = queue.done("l").expect("the loop is done");
+    // Each request after the first names the file of the state it carries; the retry at
+    // iteration 2 found v1 restored over what the failed attempt scribbled.
+    assert_eq!(
+        done["result"]["checked"],
+        json!([[1, true], [2, true], [3, true]]),
+        "{done}"
+    );
+    assert_eq!(done["attempts"], 2);
+    assert_eq!(done["result"]["content"], "v3");
+
+    // A fork of generation 1 (after iteration 0) starts with that generation's file.
+    let out = queue.cairn_output(&["fork", "l", "--gen", "1", "--as", "fork-l"], b"");
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    queue.run_until_idle(&[]);
+    let fork = queue.done("fork-l").expect("the fork is done");
+    assert_eq!(
+        fork["result"]["checked"],
+        json!([[1, true], [2, true], [3, true]]),
+        "{fork}"
+    );
+    assert!(!blobs(&queue).is_empty());
+
+    // Once both tasks are pruned, nothing names their files.
+    let out = queue.cairn_output(&["prune", "--older-than", "0s"], b"");
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    assert!(
+        stdout_of(&out).contains("checkpoint file(s) no checkpoint names"),
+        "{}",
+        stdout_of(&out)
+    );
+    assert!(blobs(&queue).is_empty(), "{:?}", blobs(&queue));
+}
