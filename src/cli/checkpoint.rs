@@ -54,21 +54,67 @@ pub struct CheckpointArgs {
     #[arg(long = "gen", value_name = "N")]
     generation: Option<u64>,
 
+    /// Write the files the checkpoint names into DIR (at their paths relative to the task's
+    /// scratch directory, each checked against its hash) instead of printing the checkpoint.
+    #[arg(long = "files-to", value_name = "DIR")]
+    files_to: Option<PathBuf>,
+
     #[command(flatten)]
     pub(super) db: DbArg,
 }
 
 pub fn run(queue: &Path, args: CheckpointArgs) -> CliResult {
     if let Some(url) = args.db.url() {
+        if args.files_to.is_some() {
+            return Err(CliError::usage(
+                "--files-to: a shared queue (--db) keeps no checkpoint files",
+            ));
+        }
         return run_db(url, &args);
     }
     let reader = QueueReader::open(queue);
-    let printed = if is_path(&args.target, |id| reader.task_exists(id)) {
+    let is_file = is_path(&args.target, |id| reader.task_exists(id));
+    if let Some(dir) = &args.files_to {
+        if is_file {
+            return Err(CliError::usage(
+                "--files-to applies to a task id, not to a file",
+            ));
+        }
+        let checkpoint = task_checkpoint(&reader, &args.target, args.generation)?;
+        return write_files(&reader, &checkpoint, dir);
+    }
+    let printed = if is_file {
         read_path(&args)?
     } else {
         read_task(&reader, &args.target, args.generation)?
     };
     print_checkpoint(printed)
+}
+
+/// `--files-to DIR`: the checkpoint's files copied out of the queue's blobs into `dir`, one
+/// line each.
+fn write_files(reader: &QueueReader, checkpoint: &IterationCheckpoint, dir: &Path) -> CliResult {
+    if checkpoint.files.is_empty() {
+        return Err(CliError::failure(format_args!(
+            "generation {} of task {:?} names no files",
+            checkpoint.generation, checkpoint.task_id
+        )));
+    }
+    std::fs::create_dir_all(dir)
+        .map_err(|e| CliError::failure(format_args!("creating {}: {e}", dir.display())))?;
+    crate::store::blobs::BlobStore::existing(reader.root())
+        .restore(&checkpoint.files, dir, None)
+        .map_err(|e| CliError::failure(format_args!("task {:?}: {e}", checkpoint.task_id)))?;
+    let mut text = String::new();
+    for (name, file) in &checkpoint.files {
+        text.push_str(&format!(
+            "wrote {} ({name}, {}, sha256 {})\n",
+            dir.join(&file.path).display(),
+            format::format_bytes(file.size),
+            file.sha256
+        ));
+    }
+    print(&text)
 }
 
 /// Is `target` a file's path rather than a task id? It is when it contains a '/' or is no
@@ -166,6 +212,17 @@ fn read_task_db(
 /// A task's latest usable checkpoint, or one generation.
 /// Printed in the struct's field order.
 fn read_task(reader: &QueueReader, id: &str, generation: Option<u64>) -> anyhow::Result<String> {
+    let checkpoint = task_checkpoint(reader, id, generation)?;
+    serde_json::to_string_pretty(&checkpoint).with_context(|| format!("task {id:?}"))
+}
+
+/// A task's latest usable checkpoint (warning about the newer files that do not decode), or
+/// one generation.
+fn task_checkpoint(
+    reader: &QueueReader,
+    id: &str,
+    generation: Option<u64>,
+) -> anyhow::Result<IterationCheckpoint> {
     let root = reader.root();
     let context = |e: crate::store::StoreError| {
         anyhow::Error::new(e).context(format!("task {id:?} in queue {}", root.display()))
@@ -199,7 +256,7 @@ fn read_task(reader: &QueueReader, id: &str, generation: Option<u64>) -> anyhow:
             loaded.checkpoint
         }
     };
-    serde_json::to_string_pretty(&checkpoint).with_context(|| format!("task {id:?}"))
+    Ok(checkpoint)
 }
 
 /// Say on stderr that a file holds Python's non-standard tokens, which are printed as written.

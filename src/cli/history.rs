@@ -9,6 +9,7 @@
 //! `format_version`, no `generation`; copied into the queue by hand) has no generation: its
 //! row says `none` (`null` in `--json`), with its iteration and phase as the file gives them.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 
 use chrono::Utc;
@@ -21,6 +22,7 @@ use super::exit;
 use super::format;
 use super::source::DbArg;
 use crate::queue::QueueReader;
+use crate::store::blobs::StoredFile;
 use crate::store::{decode_checkpoint, GenerationInfo, IterationCheckpoint};
 
 #[derive(Debug, Args)]
@@ -51,6 +53,8 @@ struct Row {
     generation: Option<u64>,
     phase: Option<String>,
     phase_index: Option<usize>,
+    /// The files the generation names.
+    files: BTreeMap<String, StoredFile>,
 }
 
 impl Row {
@@ -81,6 +85,7 @@ impl Row {
             generation: Some(info.generation),
             phase: Some(cp.phase.clone()),
             phase_index: Some(cp.phase_index),
+            files: cp.files.clone(),
             info,
             file,
         }
@@ -92,6 +97,7 @@ impl Row {
             generation: Some(info.generation),
             phase: None,
             phase_index: None,
+            files: BTreeMap::new(),
             info,
             file,
         }
@@ -109,6 +115,7 @@ impl Row {
             generation: None,
             phase: value["phase"].as_str().map(str::to_string),
             phase_index: None,
+            files: BTreeMap::new(),
             info,
             file,
         }
@@ -211,7 +218,20 @@ fn row_json(latest: bool, row: &Row) -> Value {
         "phase_index": row.phase_index,
         "written_at": info.last_checkpoint_at.map(format::rfc3339),
         "error": info.error,
+        "files": row.files,
     })
+}
+
+/// `name size` of each file a generation names, `-` for none.
+fn files_cell(files: &BTreeMap<String, StoredFile>) -> String {
+    if files.is_empty() {
+        return "-".into();
+    }
+    files
+        .iter()
+        .map(|(name, f)| format!("{name} {}", format::format_bytes(f.size).replace(' ', "")))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 fn table(rows: &[Row]) -> String {
@@ -236,12 +256,15 @@ fn table(rows: &[Row]) -> String {
                     .map(|at| format::short_duration((now - at).num_seconds().max(0) as u64))
                     .unwrap_or_else(dash),
                 format::format_bytes(info.bytes).replace(' ', ""),
+                files_cell(&row.files),
                 info.error.clone().unwrap_or_else(dash),
             ]
         })
         .collect();
     format::render_table(
-        &["GEN", "ITER", "PHASE", "WRITTEN", "AGE", "SIZE", "ERROR"],
+        &[
+            "GEN", "ITER", "PHASE", "WRITTEN", "AGE", "SIZE", "FILES", "ERROR",
+        ],
         &cells,
     )
 }

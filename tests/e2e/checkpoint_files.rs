@@ -254,6 +254,27 @@ fn a_loops_files_come_back_on_a_retry_and_in_a_fork_and_prune_collects_them() {
     );
     assert!(!blobs(&queue).is_empty());
 
+    // The operator commands show the files and write them out.
+    let history = stdout_of(&queue.cairn_output(&["history", "l"], b""));
+    assert!(
+        history.contains("FILES") && history.contains("out 2B"),
+        "{history}"
+    );
+    let out_dir = queue.aux("files-out");
+    let written = queue.cairn_output(
+        &[
+            "checkpoint",
+            "l",
+            "--gen",
+            "2",
+            "--files-to",
+            out_dir.to_str().unwrap(),
+        ],
+        b"",
+    );
+    assert!(written.status.success(), "{}", stderr_of(&written));
+    assert_eq!(fs::read_to_string(out_dir.join("out.txt")).unwrap(), "v1");
+
     // Once both tasks are pruned, nothing names their files.
     let out = queue.cairn_output(&["prune", "--older-than", "0s"], b"");
     assert!(out.status.success(), "{}", stderr_of(&out));
