@@ -404,19 +404,22 @@ impl BlobStore {
                 name: name.clone(),
                 path: file.path.clone(),
             })?;
-            let target = scratch.join(&file.path);
-            let io = |action: &'static str| {
-                let path = target.clone();
-                move |source: io::Error| BlobError::Io {
-                    action,
-                    path,
-                    source,
+            // What fails on the scratch side is the command's doing (a link or a directory in
+            // the file's way), not the store's.
+            let refused = |action: &'static str| {
+                move |source: io::Error| BlobError::Refused {
+                    name: name.clone(),
+                    path: file.path.clone(),
+                    reason: format!(
+                        "cannot be put back in the scratch directory ({action}): {source}"
+                    ),
                 }
             };
-            let (dir, leaf) = open_parent(&root, &file.path, owner).map_err(io("creating"))?;
+            let (dir, leaf) =
+                open_parent(&root, &file.path, owner).map_err(refused("opening its directory"))?;
             self.restore_one(file, &dir, leaf, owner)
                 .map_err(|err| match err {
-                    RestoreError::Io(action, source) => io(action)(source),
+                    RestoreError::Io(action, source) => refused(action)(source),
                     RestoreError::Blob(err) => err,
                 })?;
         }
