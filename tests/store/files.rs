@@ -338,3 +338,37 @@ fn the_loop_checkpointer_saves_and_restores_files_with_its_state() {
         .collect();
     assert!(kept.contains(&sha(b"w3")));
 }
+
+/// A queue in a database, as far as a checkpointer sees it: no checkpoint yet, and no save
+/// may reach it.
+#[derive(Debug)]
+struct SharedQueue;
+
+impl cairn::store::CheckpointSink for SharedQueue {
+    fn latest(&self, _: &str) -> Result<Option<cairn::store::LoadedCheckpoint>, StoreError> {
+        Ok(None)
+    }
+
+    fn save(
+        &self,
+        _: &mut IterationCheckpoint<&serde_json::value::RawValue>,
+    ) -> Result<cairn::store::SavedCheckpoint, StoreError> {
+        panic!("a checkpoint naming files reached the shared queue")
+    }
+}
+
+#[test]
+fn a_shared_queue_refuses_a_checkpoint_with_files_saying_why() {
+    let s = setup();
+    write(&s.scratch.join("model.bin"), b"weights");
+    let mut checkpointer = LoopCheckpointer::with_sink(Arc::new(SharedQueue), TASK, "worker")
+        .scratch(&s.scratch, None);
+    let err = checkpointer
+        .checkpoint_with_files(1, &1u64, &named(&[("m", "model.bin")]))
+        .unwrap_err();
+    let message = err.to_string();
+    assert!(
+        message.contains("shared queue (--db)") && message.contains("queue directory"),
+        "{message}"
+    );
+}
