@@ -84,7 +84,7 @@ pub enum BlobError {
     )]
     NoStore,
     /// The checkpoint names files, but the queue is shared (`--db`) and keeps none.
-    #[error("a shared queue (--db) keeps no checkpoint files in this version: run the task on a queue directory, or checkpoint without \"files\"")]
+    #[error("a shared queue (--db) keeps no checkpoint files: run the task on a queue directory, or checkpoint without \"files\"")]
     SharedQueue,
     /// A stored blob does not hold the bytes its name says (the disk corrupted it).
     #[error("blob {sha256} holds other bytes than its name says (found {found})")]
