@@ -337,6 +337,7 @@ impl PyCheckpointStore {
             done,
             output: output.map(to_json).transpose()?,
             cost,
+            files: Default::default(),
         };
         py.detach(|| self.store.save(&mut cp)).map_err(store_error)
     }

@@ -480,6 +480,7 @@ fn first_iteration(task_id: &str, at: DateTime<Utc>) -> IterationCheckpoint {
         done: false,
         output: None,
         cost: None,
+        files: Default::default(),
     }
 }
 

@@ -54,6 +54,11 @@ pub struct CheckpointArgs {
     #[arg(long = "gen", value_name = "N")]
     generation: Option<u64>,
 
+    /// Write the files the checkpoint names into DIR (at their paths relative to the task's
+    /// scratch directory, each checked against its hash) instead of printing the checkpoint.
+    #[arg(long = "files-to", value_name = "DIR")]
+    files_to: Option<PathBuf>,
+
     #[command(flatten)]
     pub(super) db: DbArg,
 }
@@ -64,12 +69,58 @@ pub fn run(queue: &Path, args: CheckpointArgs) -> CliResult {
     let exists = !args.target.contains('/')
         && format::task_id_arg(&args.target).is_ok()
         && client.task_exists(&args.target)?;
-    let printed = if is_path(&args.target, |_| exists) {
+    let is_file = is_path(&args.target, |_| exists);
+    if let Some(dir) = &args.files_to {
+        if is_file {
+            return Err(CliError::usage(
+                "--files-to applies to a task id, not to a file",
+            ));
+        }
+        return write_files(&client, &args.target, args.generation, dir);
+    }
+    let printed = if is_file {
         read_path(&args)?
     } else {
         read_task(&client, &args.target, args.generation)?
     };
     print_checkpoint(printed)
+}
+
+/// `--files-to DIR`: the checkpoint's files copied out of the queue's blobs into `dir`, one
+/// line each.
+fn write_files(client: &QueueClient, id: &str, generation: Option<u64>, dir: &Path) -> CliResult {
+    let Some(root) = client.root() else {
+        return Err(CliError::usage(
+            "--files-to: a shared queue (--db) keeps no checkpoint files",
+        ));
+    };
+    let Some(read) = client.checkpoint(id, generation)? else {
+        return Err(CliError::failure(format_args!(
+            "task {id:?} has no checkpoint"
+        )));
+    };
+    let checkpoint = read.checkpoint;
+    if checkpoint.files.is_empty() {
+        return Err(CliError::failure(format_args!(
+            "generation {} of task {:?} names no files",
+            checkpoint.generation, checkpoint.task_id
+        )));
+    }
+    std::fs::create_dir_all(dir)
+        .map_err(|e| CliError::failure(format_args!("creating {}: {e}", dir.display())))?;
+    crate::store::blobs::BlobStore::existing(root)
+        .restore(&checkpoint.files, dir, None)
+        .map_err(|e| CliError::failure(format_args!("task {:?}: {e}", checkpoint.task_id)))?;
+    let mut text = String::new();
+    for (name, file) in &checkpoint.files {
+        text.push_str(&format!(
+            "wrote {} ({name}, {}, sha256 {})\n",
+            dir.join(&file.path).display(),
+            format::format_bytes(file.size),
+            file.sha256
+        ));
+    }
+    print(&text)
 }
 
 /// Is `target` a file's path rather than a task id? It is when it contains a '/' or is no

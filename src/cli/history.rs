@@ -9,6 +9,7 @@
 //! `format_version`, no `generation`; copied into the queue by hand) has no generation: its
 //! row says `none` (`null` in `--json`), with its iteration and phase as the file gives them.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 
 use chrono::Utc;
@@ -22,6 +23,7 @@ use super::format;
 use super::source::DbArg;
 use crate::client::{QueueClient, StoredGeneration};
 use crate::queue::QueueReader;
+use crate::store::blobs::StoredFile;
 use crate::store::{GenerationInfo, IterationCheckpoint};
 
 #[derive(Debug, Args)]
@@ -52,6 +54,8 @@ struct Row {
     generation: Option<u64>,
     phase: Option<String>,
     phase_index: Option<usize>,
+    /// The files the generation names.
+    files: BTreeMap<String, StoredFile>,
 }
 
 impl Row {
@@ -83,6 +87,7 @@ impl Row {
             generation: Some(info.generation),
             phase: Some(cp.phase.clone()),
             phase_index: Some(cp.phase_index),
+            files: cp.files.clone(),
             info,
             file,
         }
@@ -94,6 +99,7 @@ impl Row {
             generation: Some(info.generation),
             phase: None,
             phase_index: None,
+            files: BTreeMap::new(),
             info,
             file,
         }
@@ -111,6 +117,7 @@ impl Row {
             generation: None,
             phase: value["phase"].as_str().map(str::to_string),
             phase_index: None,
+            files: BTreeMap::new(),
             info,
             file,
         }
@@ -177,7 +184,20 @@ fn row_json(latest: bool, row: &Row) -> Value {
         "phase_index": row.phase_index,
         "written_at": info.last_checkpoint_at.map(format::rfc3339),
         "error": info.error,
+        "files": row.files,
     })
+}
+
+/// `name size` of each file a generation names, `-` for none.
+fn files_cell(files: &BTreeMap<String, StoredFile>) -> String {
+    if files.is_empty() {
+        return "-".into();
+    }
+    files
+        .iter()
+        .map(|(name, f)| format!("{name} {}", format::format_bytes(f.size).replace(' ', "")))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 fn table(rows: &[Row]) -> String {
@@ -202,12 +222,15 @@ fn table(rows: &[Row]) -> String {
                     .map(|at| format::short_duration((now - at).num_seconds().max(0) as u64))
                     .unwrap_or_else(dash),
                 format::format_bytes(info.bytes).replace(' ', ""),
+                files_cell(&row.files),
                 info.error.clone().unwrap_or_else(dash),
             ]
         })
         .collect();
     format::render_table(
-        &["GEN", "ITER", "PHASE", "WRITTEN", "AGE", "SIZE", "ERROR"],
+        &[
+            "GEN", "ITER", "PHASE", "WRITTEN", "AGE", "SIZE", "FILES", "ERROR",
+        ],
         &cells,
     )
 }

@@ -82,6 +82,12 @@ fn print_files(report: &FilePruneReport, dry_run: bool) -> CliResult {
         let slash = if *is_dir { "/" } else { "" };
         text.push_str(&format!("{} {}{slash}\n", verb(dry_run), path.display()));
     }
+    if report.collected_blobs > 0 {
+        text.push_str(&format!(
+            "removed {} checkpoint file(s) no checkpoint names\n",
+            report.collected_blobs
+        ));
+    }
     text.push_str(&summary(report, dry_run));
     print(&text)?;
     if report.not_removed.is_empty() {

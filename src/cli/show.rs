@@ -446,6 +446,11 @@ fn progress_fields(task: &TaskView, now: DateTime<Utc>, field: &mut impl FnMut(&
             _ => "-".into(),
         },
     );
+    if let Some(files) = task.checkpoint.as_ref().map(|cp| &cp.files) {
+        if !files.is_empty() {
+            field("files", checkpoint_files(files));
+        }
+    }
     if let Some(record) = &task.record {
         let at = record.at.map(format::rfc3339).unwrap_or("-".into());
         field("finished", format!("{at} ({})", record.path.display()));
@@ -467,6 +472,22 @@ fn paused_for_field(task: &TaskView, pause: &PolicyPause) -> String {
         }
     };
     format!("{}; {next}", pause.describe())
+}
+
+/// The files the checkpoint names: `name path (size)` each, and the bytes they hold together.
+fn checkpoint_files(
+    files: &std::collections::BTreeMap<String, crate::store::blobs::StoredFile>,
+) -> String {
+    let total: u64 = files.values().map(|f| f.size).sum();
+    let each: Vec<String> = files
+        .iter()
+        .map(|(name, f)| format!("{name} {} ({})", f.path, format::format_bytes(f.size)))
+        .collect();
+    format!(
+        "{} — {} in all",
+        each.join(", "),
+        format::format_bytes(total)
+    )
 }
 
 /// The committed cost, and the estimate for iterations lost to crashes apart.

@@ -211,7 +211,8 @@ fn fork_file(root: &Path, request: &ForkRequest) -> ClientResult<TaskId> {
         &reader.root().display(),
     )?;
     if let Some(mut checkpoint) = start.checkpoint.clone() {
-        let checkpoints = CheckpointStore::with_storage(std::sync::Arc::new(storage.clone()));
+        let checkpoints = CheckpointStore::with_storage(std::sync::Arc::new(storage.clone()))
+            .with_blobs_of_queue(root);
         checkpoints.save(&mut checkpoint).map_err(|e| {
             ClientError::failure(format_args!("writing the new task's checkpoint: {e}"))
         })?;

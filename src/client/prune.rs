@@ -42,6 +42,8 @@ pub struct FilePruneReport {
     pub bytes: u64,
     /// Each with why; the others were still removed.
     pub not_removed: Vec<String>,
+    /// Checkpoint files (blobs) removed because no checkpoint kept names them any more.
+    pub collected_blobs: usize,
 }
 
 /// The shared queue's prune: the rows removed, task by task.
@@ -97,6 +99,7 @@ fn prune_files(root: &Path, request: &PruneRequest) -> ClientResult<FilePruneRep
         counts: BTreeMap::new(),
         bytes: 0,
         not_removed: Vec::new(),
+        collected_blobs: 0,
     };
     for item in &plan.items {
         let size = item.disk_size();
@@ -115,6 +118,13 @@ fn prune_files(root: &Path, request: &PruneRequest) -> ClientResult<FilePruneRep
             Err(e) => report
                 .not_removed
                 .push(format!("{}: {e}", item.path.display())),
+        }
+    }
+    // The files the removed checkpoints named, unless another checkpoint names them.
+    if !request.dry_run {
+        match pruner.collect_blobs() {
+            Ok(n) => report.collected_blobs = n,
+            Err(e) => report.not_removed.push(format!("checkpoint files: {e}")),
         }
     }
     Ok(report)

@@ -47,6 +47,18 @@ pub struct FileBackend {
     _lock: QueueLock,
 }
 
+/// The checkpoint store with the queue's blob store for the files checkpoints name; without
+/// one (its directory cannot be made), a checkpoint naming files is refused, saying why.
+fn with_blobs(store: CheckpointStore, root: &std::path::Path) -> CheckpointStore {
+    match crate::store::blobs::BlobStore::open(root) {
+        Ok(blobs) => store.with_blobs(Arc::new(blobs)),
+        Err(err) => {
+            tracing::warn!(error = %err, "the queue's blob store cannot be opened; checkpoints naming files are refused");
+            store
+        }
+    }
+}
+
 fn locked<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex
         .lock()
@@ -57,7 +69,10 @@ impl FileBackend {
     /// Own the queue at `dir` (absolute), holding `lock`, writing through `storage`.
     pub(crate) fn new(dir: QueueDir, lock: QueueLock, storage: Arc<dyn Storage>) -> FileBackend {
         FileBackend {
-            checkpoints: CheckpointStore::with_storage(Arc::clone(&storage)),
+            checkpoints: with_blobs(
+                CheckpointStore::with_storage(Arc::clone(&storage)),
+                dir.root(),
+            ),
             owner: OwnerLease::new(FLOCK_EPOCH),
             intake: Mutex::new(Intake::new(dir.clone(), Arc::clone(&storage))),
             control_reported: Mutex::default(),

@@ -22,6 +22,7 @@ const QUEUE_NAMES: &[&str] = &[
     "inbox",
     "control",
     "runs",
+    "blobs",
 ];
 
 /// Calls whose string argument is a path.

@@ -361,6 +361,20 @@ impl QueuePruner {
         let relative: &Path = item.path.strip_prefix(&self.root).unwrap_or(&item.path);
         self.opened.remove(relative)
     }
+
+    /// After the removals: remove the blobs (`blobs/`, the files checkpoints named) that no
+    /// checkpoint left names, as the daemon's collection does (holding off its saves
+    /// meanwhile). Returns how many went; a queue without blobs has none to look at.
+    pub fn collect_blobs(&self) -> Result<usize, crate::store::StoreError> {
+        let blobs = crate::store::blobs::BlobStore::existing(&self.root);
+        if !blobs.holds_any() {
+            return Ok(0);
+        }
+        let storage = std::sync::Arc::new(crate::store::FileStorage::new(&self.root));
+        CheckpointStore::with_storage(storage)
+            .with_blobs(std::sync::Arc::new(blobs))
+            .collect_blobs()
+    }
 }
 
 #[cfg(test)]

@@ -55,6 +55,9 @@ pub struct CheckpointMessage {
     pub iteration: u64,
     #[serde(default)]
     pub state: Value,
+    /// Files in the scratch directory the checkpoint keeps: name → relative path.
+    #[serde(default)]
+    pub files: std::collections::BTreeMap<String, String>,
 }
 
 /// `{"progress": {"done": N, "total": M}}`.

@@ -10,6 +10,10 @@ use super::{blocking, checkpoint_error, PhaseError, PhaseRun};
 use crate::store::events::Event;
 use crate::store::{IterationCheckpoint, LoopCheckpointer, SavedCheckpoint, StoreError};
 
+/// The files a checkpoint names: the command's name for each → its path in the scratch
+/// directory.
+pub(super) type Files = std::collections::BTreeMap<String, String>;
+
 /// One phase's checkpoints (`scope` is `loop`, `items` or `worker`).
 pub(super) struct PhaseCheckpointer<'r, 'a> {
     run: &'r PhaseRun<'a>,
@@ -57,6 +61,10 @@ impl<'r, 'a> PhaseCheckpointer<'r, 'a> {
                 run,
                 inner: Some(
                     checkpointer
+                        .scratch(
+                            run.confinement.scratch(),
+                            run.confinement.file_owner().ids(),
+                        )
                         .phase(run.phase.name.clone(), run.index)
                         .attempt(run.attempt)
                         .every(run.phase.checkpoint_every()),
@@ -182,30 +190,49 @@ impl<'r, 'a> PhaseCheckpointer<'r, 'a> {
         );
     }
 
-    /// This phase's last committed checkpoint, if any; its cost becomes the task's.
+    /// This phase's last committed checkpoint, if any; its cost becomes the task's. The files
+    /// it names are put back in the scratch directory first (unless the phase is done).
     pub async fn resume(&mut self) -> Result<Option<IterationCheckpoint>, PhaseError> {
-        let resumed = self.call(|c| c.resume_checkpoint()).await?;
+        let resumed = self
+            .call(|c| {
+                let resumed = c.resume_checkpoint()?;
+                if let Some(cp) = resumed.as_ref().filter(|cp| !cp.done) {
+                    c.restore_files(cp)?;
+                }
+                Ok(resumed)
+            })
+            .await?;
         if let Some(cost) = resumed.as_ref().and_then(|cp| cp.cost) {
             self.run.set_cost(Some(cost));
         }
         Ok(resumed)
     }
 
-    /// `count` iterations are complete with `state`; written when due. True if written.
-    pub async fn checkpoint(&mut self, count: u64, state: Value) -> Result<bool, PhaseError> {
+    /// `count` iterations are complete with `state` and `files` (name → path in the scratch
+    /// directory); written when due, and always when it names files. True if written.
+    pub async fn checkpoint(
+        &mut self,
+        count: u64,
+        state: Value,
+        files: Files,
+    ) -> Result<bool, PhaseError> {
         self.within_quota()?;
-        self.call(move |c| c.checkpoint(count, &state)).await
+        self.call(move |c| c.checkpoint_with_files(count, &state, &files))
+            .await
     }
 
-    /// The phase's final checkpoint (marked done, with its output).
+    /// The phase's final checkpoint (marked done, with its output), naming `files`, or the
+    /// last checkpoint's when there are none.
     pub async fn finish(
         &mut self,
         count: u64,
         state: Value,
         output: Option<Value>,
+        files: Files,
     ) -> Result<(), PhaseError> {
         self.within_quota()?;
-        self.call(move |c| c.finish(count, &state, output)).await
+        self.call(move |c| c.finish_with_files(count, &state, output, &files))
+            .await
     }
 
     /// Write the latest completed iteration if it is still pending.

@@ -123,6 +123,11 @@ impl TaskConfinement {
         env
     }
 
+    /// The scratch directory, where the files checkpoints name are read and restored.
+    pub fn scratch(&self) -> PathBuf {
+        scratch_dir(&self.run_dir)
+    }
+
     /// `CAIRN_SCRATCH`: the directory the task's commands may write.
     pub fn scratch_env(&self) -> (String, String) {
         (
@@ -149,6 +154,11 @@ pub struct FileOwner(Option<(u32, u32)>);
 impl FileOwner {
     fn of(run_as: Option<&RunAs>) -> FileOwner {
         FileOwner(run_as.map(|run_as| (run_as.switch.uid.as_raw(), run_as.switch.gid.as_raw())))
+    }
+
+    /// The owner's uid and gid, when there is one.
+    pub fn ids(self) -> Option<(u32, u32)> {
+        self.0
     }
 
     /// Give `path` to the owner with `mode`; nothing when there is none.

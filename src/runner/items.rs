@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use futures::stream::{FuturesUnordered, StreamExt};
 use serde_json::{json, Map, Value};
 
-use super::checkpointing::PhaseCheckpointer;
+use super::checkpointing::{Files, PhaseCheckpointer};
 use super::{PhaseEnd, PhaseError, PhaseRun};
 
 /// The scope name of the daemon's items checkpoints.
@@ -120,7 +120,7 @@ pub(super) async fn run(run: &PhaseRun<'_>) -> Result<PhaseEnd, PhaseError> {
                 results.insert(index, result);
                 let count = results.len() as u64;
                 let state = state_of(&results);
-                if let Err(e) = checkpoints.checkpoint(count, state).await {
+                if let Err(e) = checkpoints.checkpoint(count, state, Files::new()).await {
                     failure.get_or_insert(e);
                 }
                 set_progress(run, results.len());
@@ -144,7 +144,7 @@ pub(super) async fn run(run: &PhaseRun<'_>) -> Result<PhaseEnd, PhaseError> {
     let count = results.len() as u64;
     let state = state_of(&results);
     checkpoints
-        .finish(count, state, Some(output.clone()))
+        .finish(count, state, Some(output.clone()), Files::new())
         .await?;
     Ok(PhaseEnd::Completed(output))
 }

@@ -6,12 +6,14 @@
 //! the latest completed iteration is flushed, so a clean stop never loses a finished iteration.
 //! The loop ends on `"done": true` or at `max_iterations`; its output is the last reply's
 //! `output`, else the final state. The final checkpoint is marked done, so a crash right after
-//! it does not run the loop again.
+//! it does not run the loop again. A reply may name files in the scratch directory (`files`),
+//! kept with its checkpoint; each later request names the files of the state it carries, and
+//! a resume finds the resumed checkpoint's files in place.
 
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::checkpointing::PhaseCheckpointer;
+use super::checkpointing::{Files, PhaseCheckpointer};
 use super::{PhaseEnd, PhaseError, PhaseRun};
 
 /// The scope name of the daemon's loop checkpoints.
@@ -30,12 +32,15 @@ struct LoopReply {
     cost: Option<f64>,
     #[serde(default)]
     output: Option<Value>,
+    /// Files in the scratch directory the checkpoint keeps: name → relative path.
+    #[serde(default)]
+    files: Files,
 }
 
 pub(super) async fn run(run: &PhaseRun<'_>) -> Result<PhaseEnd, PhaseError> {
     let task_id = run.task.id().to_string();
     let mut checkpoints = PhaseCheckpointer::new(run, LOOP_SCOPE);
-    let (mut count, mut state) = match checkpoints.resume().await? {
+    let (mut count, mut files, mut state) = match checkpoints.resume().await? {
         Some(cp) if cp.done => {
             tracing::info!(task_id, phase = %run.phase.name, iterations = cp.iteration_count, "loop already finished");
             set_progress(run, cp.iteration_count);
@@ -43,9 +48,9 @@ pub(super) async fn run(run: &PhaseRun<'_>) -> Result<PhaseEnd, PhaseError> {
         }
         Some(cp) => {
             tracing::info!(task_id, phase = %run.phase.name, iteration = cp.iteration_count, "resuming loop");
-            (cp.iteration_count, cp.partial_results)
+            (cp.iteration_count, named_files(&cp), cp.partial_results)
         }
-        None => (0, run.phase.initial_state.clone().unwrap_or(Value::Null)),
+        None => (0, Files::new(), initial_state(run)),
     };
     set_progress(run, count);
     // Whether the last iteration reported its cost (nothing is unknown before the first).
@@ -53,7 +58,9 @@ pub(super) async fn run(run: &PhaseRun<'_>) -> Result<PhaseEnd, PhaseError> {
 
     loop {
         if run.phase.max_iterations.is_some_and(|max| count >= max) {
-            checkpoints.finish(count, state.clone(), None).await?;
+            checkpoints
+                .finish(count, state.clone(), None, Files::new())
+                .await?;
             return Ok(PhaseEnd::Completed(state));
         }
         if run.should_stop() {
@@ -65,14 +72,7 @@ pub(super) async fn run(run: &PhaseRun<'_>) -> Result<PhaseEnd, PhaseError> {
             checkpoints.flush().await?;
             return Err(stop);
         }
-        let request = json!({
-            "task_id": task_id,
-            "phase": run.phase.name,
-            "iteration": count,
-            "state": state,
-            "inputs": run.inputs,
-            "attempt": run.attempt,
-        });
+        let request = request(run, count, &state, &files);
         if let Err(error) = run.command_may_start().await {
             checkpoints.flush().await?;
             return Err(error);
@@ -102,15 +102,49 @@ pub(super) async fn run(run: &PhaseRun<'_>) -> Result<PhaseEnd, PhaseError> {
         }
         count += 1;
         state = reply.state;
+        files = reply.files;
         set_progress(run, count);
         tracing::debug!(task_id, phase = %run.phase.name, iteration = count - 1, "iteration done");
         if reply.done || run.phase.max_iterations.is_some_and(|max| count >= max) {
             let result = reply.output.clone().unwrap_or_else(|| state.clone());
-            checkpoints.finish(count, state, reply.output).await?;
+            checkpoints
+                .finish(count, state, reply.output, files)
+                .await?;
             return Ok(PhaseEnd::Completed(result));
         }
-        checkpoints.checkpoint(count, state.clone()).await?;
+        checkpoints
+            .checkpoint(count, state.clone(), files.clone())
+            .await?;
     }
+}
+
+/// Iteration `count`'s request; `files` are those the state's checkpoint names.
+fn request(run: &PhaseRun<'_>, count: u64, state: &Value, files: &Files) -> Value {
+    let mut request = json!({
+        "task_id": run.task.id().as_str(),
+        "phase": run.phase.name,
+        "iteration": count,
+        "state": state,
+        "inputs": run.inputs,
+        "attempt": run.attempt,
+    });
+    if !files.is_empty() {
+        request["files"] = json!(files);
+    }
+    request
+}
+
+/// The state a loop starts from when no checkpoint of it exists.
+fn initial_state(run: &PhaseRun<'_>) -> Value {
+    run.phase.initial_state.clone().unwrap_or(Value::Null)
+}
+
+/// The files a checkpoint names, as a command names them: name → path.
+fn named_files(cp: &crate::store::IterationCheckpoint) -> Files {
+    cp.files
+        .iter()
+        .map(|(name, f)| (name.clone(), f.path.clone()))
+        .collect()
 }
 
 fn validate_cost(

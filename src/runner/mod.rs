@@ -433,7 +433,11 @@ pub async fn load_inputs(
 /// the attempt, so the task ends in `failed/` with the reason instead of retrying forever.
 pub(crate) fn checkpoint_error(e: StoreError) -> PhaseError {
     match e {
-        StoreError::Io { .. } => PhaseError::Transient(format!("checkpoint storage: {e}")),
+        StoreError::Io { .. }
+        | StoreError::Files {
+            source: crate::store::blobs::BlobError::Io { .. },
+            ..
+        } => PhaseError::Transient(format!("checkpoint storage: {e}")),
         // The lease was lost: stop without using up an attempt; nothing was written.
         StoreError::Fenced { .. } => PhaseError::Transient(format!("checkpoint: {e}")),
         // The queue's database failed for longer than the lease let the save be tried again:

@@ -25,7 +25,7 @@ use serde_json::Value;
 use tokio::time::Instant;
 
 use super::channel::{AckPipe, Channel, ChannelError, CheckpointMessage, Message};
-use super::checkpointing::PhaseCheckpointer;
+use super::checkpointing::{Files, PhaseCheckpointer};
 use super::child::{group_of, kill_group, open_log, spawn_in_group, KILL_AFTER};
 use super::confinement::FileOwner;
 use super::spawn::{CommandProcess, Environment, StdinFrom, StdoutTo};
@@ -83,12 +83,20 @@ pub(super) async fn run(run: &PhaseRun<'_>) -> Result<PhaseEnd, PhaseError> {
     }
     // A spent budget starts no worker (a finished phase, above, is not held back by it).
     run.check_budget(true, "")?;
-    let (count, state) = match &resumed {
-        Some(cp) => (cp.iteration_count, cp.partial_results.clone()),
-        None => (0, Value::Null),
+    let (count, state, files) = match &resumed {
+        Some(cp) => (
+            cp.iteration_count,
+            cp.partial_results.clone(),
+            cp.files
+                .iter()
+                .map(|(name, f)| (name.clone(), f.path.clone()))
+                .collect(),
+        ),
+        None => (0, Value::Null, Files::new()),
     };
     run.command_may_start().await?;
-    let mut launched = launch(run, resumed.is_some(), count, &state).await?;
+    let resume = resumed.is_some().then_some((count, &state, &files));
+    let mut launched = launch(run, resume).await?;
     tracing::info!(task_id = %run.task.id(), phase = %run.phase.name, iteration = count, "worker started");
     let worker = WorkerState {
         checkpoints,
@@ -137,13 +145,14 @@ fn transient(what: &str, e: std::io::Error) -> PhaseError {
     PhaseError::Transient(format!("{what}: {e}"))
 }
 
-/// Start the worker with its environment, its resume file (when it resumes) and fresh pipes.
+/// Start the worker with its environment, its resume file (when it resumes from `resume`:
+/// the iteration count, state and files of its checkpoint) and fresh pipes.
 async fn launch(
     run: &PhaseRun<'_>,
-    resumed: bool,
-    count: u64,
-    state: &Value,
+    resume: Option<(u64, &Value, &Files)>,
 ) -> Result<Launched, PhaseError> {
+    let resumed = resume.is_some();
+    let count = resume.map_or(0, |(count, _, _)| count);
     let task_id = run.task.id();
     let run_dir = run.ctx.queue.run_dir(task_id);
     let mut env = run.env(None);
@@ -156,12 +165,7 @@ async fn launch(
     // into this attempt's channel.
     let files = WorkerFiles {
         resume_path: run_dir.join(format!("resume-{}.json", run.index)),
-        resume_line: resumed.then(|| {
-            format!(
-                "{{\"iteration\":{count},\"state\":{}}}\n",
-                serde_json::to_string(state).unwrap_or_else(|_| "null".into())
-            )
-        }),
+        resume_line: resume.map(|(count, state, files)| resume_line(count, state, files)),
         channel_path: run_dir.join(format!("channel-{}-{}", run.index, run.attempt)),
         ack_path: run_dir.join(format!("ack-{}-{}", run.index, run.attempt)),
         log_path: run.log_path(),
@@ -200,6 +204,17 @@ async fn launch(
         channel,
         ack,
     })
+}
+
+/// `{"iteration":N,"state":...}` (and `"files":{...}` when the checkpoint names files): one
+/// compact line, keys in that order, so that a shell script can read it.
+fn resume_line(count: u64, state: &Value, files: &Files) -> String {
+    let state = serde_json::to_string(state).unwrap_or_else(|_| "null".into());
+    if files.is_empty() {
+        return format!("{{\"iteration\":{count},\"state\":{state}}}\n");
+    }
+    let files = serde_json::to_string(files).unwrap_or_else(|_| "{}".into());
+    format!("{{\"iteration\":{count},\"state\":{state},\"files\":{files}}}\n")
 }
 
 /// The files a worker's start makes in its run directory, made on the blocking pool (each is
@@ -325,7 +340,7 @@ async fn conclude(
         Some(0) => {
             let result = output.unwrap_or_else(|| state.clone());
             checkpoints
-                .finish(count, state, Some(result.clone()))
+                .finish(count, state, Some(result.clone()), Files::new())
                 .await?;
             Ok(PhaseEnd::Completed(result))
         }
@@ -438,6 +453,7 @@ async fn take_checkpoint<'r, 'a>(
     worker.count = checkpoint.iteration;
     worker.state = checkpoint.state;
     let count = worker.count;
+    let files = checkpoint.files;
     // Decide on the budget before the (fsynced) write, so that a worker over its budget
     // gets SIGTERM without waiting for the disk, and starts no further paid iteration.
     if let Err(stop) = run.check_budget(cost_known, &format!("the work up to checkpoint {count}")) {
@@ -445,7 +461,7 @@ async fn take_checkpoint<'r, 'a>(
     }
     let written = worker
         .checkpoints
-        .checkpoint(count, worker.state.clone())
+        .checkpoint(count, worker.state.clone(), files)
         .await;
     run.ctx.work.update(|w| {
         if let Some(entry) = w.get_mut(run.task.id()) {

@@ -78,6 +78,14 @@ pub enum BlobError {
         /// The error.
         source: io::Error,
     },
+    /// The checkpoint names files, but nothing here keeps them.
+    #[error(
+        "this store keeps no files (a checkpoint with files needs a queue directory's blob store)"
+    )]
+    NoStore,
+    /// The checkpoint names files, but the queue is shared (`--db`) and keeps none.
+    #[error("a shared queue (--db) keeps no checkpoint files: run the task on a queue directory, or checkpoint without \"files\"")]
+    SharedQueue,
     /// A stored blob does not hold the bytes its name says (the disk corrupted it).
     #[error("blob {sha256} holds other bytes than its name says (found {found})")]
     Corrupt {
@@ -135,6 +143,9 @@ impl BlobStore {
             Err(err) if err.kind() == io::ErrorKind::AlreadyExists => {}
             Err(err) => return Err(err),
         }
+        // Made here, by the daemon, so that a command run by another user (a fork's) only
+        // opens it.
+        drop(lock_file(&dir.join(".lock"))?);
         Ok(BlobStore {
             dir,
             ops,
@@ -144,20 +155,25 @@ impl BlobStore {
         })
     }
 
+    /// The blob store of `root` as it is on disk, made by nobody: for a command that names
+    /// blobs a daemon stored (`cairn fork`), which must not create the daemon's directories.
+    pub fn existing(root: impl AsRef<Path>) -> Self {
+        BlobStore {
+            dir: root.as_ref().join(Self::DIR),
+            ops: Arc::new(RealFileOps),
+            seen: Mutex::default(),
+            #[cfg(test)]
+            reads: Default::default(),
+        }
+    }
+
     /// Where the blob `sha256` is.
     pub fn blob_path(&self, sha256: &str) -> PathBuf {
         self.dir.join(sha256)
     }
 
     fn lock(&self, arg: FlockArg) -> io::Result<BlobLock> {
-        let path = self.dir.join(".lock");
-        let file = fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .mode(super::modes::FILE_MODE)
-            .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_CLOEXEC)
-            .open(&path)?;
+        let file = lock_file(&self.dir.join(".lock"))?;
         Flock::lock(file, arg)
             .map(BlobLock)
             .map_err(|(_, errno)| io::Error::from(errno))
@@ -236,6 +252,14 @@ impl BlobStore {
         })?;
         if !before.file_type().is_file() {
             return Err(refused("not a regular file".to_owned()));
+        }
+        // A hard link could be to a file outside the scratch directory (one the command may
+        // not read itself); cairn stores only files with one name.
+        if before.nlink() > 1 {
+            return Err(refused(format!(
+                "it has {} hard links; a checkpoint stores only a file with one name",
+                before.nlink()
+            )));
         }
         if let Some(sha256) = self.unchanged(&full, &before) {
             if self.blob_path(&sha256).exists() {
@@ -360,66 +384,133 @@ impl BlobStore {
 
     /// Put a copy of each stored file at its path under `scratch` (directories made as
     /// needed), checked against its hash while copied; an existing file there is replaced.
+    /// Nothing a command left in `scratch` is followed: every directory on the way is opened
+    /// without following links and the copy is renamed into place inside it, so a planted
+    /// link cannot send the daemon's write elsewhere. With `owner`, the copies and the
+    /// directories made are given to that uid and gid (the submitter's).
     pub fn restore(
         &self,
         files: &BTreeMap<String, StoredFile>,
         scratch: &Path,
+        owner: Option<(u32, u32)>,
     ) -> Result<(), BlobError> {
-        for file in files.values() {
+        let root = open_dir(scratch).map_err(|source| BlobError::Io {
+            action: "opening",
+            path: scratch.to_owned(),
+            source,
+        })?;
+        for (name, file) in files {
             check_relative(&file.path).map_err(|()| BlobError::BadPath {
-                name: file.path.clone(),
+                name: name.clone(),
                 path: file.path.clone(),
             })?;
-            let target = scratch.join(&file.path);
-            if let Some(parent) = target.parent() {
-                fs::create_dir_all(parent).map_err(|source| BlobError::Io {
-                    action: "creating",
-                    path: parent.to_owned(),
-                    source,
+            // What fails on the scratch side is the command's doing (a link or a directory in
+            // the file's way), not the store's.
+            let refused = |action: &'static str| {
+                move |source: io::Error| BlobError::Refused {
+                    name: name.clone(),
+                    path: file.path.clone(),
+                    reason: format!(
+                        "cannot be put back in the scratch directory ({action}): {source}"
+                    ),
+                }
+            };
+            let (dir, leaf) =
+                open_parent(&root, &file.path, owner).map_err(refused("opening its directory"))?;
+            self.restore_one(file, &dir, leaf, owner)
+                .map_err(|err| match err {
+                    RestoreError::Io(action, source) => refused(action)(source),
+                    RestoreError::Blob(err) => err,
                 })?;
-            }
-            let blob = self.blob_path(&file.sha256);
-            let mut source = File::open(&blob).map_err(|source| BlobError::Io {
+        }
+        Ok(())
+    }
+
+    /// Copy the blob of `file` to `leaf` in the open directory `dir`, by a temp file there.
+    fn restore_one(
+        &self,
+        file: &StoredFile,
+        dir: &File,
+        leaf: &str,
+        owner: Option<(u32, u32)>,
+    ) -> Result<(), RestoreError> {
+        let blob = self.blob_path(&file.sha256);
+        let mut source = File::open(&blob).map_err(|source| {
+            RestoreError::Blob(BlobError::Io {
                 action: "opening",
                 path: blob.clone(),
                 source,
-            })?;
-            let temp = target.with_file_name(format!(
-                ".{}.restoring",
-                target
-                    .file_name()
-                    .and_then(|n| n.to_str())
-                    .unwrap_or("file")
-            ));
-            let mut out = fs::OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .custom_flags(nix::libc::O_NOFOLLOW)
-                .open(&temp)
-                .map_err(|source| BlobError::Io {
-                    action: "creating",
-                    path: temp.clone(),
-                    source,
-                })?;
-            let (found, _) =
-                copy_hashing(&mut source, &mut out).map_err(|source| BlobError::Io {
+            })
+        })?;
+        let temp = format!(".{leaf}.restoring");
+        let _ = nix::unistd::unlinkat(dir, temp.as_str(), nix::unistd::UnlinkatFlags::NoRemoveDir);
+        let fd = nix::fcntl::openat(
+            dir,
+            temp.as_str(),
+            OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+            Mode::from_bits_truncate(0o600),
+        )
+        .map_err(|e| RestoreError::Io("creating a copy beside", e.into()))?;
+        let mut out = File::from(fd);
+        let copied = copy_hashing(&mut source, &mut out);
+        let unlink = || {
+            let _ =
+                nix::unistd::unlinkat(dir, temp.as_str(), nix::unistd::UnlinkatFlags::NoRemoveDir);
+        };
+        let found = match copied {
+            Ok((found, _)) => found,
+            Err(source) => {
+                unlink();
+                return Err(RestoreError::Blob(BlobError::Io {
                     action: "copying",
-                    path: blob.clone(),
+                    path: blob,
                     source,
-                })?;
-            if found != file.sha256 {
-                let _ = fs::remove_file(&temp);
-                return Err(BlobError::Corrupt {
-                    sha256: file.sha256.clone(),
-                    found,
-                });
+                }));
             }
-            fs::rename(&temp, &target).map_err(|source| BlobError::Io {
-                action: "renaming into place",
-                path: target.clone(),
-                source,
-            })?;
+        };
+        if found != file.sha256 {
+            unlink();
+            return Err(RestoreError::Blob(BlobError::Corrupt {
+                sha256: file.sha256.clone(),
+                found,
+            }));
+        }
+        if let Some((uid, gid)) = owner {
+            let given = nix::unistd::fchown(&out, Some(uid.into()), Some(gid.into()));
+            if let Err(e) = given {
+                unlink();
+                return Err(RestoreError::Io("handing over", e.into()));
+            }
+        }
+        nix::fcntl::renameat(dir, temp.as_str(), dir, leaf).map_err(|e| {
+            unlink();
+            RestoreError::Io("renaming into place", e.into())
+        })
+    }
+
+    /// Check that every file of `files` has its blob here (a fork names the blobs of the
+    /// checkpoint it copies). Hold [`hold_for_save`](Self::hold_for_save) meanwhile and
+    /// until the checkpoint naming them is committed.
+    pub fn check_stored(&self, files: &BTreeMap<String, StoredFile>) -> Result<(), BlobError> {
+        for (name, file) in files {
+            let blob = self.blob_path(&file.sha256);
+            match fs::symlink_metadata(&blob) {
+                Ok(meta) if meta.is_file() && meta.size() == file.size => {}
+                Ok(_) => {
+                    return Err(BlobError::Refused {
+                        name: name.clone(),
+                        path: file.path.clone(),
+                        reason: format!("its blob {} is not the size recorded", file.sha256),
+                    })
+                }
+                Err(source) => {
+                    return Err(BlobError::Io {
+                        action: "finding the blob of",
+                        path: blob,
+                        source,
+                    })
+                }
+            }
         }
         Ok(())
     }
@@ -429,7 +520,17 @@ impl BlobStore {
     /// and holds them off meanwhile, so it never removes a blob a checkpoint being committed
     /// names. A crash part way leaves blobs to a later sweep, never a kept one removed.
     pub fn sweep(&self, kept: &HashSet<String>) -> io::Result<usize> {
+        self.sweep_with(|| Ok(kept.clone()))
+    }
+
+    /// [`sweep`](Self::sweep), with the kept hashes worked out by `kept` while saves are held
+    /// off: what it reads is every checkpoint committed, none half-way.
+    pub fn sweep_with(
+        &self,
+        kept: impl FnOnce() -> io::Result<HashSet<String>>,
+    ) -> io::Result<usize> {
         let _exclusive = self.lock(FlockArg::LockExclusive)?;
+        let kept = kept()?;
         let mut removed = 0;
         for entry in fs::read_dir(&self.dir)? {
             let entry = entry?;
@@ -449,6 +550,11 @@ impl BlobStore {
         Ok(removed)
     }
 
+    /// Whether any blob is stored (a collection has something to look at).
+    pub fn holds_any(&self) -> bool {
+        self.blobs().is_ok_and(|blobs| !blobs.is_empty())
+    }
+
     /// The hashes of every blob stored, sorted.
     pub fn blobs(&self) -> io::Result<Vec<String>> {
         let mut names: Vec<String> = fs::read_dir(&self.dir)?
@@ -457,6 +563,26 @@ impl BlobStore {
             .collect();
         names.sort();
         Ok(names)
+    }
+}
+
+/// The lock file, opened for reading (an `flock` needs no more, so a user who may only read
+/// the queue can hold it), made if missing.
+fn lock_file(path: &Path) -> io::Result<File> {
+    let flags = nix::libc::O_NOFOLLOW | nix::libc::O_CLOEXEC;
+    match fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(flags)
+        .open(path)
+    {
+        Err(err) if err.kind() == io::ErrorKind::NotFound => fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .mode(super::modes::FILE_MODE)
+            .custom_flags(flags)
+            .open(path),
+        other => other,
     }
 }
 
@@ -475,6 +601,51 @@ fn open_dir(path: &Path) -> io::Result<File> {
         .read(true)
         .custom_flags(nix::libc::O_DIRECTORY | nix::libc::O_CLOEXEC)
         .open(path)
+}
+
+/// Why one file could not be restored: an I/O step on the scratch side, or the blob itself.
+enum RestoreError {
+    Io(&'static str, io::Error),
+    Blob(BlobError),
+}
+
+/// Open (making it as needed) the directory that holds `rel` under `root`, never following a
+/// link; returns it and the file's name in it.
+fn open_parent<'a>(
+    root: &File,
+    rel: &'a str,
+    owner: Option<(u32, u32)>,
+) -> io::Result<(File, &'a str)> {
+    let (parents, leaf) = match rel.rsplit_once('/') {
+        Some((parents, leaf)) => (Some(parents), leaf),
+        None => (None, rel),
+    };
+    let mut dir = root.try_clone()?;
+    for part in parents.into_iter().flat_map(|p| p.split('/')) {
+        match nix::sys::stat::mkdirat(&dir, part, Mode::from_bits_truncate(0o750)) {
+            Ok(()) => {
+                if let Some((uid, gid)) = owner {
+                    nix::unistd::fchownat(
+                        &dir,
+                        part,
+                        Some(uid.into()),
+                        Some(gid.into()),
+                        nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
+                    )?;
+                }
+            }
+            Err(nix::errno::Errno::EEXIST) => {}
+            Err(e) => return Err(e.into()),
+        }
+        let fd = nix::fcntl::openat(
+            &dir,
+            part,
+            OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )?;
+        dir = File::from(fd);
+    }
+    Ok((dir, leaf))
 }
 
 /// Open `rel` for reading without leaving `dir`, whatever links are on the way.

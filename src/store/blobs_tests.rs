@@ -64,7 +64,7 @@ fn files_are_stored_once_by_content_and_restored_byte_for_byte() {
     let fresh = root.path().join("fresh");
     fs::create_dir_all(fresh.join("ckpt")).unwrap();
     fs::write(fresh.join("ckpt/model.bin"), b"a newer, uncommitted file").unwrap();
-    store.restore(&stored, &fresh).unwrap();
+    store.restore(&stored, &fresh, None).unwrap();
     assert_eq!(fs::read(fresh.join("ckpt/model.bin")).unwrap(), big);
     assert_eq!(fs::read(fresh.join("ckpt/same.bin")).unwrap(), big);
     assert_eq!(fs::read(fresh.join("notes.txt")).unwrap(), b"hello");
@@ -155,7 +155,8 @@ fn a_blob_whose_bytes_changed_on_disk_is_not_restored() {
         .unwrap();
     fs::write(store.blob_path(&sha(b"weights")), b"weightz").unwrap();
     let fresh = root.path().join("fresh");
-    let err = store.restore(&stored, &fresh).unwrap_err();
+    fs::create_dir_all(&fresh).unwrap();
+    let err = store.restore(&stored, &fresh, None).unwrap_err();
     assert!(matches!(err, BlobError::Corrupt { .. }), "{err}");
     assert!(!fresh.join("m.bin").exists());
 }

@@ -8,10 +8,13 @@
 //! the gzip stream, invalid JSON, unknown fields or an unsupported version are all errors, so a
 //! damaged file is reported and skipped instead of being read as a wrong checkpoint.
 
+use std::collections::BTreeMap;
 use std::io::{self, Read};
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
+
+use super::blobs::StoredFile;
 
 /// The format version this cairn writes and reads.
 pub const FORMAT_VERSION: u32 = 1;
@@ -60,6 +63,11 @@ pub struct IterationCheckpoint<S = serde_json::Value> {
         deserialize_with = "finite_cost"
     )]
     pub cost: Option<f64>,
+    /// The files this checkpoint names, by the name the command gave each: where each goes in
+    /// the task's scratch directory and which blob holds it (see `store::blobs`). Absent in
+    /// checkpoints that name none, so older files read as naming none.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub files: BTreeMap<String, StoredFile>,
 }
 
 #[cfg(test)]
@@ -82,6 +90,7 @@ impl IterationCheckpoint {
             done: false,
             output: None,
             cost: None,
+            files: BTreeMap::new(),
         }
     }
 }
@@ -89,7 +98,8 @@ impl IterationCheckpoint {
 impl IterationCheckpoint {
     /// Make this checkpoint the start of another task, `new_id`: its state merged with
     /// `patch` (RFC 7386: objects merged key by key, `null` removes a key), not done, with no
-    /// output, attempt or cost of the old task's. `cairn fork` and the Python package's
+    /// output, attempt or cost of the old task's; it keeps the files the checkpoint names, so
+    /// the new task resumes with them. `cairn fork` and the Python package's
     /// `CheckpointStore.fork` both start from this.
     pub fn fork_as(&mut self, new_id: &str, patch: Option<&serde_json::Value>) {
         if let Some(patch) = patch {
@@ -121,6 +131,7 @@ impl<S> IterationCheckpoint<S> {
             done: self.done,
             output: self.output.clone(),
             cost: self.cost,
+            files: self.files.clone(),
         }
     }
 }
@@ -278,6 +289,7 @@ mod tests {
             done: false,
             output: None,
             cost: None,
+            files: Default::default(),
         }
     }
 

@@ -10,7 +10,7 @@
 //! never end in `.<digits>`, so `<id>.<gen>.json.gz` cannot be mistaken for another task's
 //! latest file.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io;
 use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -18,6 +18,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 
+use super::blobs::{BlobError, BlobStore};
 use super::checkpoint::{
     decode_checkpoint, encode_checkpoint, CheckpointError, IterationCheckpoint, FORMAT_VERSION,
 };
@@ -95,6 +96,17 @@ pub enum StoreError {
         /// The sink's error.
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// A file the checkpoint names could not be stored or restored (missing, unreadable, not
+    /// a regular file, linked out of the scratch directory, or a blob that lost its bytes);
+    /// nothing was written, so the previous checkpoint stays in force.
+    #[error("the checkpoint of task {task_id:?} is refused: {source}; the previous checkpoint stays in force")]
+    Files {
+        /// The task whose checkpoint it was.
+        task_id: String,
+        /// What is wrong, naming the file.
+        #[source]
+        source: super::blobs::BlobError,
     },
     /// The writer's [`WriteFence`](super::WriteFence) refused the write (its lease on the task
     /// was lost): nothing was written, and the writer must stop writing for the task.
@@ -178,6 +190,11 @@ pub struct CheckpointStore {
     /// Per task: what is known of its generations, so a save needs no directory listing.
     /// The per-task mutex is held for a whole save, so one task's generations never race.
     latest_generations: Arc<Mutex<HashMap<String, GenerationSlot>>>,
+    /// The blobs of the files checkpoints name, when this store keeps any.
+    blobs: Option<Arc<BlobStore>>,
+    /// Tasks whose checkpoints named files (saved or read here): a save that retires one of
+    /// their generations may leave a blob nothing names, so it collects.
+    with_files: Arc<Mutex<HashSet<String>>>,
 }
 
 impl CheckpointStore {
@@ -223,7 +240,28 @@ impl CheckpointStore {
             storage,
             keep_generations: DEFAULT_KEEP_GENERATIONS,
             latest_generations: Arc::default(),
+            blobs: None,
+            with_files: Arc::default(),
         }
+    }
+
+    /// Keep the files checkpoints name in `blobs` (a queue's `blobs/`).
+    pub fn with_blobs(mut self, blobs: Arc<BlobStore>) -> Self {
+        self.blobs = Some(blobs);
+        self
+    }
+
+    /// Keep the files checkpoints name in the blob store of the queue directory `root`, as
+    /// it is on disk (nothing is created). `cairn fork` saves through this: the forked
+    /// checkpoint names the blobs of the generation it copies, checked to be there and held
+    /// from a collection until it is committed, so the new task resumes with those files.
+    pub fn with_blobs_of_queue(self, root: &Path) -> Self {
+        self.with_blobs(Arc::new(BlobStore::existing(root)))
+    }
+
+    /// The blob store, when this store keeps files.
+    pub fn blobs(&self) -> Option<&Arc<BlobStore>> {
+        self.blobs.as_ref()
     }
 
     /// How many older generations to keep besides the latest (default 3).
@@ -254,6 +292,125 @@ impl CheckpointStore {
         &self,
         cp: &mut IterationCheckpoint<S>,
     ) -> Result<SavedCheckpoint, StoreError> {
+        if cp.files.is_empty() {
+            let (saved, collect) = self.save_unlocked(cp)?;
+            return self.collected_after(saved, collect, &cp.task_id);
+        }
+        // A checkpoint that names stored files already (a fork's, a loop's last): their
+        // blobs must still be there, and stay while it is committed.
+        let blobs = self.blobs_for(&cp.task_id)?;
+        let held = blobs.hold_for_save().map_err(|source| StoreError::Io {
+            action: "locking",
+            key: BlobStore::DIR.to_owned(),
+            source,
+        })?;
+        blobs
+            .check_stored(&cp.files)
+            .map_err(|source| StoreError::Files {
+                task_id: cp.task_id.clone(),
+                source,
+            })?;
+        let (saved, collect) = self.save_unlocked(cp)?;
+        drop(held);
+        self.collected_after(saved, collect, &cp.task_id)
+    }
+
+    /// [`save_with_info`](Self::save_with_info) of a checkpoint that names `files` (its name
+    /// for each → the path relative to `scratch`): each is stored as a durable blob first, and
+    /// the checkpoint, recording each one's hash and size, commits only after all of them
+    /// are. A file that cannot be stored refuses the checkpoint and writes nothing.
+    pub fn save_with_files<S: Serialize>(
+        &self,
+        cp: &mut IterationCheckpoint<S>,
+        scratch: &Path,
+        files: &BTreeMap<String, String>,
+    ) -> Result<SavedCheckpoint, StoreError> {
+        validate_task_id(&cp.task_id)?;
+        let blobs = self.blobs_for(&cp.task_id)?;
+        let held = blobs.hold_for_save().map_err(|source| StoreError::Io {
+            action: "locking",
+            key: BlobStore::DIR.to_owned(),
+            source,
+        })?;
+        cp.files = blobs
+            .store_files(scratch, files)
+            .map_err(|source| StoreError::Files {
+                task_id: cp.task_id.clone(),
+                source,
+            })?;
+        let (saved, collect) = self.save_unlocked(cp)?;
+        drop(held);
+        self.collected_after(saved, collect, &cp.task_id)
+    }
+
+    /// The blob store, or why a checkpoint naming files cannot be kept here.
+    fn blobs_for(&self, task_id: &str) -> Result<&Arc<BlobStore>, StoreError> {
+        self.blobs.as_ref().ok_or_else(|| StoreError::Files {
+            task_id: task_id.to_owned(),
+            source: BlobError::NoStore,
+        })
+    }
+
+    /// After a save: collect the blobs it may have left unnamed (a failure is logged: the
+    /// checkpoint is committed, and a later collection removes them).
+    fn collected_after(
+        &self,
+        saved: SavedCheckpoint,
+        collect: bool,
+        task_id: &str,
+    ) -> Result<SavedCheckpoint, StoreError> {
+        if collect {
+            if let Err(err) = self.collect_blobs() {
+                tracing::warn!(task_id, error = %err, "could not remove unused checkpoint files; a later collection retries");
+            }
+        }
+        Ok(saved)
+    }
+
+    /// Remove every blob no checkpoint file here names. Before it looks, the removals of
+    /// expired generations are made durable, so no power cut brings back a checkpoint whose
+    /// blob is gone; it holds saves off while it looks and removes. Returns how many went.
+    pub fn collect_blobs(&self) -> Result<usize, StoreError> {
+        let Some(blobs) = &self.blobs else {
+            return Ok(0);
+        };
+        let io = |action: &'static str, key: &str| {
+            let key = key.to_owned();
+            move |source: io::Error| StoreError::Io {
+                action,
+                key,
+                source,
+            }
+        };
+        self.storage
+            .settle(INCREMENTAL_DIR)
+            .map_err(io("syncing", INCREMENTAL_DIR))?;
+        blobs
+            .sweep_with(|| self.named_blobs().map_err(io::Error::other))
+            .map_err(io("collecting", BlobStore::DIR))
+    }
+
+    /// The blobs every checkpoint file here names (a file that does not decode names none:
+    /// it cannot be resumed from).
+    fn named_blobs(&self) -> Result<HashSet<String>, StoreError> {
+        let mut named = HashSet::new();
+        for name in self.list_checkpoint_files()? {
+            let Some(parsed) = Self::parse_file_name(&name) else {
+                continue;
+            };
+            let key = format!("{INCREMENTAL_DIR}/{name}");
+            if let Some(Ok(cp)) = self.read_checkpoint(parsed.task_id(), &key)? {
+                named.extend(cp.files.into_values().map(|file| file.sha256));
+            }
+        }
+        Ok(named)
+    }
+
+    /// Write `cp` (without the blob lock); whether blobs are to be collected afterwards.
+    fn save_unlocked<S: Serialize>(
+        &self,
+        cp: &mut IterationCheckpoint<S>,
+    ) -> Result<(SavedCheckpoint, bool), StoreError> {
         let started = std::time::Instant::now();
         validate_task_id(&cp.task_id)?;
         let slot = self.generation_slot(&cp.task_id);
@@ -306,6 +463,7 @@ impl CheckpointStore {
         })?;
         *cached = KnownGeneration::Latest(generation);
         drop(cached);
+        let collect = expired.is_some() && self.note_files(&cp.task_id, !cp.files.is_empty());
 
         if let (Some(expired_key), 0) = (&expired, self.keep_generations) {
             if let Err(err) = self.storage.remove(expired_key) {
@@ -317,12 +475,29 @@ impl CheckpointStore {
                 );
             }
         }
-        Ok(SavedCheckpoint {
+        let saved = SavedCheckpoint {
             generation,
             iteration_count: cp.iteration_count,
             bytes: bytes.len() as u64,
             elapsed: started.elapsed(),
-        })
+        };
+        Ok((saved, collect))
+    }
+
+    /// Note that `task_id`'s checkpoints name files (when `names_files`); whether they do.
+    fn note_files(&self, task_id: &str, names_files: bool) -> bool {
+        if self.blobs.is_none() {
+            return false;
+        }
+        let mut with_files = self
+            .with_files
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if names_files {
+            with_files.insert(task_id.to_owned());
+            return true;
+        }
+        with_files.contains(task_id)
     }
 
     /// The newest checkpoint of the task that decodes: the latest file, else older generations
@@ -341,6 +516,7 @@ impl CheckpointStore {
         loop {
             match self.read_checkpoint(task_id, &key)? {
                 Some(Ok(checkpoint)) => {
+                    self.note_files(task_id, !checkpoint.files.is_empty());
                     if failures.is_empty() && older.is_none() {
                         self.learn_latest_read(task_id, checkpoint.generation);
                     }
@@ -448,6 +624,10 @@ impl CheckpointStore {
                 key,
                 source,
             })?;
+        }
+        drop(cached);
+        if self.blobs.as_ref().is_some_and(|b| b.holds_any()) {
+            self.collect_blobs()?;
         }
         Ok(())
     }

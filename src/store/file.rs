@@ -773,6 +773,11 @@ impl Storage for FileStorage {
         Ok(())
     }
 
+    fn settle(&self, dir: &str) -> io::Result<()> {
+        validate_dir_key(dir)?;
+        self.ops.sync_dir(&self.root.join(dir))
+    }
+
     fn remove_temp_files(&self) -> io::Result<Vec<String>> {
         let mut removed = Vec::new();
         let mut pending_dirs = vec![(self.root.clone(), String::new())];

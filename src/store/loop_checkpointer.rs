@@ -22,8 +22,11 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::value::RawValue;
 
+use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::sync::Arc;
 
+use super::blobs::{BlobError, StoredFile};
 use super::checkpoint::{IterationCheckpoint, FORMAT_VERSION};
 use super::checkpoint_store::{CheckpointStore, LoadedCheckpoint, SavedCheckpoint, StoreError};
 
@@ -90,6 +93,12 @@ pub struct LoopCheckpointer {
     last_written: Option<u64>,
     /// Checked before every write (none: the caller owns the store alone).
     fence: Option<Arc<dyn WriteFence>>,
+    /// The directory the files a checkpoint names are relative to, and who gets them back on
+    /// a restore (uid, gid; none: the caller's).
+    scratch: Option<(PathBuf, Option<(u32, u32)>)>,
+    /// The files of the last checkpoint committed (written, or found by resume): the final
+    /// checkpoint names them unless given its own.
+    last_files: BTreeMap<String, StoredFile>,
 }
 
 impl LoopCheckpointer {
@@ -126,7 +135,17 @@ impl LoopCheckpointer {
             last_saved: None,
             last_written: None,
             fence: None,
+            scratch: None,
+            last_files: BTreeMap::new(),
         }
+    }
+
+    /// Checkpoints may name files relative to `dir` ([`checkpoint_with_files`]
+    /// (Self::checkpoint_with_files)); [`restore_files`](Self::restore_files) puts them back
+    /// there, given to `owner` (uid, gid) when one is given.
+    pub fn scratch(mut self, dir: impl Into<PathBuf>, owner: Option<(u32, u32)>) -> Self {
+        self.scratch = Some((dir.into(), owner));
+        self
     }
 
     /// Check `fence` before every write: a refused write returns its error and writes
@@ -181,7 +200,90 @@ impl LoopCheckpointer {
             return Ok(None);
         }
         self.last_written = Some(cp.iteration_count);
+        self.last_files = cp.files.clone();
         Ok(Some(cp))
+    }
+
+    /// Put the files `cp` names back at their paths in the scratch directory, each checked
+    /// against its hash (call it with the checkpoint [`resume_checkpoint`]
+    /// (Self::resume_checkpoint) gave, before the loop's command runs).
+    pub fn restore_files(&self, cp: &IterationCheckpoint) -> Result<(), StoreError> {
+        if cp.files.is_empty() {
+            return Ok(());
+        }
+        let refused = |source| StoreError::Files {
+            task_id: self.task_id.clone(),
+            source,
+        };
+        let Target::Files(store) = &self.target else {
+            return Err(refused(BlobError::SharedQueue));
+        };
+        let (Some(blobs), Some((dir, owner))) = (store.blobs(), &self.scratch) else {
+            return Err(refused(BlobError::NoStore));
+        };
+        blobs.restore(&cp.files, dir, *owner).map_err(refused)
+    }
+
+    /// [`checkpoint`](Self::checkpoint) naming `files` (the command's name for each → its
+    /// path relative to the scratch directory): written now whatever `every` says, once each
+    /// file is a durable blob. A file that cannot be stored refuses the checkpoint: nothing is
+    /// written and nothing is kept pending, so the previous checkpoint stays in force.
+    pub fn checkpoint_with_files<S: Serialize>(
+        &mut self,
+        iteration_count: u64,
+        state: &S,
+        files: &BTreeMap<String, String>,
+    ) -> Result<bool, StoreError> {
+        if files.is_empty() {
+            return self.checkpoint(iteration_count, state);
+        }
+        self.pending = None;
+        let mut cp = self.envelope(iteration_count, state, false, None);
+        self.save_files(&mut cp, files)?;
+        Ok(true)
+    }
+
+    /// [`finish`](Self::finish) naming `files` (see [`checkpoint_with_files`]
+    /// (Self::checkpoint_with_files)); with none, the final checkpoint names the last one's.
+    pub fn finish_with_files<S: Serialize>(
+        &mut self,
+        iteration_count: u64,
+        state: &S,
+        output: Option<serde_json::Value>,
+        files: &BTreeMap<String, String>,
+    ) -> Result<(), StoreError> {
+        if files.is_empty() {
+            return self.finish(iteration_count, state, output);
+        }
+        self.pending = None;
+        let mut cp = self.envelope(iteration_count, state, true, output);
+        self.save_files(&mut cp, files)
+    }
+
+    /// Store `files` and write `cp` naming them, fenced like every write.
+    fn save_files<S: Serialize>(
+        &mut self,
+        cp: &mut IterationCheckpoint<&S>,
+        files: &BTreeMap<String, String>,
+    ) -> Result<(), StoreError> {
+        if let Some(fence) = &self.fence {
+            fence.check()?;
+        }
+        let refused = |source| StoreError::Files {
+            task_id: self.task_id.clone(),
+            source,
+        };
+        let Target::Files(store) = &self.target else {
+            return Err(refused(BlobError::SharedQueue));
+        };
+        let Some((dir, _)) = &self.scratch else {
+            return Err(refused(BlobError::NoStore));
+        };
+        let saved = store.save_with_files(cp, dir, files)?;
+        self.last_saved = Some(saved);
+        self.last_written = Some(cp.iteration_count);
+        self.last_files = cp.files.clone();
+        Ok(())
     }
 
     /// Record that `iteration_count` iterations are complete, leaving `state`. Writes the
@@ -208,7 +310,9 @@ impl LoopCheckpointer {
         state: &S,
         output: Option<serde_json::Value>,
     ) -> Result<(), StoreError> {
-        self.save_now(self.envelope(iteration_count, state, true, output))
+        let mut cp = self.envelope(iteration_count, state, true, output);
+        cp.files = self.last_files.clone();
+        self.save_now(cp)
     }
 
     /// Write `cp` now, serializing its borrowed state straight into the file's encoder. On
@@ -258,6 +362,12 @@ impl LoopCheckpointer {
         }
         let saved = match &self.target {
             Target::Files(store) => store.save_with_info(cp)?,
+            Target::Sink(_) if !cp.files.is_empty() => {
+                return Err(StoreError::Files {
+                    task_id: self.task_id.clone(),
+                    source: BlobError::SharedQueue,
+                })
+            }
             Target::Sink(sink) => {
                 let state = serde_json::value::to_raw_value(&cp.partial_results)
                     .map_err(StoreError::State)?;
@@ -271,6 +381,7 @@ impl LoopCheckpointer {
         };
         self.last_saved = Some(saved);
         self.last_written = Some(cp.iteration_count);
+        self.last_files = cp.files.clone();
         Ok(())
     }
 
@@ -312,6 +423,7 @@ impl LoopCheckpointer {
             done,
             output,
             cost: self.cost,
+            files: BTreeMap::new(),
         }
     }
 

@@ -111,6 +111,13 @@ pub trait Storage: Send + Sync + std::fmt::Debug {
     /// Remove the object at `key`; a missing object is not an error.
     fn remove(&self, key: &str) -> io::Result<()>;
 
+    /// Make the removals in `dir` durable (a power cut brings none of them back). The
+    /// default does nothing: a backend whose removals are durable when they return.
+    fn settle(&self, dir: &str) -> io::Result<()> {
+        let _ = dir;
+        Ok(())
+    }
+
     /// Remove temp files left behind by writes that never finished (a crash mid-write).
     /// Returns the keys removed. Called once at daemon start, while the queue lock is held.
     fn remove_temp_files(&self) -> io::Result<Vec<String>>;

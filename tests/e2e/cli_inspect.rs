@@ -243,7 +243,7 @@ fn show_history_and_checkpoint_of_a_finished_task() {
         .collect();
     assert_eq!(
         rows[0],
-        ["GEN", "ITER", "PHASE", "WRITTEN", "AGE", "SIZE", "ERROR"]
+        ["GEN", "ITER", "PHASE", "WRITTEN", "AGE", "SIZE", "FILES", "ERROR"]
     );
     let columns: Vec<[&str; 3]> = rows[1..].iter().map(|r| [r[0], r[1], r[2]]).collect();
     assert_eq!(
@@ -256,7 +256,10 @@ fn show_history_and_checkpoint_of_a_finished_task() {
         ],
         "{history}"
     );
-    assert!(rows[1..].iter().all(|r| r[6] == "-"), "{history}");
+    assert!(
+        rows[1..].iter().all(|r| r[6] == "-" && r[7] == "-"),
+        "{history}"
+    );
     let document = json_of(&cairn(&queue, &["history", "fin", "--json"], 0));
     assert_eq!(document["version"], 1);
     assert_eq!(document["task_id"], "fin");

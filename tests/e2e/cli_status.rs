@@ -243,6 +243,7 @@ fn queue_in_every_state() -> TestQueue {
         done: false,
         output: None,
         cost: Some(0.25),
+        files: Default::default(),
     };
     store.save(&mut checkpoint).unwrap();
     // The daemon that held the lock is gone; its pid stays in the file.

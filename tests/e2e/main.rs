@@ -14,6 +14,7 @@ mod bench_web;
 mod budget;
 mod budget_pause;
 mod bulk;
+mod checkpoint_files;
 mod cli;
 mod cli_as_root;
 mod cli_inspect;

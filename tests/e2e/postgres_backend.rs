@@ -99,6 +99,7 @@ fn a_checkpoint(id: &str, iterations: u64) -> IterationCheckpoint {
         done: false,
         output: None,
         cost: None,
+        files: Default::default(),
     }
 }
 

@@ -613,6 +613,7 @@ fn loop_checkpoint(id: &str, total: u64) -> IterationCheckpoint {
         done: false,
         output: None,
         cost: Some(0.5),
+        files: Default::default(),
     }
 }
 

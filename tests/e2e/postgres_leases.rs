@@ -166,6 +166,7 @@ fn a_checkpoint(id: &str, iterations: u64) -> IterationCheckpoint {
         done: false,
         output: None,
         cost: Some(0.25),
+        files: Default::default(),
     }
 }
 

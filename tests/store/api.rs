@@ -31,6 +31,7 @@ fn checkpoint(iterations: u64) -> IterationCheckpoint {
         done: false,
         output: None,
         cost: None,
+        files: Default::default(),
     }
 }
 

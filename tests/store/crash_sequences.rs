@@ -232,6 +232,7 @@ fn checkpoint(task: usize, seq: u64, state: Value) -> IterationCheckpoint {
         done: false,
         output: None,
         cost: None,
+        files: Default::default(),
     }
 }
 

@@ -54,6 +54,7 @@ fn checkpoint_after(iterations: u64) -> IterationCheckpoint {
         done: false,
         output: None,
         cost: None,
+        files: Default::default(),
     }
 }
 

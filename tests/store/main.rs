@@ -10,4 +10,5 @@ mod temp_files;
 mod api;
 mod crash_sequences;
 mod faults;
+mod files;
 mod power_loss;

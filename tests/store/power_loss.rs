@@ -17,6 +17,7 @@
 //! directory it did not create before writing into it, and the queue's directories at start
 //! (`remove_temp_files`).
 
+use std::collections::BTreeMap;
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
@@ -24,6 +25,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::temp_files::temp_files;
+use cairn::store::blobs::BlobStore;
 use cairn::store::{
     CheckpointStore, FaultMode, FaultyFileOps, FileOps, FileStorage, LoopCheckpointer,
     PowerLossFileOps, Storage, TempFile,
@@ -64,6 +66,8 @@ enum Skip {
     TempFileSync,
     /// The fdatasync of the commit log (reported as done, never run).
     LogSync,
+    /// The fsync of a blob's temp file, before its rename (reported as done, never run).
+    BlobSync,
 }
 
 /// How the writer commits its saves.
@@ -91,6 +95,9 @@ struct Checker {
     /// Before the restart, open each crash image with a replay that fails at each of its
     /// steps in turn (see [`Checker::failed_replays`]).
     failing_replay: bool,
+    /// The saves name a file (see [`model_after`]): every checkpoint in a crash image must
+    /// find its blobs, each holding what the checkpoint's iteration wrote.
+    files: bool,
 }
 
 impl Checker {
@@ -102,6 +109,7 @@ impl Checker {
             checked: AtomicU64::new(0),
             findings: Mutex::default(),
             failing_replay: false,
+            files: false,
         }
     }
 
@@ -112,7 +120,12 @@ impl Checker {
         model.crash_image(&image).unwrap();
         let committed = self.committed.load(Ordering::SeqCst);
         let attempted = self.attempted.load(Ordering::SeqCst);
-        if let Err(why) = restart_on(&image, committed, attempted) {
+        let files_checked = if self.files {
+            check_files(&image)
+        } else {
+            Ok(())
+        };
+        if let Err(why) = files_checked.and_then(|()| restart_on(&image, committed, attempted)) {
             self.findings.lock().unwrap().push(format!(
                 "power cut after step {n} ({step}), last committed iteration {committed}: {why}"
             ));
@@ -226,6 +239,50 @@ fn restart_on(root: &Path, committed: u64, attempted: u64) -> Result<(), String>
     Ok(())
 }
 
+/// The file iteration `i` leaves in the scratch directory: it changes every other iteration,
+/// so some saves name the blob of the one before.
+fn model_after(iteration: u64) -> Vec<u8> {
+    format!("model weights after iteration {}", iteration / 2 * 2).into_bytes()
+}
+
+/// Every checkpoint file in the crash image `root` that decodes finds the blob of each file
+/// it names, holding the bytes its iteration wrote.
+fn check_files(root: &Path) -> Result<(), String> {
+    use sha2::Digest;
+    let store = CheckpointStore::with_storage(Arc::new(FileStorage::new(root)));
+    for info in store.history(TASK).map_err(|e| format!("history: {e}"))? {
+        let Ok(cp) = store.generation(TASK, info.generation) else {
+            continue;
+        };
+        if cp.files.is_empty() {
+            continue;
+        }
+        let model = &cp.files["model"];
+        let want = model_after(cp.iteration_count);
+        let blob = root.join("blobs").join(&model.sha256);
+        let found = fs::read(&blob).map_err(|e| {
+            format!(
+                "generation {} (iteration {}) names blob {} which is lost: {e}",
+                info.generation, cp.iteration_count, model.sha256
+            )
+        })?;
+        let hash: String = sha2::Sha256::digest(&found)
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        if found != want || hash != model.sha256 {
+            return Err(format!(
+                "generation {} (iteration {}) finds other bytes in blob {} ({} bytes)",
+                info.generation,
+                cp.iteration_count,
+                model.sha256,
+                found.len()
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// The highest generation number among the task's checkpoint files.
 fn highest_generation(store: &CheckpointStore) -> Result<u64, String> {
     let history = store
@@ -277,6 +334,10 @@ impl FileOps for CutAfterEveryStep {
     }
 
     fn sync_file(&self, temp: &mut TempFile) -> io::Result<()> {
+        let blob = temp.path.parent().is_some_and(|dir| dir.ends_with("blobs"));
+        if self.skip == Skip::BlobSync && blob {
+            return self.then_cut("sync_file of a blob (skipped)", Ok(()));
+        }
         if self.skip == Skip::TempFileSync {
             return self.then_cut("sync_file (skipped)", Ok(()));
         }
@@ -348,6 +409,12 @@ fn simulate_commit(skip: Skip, before: u64, commit: Commit) -> Run {
 /// [`simulate_commit`]; with `failing_replay`, each crash image is first opened by a start
 /// whose replay fails (see [`Checker::failed_replays`]).
 fn simulate_with(skip: Skip, before: u64, commit: Commit, failing_replay: bool) -> Run {
+    simulate_run(skip, before, commit, failing_replay, false)
+}
+
+/// [`simulate_with`]; with `files`, each save also names a file (see [`model_after`]), stored
+/// through the same model, and the saves retire generations whose blobs are collected.
+fn simulate_run(skip: Skip, before: u64, commit: Commit, failing_replay: bool, files: bool) -> Run {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("queue");
     fs::create_dir(&root).unwrap();
@@ -359,9 +426,15 @@ fn simulate_with(skip: Skip, before: u64, commit: Commit, failing_replay: bool) 
         }
     }
 
+    // The blob directory and its lock exist before the simulation (a daemon makes them when
+    // it opens the queue); the scratch directory is outside the modelled tree.
+    let scratch = dir.path().join("scratch");
+    fs::create_dir(&scratch).unwrap();
+    drop(BlobStore::open(&root).unwrap());
     let model = Arc::new(PowerLossFileOps::new(&root).unwrap());
     let checker = Arc::new(Checker {
         failing_replay,
+        files,
         ..Checker::new(before)
     });
     checker.power_cut(&model, "before the first save");
@@ -370,13 +443,15 @@ fn simulate_with(skip: Skip, before: u64, commit: Commit, failing_replay: bool) 
         skip,
         checker: Arc::clone(&checker),
     });
+    let blobs = BlobStore::open_with(&root, Arc::clone(&ops) as _).unwrap();
     let storage = FileStorage::with_ops(&root, ops);
     let storage = match commit {
         Commit::Replace => storage,
         Commit::Log => storage.with_commit_log(CHECKPOINT_DIR).unwrap(),
     };
-    let store = CheckpointStore::with_storage(Arc::new(storage));
-    let mut checkpointer = LoopCheckpointer::new(store, TASK, SCOPE);
+    let store = CheckpointStore::with_storage(Arc::new(storage)).with_blobs(Arc::new(blobs));
+    let mut checkpointer = LoopCheckpointer::new(store, TASK, SCOPE).scratch(&scratch, None);
+    let named: BTreeMap<String, String> = [("model".to_string(), "model.bin".to_string())].into();
     let start = checkpointer
         .resume::<SumState>()
         .unwrap()
@@ -384,7 +459,13 @@ fn simulate_with(skip: Skip, before: u64, commit: Commit, failing_replay: bool) 
     assert_eq!(start, before);
     for i in start + 1..=start + SAVES {
         checker.attempted.store(i, Ordering::SeqCst);
-        assert!(checkpointer.checkpoint(i, &state_after(i)).unwrap());
+        if files {
+            fs::write(scratch.join("model.bin"), model_after(i)).unwrap();
+            let saved = checkpointer.checkpoint_with_files(i, &state_after(i), &named);
+            assert!(saved.unwrap());
+        } else {
+            assert!(checkpointer.checkpoint(i, &state_after(i)).unwrap());
+        }
         checker.committed.store(i, Ordering::SeqCst);
     }
     checker.power_cut(&model, "after the last save");
@@ -420,6 +501,35 @@ fn a_power_cut_after_any_step_keeps_the_last_committed_checkpoint() {
         // Each save is at least create_temp, write_all, sync_file, rename, sync_dir.
         assert!(run.checked > SAVES * 5, "only {} power cuts", run.checked);
     }
+}
+
+#[test]
+fn a_power_cut_at_any_step_of_saves_with_files_and_their_collection_loses_no_named_file() {
+    for commit in [Commit::Replace, Commit::Log] {
+        for before in [0, 4] {
+            let run = simulate_run(Skip::Nothing, before, commit, false, true);
+            assert!(
+                run.findings.is_empty(),
+                "{commit:?}, {before} before: {} of {} power cuts lose a file:\n{}",
+                run.findings.len(),
+                run.checked,
+                run.findings.join("\n")
+            );
+            assert!(run.checked > SAVES * 8, "only {} power cuts", run.checked);
+        }
+    }
+}
+
+#[test]
+fn the_check_finds_a_missing_blob_fsync() {
+    let run = simulate_run(Skip::BlobSync, 0, Commit::Replace, false, true);
+    assert!(
+        run.findings
+            .iter()
+            .any(|finding| finding.contains("finds other bytes in blob")),
+        "without the blob's fsync no power cut lost a file: {:?}",
+        run.findings
+    );
 }
 
 #[test]
