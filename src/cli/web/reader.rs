@@ -1,19 +1,25 @@
-//! The dashboard's reads of the queue, on one thread of their own: the status document is
-//! read at most once a second whatever the number of requests (every request within a second
-//! of the last read shares it), and a slow disk or database holds up only this thread, never
-//! the daemon's. The documents are those of `cairn status --json` and `cairn show --json`,
+//! The dashboard's reads of the queue, on one thread of their own, so that a slow disk or
+//! database holds up only this thread, never the daemon's.
+//!
+//! The status document is kept, not read per request: the thread keeps every task's view
+//! ([`StatusCache`], for a queue directory) and refreshes the document at most once a second
+//! while someone watches (a request came within [`WATCHED_FOR`]), reading again only what
+//! changed. Requests are answered from the latest document ([`Snapshot`]), so ten browsers
+//! cost the same as one; one older than [`SERVE_FOR`] (nobody watched for a while) is
+//! refreshed first. The documents are those of `cairn status --json` and `cairn show --json`,
 //! with every task's `env` values hidden.
 
 use std::io::{Read, Seek, SeekFrom};
 use std::path::PathBuf;
-use std::sync::mpsc;
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 use tokio::sync::oneshot;
 
 use crate::cli::source::Source;
-use crate::queue::{LoadOptions, QueueReader};
+use crate::queue::{LoadOptions, QueueReader, StatusCache};
 use crate::task_id::TaskId;
 
 /// Where the dashboard reads: a queue directory, or a shared queue's database.
@@ -23,8 +29,14 @@ pub struct ReadSource {
     pub db: Option<String>,
 }
 
-/// How long a status document is served again before the queue is read anew.
-const STATUS_FRESH_FOR: Duration = Duration::from_secs(1);
+/// How old the document may be before the thread, while someone watches, refreshes it.
+const REFRESH_EVERY: Duration = Duration::from_secs(1);
+
+/// How long after the last request the thread keeps the document fresh.
+const WATCHED_FOR: Duration = Duration::from_secs(10);
+
+/// How old a document a request is answered with; older, it is refreshed first.
+const SERVE_FOR: Duration = Duration::from_secs(3);
 
 /// The bytes of each phase log's tail the task page shows.
 const LOG_TAIL_BYTES: u64 = 16 * 1024;
@@ -32,69 +44,115 @@ const LOG_TAIL_BYTES: u64 = 16 * 1024;
 /// The rejected files the first screen lists.
 const RECENT_REJECTED: usize = 10;
 
+/// The status document of one moment, shared by every request until the next refresh.
+#[derive(Debug)]
+pub struct Snapshot {
+    pub at: Instant,
+    pub document: Result<Value, String>,
+    /// The whole document as text, made once, when first asked for.
+    text: OnceLock<String>,
+}
+
+impl Snapshot {
+    /// The whole document as text (the same for every request of this moment).
+    pub fn text(&self) -> Result<&str, String> {
+        let document = self.document.as_ref().map_err(Clone::clone)?;
+        Ok(self.text.get_or_init(|| document.to_string()))
+    }
+}
+
 enum Job {
-    Status(oneshot::Sender<Result<String, String>>),
-    /// The status read now, not a second old: what a bulk action acts on.
-    FreshStatus(oneshot::Sender<Result<String, String>>),
+    /// Refresh if the document is older than a second (`now`: whatever its age) and answer.
+    Refresh {
+        now: bool,
+        answer: oneshot::Sender<Arc<Snapshot>>,
+    },
     Task(String, oneshot::Sender<Result<Option<String>, String>>),
-    QueueMetrics(oneshot::Sender<Result<String, String>>),
+}
+
+/// What the thread and the requests share: the latest document, and when it was last wanted.
+#[derive(Debug, Default)]
+struct Shared {
+    latest: Mutex<Option<Arc<Snapshot>>>,
+    wanted: Mutex<Option<Instant>>,
+}
+
+impl Shared {
+    fn latest(&self) -> Option<Arc<Snapshot>> {
+        self.latest
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    fn watched(&self) -> bool {
+        let wanted = *self.wanted.lock().unwrap_or_else(|p| p.into_inner());
+        wanted.is_some_and(|at| at.elapsed() < WATCHED_FOR)
+    }
 }
 
 /// The handle requests send their reads through.
 #[derive(Clone)]
 pub struct Reader {
     jobs: mpsc::Sender<Job>,
+    shared: Arc<Shared>,
 }
 
 impl Reader {
     /// Start the reading thread; it opens the source itself (a database reader runs a
-    /// runtime of its own, which must not start inside the listener's).
+    /// runtime of its own, which must not start inside the listener's) and reads the status
+    /// once, so that the first screen finds the views kept.
     pub fn start(source: ReadSource) -> Reader {
         let (jobs, receive) = mpsc::channel();
+        let shared = Arc::new(Shared::default());
+        let thread_shared = Arc::clone(&shared);
         let spawned = std::thread::Builder::new()
             .name("cairn-web-reader".into())
-            .spawn(move || serve_reads(source, receive));
+            .spawn(move || serve_reads(source, receive, &thread_shared));
         if let Err(e) = spawned {
             tracing::error!("cannot start the dashboard's reader thread: {e}");
         }
-        Reader { jobs }
+        Reader { jobs, shared }
     }
 
-    async fn ask<T>(
-        &self,
-        job: impl FnOnce(oneshot::Sender<Result<T, String>>) -> Job,
-    ) -> Result<T, String> {
-        let (answer, answered) = oneshot::channel();
+    fn send(&self, job: Job) -> Result<(), String> {
         self.jobs
-            .send(job(answer))
-            .map_err(|_| "the dashboard's reader is gone".to_string())?;
+            .send(job)
+            .map_err(|_| "the dashboard's reader is gone".to_string())
+    }
+
+    /// The latest status document: at most [`SERVE_FOR`] old, else refreshed first.
+    pub async fn snapshot(&self) -> Result<Arc<Snapshot>, String> {
+        *self.shared.wanted.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
+        if let Some(latest) = self.shared.latest().filter(|s| s.at.elapsed() < SERVE_FOR) {
+            return Ok(latest);
+        }
+        let (answer, answered) = oneshot::channel();
+        self.send(Job::Refresh { now: false, answer })?;
         answered
             .await
-            .map_err(|_| "the dashboard's reader is gone".to_string())?
-    }
-
-    /// The `cairn status --json` document (the 10 most recent rejections included).
-    pub async fn status(&self) -> Result<String, String> {
-        self.ask(Job::Status).await
+            .map_err(|_| "the dashboard's reader is gone".to_string())
     }
 
     /// The `cairn show --json` document of a task, with its checkpoint generations, its latest
     /// checkpoint decoded and the tail of each phase log (a queue directory's).
     pub async fn task(&self, id: String) -> Result<Option<String>, String> {
-        self.ask(|answer| Job::Task(id, answer)).await
+        let (answer, answered) = oneshot::channel();
+        self.send(Job::Task(id, answer))?;
+        answered
+            .await
+            .map_err(|_| "the dashboard's reader is gone".to_string())?
     }
 
-    /// The ids of the tasks of a fresh status document that `select` picks (from a thread
-    /// outside the runtime).
+    /// The ids of the tasks of a status document read now that `select` picks (from a thread
+    /// outside the runtime): what a bulk action acts on.
     pub fn blocking_ids(&self, select: impl Fn(&Value) -> bool) -> Result<Vec<String>, String> {
         let (answer, answered) = oneshot::channel();
-        self.jobs
-            .send(Job::FreshStatus(answer))
-            .map_err(|_| "the dashboard's reader is gone".to_string())?;
-        let text = answered
+        self.send(Job::Refresh { now: true, answer })?;
+        let snapshot = answered
             .blocking_recv()
-            .map_err(|_| "the dashboard's reader is gone".to_string())??;
-        let document: Value = serde_json::from_str(&text).map_err(|e| e.to_string())?;
+            .map_err(|_| "the dashboard's reader is gone".to_string())?;
+        let document = snapshot.document.as_ref().map_err(Clone::clone)?;
         Ok(document["tasks"]
             .as_array()
             .into_iter()
@@ -103,87 +161,74 @@ impl Reader {
             .filter_map(|task| task["id"].as_str().map(str::to_string))
             .collect())
     }
-
-    /// `cairn serve`'s metrics: the queue's tasks by state.
-    pub async fn queue_metrics(&self) -> Result<String, String> {
-        self.ask(Job::QueueMetrics).await
-    }
 }
 
-fn serve_reads(source: ReadSource, jobs: mpsc::Receiver<Job>) {
-    let opened = open(&source);
-    let mut cached: Option<(Instant, Result<String, String>, Value)> = None;
-    for job in jobs {
-        let opened = match &opened {
-            Ok(opened) => opened,
-            Err(e) => {
-                let e = e.clone();
-                match job {
-                    Job::Status(answer) | Job::FreshStatus(answer) | Job::QueueMetrics(answer) => {
-                        let _ = answer.send(Err(e));
-                    }
-                    Job::Task(_, answer) => {
-                        let _ = answer.send(Err(e));
-                    }
-                }
-                continue;
-            }
+/// The thread: answer jobs, and keep the document fresh while someone watches.
+fn serve_reads(source: ReadSource, jobs: mpsc::Receiver<Job>, shared: &Shared) {
+    let opened = Source::open_at(&source.queue, source.db.as_deref()).map_err(|e| e.message());
+    let mut cache = StatusCache::new();
+    let mut refresh = |shared: &Shared| {
+        let document = match &opened {
+            Ok(source) => read_status(source, &mut cache),
+            Err(e) => Err(e.clone()),
         };
-        match job {
-            Job::Status(answer) => {
-                let (_, text, _) = fresh_status(opened, &mut cached);
-                let _ = answer.send(text.clone());
+        let snapshot = Arc::new(Snapshot {
+            at: Instant::now(),
+            document,
+            text: OnceLock::new(),
+        });
+        *shared.latest.lock().unwrap_or_else(|p| p.into_inner()) = Some(Arc::clone(&snapshot));
+        snapshot
+    };
+    refresh(shared);
+    loop {
+        match jobs.recv_timeout(REFRESH_EVERY) {
+            Ok(Job::Refresh { now, answer }) => {
+                let latest = match shared.latest() {
+                    Some(latest) if !now && latest.at.elapsed() < REFRESH_EVERY => latest,
+                    _ => refresh(shared),
+                };
+                let _ = answer.send(latest);
             }
-            Job::FreshStatus(answer) => {
-                cached = None;
-                let (_, text, _) = fresh_status(opened, &mut cached);
-                let _ = answer.send(text.clone());
+            Ok(Job::Task(id, answer)) => {
+                let document = match &opened {
+                    Ok(source) => task_document(source, &id),
+                    Err(e) => Err(e.clone()),
+                };
+                let _ = answer.send(document);
             }
-            Job::QueueMetrics(answer) => {
-                let (_, _, document) = fresh_status(opened, &mut cached);
-                let _ = answer.send(Ok(super::queue_metrics::render(document)));
+            Err(RecvTimeoutError::Timeout) => {
+                let stale = shared
+                    .latest()
+                    .is_none_or(|s| s.at.elapsed() >= REFRESH_EVERY);
+                if stale && shared.watched() {
+                    refresh(shared);
+                }
             }
-            Job::Task(id, answer) => {
-                let _ = answer.send(task_document(opened, &id));
-            }
+            Err(RecvTimeoutError::Disconnected) => return,
         }
     }
 }
 
-fn open(source: &ReadSource) -> Result<Source, String> {
-    Source::open_at(&source.queue, source.db.as_deref()).map_err(|e| e.message())
-}
-
-/// The status document, read again when older than [`STATUS_FRESH_FOR`].
-fn fresh_status<'a>(
-    source: &Source,
-    cached: &'a mut Option<(Instant, Result<String, String>, Value)>,
-) -> &'a (Instant, Result<String, String>, Value) {
-    let stale = cached
-        .as_ref()
-        .is_none_or(|(at, _, _)| at.elapsed() >= STATUS_FRESH_FOR);
-    if stale {
-        let options = LoadOptions {
-            rejected: RECENT_REJECTED,
-        };
-        let read = source.status(options).map(|view| {
-            let mut document = crate::cli::status::to_json(&view);
-            // The page shows cost against budget.
-            if let Some(tasks) = document["tasks"].as_array_mut() {
-                for (json, task) in tasks.iter_mut().zip(&view.tasks) {
-                    let budget = task.task.as_ref().and_then(|t| t.budget.as_ref());
-                    json["budget"] = json!(budget.map(|b| b.max_cost));
-                }
-            }
-            hide_env_values(&mut document);
-            document
-        });
-        *cached = Some(match read {
-            Ok(document) => (Instant::now(), Ok(document.to_string()), document),
-            Err(e) => (Instant::now(), Err(e.message()), Value::Null),
-        });
+/// The status document now: a queue directory's from the views kept, a database's read.
+fn read_status(source: &Source, cache: &mut StatusCache) -> Result<Value, String> {
+    let options = LoadOptions {
+        rejected: RECENT_REJECTED,
+    };
+    let view = match source.files() {
+        Some(reader) => cache.status(reader, options),
+        None => source.status(options).map_err(|e| e.message())?,
+    };
+    let mut document = crate::cli::status::to_json(&view);
+    // The page shows cost against budget.
+    if let Some(tasks) = document["tasks"].as_array_mut() {
+        for (json, task) in tasks.iter_mut().zip(&view.tasks) {
+            let budget = task.task.as_ref().and_then(|t| t.budget.as_ref());
+            json["budget"] = json!(budget.map(|b| b.max_cost));
+        }
     }
-    cached.as_ref().expect("filled above")
+    hide_env_values(&mut document);
+    Ok(document)
 }
 
 fn task_document(source: &Source, id: &str) -> Result<Option<String>, String> {
