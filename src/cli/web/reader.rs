@@ -1,7 +1,7 @@
-//! The dashboard's reads of the queue, on one thread of their own, so that a slow disk or
-//! database holds up only this thread, never the daemon's.
+//! The dashboard's reads of the queue, on threads of their own, so that a slow disk or
+//! database holds up only them, never the daemon's thread.
 //!
-//! The status document is kept, not read per request: the thread keeps every task's view
+//! The status document is kept, not read per request: a thread keeps every task's view
 //! ([`StatusCache`], for a queue directory) and refreshes the document at most once a second
 //! while someone watches (a request came within [`WATCHED_FOR`]), reading again only what
 //! changed. Requests are answered from the latest document ([`Snapshot`]), so ten browsers
@@ -32,6 +32,9 @@ pub struct ReadSource {
 /// How old the document may be before the thread, while someone watches, refreshes it.
 const REFRESH_EVERY: Duration = Duration::from_secs(1);
 
+/// How many times as long as a refresh took the thread waits before the next.
+const IDLE_SHARE: u32 = 4;
+
 /// How long after the last request the thread keeps the document fresh.
 const WATCHED_FOR: Duration = Duration::from_secs(10);
 
@@ -61,14 +64,14 @@ impl Snapshot {
     }
 }
 
-enum Job {
-    /// Refresh if the document is older than a second (`now`: whatever its age) and answer.
-    Refresh {
-        now: bool,
-        answer: oneshot::Sender<Arc<Snapshot>>,
-    },
-    Task(String, oneshot::Sender<Result<Option<String>, String>>),
+/// Refresh the status document if older than a second (`now`: whatever its age), and answer.
+struct Refresh {
+    now: bool,
+    answer: oneshot::Sender<Arc<Snapshot>>,
 }
+
+/// A task's document.
+struct TaskJob(String, oneshot::Sender<Result<Option<String>, String>>);
 
 /// What the thread and the requests share: the latest document, and when it was last wanted.
 #[derive(Debug, Default)]
@@ -94,31 +97,49 @@ impl Shared {
 /// The handle requests send their reads through.
 #[derive(Clone)]
 pub struct Reader {
-    jobs: mpsc::Sender<Job>,
+    refreshes: mpsc::Sender<Refresh>,
+    tasks: mpsc::Sender<TaskJob>,
     shared: Arc<Shared>,
 }
 
 impl Reader {
-    /// Start the reading thread; it opens the source itself (a database reader runs a
-    /// runtime of its own, which must not start inside the listener's) and reads the status
-    /// once, so that the first screen finds the views kept.
+    /// Start the reading threads, one keeping the status document and one reading task
+    /// pages (a task page does not wait for a refresh). Each opens the source itself (a
+    /// database reader runs a runtime of its own, which must not start inside the
+    /// listener's); the status thread reads the status once at its start, so that the first
+    /// screen finds the views kept.
     pub fn start(source: ReadSource) -> Reader {
-        let (jobs, receive) = mpsc::channel();
+        let (refreshes, refresh_jobs) = mpsc::channel();
+        let (tasks, task_jobs) = mpsc::channel();
         let shared = Arc::new(Shared::default());
         let thread_shared = Arc::clone(&shared);
-        let spawned = std::thread::Builder::new()
-            .name("cairn-web-reader".into())
-            .spawn(move || serve_reads(source, receive, &thread_shared));
-        if let Err(e) = spawned {
-            tracing::error!("cannot start the dashboard's reader thread: {e}");
+        let status_source = source.clone();
+        let threads = [
+            std::thread::Builder::new()
+                .name("cairn-web-status".into())
+                .spawn(move || keep_status(status_source, refresh_jobs, &thread_shared)),
+            std::thread::Builder::new()
+                .name("cairn-web-tasks".into())
+                .spawn(move || read_tasks(source, task_jobs)),
+        ];
+        for spawned in threads {
+            if let Err(e) = spawned {
+                tracing::error!("cannot start a thread of the dashboard's reader: {e}");
+            }
         }
-        Reader { jobs, shared }
+        Reader {
+            refreshes,
+            tasks,
+            shared,
+        }
     }
 
-    fn send(&self, job: Job) -> Result<(), String> {
-        self.jobs
-            .send(job)
-            .map_err(|_| "the dashboard's reader is gone".to_string())
+    fn refresh(&self, now: bool) -> Result<oneshot::Receiver<Arc<Snapshot>>, String> {
+        let (answer, answered) = oneshot::channel();
+        self.refreshes
+            .send(Refresh { now, answer })
+            .map_err(|_| "the dashboard's reader is gone".to_string())?;
+        Ok(answered)
     }
 
     /// The latest status document: at most [`SERVE_FOR`] old, else refreshed first.
@@ -127,9 +148,7 @@ impl Reader {
         if let Some(latest) = self.shared.latest().filter(|s| s.at.elapsed() < SERVE_FOR) {
             return Ok(latest);
         }
-        let (answer, answered) = oneshot::channel();
-        self.send(Job::Refresh { now: false, answer })?;
-        answered
+        self.refresh(false)?
             .await
             .map_err(|_| "the dashboard's reader is gone".to_string())
     }
@@ -138,7 +157,9 @@ impl Reader {
     /// checkpoint decoded and the tail of each phase log (a queue directory's).
     pub async fn task(&self, id: String) -> Result<Option<String>, String> {
         let (answer, answered) = oneshot::channel();
-        self.send(Job::Task(id, answer))?;
+        self.tasks
+            .send(TaskJob(id, answer))
+            .map_err(|_| "the dashboard's reader is gone".to_string())?;
         answered
             .await
             .map_err(|_| "the dashboard's reader is gone".to_string())?
@@ -147,9 +168,8 @@ impl Reader {
     /// The ids of the tasks of a status document read now that `select` picks (from a thread
     /// outside the runtime): what a bulk action acts on.
     pub fn blocking_ids(&self, select: impl Fn(&Value) -> bool) -> Result<Vec<String>, String> {
-        let (answer, answered) = oneshot::channel();
-        self.send(Job::Refresh { now: true, answer })?;
-        let snapshot = answered
+        let snapshot = self
+            .refresh(true)?
             .blocking_recv()
             .map_err(|_| "the dashboard's reader is gone".to_string())?;
         let document = snapshot.document.as_ref().map_err(Clone::clone)?;
@@ -163,15 +183,21 @@ impl Reader {
     }
 }
 
-/// The thread: answer jobs, and keep the document fresh while someone watches.
-fn serve_reads(source: ReadSource, jobs: mpsc::Receiver<Job>, shared: &Shared) {
-    let opened = Source::open_at(&source.queue, source.db.as_deref()).map_err(|e| e.message());
+/// The status thread: keep the document fresh while someone watches, and answer refreshes.
+/// A refresh waits at least [`REFRESH_EVERY`], and [`IDLE_SHARE`] times as long as the last
+/// one took, after it: on a large queue or a slow disk the thread takes a bounded share of a
+/// core from the daemon.
+fn keep_status(source: ReadSource, jobs: mpsc::Receiver<Refresh>, shared: &Shared) {
+    let opened = open(&source);
     let mut cache = StatusCache::new();
-    let mut refresh = |shared: &Shared| {
+    let mut pause = REFRESH_EVERY;
+    let mut refresh = |shared: &Shared, pause: &mut Duration| {
+        let started = Instant::now();
         let document = match &opened {
             Ok(source) => read_status(source, &mut cache),
             Err(e) => Err(e.clone()),
         };
+        *pause = REFRESH_EVERY.max(started.elapsed() * IDLE_SHARE);
         let snapshot = Arc::new(Snapshot {
             at: Instant::now(),
             document,
@@ -180,34 +206,41 @@ fn serve_reads(source: ReadSource, jobs: mpsc::Receiver<Job>, shared: &Shared) {
         *shared.latest.lock().unwrap_or_else(|p| p.into_inner()) = Some(Arc::clone(&snapshot));
         snapshot
     };
-    refresh(shared);
+    refresh(shared, &mut pause);
     loop {
-        match jobs.recv_timeout(REFRESH_EVERY) {
-            Ok(Job::Refresh { now, answer }) => {
+        match jobs.recv_timeout(pause) {
+            Ok(Refresh { now, answer }) => {
                 let latest = match shared.latest() {
-                    Some(latest) if !now && latest.at.elapsed() < REFRESH_EVERY => latest,
-                    _ => refresh(shared),
+                    Some(latest) if !now && latest.at.elapsed() < pause => latest,
+                    _ => refresh(shared, &mut pause),
                 };
                 let _ = answer.send(latest);
             }
-            Ok(Job::Task(id, answer)) => {
-                let document = match &opened {
-                    Ok(source) => task_document(source, &id),
-                    Err(e) => Err(e.clone()),
-                };
-                let _ = answer.send(document);
-            }
             Err(RecvTimeoutError::Timeout) => {
-                let stale = shared
-                    .latest()
-                    .is_none_or(|s| s.at.elapsed() >= REFRESH_EVERY);
+                let stale = shared.latest().is_none_or(|s| s.at.elapsed() >= pause);
                 if stale && shared.watched() {
-                    refresh(shared);
+                    refresh(shared, &mut pause);
                 }
             }
             Err(RecvTimeoutError::Disconnected) => return,
         }
     }
+}
+
+/// The task thread: each task page's document, read when asked.
+fn read_tasks(source: ReadSource, jobs: mpsc::Receiver<TaskJob>) {
+    let opened = open(&source);
+    for TaskJob(id, answer) in jobs {
+        let document = match &opened {
+            Ok(source) => task_document(source, &id),
+            Err(e) => Err(e.clone()),
+        };
+        let _ = answer.send(document);
+    }
+}
+
+fn open(source: &ReadSource) -> Result<Source, String> {
+    Source::open_at(&source.queue, source.db.as_deref()).map_err(|e| e.message())
 }
 
 /// The status document now: a queue directory's from the views kept, a database's read.
@@ -243,9 +276,14 @@ fn task_document(source: &Source, id: &str) -> Result<Option<String>, String> {
         return Ok(None);
     }
     let mut document = crate::cli::show::json_document(source, &id).map_err(|e| e.message())?;
-    if let Some(reader) = source.files() {
-        document["checkpoints"] = checkpoints(reader, &id);
-        document["log_tails"] = log_tails(reader, &id);
+    match source {
+        Source::Files(reader) => {
+            document["checkpoints"] = checkpoints(reader, &id);
+            document["log_tails"] = log_tails(reader, &id);
+        }
+        // The logs stay on the host that ran the task.
+        #[cfg(feature = "postgres")]
+        Source::Database(db) => document["checkpoints"] = database_checkpoints(db, &id),
     }
     hide_env_values(&mut document);
     Ok(Some(document.to_string()))
@@ -258,17 +296,39 @@ fn checkpoints(reader: &QueueReader, id: &TaskId) -> Value {
         Err(e) => json!({ "unreadable": e.to_string() }),
     };
     let latest = match reader.latest_checkpoint(id.as_str()) {
-        Ok(Some(loaded)) => json!({
-            "key": loaded.key,
-            "phase": loaded.checkpoint.phase,
-            "iteration_count": loaded.checkpoint.iteration_count,
-            "last_checkpoint_at": loaded.checkpoint.last_checkpoint_at,
-            "state": loaded.checkpoint.partial_results,
-        }),
+        Ok(Some(loaded)) => latest_json(&loaded),
         Ok(None) => Value::Null,
         Err(e) => json!({ "unreadable": e.to_string() }),
     };
     json!({ "generations": generations, "latest": latest })
+}
+
+/// A shared queue's checkpoint generations of the task and its newest that decodes.
+#[cfg(feature = "postgres")]
+fn database_checkpoints(db: &crate::cli::source::PgReader, id: &TaskId) -> Value {
+    let generations = match db.history(id.as_str()) {
+        Ok(generations) => json!(generations
+            .into_iter()
+            .map(|(info, _)| info)
+            .collect::<Vec<_>>()),
+        Err(e) => json!({ "unreadable": e.to_string() }),
+    };
+    let latest = match db.latest_checkpoint(id.as_str()) {
+        Ok(Some(loaded)) => latest_json(&loaded),
+        Ok(None) => Value::Null,
+        Err(e) => json!({ "unreadable": e.to_string() }),
+    };
+    json!({ "generations": generations, "latest": latest })
+}
+
+fn latest_json(loaded: &crate::store::LoadedCheckpoint) -> Value {
+    json!({
+        "key": loaded.key,
+        "phase": loaded.checkpoint.phase,
+        "iteration_count": loaded.checkpoint.iteration_count,
+        "last_checkpoint_at": loaded.checkpoint.last_checkpoint_at,
+        "state": loaded.checkpoint.partial_results,
+    })
 }
 
 /// The last [`LOG_TAIL_BYTES`] of each phase log of the task, by file name.
