@@ -146,13 +146,19 @@ fn readyz_waits_for_the_shared_queue_and_serve_shows_every_nodes_tasks() {
     }
 }
 
-/// A task's state in the shared queue, as its row holds it.
+/// A task's state in the shared queue, as its row holds it (on a thread of its own: the
+/// browser's steps call it from inside their runtime).
 fn db_state(url: &str, id: &str) -> Option<String> {
-    query_texts(url, "SELECT state FROM cairn_tasks WHERE id = $1", &[id])
-        .into_iter()
-        .next()?
-        .into_iter()
-        .next()?
+    let (url, id) = (url.to_string(), id.to_string());
+    std::thread::spawn(move || {
+        query_texts(&url, "SELECT state FROM cairn_tasks WHERE id = $1", &[&id])
+            .into_iter()
+            .next()?
+            .into_iter()
+            .next()?
+    })
+    .join()
+    .expect("the query's thread")
 }
 
 #[test]
