@@ -1,24 +1,41 @@
-//! `cairn bench web`: what the HTTP listener answers in, with many tasks in the queue. A real
-//! daemon (`cairn run --listen`) holds `--tasks` tasks, one running and the rest pending; the
-//! benchmark times the dashboard's first screen (the page and the status document it fetches,
-//! read afresh) and `/metrics`, and prints one JSON line. No figure is asserted anywhere.
+//! `cairn bench web`: what the HTTP listener answers in, with many tasks in the queue, and
+//! what it costs the daemon. A real daemon (`cairn run --listen`) holds `--tasks` tasks, one
+//! running and the rest pending; the benchmark times the dashboard's first screen (the page
+//! and the one page of the table it fetches), the whole status document, `/metrics` and a
+//! task's page, beside a reference taken in the same run: `cairn status --json`, which reads
+//! every task's files. Then it runs a task of `--iterations` checkpointed iterations on the
+//! same queue, by turns with the listener off and on (polled as a browser polls it), and
+//! gives each run's checkpoints per second. It prints one JSON line; no figure is asserted.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::path::Path;
-use std::process::{Command, Stdio};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use serde_json::{json, Value};
+
+use crate::queue::{QueueDir, QueueReader};
+use crate::store::events::Event;
+use crate::store::journal;
 
 /// Options of `cairn bench web`.
 #[derive(Debug, Clone)]
 pub struct WebOptions {
     pub tasks: usize,
     pub rounds: usize,
-    pub dir: std::path::PathBuf,
+    /// Iterations of each throughput run (0: no throughput runs).
+    pub iterations: u64,
+    /// Throughput runs with the listener off, and as many with it on, by turns.
+    pub pairs: usize,
+    pub dir: PathBuf,
 }
+
+/// The rows the dashboard's first screen asks for (as `assets/app.js` does).
+const FIRST_SCREEN: &str = "/api/status?offset=0&limit=200";
 
 /// Run the benchmark: one JSON line on stdout.
 pub fn run(options: &WebOptions) -> anyhow::Result<Value> {
@@ -35,7 +52,7 @@ pub fn run(options: &WebOptions) -> anyhow::Result<Value> {
 
 fn measure(dir: &Path, options: &WebOptions) -> anyhow::Result<Value> {
     let queue = dir.join("queue");
-    let inbox = crate::queue::QueueDir::new(&queue).inbox();
+    let inbox = QueueDir::new(&queue).inbox();
     std::fs::create_dir_all(&inbox)?;
     for n in 0..options.tasks {
         let task = json!({
@@ -44,91 +61,319 @@ fn measure(dir: &Path, options: &WebOptions) -> anyhow::Result<Value> {
         });
         std::fs::write(inbox.join(format!("t{n:05}.json")), task.to_string())?;
     }
-    let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-    let addr: SocketAddr = format!("127.0.0.1:{port}").parse()?;
+    let runs = throughput_runs(options);
+    let daemon = Daemon::start(dir, &queue, 1, true)?;
+    let figures = daemon
+        .taken_in(options.tasks)
+        .and_then(|()| screens(&daemon, options))
+        .and_then(|figures| {
+            // The first run's task waits, first in line, for the daemon that runs it.
+            if let Some((id, _)) = runs.first() {
+                daemon.submit_spin(id, options.iterations)?;
+            }
+            Ok(figures)
+        });
+    daemon.stop();
+    let mut figures = figures?;
+    figures["status_cli_ms"] = json!(status_cli_ms(&queue, options.rounds)?);
+    figures["throughput"] = throughput(dir, &queue, options, &runs)?;
+    Ok(figures)
+}
+
+/// The throughput runs: a task id each, and whether the listener is on, by turns.
+fn throughput_runs(options: &WebOptions) -> Vec<(String, bool)> {
+    if options.iterations == 0 {
+        return Vec::new();
+    }
+    (0..options.pairs)
+        .flat_map(|pair| {
+            [false, true].map(|on| (format!("spin-{pair}-{}", if on { "on" } else { "off" }), on))
+        })
+        .collect()
+}
+
+/// The listener's figures, each request timed `rounds` times.
+fn screens(daemon: &Daemon, options: &WebOptions) -> anyhow::Result<Value> {
+    let addr = daemon.listen.context("the daemon listens")?;
+    let (mut first_screen, mut whole, mut metrics, mut task) = (vec![], vec![], vec![], vec![]);
+    let mut status_bytes = 0;
+    for _ in 0..options.rounds.max(1) {
+        // Past a second: the listener refreshes its document in between.
+        std::thread::sleep(Duration::from_millis(1100));
+        first_screen.push(timed(|| {
+            get(addr, "/")?;
+            get(addr, FIRST_SCREEN)
+        })?);
+        let started = Instant::now();
+        status_bytes = get(addr, "/api/status")?.len();
+        whole.push(started.elapsed());
+        metrics.push(timed(|| get(addr, "/metrics"))?);
+        task.push(timed(|| {
+            get(addr, "/task/t00000")?;
+            get(addr, "/api/task/t00000")
+        })?);
+    }
+    Ok(json!({
+        "bench": "web",
+        "tasks": options.tasks,
+        "rounds": first_screen.len(),
+        "status_bytes": status_bytes,
+        "first_screen_ms_p50": median_ms(&mut first_screen),
+        "first_screen_ms_max": max_ms(&first_screen),
+        "status_document_ms_p50": median_ms(&mut whole),
+        "metrics_ms_p50": median_ms(&mut metrics),
+        "metrics_ms_max": max_ms(&metrics),
+        "task_page_ms_p50": median_ms(&mut task),
+    }))
+}
+
+/// The reference: `cairn status --json`, which reads every task's files, the daemon stopped.
+fn status_cli_ms(queue: &Path, rounds: usize) -> anyhow::Result<f64> {
     let exe = std::env::current_exe().context("finding the cairn binary")?;
-    let stderr = std::fs::File::create(dir.join("daemon.stderr"))?;
-    let mut daemon = Command::new(exe)
-        .arg("--queue")
-        .arg(&queue)
-        .args([
+    let mut times = Vec::new();
+    for _ in 0..rounds.max(1) {
+        let started = Instant::now();
+        let out = Command::new(&exe)
+            .arg("--queue")
+            .arg(queue)
+            .args(["status", "--json"])
+            .stderr(Stdio::null())
+            .output()
+            .context("running cairn status --json")?;
+        if !out.status.success() {
+            bail!("cairn status --json failed: {}", out.status);
+        }
+        times.push(started.elapsed());
+    }
+    Ok(median_ms(&mut times))
+}
+
+/// Checkpoints per second of a task run alone with the listener off, then on and polled, by
+/// turns on the same queue.
+fn throughput(
+    dir: &Path,
+    queue: &Path,
+    options: &WebOptions,
+    runs: &[(String, bool)],
+) -> anyhow::Result<Value> {
+    if runs.is_empty() {
+        return Ok(Value::Null);
+    }
+    let (mut off, mut on) = (Vec::new(), Vec::new());
+    for (n, (id, listen)) in runs.iter().enumerate() {
+        let next = runs.get(n + 1).map(|(next, _)| next.as_str());
+        let rate = spin(dir, queue, id, *listen, next, options.iterations)?;
+        if *listen { &mut on } else { &mut off }.push(rate);
+    }
+    Ok(json!({
+        "iterations": options.iterations,
+        "checkpoints_per_s_listener_off": off,
+        "checkpoints_per_s_listener_on": on,
+    }))
+}
+
+/// One throughput run of the task `id` (accepted, first in line); once it is done, the
+/// `next` one is submitted while every slot is taken, so that it waits for the next daemon.
+fn spin(
+    dir: &Path,
+    queue: &Path,
+    id: &str,
+    listen: bool,
+    next: Option<&str>,
+    iterations: u64,
+) -> anyhow::Result<f64> {
+    // A slot for it beside the tasks in flight, which the daemon resumes first.
+    let in_flight = QueueReader::open(queue)
+        .current_work()
+        .map(|work| work.active_tasks.len())
+        .unwrap_or(0);
+    let daemon = Daemon::start(dir, queue, in_flight + 1, listen)?;
+    let watching = Arc::new(AtomicBool::new(true));
+    let watcher = daemon.listen.map(|addr| {
+        let watching = Arc::clone(&watching);
+        std::thread::spawn(move || {
+            while watching.load(Ordering::Relaxed) {
+                let _ = get(addr, "/").and_then(|_| get(addr, FIRST_SCREEN));
+                let _ = get(addr, "/metrics");
+                std::thread::sleep(Duration::from_secs(1));
+            }
+        })
+    });
+    let finished = daemon.wait_done(id);
+    watching.store(false, Ordering::Relaxed);
+    if let Some(watcher) = watcher {
+        let _ = watcher.join();
+    }
+    let finished = finished.and_then(|()| match next {
+        Some(next) => daemon.submit_spin(next, iterations),
+        None => Ok(()),
+    });
+    daemon.stop();
+    finished?;
+    checkpoint_rate(queue, id)
+}
+
+/// Checkpoints per second of a task, from its journal: between its first and last checkpoint.
+fn checkpoint_rate(queue: &Path, id: &str) -> anyhow::Result<f64> {
+    let events = journal::read(queue, id).with_context(|| format!("reading {id}'s journal"))?;
+    let at: Vec<_> = events
+        .iter()
+        .filter(|e| matches!(e.event, Event::Checkpoint { .. }))
+        .map(|e| e.at)
+        .collect();
+    let (Some(first), Some(last)) = (at.first(), at.last()) else {
+        bail!("{id} wrote no checkpoint");
+    };
+    let seconds = (*last - *first).num_microseconds().unwrap_or(0) as f64 / 1e6;
+    Ok(round(if seconds > 0.0 {
+        (at.len() - 1) as f64 / seconds
+    } else {
+        0.0
+    }))
+}
+
+/// A `cairn run` of the benchmark's queue, with its listener or without.
+struct Daemon {
+    child: std::cell::RefCell<Child>,
+    queue: PathBuf,
+    listen: Option<SocketAddr>,
+}
+
+impl Daemon {
+    fn start(dir: &Path, queue: &Path, max_tasks: usize, listen: bool) -> anyhow::Result<Daemon> {
+        let exe = std::env::current_exe().context("finding the cairn binary")?;
+        let mut command = Command::new(exe);
+        command.arg("--queue").arg(queue).args([
             "run",
             "--max-tasks",
-            "1",
+            &max_tasks.to_string(),
             "--stop-grace",
             "1s",
-            "--listen",
-            &addr.to_string(),
-        ])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(stderr)
-        .spawn()
-        .context("starting cairn run --listen")?;
-    let figures = (|| {
+        ]);
+        let listen = if listen {
+            let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+            let addr: SocketAddr = format!("127.0.0.1:{port}").parse()?;
+            command.args(["--listen", &addr.to_string()]);
+            Some(addr)
+        } else {
+            None
+        };
+        let stderr = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(dir.join("daemon.stderr"))?;
+        let child = command
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(stderr)
+            .spawn()
+            .context("starting cairn run")?;
+        Ok(Daemon {
+            child: std::cell::RefCell::new(child),
+            queue: queue.to_path_buf(),
+            listen,
+        })
+    }
+
+    /// Wait until the daemon has taken every task in (the status document lists none
+    /// submitted).
+    fn taken_in(&self, tasks: usize) -> anyhow::Result<()> {
+        let addr = self.listen.context("the daemon listens")?;
         let deadline = Instant::now() + Duration::from_secs(600);
         loop {
-            let taken = get(addr, "/api/status")
+            let taken = get(addr, "/api/status?limit=1")
                 .ok()
                 .and_then(|body| serde_json::from_str::<Value>(&body).ok())
-                .and_then(|status| {
-                    status["tasks"]
-                        .as_array()
-                        .map(|tasks| tasks.iter().filter(|t| t["state"] != "submitted").count())
+                .map(|page| {
+                    page["total"].as_u64().unwrap_or(0)
+                        - page["counts"]["submitted"].as_u64().unwrap_or(0)
                 });
-            if taken == Some(options.tasks) {
-                break;
+            if taken == Some(tasks as u64) {
+                return Ok(());
             }
+            self.still_running()?;
             if Instant::now() > deadline {
-                bail!(
-                    "the daemon did not take the {} tasks in within 10 minutes",
-                    options.tasks
-                );
+                bail!("the daemon did not take the {tasks} tasks in within 10 minutes");
             }
             std::thread::sleep(Duration::from_millis(500));
         }
-        let mut first_screen = Vec::new();
-        let mut metrics = Vec::new();
-        let mut status_bytes = 0;
-        for _ in 0..options.rounds.max(1) {
-            // Past the status document's second of sharing: each round reads the queue anew.
-            std::thread::sleep(Duration::from_millis(1100));
-            let started = Instant::now();
-            get(addr, "/")?;
-            status_bytes = get(addr, "/api/status")?.len();
-            first_screen.push(started.elapsed());
-            let started = Instant::now();
-            get(addr, "/metrics")?;
-            metrics.push(started.elapsed());
+    }
+
+    /// Submit a throughput task of `iterations` checkpointed iterations, first in line, and
+    /// wait until the daemon has taken it in.
+    fn submit_spin(&self, id: &str, iterations: u64) -> anyhow::Result<()> {
+        let task = json!({
+            "id": id,
+            "priority": 100,
+            "phases": [{"name": "spin", "kind": "loop", "run": ["echo", "{}"],
+                        "max_iterations": iterations}],
+        });
+        let dir = QueueDir::new(&self.queue);
+        std::fs::write(dir.inbox().join(format!("{id}.json")), task.to_string())?;
+        let deadline = Instant::now() + Duration::from_secs(600);
+        while !dir.task_file(id).exists() {
+            self.still_running()?;
+            if Instant::now() > deadline {
+                bail!("{id} was not taken in within 10 minutes");
+            }
+            std::thread::sleep(Duration::from_millis(100));
         }
-        Ok(json!({
-            "bench": "web",
-            "tasks": options.tasks,
-            "rounds": first_screen.len(),
-            "status_bytes": status_bytes,
-            "first_screen_ms_p50": median_ms(&mut first_screen),
-            "first_screen_ms_max": max_ms(&first_screen),
-            "metrics_ms_p50": median_ms(&mut metrics),
-            "metrics_ms_max": max_ms(&metrics),
-        }))
-    })();
-    let _ = nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(daemon.id() as i32),
-        nix::sys::signal::Signal::SIGTERM,
-    );
-    let _ = daemon.wait();
-    figures
+        Ok(())
+    }
+
+    /// Wait until the task `id` has its record of done.
+    fn wait_done(&self, id: &str) -> anyhow::Result<()> {
+        let record = QueueDir::new(&self.queue).done_file(id);
+        let deadline = Instant::now() + Duration::from_secs(600);
+        while !record.exists() {
+            self.still_running()?;
+            if Instant::now() > deadline {
+                bail!("{id} was not done within 10 minutes");
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        Ok(())
+    }
+
+    fn still_running(&self) -> anyhow::Result<()> {
+        match self.child.borrow_mut().try_wait()? {
+            Some(status) => bail!("the daemon exited ({status}); see daemon.stderr"),
+            None => Ok(()),
+        }
+    }
+
+    fn stop(self) {
+        let mut child = self.child.into_inner();
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(child.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+        let _ = child.wait();
+    }
+}
+
+fn timed(request: impl FnOnce() -> anyhow::Result<String>) -> anyhow::Result<Duration> {
+    let started = Instant::now();
+    request()?;
+    Ok(started.elapsed())
+}
+
+fn round(value: f64) -> f64 {
+    (value * 10.0).round() / 10.0
 }
 
 fn median_ms(times: &mut [Duration]) -> f64 {
     times.sort();
     times
         .get(times.len() / 2)
-        .map_or(0.0, |t| t.as_secs_f64() * 1000.0)
+        .map_or(0.0, |t| round(t.as_secs_f64() * 1000.0))
 }
 
 fn max_ms(times: &[Duration]) -> f64 {
-    times.iter().max().map_or(0.0, |t| t.as_secs_f64() * 1000.0)
+    times
+        .iter()
+        .max()
+        .map_or(0.0, |t| round(t.as_secs_f64() * 1000.0))
 }
 
 /// One GET, its body; an answer other than 200 is an error.

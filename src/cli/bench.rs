@@ -48,6 +48,12 @@ struct WebArgs {
     /// Requests of each kind timed.
     #[arg(long, default_value_t = 5, value_name = "N")]
     rounds: usize,
+    /// Checkpointed iterations of each throughput run (0: none).
+    #[arg(long, default_value_t = 300, value_name = "N")]
+    iterations: u64,
+    /// Throughput runs with the listener off, and as many with it on, by turns.
+    #[arg(long, default_value_t = 2, value_name = "N")]
+    pairs: usize,
     /// Where the run directory is made.
     #[arg(long, value_name = "DIR", default_value_os_t = default_dir())]
     dir: PathBuf,
@@ -167,6 +173,8 @@ pub fn run(args: BenchArgs) -> CliResult {
             let options = crate::bench::web::WebOptions {
                 tasks: args.tasks,
                 rounds: args.rounds,
+                iterations: args.iterations,
+                pairs: args.pairs,
                 dir: args.dir,
             };
             let line = crate::bench::web::run(&options)?;

@@ -38,7 +38,8 @@ pub use permissions::{
 };
 pub use prune::{PruneItem, PrunePlan, PruneReason, PruneRules, QueuePruner, PRUNE_GRACE};
 pub use read::{
-    ClusterView, DaemonInfo, LoadOptions, NodeView, QueueReader, QueueView, TaskLease, TaskView,
+    ClusterView, DaemonInfo, LoadOptions, NodeView, QueueReader, QueueView, StatusCache, TaskLease,
+    TaskView,
 };
 pub use safe_remove::UnsafeQueueError;
 pub use task_sink::{FileSink, Stored, TaskSink};

@@ -1,5 +1,6 @@
 //! `cairn bench web` at a tiny size: it runs the real daemon with --listen and prints one JSON
-//! line with the figures it promises. No timing is asserted.
+//! line with the figures it promises, the throughput runs with the listener off and on
+//! included. No timing is asserted.
 
 use std::process::Command;
 
@@ -9,7 +10,8 @@ use serde_json::Value;
 fn bench_web_prints_the_first_screen_and_metrics_latencies() {
     let dir = tempfile::tempdir().unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_cairn"))
-        .args(["bench", "web", "--tasks", "30", "--rounds", "2", "--dir"])
+        .args(["bench", "web", "--tasks", "30", "--rounds", "2"])
+        .args(["--iterations", "20", "--pairs", "1", "--dir"])
         .arg(dir.path())
         .output()
         .expect("running cairn bench web");
@@ -29,10 +31,24 @@ fn bench_web_prints_the_first_screen_and_metrics_latencies() {
         "first_screen_ms_max",
         "metrics_ms_p50",
         "metrics_ms_max",
+        "status_document_ms_p50",
+        "task_page_ms_p50",
+        "status_cli_ms",
     ] {
         assert!(
             line[field].as_f64().is_some_and(|ms| ms > 0.0),
             "{field}: {line}"
+        );
+    }
+    let throughput = &line["throughput"];
+    assert_eq!(throughput["iterations"], 20, "{line}");
+    for side in ["off", "on"] {
+        let rates = &throughput[format!("checkpoints_per_s_listener_{side}")];
+        assert!(
+            rates
+                .as_array()
+                .is_some_and(|r| r.len() == 1 && r[0].as_f64() > Some(0.0)),
+            "{side}: {line}"
         );
     }
     assert!(

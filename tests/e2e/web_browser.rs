@@ -19,7 +19,7 @@ use crate::web_dashboard::{fails_while, start_listening, ChildGuard};
 const TEST: &str = "the_dashboard_in_chromium_follows_and_steers_the_queue";
 
 /// Poll `probe` in the browser until it gives a value, or fail after [`DEADLINE`].
-async fn eventually<T, F, Fut>(what: &str, mut probe: F) -> T
+pub async fn eventually<T, F, Fut>(what: &str, mut probe: F) -> T
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Option<T>>,
@@ -34,17 +34,17 @@ where
     }
 }
 
-async fn text_of(client: &Client, css: &str) -> Option<String> {
+pub async fn text_of(client: &Client, css: &str) -> Option<String> {
     client.find(Locator::Css(css)).await.ok()?.text().await.ok()
 }
 
 /// The iteration the page shows for a task (`12/1000000` → 12).
-async fn shown_iteration(client: &Client, id: &str) -> Option<u64> {
+pub async fn shown_iteration(client: &Client, id: &str) -> Option<u64> {
     let text = text_of(client, &format!("tr[data-id='{id}'] td.iteration")).await?;
     text.split('/').next()?.trim().parse().ok()
 }
 
-async fn click(client: &Client, css: &str) {
+pub async fn click(client: &Client, css: &str) {
     client
         .wait()
         .at_most(DEADLINE)
@@ -71,53 +71,20 @@ async fn fetch_from_page(client: &Client, url: &str, token: &str, mode: &str) ->
     value.as_str().unwrap_or_default().to_string()
 }
 
-#[test]
-fn the_dashboard_in_chromium_follows_and_steers_the_queue() {
-    let Some(chromium) = require_tool(TEST, "chromium", "chromium") else {
-        return;
+/// Run `steps` in a fresh headless chromium (its profile under `queue`), driven through a
+/// chromedriver that is ended, with the browsers it started, however the steps end. `false`
+/// when chromium or chromedriver is missing (the test is skipped, said so by `require_tool`).
+pub fn in_chromium<F, Fut>(test: &str, queue: &TestQueue, steps: F) -> bool
+where
+    F: FnOnce(Client) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let Some(chromium) = require_tool(test, "chromium", "chromium") else {
+        return false;
     };
-    let Some(chromedriver) = require_tool(TEST, "chromedriver", "chromium-driver") else {
-        return;
+    let Some(chromedriver) = require_tool(test, "chromedriver", "chromium-driver") else {
+        return false;
     };
-    let queue = TestQueue::new();
-    let mut long = loop_task("long", &queue.aux("long.side"), 1_000_000, 0.3);
-    long["env"] = json!({"API_KEY": crate::web_dashboard::SECRET});
-    // Each iteration says something on stderr, for the log tail.
-    let command = long["phases"][0]["run"].clone();
-    let mut run = vec![
-        json!("sh"),
-        json!("-c"),
-        json!("echo log-line-from-long >&2; exec \"$@\""),
-        json!("sh"),
-    ];
-    run.extend(command.as_array().unwrap().iter().cloned());
-    long["phases"][0]["run"] = Value::from(run);
-    queue.seed_task("long.json", &long);
-    let flag = queue.aux("fail.flag");
-    std::fs::write(&flag, "").unwrap();
-    for id in ["bad1", "bad2"] {
-        queue.seed_task(&format!("{id}.json"), &fails_while(id, &flag));
-    }
-    let (mut daemon, addr, token) = start_listening(&queue, true, &[]);
-    queue.wait_failed("bad1");
-    queue.wait_failed("bad2");
-
-    // Another origin: a read-only cairn serve of an empty queue on another port.
-    let other_queue = TestQueue::new();
-    let other: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-    let other_serve = ChildGuard(
-        other_queue
-            .cairn()
-            .args(["serve", "--listen", &other.to_string()])
-            .stdin(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("cairn serve"),
-    );
-    wait_until("the other origin answers", DEADLINE, || {
-        get(other, "/healthz").is_some()
-    });
-
     let driver_port = free_port();
     // In a process group of its own, which the browsers it starts join: ended as a whole.
     let driver = GroupGuard(
@@ -160,8 +127,7 @@ fn the_dashboard_in_chromium_follows_and_steers_the_queue() {
             }
         })
         .await;
-
-        let steps = std::panic::AssertUnwindSafe(browse(&client, &queue, addr, other, &token, &flag));
+        let steps = std::panic::AssertUnwindSafe(steps(client.clone()));
         let outcome = futures::FutureExt::catch_unwind(steps).await;
         let _ = client.close().await;
         if let Err(panic) = outcome {
@@ -169,6 +135,60 @@ fn the_dashboard_in_chromium_follows_and_steers_the_queue() {
         }
     });
     drop(driver);
+    true
+}
+
+#[test]
+fn the_dashboard_in_chromium_follows_and_steers_the_queue() {
+    if require_tool(TEST, "chromium", "chromium").is_none()
+        || require_tool(TEST, "chromedriver", "chromium-driver").is_none()
+    {
+        return;
+    }
+    let queue = TestQueue::new();
+    let mut long = loop_task("long", &queue.aux("long.side"), 1_000_000, 0.3);
+    long["env"] = json!({"API_KEY": crate::web_dashboard::SECRET});
+    // Each iteration says something on stderr, for the log tail.
+    let command = long["phases"][0]["run"].clone();
+    let mut run = vec![
+        json!("sh"),
+        json!("-c"),
+        json!("echo log-line-from-long >&2; exec \"$@\""),
+        json!("sh"),
+    ];
+    run.extend(command.as_array().unwrap().iter().cloned());
+    long["phases"][0]["run"] = Value::from(run);
+    queue.seed_task("long.json", &long);
+    let flag = queue.aux("fail.flag");
+    std::fs::write(&flag, "").unwrap();
+    for id in ["bad1", "bad2"] {
+        queue.seed_task(&format!("{id}.json"), &fails_while(id, &flag));
+    }
+    let (mut daemon, addr, token) = start_listening(&queue, true, &[]);
+    queue.wait_failed("bad1");
+    queue.wait_failed("bad2");
+
+    // Another origin: a read-only cairn serve of an empty queue on another port.
+    let other_queue = TestQueue::new();
+    let other: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let other_serve = ChildGuard(
+        other_queue
+            .cairn()
+            .args(["serve", "--listen", &other.to_string()])
+            .stdin(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("cairn serve"),
+    );
+    wait_until("the other origin answers", DEADLINE, || {
+        get(other, "/healthz").is_some()
+    });
+
+    let ran = in_chromium(TEST, &queue, |client| {
+        let (queue, token, flag) = (&queue, &token, &flag);
+        async move { browse(&client, queue, addr, other, token, flag).await }
+    });
+    assert!(ran, "chromium was found above");
     drop(other_serve);
     daemon.signal(SIGTERM);
     daemon.wait_exit(DEADLINE);

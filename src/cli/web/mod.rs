@@ -3,12 +3,13 @@
 //!
 //! It runs on the runtime it is started on (the daemon's own, for `cairn run`). `/metrics`,
 //! `/healthz` and `/readyz` of a daemon answer from its memory ([`crate::observe`]); the
-//! dashboard's JSON is what `cairn status --json` and `cairn show --json` print, read by one
-//! reader thread and shared by every request for up to a second ([`reader`]), so that a page
-//! polled by many browsers reads the queue once a second, not once per request.
+//! dashboard's JSON is what `cairn status --json` and `cairn show --json` print, kept up to
+//! date by one reader thread and shared by every request ([`reader`]), so that no request
+//! reads the queue's files, and the first screen carries one page of the table ([`page`]).
 
 mod actions;
 mod assets;
+mod page;
 mod queue_metrics;
 mod reader;
 pub mod serve;
@@ -16,7 +17,7 @@ pub mod serve;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use axum::extract::{Path as UrlPath, State};
+use axum::extract::{Path as UrlPath, Query, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -100,12 +101,29 @@ const METRICS_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset
 async fn metrics(State(app): State<App>) -> Response {
     let text = match &app.observer {
         Some(observer) => observer.metrics.encode(),
-        None => match app.reader.queue_metrics().await {
+        None => match from_snapshot(&app, |snapshot| {
+            let document = snapshot.document.as_ref().map_err(Clone::clone)?;
+            Ok(queue_metrics::render(document))
+        })
+        .await
+        {
             Ok(text) => text,
             Err(e) => return (StatusCode::SERVICE_UNAVAILABLE, e).into_response(),
         },
     };
     ([(header::CONTENT_TYPE, METRICS_TYPE)], text).into_response()
+}
+
+/// What `make` gives of the latest status document, made on the blocking pool: a page of a
+/// large queue is cut and encoded off the daemon's thread.
+async fn from_snapshot(
+    app: &App,
+    make: impl FnOnce(&reader::Snapshot) -> Result<String, String> + Send + 'static,
+) -> Result<String, String> {
+    let snapshot = app.reader.snapshot().await?;
+    tokio::task::spawn_blocking(move || make(&snapshot))
+        .await
+        .map_err(|e| format!("reading the status: {e}"))?
 }
 
 /// 200 while the main loop turns (and while it starts), 503 once it has not turned for longer
@@ -164,8 +182,18 @@ async fn api_info(State(app): State<App>) -> Response {
     json_response(&info.to_string())
 }
 
-async fn api_status(State(app): State<App>) -> Response {
-    match app.reader.status().await {
+/// The status document; with `limit`, one page of its table ([`page`]).
+async fn api_status(State(app): State<App>, Query(query): Query<page::PageQuery>) -> Response {
+    let answer = from_snapshot(&app, move |snapshot| {
+        if query.is_page() {
+            let document = snapshot.document.as_ref().map_err(Clone::clone)?;
+            Ok(page::page(document, &query).to_string())
+        } else {
+            snapshot.text().map(str::to_string)
+        }
+    })
+    .await;
+    match answer {
         Ok(json) => json_response(&json),
         Err(e) => (StatusCode::SERVICE_UNAVAILABLE, e).into_response(),
     }

@@ -1,19 +1,25 @@
-//! The dashboard's reads of the queue, on one thread of their own: the status document is
-//! read at most once a second whatever the number of requests (every request within a second
-//! of the last read shares it), and a slow disk or database holds up only this thread, never
-//! the daemon's. The documents are those of `cairn status --json` and `cairn show --json`,
+//! The dashboard's reads of the queue, on threads of their own, so that a slow disk or
+//! database holds up only them, never the daemon's thread.
+//!
+//! The status document is kept, not read per request: a thread keeps every task's view
+//! ([`StatusCache`], for a queue directory) and refreshes the document at most once a second
+//! while someone watches (a request came within [`WATCHED_FOR`]), reading again only what
+//! changed. Requests are answered from the latest document ([`Snapshot`]), so ten browsers
+//! cost the same as one; one older than [`SERVE_FOR`] (nobody watched for a while) is
+//! refreshed first. The documents are those of `cairn status --json` and `cairn show --json`,
 //! with every task's `env` values hidden.
 
 use std::io::{Read, Seek, SeekFrom};
 use std::path::PathBuf;
-use std::sync::mpsc;
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 use tokio::sync::oneshot;
 
 use crate::client::QueueClient as Source;
-use crate::queue::{LoadOptions, QueueReader};
+use crate::queue::{LoadOptions, QueueReader, StatusCache};
 use crate::task_id::TaskId;
 
 /// Where the dashboard reads: a queue directory, or a shared queue's database.
@@ -23,8 +29,17 @@ pub struct ReadSource {
     pub db: Option<String>,
 }
 
-/// How long a status document is served again before the queue is read anew.
-const STATUS_FRESH_FOR: Duration = Duration::from_secs(1);
+/// How old the document may be before the thread, while someone watches, refreshes it.
+const REFRESH_EVERY: Duration = Duration::from_secs(1);
+
+/// How many times as long as a refresh took the thread waits before the next.
+const IDLE_SHARE: u32 = 4;
+
+/// How long after the last request the thread keeps the document fresh.
+const WATCHED_FOR: Duration = Duration::from_secs(10);
+
+/// How old a document a request is answered with; older, it is refreshed first.
+const SERVE_FOR: Duration = Duration::from_secs(3);
 
 /// The bytes of each phase log's tail the task page shows.
 const LOG_TAIL_BYTES: u64 = 16 * 1024;
@@ -32,94 +47,178 @@ const LOG_TAIL_BYTES: u64 = 16 * 1024;
 /// The rejected files the first screen lists.
 const RECENT_REJECTED: usize = 10;
 
-enum Job {
-    Status(oneshot::Sender<Result<String, String>>),
-    Task(String, oneshot::Sender<Result<Option<String>, String>>),
-    QueueMetrics(oneshot::Sender<Result<String, String>>),
+/// The status document of one moment, shared by every request until the next refresh.
+#[derive(Debug)]
+pub struct Snapshot {
+    pub at: Instant,
+    pub document: Result<Value, String>,
+    /// The whole document as text, made once, when first asked for.
+    text: OnceLock<String>,
+}
+
+impl Snapshot {
+    /// The whole document as text (the same for every request of this moment).
+    pub fn text(&self) -> Result<&str, String> {
+        let document = self.document.as_ref().map_err(Clone::clone)?;
+        Ok(self.text.get_or_init(|| document.to_string()))
+    }
+}
+
+/// Refresh the status document if older than a second (`now`: whatever its age), and answer.
+struct Refresh {
+    now: bool,
+    answer: oneshot::Sender<Arc<Snapshot>>,
+}
+
+/// A task's document.
+struct TaskJob(String, oneshot::Sender<Result<Option<String>, String>>);
+
+/// What the thread and the requests share: the latest document, and when it was last wanted.
+#[derive(Debug, Default)]
+struct Shared {
+    latest: Mutex<Option<Arc<Snapshot>>>,
+    wanted: Mutex<Option<Instant>>,
+}
+
+impl Shared {
+    fn latest(&self) -> Option<Arc<Snapshot>> {
+        self.latest
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    fn watched(&self) -> bool {
+        let wanted = *self.wanted.lock().unwrap_or_else(|p| p.into_inner());
+        wanted.is_some_and(|at| at.elapsed() < WATCHED_FOR)
+    }
 }
 
 /// The handle requests send their reads through.
 #[derive(Clone)]
 pub struct Reader {
-    jobs: mpsc::Sender<Job>,
+    refreshes: mpsc::Sender<Refresh>,
+    tasks: mpsc::Sender<TaskJob>,
+    shared: Arc<Shared>,
 }
 
 impl Reader {
-    /// Start the reading thread; it opens the source itself (a database reader runs a
-    /// runtime of its own, which must not start inside the listener's).
+    /// Start the reading threads, one keeping the status document and one reading task
+    /// pages (a task page does not wait for a refresh). Each opens the source itself (a
+    /// database reader runs a runtime of its own, which must not start inside the
+    /// listener's); the status thread reads the status once at its start, so that the first
+    /// screen finds the views kept.
     pub fn start(source: ReadSource) -> Reader {
-        let (jobs, receive) = mpsc::channel();
-        let spawned = std::thread::Builder::new()
-            .name("cairn-web-reader".into())
-            .spawn(move || serve_reads(source, receive));
-        if let Err(e) = spawned {
-            tracing::error!("cannot start the dashboard's reader thread: {e}");
+        let (refreshes, refresh_jobs) = mpsc::channel();
+        let (tasks, task_jobs) = mpsc::channel();
+        let shared = Arc::new(Shared::default());
+        let thread_shared = Arc::clone(&shared);
+        let status_source = source.clone();
+        let threads = [
+            std::thread::Builder::new()
+                .name("cairn-web-status".into())
+                .spawn(move || keep_status(status_source, refresh_jobs, &thread_shared)),
+            std::thread::Builder::new()
+                .name("cairn-web-tasks".into())
+                .spawn(move || read_tasks(source, task_jobs)),
+        ];
+        for spawned in threads {
+            if let Err(e) = spawned {
+                tracing::error!("cannot start a thread of the dashboard's reader: {e}");
+            }
         }
-        Reader { jobs }
+        Reader {
+            refreshes,
+            tasks,
+            shared,
+        }
     }
 
-    async fn ask<T>(
-        &self,
-        job: impl FnOnce(oneshot::Sender<Result<T, String>>) -> Job,
-    ) -> Result<T, String> {
+    fn refresh(&self, now: bool) -> Result<oneshot::Receiver<Arc<Snapshot>>, String> {
         let (answer, answered) = oneshot::channel();
-        self.jobs
-            .send(job(answer))
+        self.refreshes
+            .send(Refresh { now, answer })
             .map_err(|_| "the dashboard's reader is gone".to_string())?;
-        answered
-            .await
-            .map_err(|_| "the dashboard's reader is gone".to_string())?
+        Ok(answered)
     }
 
-    /// The `cairn status --json` document (the 10 most recent rejections included).
-    pub async fn status(&self) -> Result<String, String> {
-        self.ask(Job::Status).await
+    /// The latest status document: at most [`SERVE_FOR`] old, else refreshed first.
+    pub async fn snapshot(&self) -> Result<Arc<Snapshot>, String> {
+        *self.shared.wanted.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
+        if let Some(latest) = self.shared.latest().filter(|s| s.at.elapsed() < SERVE_FOR) {
+            return Ok(latest);
+        }
+        self.refresh(false)?
+            .await
+            .map_err(|_| "the dashboard's reader is gone".to_string())
     }
 
     /// The `cairn show --json` document of a task, with its checkpoint generations, its latest
     /// checkpoint decoded and the tail of each phase log (a queue directory's).
     pub async fn task(&self, id: String) -> Result<Option<String>, String> {
-        self.ask(|answer| Job::Task(id, answer)).await
-    }
-
-    /// `cairn serve`'s metrics: the queue's tasks by state.
-    pub async fn queue_metrics(&self) -> Result<String, String> {
-        self.ask(Job::QueueMetrics).await
+        let (answer, answered) = oneshot::channel();
+        self.tasks
+            .send(TaskJob(id, answer))
+            .map_err(|_| "the dashboard's reader is gone".to_string())?;
+        answered
+            .await
+            .map_err(|_| "the dashboard's reader is gone".to_string())?
     }
 }
 
-fn serve_reads(source: ReadSource, jobs: mpsc::Receiver<Job>) {
+/// The status thread: keep the document fresh while someone watches, and answer refreshes.
+/// A refresh waits at least [`REFRESH_EVERY`], and [`IDLE_SHARE`] times as long as the last
+/// one took, after it: on a large queue or a slow disk the thread takes a bounded share of a
+/// core from the daemon.
+fn keep_status(source: ReadSource, jobs: mpsc::Receiver<Refresh>, shared: &Shared) {
     let opened = open(&source);
-    let mut cached: Option<(Instant, Result<String, String>, Value)> = None;
-    for job in jobs {
-        let opened = match &opened {
-            Ok(opened) => opened,
-            Err(e) => {
-                let e = e.clone();
-                match job {
-                    Job::Status(answer) | Job::QueueMetrics(answer) => {
-                        let _ = answer.send(Err(e));
-                    }
-                    Job::Task(_, answer) => {
-                        let _ = answer.send(Err(e));
-                    }
-                }
-                continue;
-            }
+    let mut cache = StatusCache::new();
+    let mut pause = REFRESH_EVERY;
+    let mut refresh = |shared: &Shared, pause: &mut Duration| {
+        let started = Instant::now();
+        let document = match &opened {
+            Ok(source) => read_status(source, &mut cache),
+            Err(e) => Err(e.clone()),
         };
-        match job {
-            Job::Status(answer) => {
-                let (_, text, _) = fresh_status(opened, &mut cached);
-                let _ = answer.send(text.clone());
+        *pause = REFRESH_EVERY.max(started.elapsed() * IDLE_SHARE);
+        let snapshot = Arc::new(Snapshot {
+            at: Instant::now(),
+            document,
+            text: OnceLock::new(),
+        });
+        *shared.latest.lock().unwrap_or_else(|p| p.into_inner()) = Some(Arc::clone(&snapshot));
+        snapshot
+    };
+    refresh(shared, &mut pause);
+    loop {
+        match jobs.recv_timeout(pause) {
+            Ok(Refresh { now, answer }) => {
+                let latest = match shared.latest() {
+                    Some(latest) if !now && latest.at.elapsed() < pause => latest,
+                    _ => refresh(shared, &mut pause),
+                };
+                let _ = answer.send(latest);
             }
-            Job::QueueMetrics(answer) => {
-                let (_, _, document) = fresh_status(opened, &mut cached);
-                let _ = answer.send(Ok(super::queue_metrics::render(document)));
+            Err(RecvTimeoutError::Timeout) => {
+                let stale = shared.latest().is_none_or(|s| s.at.elapsed() >= pause);
+                if stale && shared.watched() {
+                    refresh(shared, &mut pause);
+                }
             }
-            Job::Task(id, answer) => {
-                let _ = answer.send(task_document(opened, &id));
-            }
+            Err(RecvTimeoutError::Disconnected) => return,
         }
+    }
+}
+
+/// The task thread: each task page's document, read when asked.
+fn read_tasks(source: ReadSource, jobs: mpsc::Receiver<TaskJob>) {
+    let opened = open(&source);
+    for TaskJob(id, answer) in jobs {
+        let document = match &opened {
+            Ok(source) => task_document(source, &id),
+            Err(e) => Err(e.clone()),
+        };
+        let _ = answer.send(document);
     }
 }
 
@@ -127,36 +226,25 @@ fn open(source: &ReadSource) -> Result<Source, String> {
     Source::open(&source.queue, source.db.as_deref()).map_err(|e| e.to_string())
 }
 
-/// The status document, read again when older than [`STATUS_FRESH_FOR`].
-fn fresh_status<'a>(
-    source: &Source,
-    cached: &'a mut Option<(Instant, Result<String, String>, Value)>,
-) -> &'a (Instant, Result<String, String>, Value) {
-    let stale = cached
-        .as_ref()
-        .is_none_or(|(at, _, _)| at.elapsed() >= STATUS_FRESH_FOR);
-    if stale {
-        let options = LoadOptions {
-            rejected: RECENT_REJECTED,
-        };
-        let read = source.status(options).map(|view| {
-            let mut document = crate::cli::status::to_json(&view);
-            // The page shows cost against budget: the limit in force (`cairn budget` may have
-            // set one other than the definition's).
-            if let Some(tasks) = document["tasks"].as_array_mut() {
-                for (json, task) in tasks.iter_mut().zip(&view.tasks) {
-                    json["budget"] = json!(task.max_cost);
-                }
-            }
-            hide_env_values(&mut document);
-            document
-        });
-        *cached = Some(match read {
-            Ok(document) => (Instant::now(), Ok(document.to_string()), document),
-            Err(e) => (Instant::now(), Err(e.to_string()), Value::Null),
-        });
+/// The status document now: a queue directory's from the views kept, a database's read.
+fn read_status(source: &Source, cache: &mut StatusCache) -> Result<Value, String> {
+    let options = LoadOptions {
+        rejected: RECENT_REJECTED,
+    };
+    let view = match source.root() {
+        Some(root) => cache.status(&QueueReader::open(root), options),
+        None => source.status(options).map_err(|e| e.to_string())?,
+    };
+    let mut document = crate::cli::status::to_json(&view);
+    // The page shows cost against budget.
+    if let Some(tasks) = document["tasks"].as_array_mut() {
+        for (json, task) in tasks.iter_mut().zip(&view.tasks) {
+            let budget = task.task.as_ref().and_then(|t| t.budget.as_ref());
+            json["budget"] = json!(budget.map(|b| b.max_cost));
+        }
     }
-    cached.as_ref().expect("filled above")
+    hide_env_values(&mut document);
+    Ok(document)
 }
 
 fn task_document(source: &Source, id: &str) -> Result<Option<String>, String> {
@@ -172,8 +260,9 @@ fn task_document(source: &Source, id: &str) -> Result<Option<String>, String> {
         return Ok(None);
     }
     let mut document = crate::cli::show::json_document(source, &id).map_err(|e| e.message())?;
+    document["checkpoints"] = checkpoints(source, &id);
+    // The logs stay on the host that ran the task: a shared queue's page has none.
     if let Some(reader) = &files {
-        document["checkpoints"] = checkpoints(reader, &id);
         document["log_tails"] = log_tails(reader, &id);
     }
     hide_env_values(&mut document);
@@ -181,23 +270,30 @@ fn task_document(source: &Source, id: &str) -> Result<Option<String>, String> {
 }
 
 /// The task's checkpoint generations and its newest checkpoint that decodes, state included.
-fn checkpoints(reader: &QueueReader, id: &TaskId) -> Value {
-    let generations = match reader.history(id.as_str()) {
-        Ok(generations) => json!(generations),
+fn checkpoints(source: &Source, id: &TaskId) -> Value {
+    let generations = match source.generations(id) {
+        Ok(generations) => json!(generations
+            .into_iter()
+            .map(|generation| generation.info)
+            .collect::<Vec<_>>()),
         Err(e) => json!({ "unreadable": e.to_string() }),
     };
-    let latest = match reader.latest_checkpoint(id.as_str()) {
-        Ok(Some(loaded)) => json!({
-            "key": loaded.key,
-            "phase": loaded.checkpoint.phase,
-            "iteration_count": loaded.checkpoint.iteration_count,
-            "last_checkpoint_at": loaded.checkpoint.last_checkpoint_at,
-            "state": loaded.checkpoint.partial_results,
-        }),
+    let latest = match source.checkpoint(id, None) {
+        Ok(Some(read)) => latest_json(&read),
         Ok(None) => Value::Null,
         Err(e) => json!({ "unreadable": e.to_string() }),
     };
     json!({ "generations": generations, "latest": latest })
+}
+
+fn latest_json(loaded: &crate::client::ReadCheckpoint) -> Value {
+    json!({
+        "key": loaded.location,
+        "phase": loaded.checkpoint.phase,
+        "iteration_count": loaded.checkpoint.iteration_count,
+        "last_checkpoint_at": loaded.checkpoint.last_checkpoint_at,
+        "state": loaded.checkpoint.partial_results,
+    })
 }
 
 /// The last [`LOG_TAIL_BYTES`] of each phase log of the task, by file name.

@@ -12,6 +12,7 @@ mod liveness;
 mod paths;
 mod rate;
 mod record;
+mod status_cache;
 mod task_view;
 #[cfg(test)]
 mod tests;
@@ -28,6 +29,7 @@ use serde_json::Value;
 pub use liveness::{daemon_info, DaemonInfo};
 pub use rate::rate_from_events;
 pub use record::{Record, RecordError};
+pub use status_cache::StatusCache;
 pub use task_view::{TaskLease, TaskView};
 
 pub(crate) use files::{disk_size, json_stems, list_names, mtime, newest_mtime, read_regular};

@@ -8,24 +8,24 @@ use crate::store::current_work::{ActiveStatus, ActiveTask, CurrentWork};
 use crate::store::task_state::TaskState;
 use crate::task_id::TaskId;
 
-fn id(id: &str) -> TaskId {
+pub(super) fn id(id: &str) -> TaskId {
     TaskId::parse(id).unwrap()
 }
 
-fn write(root: &Path, key: &str, text: &str) {
+pub(super) fn write(root: &Path, key: &str, text: &str) {
     let path = root.join(key);
     fs::create_dir_all(path.parent().unwrap()).unwrap();
     fs::write(path, text).unwrap();
 }
 
-fn task(id: &str) -> String {
+pub(super) fn task(id: &str) -> String {
     format!(
         r#"{{"id": "{id}", "phases": [{{"name": "a", "kind": "loop", "run": ["true"], "max_iterations": 5}}]}}"#
     )
 }
 
 /// Pending, running, finished, a task named like a rejection, a rejection and a submission.
-fn queue() -> tempfile::TempDir {
+pub(super) fn queue() -> tempfile::TempDir {
     let tmp = tempfile::tempdir().unwrap();
     let root = tmp.path();
     QueueDir::new(root).create_all().unwrap();

@@ -1,8 +1,12 @@
-// The dashboard: the task table polled every second, a task's page, and actions when the
-// listener allows them (the token comes from the address's #token=… or is asked for once).
+// The dashboard: one page of the task table polled every second (the counts are the whole
+// queue's), a task's page, and actions when the listener allows them (the token comes from the
+// address's #token=… or is asked for once).
 "use strict";
 
 const POLL_MS = 1000;
+// The rows one screen shows; the listener cuts the table to them.
+const PAGE_ROWS = 200;
+let pageOffset = 0;
 let allowActions = false;
 
 function token() {
@@ -87,36 +91,26 @@ async function act(action, body, message) {
 }
 
 // The first screen.
-let lastStatus = null;
 
 function renderQueue(status) {
-  lastStatus = status;
   document.getElementById("queue").textContent = status.queue;
   document.getElementById("daemon").textContent = status.daemon && status.daemon.running
     ? "daemon running" + (status.daemon.pid ? " (pid " + status.daemon.pid + ")" : "")
     : (status.nodes ? status.nodes.filter(n => n.alive).length + " daemon(s) alive" : "no daemon running");
   document.getElementById("updated").textContent = "updated " + new Date().toLocaleTimeString();
-  const counts = {};
-  const submitters = new Set();
-  for (const t of status.tasks) {
-    counts[t.state] = (counts[t.state] || 0) + 1;
-    if (t.submitted_by) submitters.add(submitterName(t.submitted_by));
-  }
+  const counts = status.counts || {};
   const countsNode = document.getElementById("counts");
   countsNode.replaceChildren(...Object.keys(counts).sort().map(s => el("span", s + " " + counts[s], "count-" + s)));
-  fillSelect("filter-state", Object.keys(counts).sort());
-  fillSelect("filter-submitter", [...submitters].sort());
-  const state = document.getElementById("filter-state").value;
-  const submitter = document.getElementById("filter-submitter").value;
-  const rows = [];
-  for (const t of status.tasks) {
-    if (t.state === "rejected") continue;
-    if (state && t.state !== state) continue;
-    if (submitter && submitterName(t.submitted_by) !== submitter) continue;
-    rows.push(taskRow(t));
-  }
-  document.querySelector("#tasks tbody").replaceChildren(...rows);
-  const rejections = status.tasks.filter(t => t.state === "rejected").map(t => {
+  fillSelect("filter-state", Object.keys(counts).filter(s => s !== "rejected").sort());
+  fillSelect("filter-submitter", status.submitter_names || []);
+  document.querySelector("#tasks tbody").replaceChildren(...status.tasks.map(taskRow));
+  const first = status.matching ? status.offset + 1 : 0;
+  const last = status.offset + status.tasks.length;
+  document.getElementById("shown").textContent = "tasks " + first + "–" + last + " of " + status.matching +
+    (status.matching !== status.total ? " matching (" + status.total + " in all)" : "");
+  document.getElementById("page-back").disabled = status.offset === 0;
+  document.getElementById("page-on").disabled = last >= status.matching;
+  const rejections = (status.recent_rejections || []).map(t => {
     const li = el("li");
     const a = el("a", t.id);
     a.href = "/task/" + encodeURIComponent(t.id);
@@ -168,15 +162,28 @@ function taskRow(t) {
   return tr;
 }
 
+function statusQuery() {
+  const query = new URLSearchParams({ offset: pageOffset, limit: PAGE_ROWS });
+  const state = document.getElementById("filter-state").value;
+  const submitter = document.getElementById("filter-submitter").value;
+  if (state) query.set("state", state);
+  if (submitter) query.set("submitter", submitter);
+  return "/api/status?" + query;
+}
+
+let pollTimer = null;
+
 async function pollQueue() {
+  clearTimeout(pollTimer);
   try {
-    const answer = await fetch("/api/status", { cache: "no-store" });
+    const answer = await fetch(statusQuery(), { cache: "no-store" });
     if (answer.ok) renderQueue(await answer.json());
     else document.getElementById("updated").textContent = "not updated: " + await answer.text();
   } catch (e) {
     document.getElementById("updated").textContent = "not updated: " + e;
   }
-  setTimeout(pollQueue, POLL_MS);
+  clearTimeout(pollTimer);
+  pollTimer = setTimeout(pollQueue, POLL_MS);
 }
 
 // A task's page.
@@ -265,8 +272,10 @@ async function start() {
     document.getElementById("bulk-pause").addEventListener("click", () => act("pause-submitter", { submitter: submitter() }, message));
     document.getElementById("bulk-resume").addEventListener("click", () => act("resume-submitter", { submitter: submitter() }, message));
     for (const id of ["filter-state", "filter-submitter"]) {
-      document.getElementById(id).addEventListener("change", () => lastStatus && renderQueue(lastStatus));
+      document.getElementById(id).addEventListener("change", () => { pageOffset = 0; pollQueue(); });
     }
+    document.getElementById("page-back").addEventListener("click", () => { pageOffset = Math.max(0, pageOffset - PAGE_ROWS); pollQueue(); });
+    document.getElementById("page-on").addEventListener("click", () => { pageOffset += PAGE_ROWS; pollQueue(); });
     pollQueue();
   }
 }
