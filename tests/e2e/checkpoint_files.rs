@@ -170,15 +170,18 @@ fn kill_many_times(kills: u32, iterations: u64, size: usize) {
     assert!(named.len() <= 4, "{named:?}");
 }
 
-#[test]
-fn a_worker_killed_at_random_moments_resumes_with_the_files_of_its_state() {
-    kill_many_times(10, 24, 3 << 20);
+/// The model's size: 3 MiB, or `CAIRN_MODEL_MB` MiB for the long run (docs/testing.md).
+fn model_bytes() -> usize {
+    let mb = std::env::var("CAIRN_MODEL_MB")
+        .ok()
+        .and_then(|mb| mb.parse::<usize>().ok())
+        .unwrap_or(3);
+    mb << 20
 }
 
 #[test]
-#[ignore = "a 200 MB model; run with --ignored (see docs/testing.md)"]
-fn a_worker_with_a_200_mb_model_killed_at_random_moments_resumes_with_its_files() {
-    kill_many_times(10, 12, 200 << 20);
+fn a_worker_killed_at_random_moments_resumes_with_the_files_of_its_state() {
+    kill_many_times(10, 24, model_bytes());
 }
 
 #[test]
