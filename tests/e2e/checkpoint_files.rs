@@ -171,7 +171,7 @@ fn kill_many_times(kills: u32, iterations: u64, size: usize) {
 }
 
 /// The model's size: 3 MiB, or `CAIRN_MODEL_MB` MiB for the long run (docs/testing.md).
-fn model_bytes() -> usize {
+fn model_size() -> usize {
     let mb = std::env::var("CAIRN_MODEL_MB")
         .ok()
         .and_then(|mb| mb.parse::<usize>().ok())
@@ -181,7 +181,7 @@ fn model_bytes() -> usize {
 
 #[test]
 fn a_worker_killed_at_random_moments_resumes_with_the_files_of_its_state() {
-    kill_many_times(10, 24, model_bytes());
+    kill_many_times(10, 24, model_size());
 }
 
 #[test]
