@@ -308,6 +308,18 @@ impl PyQueue {
         self.steer(py, ControlAction::Retry, id, wait)
     }
 
+    /// Set task `id`'s spending limit to `max_cost` (`cairn budget`): a task its budget paused
+    /// stays paused until `resume`.
+    #[pyo3(signature = (id, max_cost, *, wait = true))]
+    fn set_budget(&self, py: Python<'_>, id: &str, max_cost: f64, wait: bool) -> PyResult<String> {
+        let id = QueueClient::task_id(id).map_err(client_error)?;
+        self.with(py, |client| {
+            client
+                .set_budget(&id, max_cost, wait)
+                .map(|outcome| outcome.message(ControlAction::Budget, &id))
+        })
+    }
+
     /// A new task from a checkpoint of task `id` (generation `gen`, default the latest) with
     /// the merge `patch` applied to its state, or from the start of phase `from_phase` with
     /// the earlier phases' outputs; its id (`as_id`, or a new one).

@@ -195,3 +195,29 @@ def test_queue_on_a_shared_database(tmp_path: Path) -> None:
         with daemon(local, ["--db", url]) as running:
             steer_and_wait(q)
             assert running.poll() is None
+
+
+def test_a_task_paused_by_its_budget_goes_on_once_the_limit_is_raised(queue: Path) -> None:
+    step = (
+        "import json, sys\n"
+        "r = json.load(sys.stdin)\n"
+        "print(json.dumps({'state': {'n': r['state']['n'] + 1}, 'cost': 0.01}))"
+    )
+    task = {
+        "id": "paid",
+        "budget": {"max_cost": 0.03, "on_exceed": "pause"},
+        "phases": [{"name": "spend", "kind": "loop", "run": [PYTHON, "-c", step],
+                    "initial_state": {"n": 0}, "max_iterations": 6}],
+    }
+    q = cairn.Queue(queue)
+    with daemon(queue, []):
+        q.submit(task)
+        paused = wait_state(q, "paid", "paused")
+        assert paused["iteration"] <= 4, paused
+        with pytest.raises(cairn.UsageError):
+            q.set_budget("paid", -1)
+        assert "took the request" in q.set_budget("paid", 1.0)
+        q.resume("paid")
+        record = q.wait("paid", timeout=120)
+    assert record["result"] == {"n": 6}
+    assert record["max_cost"] == 1.0
