@@ -5,7 +5,7 @@
 //! after, with the source's earlier outputs.
 
 use crate::common::*;
-use crate::run_as_submitter::{cairn_as, own};
+use crate::run_as_submitter::{cairn_as, share_with_group};
 use serde_json::{json, Value};
 
 /// A task that fails until `flag` exists (one attempt allowed), and then outputs 1.
@@ -206,13 +206,7 @@ fn bulk_pause_touches_only_what_the_asker_may_steer() {
     let users = SystemUsers::create(&["a", "b"]);
     let (alice, bob) = (&users.users[0], &users.users[1]);
     let queue = TestQueue::new();
-    own(queue.aux("").as_path(), 0, 0, 0o755);
-    own(queue.root(), 0, users.gid, 0o750);
-    for shared in ["inbox", "control"] {
-        let dir = queue.path(shared);
-        std::fs::create_dir_all(&dir).unwrap();
-        own(&dir, 0, users.gid, 0o3770);
-    }
+    share_with_group(&queue, 0, users.gid);
     let mut daemon = queue.start_wrapped(
         &[
             "setpriv",

@@ -11,7 +11,7 @@ use nix::unistd::Pid;
 use serde_json::json;
 
 use crate::common::*;
-use crate::run_as_submitter::{cairn_as, own};
+use crate::run_as_submitter::{cairn_as, own, share_with_group};
 
 /// Run as a submitter: stop (SIGSTOP) every process of this user whose `/proc/<pid>/exe` it may
 /// not read, which is a process between its change of user and the `exec` of the command (a
@@ -67,13 +67,7 @@ fn a_submitter_stopping_its_starting_commands_leaves_the_daemon_working() {
     let (alice, bob) = (&users.users[0], &users.users[1]);
     let gid = users.gid;
     let queue = TestQueue::new();
-    own(queue.aux("").as_path(), 0, 0, 0o755);
-    own(queue.root(), 0, gid, 0o750);
-    for shared in ["inbox", "control"] {
-        let dir = queue.path(shared);
-        std::fs::create_dir_all(&dir).unwrap();
-        own(&dir, 0, gid, 0o3770);
-    }
+    share_with_group(&queue, 0, gid);
     let mut daemon = queue.start_wrapped(
         &["setpriv", &format!("--regid={gid}"), "--clear-groups"],
         &["--run-as-submitter", "--max-tasks", "6"],

@@ -74,6 +74,19 @@ pub(crate) fn cairn_as(
 }
 
 /// Set a path's owner, group and mode.
+/// Set a queue up as `docs/service.md` shares it with a group `gid`: the members reach it
+/// through a parent only root may change, the queue `0750` of `uid` and `gid`, `inbox/` and
+/// `control/` `3770` shared with the group.
+pub(crate) fn share_with_group(queue: &TestQueue, uid: u32, gid: u32) {
+    own(queue.aux("").as_path(), 0, 0, 0o755);
+    own(queue.root(), uid, gid, 0o750);
+    for shared in ["inbox", "control"] {
+        let dir = queue.path(shared);
+        std::fs::create_dir_all(&dir).unwrap();
+        own(&dir, uid, gid, 0o3770);
+    }
+}
+
 pub(crate) fn own(path: &std::path::Path, uid: u32, gid: u32, mode: u32) {
     use std::os::unix::fs::PermissionsExt;
     std::os::unix::fs::chown(path, Some(uid), Some(gid)).unwrap();
@@ -104,13 +117,7 @@ fn each_submitter_s_task_runs_as_them_and_only_they_may_steer_it() {
     let queue = TestQueue::new();
     // The members reach the queue through its parent, which only root may change.
     // (`cairn submit` also opens it, to make its writes durable up the tree.)
-    own(queue.aux("").as_path(), 0, 0, 0o755);
-    own(queue.root(), 0, gid, 0o750);
-    for shared in ["inbox", "control"] {
-        let dir = queue.path(shared);
-        std::fs::create_dir_all(&dir).unwrap();
-        own(&dir, 0, gid, 0o3770);
-    }
+    share_with_group(&queue, 0, gid);
     // The daemon's group is the queue's (as the user cairn's group cairn is in the service):
     // what it creates, its members may read.
     let mut daemon = queue.start_wrapped(
@@ -368,13 +375,7 @@ fn the_shipped_drop_in_s_capabilities_run_a_task_as_its_submitter() {
     let (daemon_user, alice) = (&users.users[0], &users.users[1]);
     let gid = users.gid;
     let queue = TestQueue::new();
-    own(queue.aux("").as_path(), 0, 0, 0o755);
-    own(queue.root(), daemon_user.uid, gid, 0o750);
-    for shared in ["inbox", "control"] {
-        let dir = queue.path(shared);
-        std::fs::create_dir_all(&dir).unwrap();
-        own(&dir, daemon_user.uid, gid, 0o3770);
-    }
+    share_with_group(&queue, daemon_user.uid, gid);
     let caps = drop_in_capabilities();
     let plus = |caps: &[String]| {
         caps.iter()
