@@ -679,3 +679,58 @@ fn prune_on_the_database_goes_batch_by_batch_and_keeps_what_is_not_finished_or_i
     }
     assert!(ids(&prune(false)).is_empty());
 }
+
+/// `retry --state failed --yes --db` selects from every node's tasks and brings back exactly the
+/// failed ones, as on a queue directory (`bulk::retry_by_state_brings_back_exactly_the_failed_tasks`).
+#[test]
+fn bulk_retry_by_state_on_the_database_brings_back_exactly_the_failed_tasks() {
+    let test = "bulk_retry_by_state_on_the_database_brings_back_exactly_the_failed_tasks";
+    let Some(cluster) = PgCluster::start(test) else {
+        return;
+    };
+    let url = cluster.url();
+    let host = TestQueue::new();
+    ok(&url, &["db", "migrate"]);
+    let flag = host.aux("fixed");
+    let mut failing = Vec::new();
+    for n in 0..6 {
+        let id = format!("t{n}");
+        let checked = if n % 2 == 0 {
+            failing.push(id.clone());
+            flag.clone()
+        } else {
+            host.aux("")
+        };
+        let task = json!({"id": id, "retry": {"max_attempts": 1}, "phases": [{"name": "check",
+            "run": ["sh", "-c", format!("test -e '{}' && echo 1", checked.display())]}]});
+        let file = task_file(&host, &format!("{id}.json"), &task);
+        ok(&url, &["submit", &file]);
+    }
+    let mut daemon = start_daemon(&host, &url, "n1");
+    assert!(daemon.wait_exit(DEADLINE).success(), "{}", daemon.stderr());
+    let dry = ok_json(&url, &["retry", "--state", "failed", "--dry-run", "--json"]);
+    let listed: Vec<&str> = dry["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(listed, failing);
+
+    fs::write(&flag, b"").unwrap();
+    let retried = ok_json(
+        &url,
+        &["retry", "--state", "failed", "--yes", "--no-wait", "--json"],
+    );
+    assert_eq!(
+        retried["tasks"].as_array().unwrap().len(),
+        failing.len(),
+        "{retried:#}"
+    );
+    let mut daemon = start_daemon(&host, &url, "n1");
+    assert!(daemon.wait_exit(DEADLINE).success(), "{}", daemon.stderr());
+    for n in 0..6 {
+        let id = format!("t{n}");
+        assert_eq!(state_of(&url, &id).as_deref(), Some("done"), "{id}");
+    }
+}

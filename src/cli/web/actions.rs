@@ -36,6 +36,9 @@ pub struct ActionBody {
     /// pause-submitter, resume-submitter: the submitter (user name, or uid).
     #[serde(default)]
     submitter: Option<String>,
+    /// budget: the new spending limit.
+    #[serde(default)]
+    max_cost: Option<f64>,
 }
 
 /// Take an action: only with a token configured, only from this listener's own pages (a
@@ -86,8 +89,8 @@ pub async fn act(
         return refuse(
             StatusCode::NOT_FOUND,
             &format!(
-                "no action {action:?} (pause, resume, cancel, retry, fork, retry-failed, \
-                 pause-submitter, resume-submitter)"
+                "no action {action:?} (pause, resume, cancel, retry, budget, fork, \
+                 retry-failed, pause-submitter, resume-submitter)"
             ),
         );
     };
@@ -150,6 +153,7 @@ fn same_secret(given: &str, secret: &str) -> bool {
 #[derive(Debug, Clone, Copy)]
 enum ActionKind {
     One(ControlAction),
+    Budget,
     Fork,
     RetryFailed,
     PauseSubmitter,
@@ -163,6 +167,7 @@ impl ActionKind {
             "resume" => ActionKind::One(ControlAction::Resume),
             "cancel" => ActionKind::One(ControlAction::Cancel),
             "retry" => ActionKind::One(ControlAction::Retry),
+            "budget" => ActionKind::Budget,
             "fork" => ActionKind::Fork,
             "retry-failed" => ActionKind::RetryFailed,
             "pause-submitter" => ActionKind::PauseSubmitter,
@@ -194,6 +199,16 @@ impl ActionKind {
         match self {
             ActionKind::One(action) => {
                 crate::cli::control::request(&client, action, &id()?, true).map_err(|e| e.message())
+            }
+            ActionKind::Budget => {
+                let max_cost = body
+                    .max_cost
+                    .ok_or_else(|| "the action names no limit (\"max_cost\")".to_string())?;
+                let id = QueueClient::task_id(&id()?).map_err(|e| e.to_string())?;
+                client
+                    .set_budget(&id, max_cost, true)
+                    .map(|outcome| outcome.message(ControlAction::Budget, &id))
+                    .map_err(|e| e.to_string())
             }
             ActionKind::Fork => {
                 let patch = body.patch.as_deref().filter(|p| !p.trim().is_empty());
