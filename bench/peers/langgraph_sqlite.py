@@ -20,25 +20,10 @@ import sqlite3
 import tempfile
 import time
 
-from langgraph.checkpoint.base import empty_checkpoint
-from langgraph.checkpoint.base.id import uuid6
 from langgraph.checkpoint.sqlite import SqliteSaver
 
+from graph_checkpoint import checkpoint_of, config_of
 from workload_state import canonical, print_result, state, variant_args
-
-def checkpoint_of(value):
-    checkpoint = empty_checkpoint()
-    checkpoint["id"] = str(uuid6())
-    checkpoint["channel_values"] = {"state": value}
-    checkpoint["channel_versions"] = {"state": value["iteration"] + 1}
-    return checkpoint
-
-
-def config_of(task_id, parent):
-    configurable = {"thread_id": task_id, "checkpoint_ns": ""}
-    if parent:
-        configurable["checkpoint_id"] = parent
-    return {"configurable": configurable}
 
 
 def run_sequential(path, size, iterations):
