@@ -28,19 +28,19 @@ import time
 
 import cairn
 
-from workload_state import canonical, print_result, state, variant_args
+from workload_state import prepared, print_result, variant_args
 
 
 def run_store(path, size, tasks, iterations):
     """`CheckpointStore.save` timed; one thread per workload task (the store releases the GIL
     while it waits on the disk)."""
+    states = prepared(size, tasks, iterations)
     store = cairn.CheckpointStore(path)
     latencies, json_bytes, lock = [], [0], threading.Lock()
 
     def one_task(task):
         for i in range(iterations):
-            value = state(size, task, i)
-            size_json = len(canonical(value))
+            value, size_json = states[(task, i)]
             start = time.perf_counter()
             store.save(value["task_id"], value, i + 1)
             elapsed = time.perf_counter() - start
@@ -64,12 +64,13 @@ def run_saver(path, size, tasks, iterations):
     from cairn.langgraph import CairnSaver
     from graph_checkpoint import checkpoint_of, config_of
 
+    states = prepared(size, tasks, iterations)
     saver = CairnSaver(path)
     latencies, json_bytes = [], [0]
 
     def prepared(task, i, parent):
-        value = state(size, task, i)
-        json_bytes[0] += len(canonical(value))
+        value, size_json = states[(task, i)]
+        json_bytes[0] += size_json
         return checkpoint_of(value), config_of(value["task_id"], parent)
 
     if tasks == 1:

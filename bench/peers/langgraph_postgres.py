@@ -26,7 +26,7 @@ from psycopg.conninfo import make_conninfo
 from langgraph.checkpoint.postgres import PostgresSaver
 
 from graph_checkpoint import checkpoint_of, config_of
-from workload_state import canonical, print_result, state, variant_args
+from workload_state import prepared, print_result, variant_args
 
 
 @contextmanager
@@ -55,13 +55,14 @@ def durability(conn):
 
 
 def run_sequential(conninfo, size, iterations):
+    states = prepared(size, 1, iterations)
     latencies, json_bytes, parent = [], 0, None
     with PostgresSaver.from_conn_string(conninfo) as saver:
         saver.setup()
         mode = durability(saver.conn)
         for i in range(iterations):
-            value = state(size, 0, i)
-            json_bytes += len(canonical(value))
+            value, size_json = states[(0, i)]
+            json_bytes += size_json
             checkpoint = checkpoint_of(value)
             config = config_of(value["task_id"], parent)
             start = time.perf_counter()
@@ -72,6 +73,7 @@ def run_sequential(conninfo, size, iterations):
 
 
 async def run_concurrent(conninfo, size, tasks, iterations):
+    states = prepared(size, tasks, iterations)
     from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
 
     latencies, json_bytes = [], [0]
@@ -81,8 +83,8 @@ async def run_concurrent(conninfo, size, tasks, iterations):
         async def one_task(task):
             parent = None
             for i in range(iterations):
-                value = state(size, task, i)
-                json_bytes[0] += len(canonical(value))
+                value, size_json = states[(task, i)]
+                json_bytes[0] += size_json
                 checkpoint = checkpoint_of(value)
                 config = config_of(value["task_id"], parent)
                 start = time.perf_counter()
