@@ -68,7 +68,7 @@ def run_saver(path, size, tasks, iterations):
     saver = CairnSaver(path)
     latencies, json_bytes = [], [0]
 
-    def prepared(task, i, parent):
+    def checkpoint_for(task, i, parent):
         value, size_json = states[(task, i)]
         json_bytes[0] += size_json
         return checkpoint_of(value), config_of(value["task_id"], parent)
@@ -76,7 +76,7 @@ def run_saver(path, size, tasks, iterations):
     if tasks == 1:
         parent = None
         for i in range(iterations):
-            checkpoint, config = prepared(0, i, parent)
+            checkpoint, config = checkpoint_for(0, i, parent)
             start = time.perf_counter()
             saver.put(config, checkpoint, {"step": i}, {"state": i + 1})
             latencies.append(time.perf_counter() - start)
@@ -86,7 +86,7 @@ def run_saver(path, size, tasks, iterations):
     async def one_task(task):
         parent = None
         for i in range(iterations):
-            checkpoint, config = prepared(task, i, parent)
+            checkpoint, config = checkpoint_for(task, i, parent)
             start = time.perf_counter()
             await saver.aput(config, checkpoint, {"step": i}, {"state": i + 1})
             latencies.append(time.perf_counter() - start)
