@@ -70,6 +70,16 @@ def postgres_bin():
     return None
 
 
+def has_user(name):
+    import pwd
+
+    try:
+        pwd.getpwnam(name)
+        return True
+    except KeyError:
+        return False
+
+
 @contextmanager
 def throwaway_postgres(bin_dir, parent):
     """A PostgreSQL of its own in a temporary directory under `parent` (the benchmark's disk),
@@ -155,9 +165,14 @@ def main():
     server = None
     if any(name == "langgraph-postgres" for name, _, _ in flavours) and not args.pg_url:
         bin_dir = postgres_bin()
+        missing = None
         if bin_dir is None:
-            print("*** SKIPPED langgraph-postgres: PostgreSQL's server programs (initdb, pg_ctl) "
-                  "are not installed (apt-get install postgresql), and no --pg-url was given ***",
+            missing = ("PostgreSQL's server programs (initdb, pg_ctl) are not installed "
+                       "(apt-get install postgresql)")
+        elif os.geteuid() == 0 and not has_user("postgres"):
+            missing = "running as root, and there is no `postgres` user to run PostgreSQL as"
+        if missing:
+            print(f"*** SKIPPED langgraph-postgres: {missing}, and no --pg-url was given ***",
                   file=sys.stderr)
             flavours = [f for f in flavours if f[0] != "langgraph-postgres"]
         else:
