@@ -11,13 +11,15 @@ Runs one variant and prints one JSON line in the workload's format, so that
 - `--api saver` times `cairn.langgraph.CairnSaver.put` with the task's whole state as the
   checkpoint's one channel value, exactly as `langgraph_sqlite.py` times `SqliteSaver.put`.
 
-Concurrent variants run one thread per workload task (the store releases the GIL while it
-waits on the disk).
+Concurrent variants run one thread per workload task for the store (it releases the GIL while
+it waits on the disk) and, for the saver, `aput` from one asyncio task per workload task, as
+the LangGraph peers do.
 
     pip install "./python[langgraph]"
     python3 bench/peers/cairn_python.py --api saver --size 1k --conc 1 --dir bench/.data
 """
 import argparse
+import asyncio
 import os
 import shutil
 import tempfile
@@ -26,47 +28,21 @@ import time
 
 import cairn
 
-from workload_state import canonical, print_result, state, variant_args
+from workload_state import prepared, print_result, variant_args
 
 
-def run(api, path, size, tasks, iterations):
-    if api == "store":
-        store = cairn.CheckpointStore(path)
-
-        def save(task, i, value, parent):
-            store.save(value["task_id"], value, i + 1)
-            return None
-    else:
-        from langgraph.checkpoint.base import empty_checkpoint
-        from langgraph.checkpoint.base.id import uuid6
-
-        from cairn.langgraph import CairnSaver
-
-        saver = CairnSaver(path)
-
-        def save(task, i, value, parent):
-            checkpoint = empty_checkpoint()
-            checkpoint["id"] = str(uuid6())
-            checkpoint["channel_values"] = {"state": value}
-            checkpoint["channel_versions"] = {"state": i + 1}
-            configurable = {"thread_id": value["task_id"], "checkpoint_ns": ""}
-            if parent:
-                configurable["checkpoint_id"] = parent
-            start = time.perf_counter()
-            saver.put({"configurable": configurable}, checkpoint, {"step": i}, {"state": i + 1})
-            return start, checkpoint["id"]
-
+def run_store(path, size, tasks, iterations):
+    """`CheckpointStore.save` timed; one thread per workload task (the store releases the GIL
+    while it waits on the disk)."""
+    states = prepared(size, tasks, iterations)
+    store = cairn.CheckpointStore(path)
     latencies, json_bytes, lock = [], [0], threading.Lock()
 
     def one_task(task):
-        parent = None
         for i in range(iterations):
-            value = state(size, task, i)
-            size_json = len(canonical(value))
+            value, size_json = states[(task, i)]
             start = time.perf_counter()
-            timed = save(task, i, value, parent)
-            if timed is not None:
-                start, parent = timed
+            store.save(value["task_id"], value, i + 1)
             elapsed = time.perf_counter() - start
             with lock:
                 latencies.append(elapsed)
@@ -78,7 +54,50 @@ def run(api, path, size, tasks, iterations):
         thread.start()
     for thread in threads:
         thread.join()
-    wall = time.perf_counter() - start
+    return latencies, json_bytes[0], time.perf_counter() - start
+
+
+def run_saver(path, size, tasks, iterations):
+    """`CairnSaver.put` timed on the checkpoints the LangGraph peers put; with several tasks,
+    `aput` from one asyncio task per workload task, as the peers and LangGraph's async graphs
+    do."""
+    from cairn.langgraph import CairnSaver
+    from graph_checkpoint import checkpoint_of, config_of
+
+    states = prepared(size, tasks, iterations)
+    saver = CairnSaver(path)
+    latencies, json_bytes = [], [0]
+
+    def checkpoint_for(task, i, parent):
+        value, size_json = states[(task, i)]
+        json_bytes[0] += size_json
+        return checkpoint_of(value), config_of(value["task_id"], parent)
+
+    if tasks == 1:
+        parent = None
+        for i in range(iterations):
+            checkpoint, config = checkpoint_for(0, i, parent)
+            start = time.perf_counter()
+            saver.put(config, checkpoint, {"step": i}, {"state": i + 1})
+            latencies.append(time.perf_counter() - start)
+            parent = checkpoint["id"]
+        return latencies, json_bytes[0], sum(latencies)
+
+    async def one_task(task):
+        parent = None
+        for i in range(iterations):
+            checkpoint, config = checkpoint_for(task, i, parent)
+            start = time.perf_counter()
+            await saver.aput(config, checkpoint, {"step": i}, {"state": i + 1})
+            latencies.append(time.perf_counter() - start)
+            parent = checkpoint["id"]
+
+    async def all_tasks():
+        start = time.perf_counter()
+        await asyncio.gather(*(one_task(t) for t in range(tasks)))
+        return time.perf_counter() - start
+
+    wall = asyncio.run(all_tasks())
     return latencies, json_bytes[0], wall
 
 
@@ -95,7 +114,8 @@ def main():
     args, iterations = variant_args(None, ap)
     work = tempfile.mkdtemp(prefix=f"cairn-python-{args.api}-", dir=args.dir)
     try:
-        latencies, json_bytes, wall = run(args.api, work, args.size, args.conc, iterations)
+        run = run_store if args.api == "store" else run_saver
+        latencies, json_bytes, wall = run(work, args.size, args.conc, iterations)
         # The store keeps the latest and three older generations of each task; the saver one
         # file per checkpoint: per checkpoint, what the last ones take.
         kept = stored_bytes(work)

@@ -20,36 +20,22 @@ import sqlite3
 import tempfile
 import time
 
-from langgraph.checkpoint.base import empty_checkpoint
-from langgraph.checkpoint.base.id import uuid6
 from langgraph.checkpoint.sqlite import SqliteSaver
 
-from workload_state import canonical, print_result, state, variant_args
-
-def checkpoint_of(value):
-    checkpoint = empty_checkpoint()
-    checkpoint["id"] = str(uuid6())
-    checkpoint["channel_values"] = {"state": value}
-    checkpoint["channel_versions"] = {"state": value["iteration"] + 1}
-    return checkpoint
-
-
-def config_of(task_id, parent):
-    configurable = {"thread_id": task_id, "checkpoint_ns": ""}
-    if parent:
-        configurable["checkpoint_id"] = parent
-    return {"configurable": configurable}
+from graph_checkpoint import checkpoint_of, config_of
+from workload_state import prepared, print_result, variant_args
 
 
 def run_sequential(path, size, iterations):
+    states = prepared(size, 1, iterations)
     conn = sqlite3.connect(path, check_same_thread=False)
     saver = SqliteSaver(conn)
     saver.setup()
     synchronous = conn.execute("PRAGMA synchronous").fetchone()[0]
     latencies, json_bytes, parent = [], 0, None
     for i in range(iterations):
-        value = state(size, 0, i)
-        json_bytes += len(canonical(value))
+        value, size_json = states[(0, i)]
+        json_bytes += size_json
         checkpoint = checkpoint_of(value)
         config = config_of(value["task_id"], parent)
         start = time.perf_counter()
@@ -61,6 +47,7 @@ def run_sequential(path, size, iterations):
 
 
 async def run_concurrent(path, size, tasks, iterations):
+    states = prepared(size, tasks, iterations)
     from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 
     latencies, json_bytes = [], [0]
@@ -72,8 +59,8 @@ async def run_concurrent(path, size, tasks, iterations):
         async def one_task(task):
             parent = None
             for i in range(iterations):
-                value = state(size, task, i)
-                json_bytes[0] += len(canonical(value))
+                value, size_json = states[(task, i)]
+                json_bytes[0] += size_json
                 checkpoint = checkpoint_of(value)
                 config = config_of(value["task_id"], parent)
                 start = time.perf_counter()

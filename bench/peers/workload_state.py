@@ -58,6 +58,22 @@ def state(size, task, iteration):
             "results": [entry(task, k) for k in range(iteration, iteration + window)]}
 
 
+def prepared(size, tasks, iterations):
+    """Every state a variant saves, `(task, iteration) -> (state, canonical bytes)`, made before
+    the clock starts: building states is not timed, and in Python it would otherwise take a
+    concurrent run's wall time (and the GIL) from the checkpointer. A task's states share their
+    entry objects, as its window slides; nothing a checkpointer does may change them."""
+    window = WINDOW[size]
+    out = {}
+    for task in range(tasks):
+        entries = [entry(task, k) for k in range(iterations + window - 1)]
+        for i in range(iterations):
+            value = {"task_id": f"task-{task:04d}", "iteration": i, "phase": "running",
+                     "results": entries[i:i + window]}
+            out[(task, i)] = (value, len(canonical(value)))
+    return out
+
+
 def canonical(value):
     return json.dumps(value, separators=(",", ":"))
 
