@@ -85,6 +85,19 @@ pub struct DoneRecord {
     /// set); absent without a budget.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_cost: Option<f64>,
+    /// Where a forked task came from; absent for a task that was not forked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub forked_from: Option<ForkedFrom>,
+}
+
+/// The task and checkpoint a forked task started from (`cairn fork`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ForkedFrom {
+    pub task_id: String,
+    /// The generation it continued from; 0 for a restart at a phase (`--from-phase`).
+    pub generation: u64,
+    /// The phase it started at.
+    pub phase: String,
 }
 
 /// Written when a task has used up its attempts, or was stopped by its budget (its

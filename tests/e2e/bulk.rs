@@ -173,6 +173,11 @@ fn fork_from_a_phase_reruns_only_that_phase_and_after_with_the_earlier_outputs()
         source["phase_outputs"]["setup"]
     );
     assert_eq!(rerun["result"], json!({"seen": 8}), "{rerun:#}");
+    assert_eq!(
+        rerun["forked_from"],
+        json!({"task_id": "acc", "generation": 0, "phase": "sum"}),
+        "{rerun:#}"
+    );
     let scaled = queue.done("acc-scaled").expect("the patched fork finished");
     assert_eq!(scaled["result"], json!({"seen": 20}), "{scaled:#}");
     let runs = std::fs::read_to_string(&setup_runs).unwrap();

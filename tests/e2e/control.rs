@@ -208,6 +208,10 @@ fn fork_an_earlier_generation_with_a_patched_state() {
         String::from_utf8_lossy(&generation.stdout)
     );
     assert_eq!(forked["phase_outputs"]["setup"], json!({"scale": 2}));
+    assert_eq!(
+        forked["forked_from"],
+        json!({"task_id": "acc", "generation": 3, "phase": "sum"})
+    );
     // The original is untouched.
     assert_eq!(
         queue.done("acc").unwrap()["result"],

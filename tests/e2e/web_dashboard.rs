@@ -196,31 +196,6 @@ fn actions_need_the_token_and_the_same_origin_and_env_values_show_nowhere() {
         state_of(addr, "long").as_deref() == Some("running")
     });
 
-    // A spending limit set from the page, journaled as `cairn budget` journals it.
-    let limit = post_action(
-        addr,
-        "budget",
-        &json!({"id": "long", "max_cost": 5.5}),
-        &good,
-    );
-    assert_eq!(limit.status, 200, "{limit:?}");
-    assert!(limit.body.contains("spending limit is set"), "{limit:?}");
-    let refused = post_action(
-        addr,
-        "budget",
-        &json!({"id": "long", "max_cost": -1}),
-        &good,
-    );
-    assert_eq!(refused.status, 409, "{refused:?}");
-    wait_until("the limit is in force", DEADLINE, || {
-        let status: Value = serde_json::from_str(&get(addr, "/api/status").unwrap().body).unwrap();
-        status["tasks"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .any(|t| t["id"] == "long" && t["max_cost"] == 5.5)
-    });
-
     // Bulk: every task of long's submitter paused, then resumed.
     let status: Value = serde_json::from_str(&get(addr, "/api/status").unwrap().body).unwrap();
     let long_row = status["tasks"]
@@ -267,6 +242,32 @@ fn actions_need_the_token_and_the_same_origin_and_env_values_show_nowhere() {
     assert!(forked.body.contains("long-fork"), "{forked:?}");
     wait_until("the fork is taken in", DEADLINE, || {
         state_of(addr, "long-fork").is_some()
+    });
+
+    // A spending limit set from the page (last: `long` reports no cost, so any limit ends it,
+    // failing closed).
+    let limit = post_action(
+        addr,
+        "budget",
+        &json!({"id": "long", "max_cost": 5.5}),
+        &good,
+    );
+    assert_eq!(limit.status, 200, "{limit:?}");
+    assert!(limit.body.contains("spending limit is set"), "{limit:?}");
+    let refused = post_action(
+        addr,
+        "budget",
+        &json!({"id": "long", "max_cost": -1}),
+        &good,
+    );
+    assert_eq!(refused.status, 409, "{refused:?}");
+    wait_until("the limit is in force", DEADLINE, || {
+        let status: Value = serde_json::from_str(&get(addr, "/api/status").unwrap().body).unwrap();
+        status["tasks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|t| t["id"] == "long" && t["max_cost"] == 5.5)
     });
 
     daemon.signal(SIGTERM);
