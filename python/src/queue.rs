@@ -77,10 +77,11 @@ fn client_error(error: ClientError) -> PyErr {
 /// The command line's error (of the documents it builds) as the exception of its exit code.
 fn cli_error(error: cairn::cli::error::CliError) -> PyErr {
     let message = error.message();
+    use cairn::cli::exit;
     match error.code() {
-        2 => UsageError::new_err(message),
-        3 => InvalidTask::new_err(message),
-        5 => QueueUnsafe::new_err(message),
+        exit::USAGE => UsageError::new_err(message),
+        exit::INVALID_TASK => InvalidTask::new_err(message),
+        exit::UNSAFE_QUEUE => QueueUnsafe::new_err(message),
         _ => QueueError::new_err(message),
     }
 }

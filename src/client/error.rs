@@ -55,12 +55,6 @@ impl ClientError {
     pub fn kind(&self) -> ErrorKind {
         self.kind
     }
-
-    /// The same error with `more` after its message.
-    pub fn with_note(mut self, more: impl fmt::Display) -> ClientError {
-        self.message.push_str(&more.to_string());
-        self
-    }
 }
 
 impl fmt::Display for ClientError {

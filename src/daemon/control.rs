@@ -9,7 +9,7 @@ use super::{runner_blocking, Scheduler};
 use crate::queue::control::{ControlAction, ControlRequest};
 use crate::queue::refusals::Refusal;
 use crate::runner::RunContext;
-use crate::store::current_work::{ActiveStatus, ActiveTask, StoredOutput};
+use crate::store::current_work::{ActiveStatus, ActiveTask};
 use crate::store::events::Event;
 use crate::store::records::{FailedRecord, RecordStatus};
 use crate::task::Task;
@@ -426,23 +426,11 @@ pub(super) fn decide_control(
 /// The entry a task starts its first attempt with: at its first phase, or where `cairn fork`
 /// said (its start point). Blocking: call it off the async thread.
 pub(super) fn fresh_entry(ctx: &RunContext, task: &Task) -> ActiveTask {
-    let id = task.id();
-    let first_phase = task.phases.first().map(|p| p.name.as_str()).unwrap_or("");
-    let mut entry = ActiveTask::new(id, first_phase);
-    let start = ctx.queue.start_point(id).unwrap_or_else(|e| {
-        tracing::error!(task_id = %id, "ignoring an unreadable start point: {e}");
+    let start = ctx.queue.start_point(task.id()).unwrap_or_else(|e| {
+        tracing::error!(task_id = %task.id(), "ignoring an unreadable start point: {e}");
         None
     });
-    if let Some(start) = start.filter(|s| s.phase_index < task.phases.len()) {
-        entry.phase_index = start.phase_index;
-        entry.phase = task.phases[start.phase_index].name.clone();
-        entry.phase_outputs = start
-            .phase_outputs
-            .into_iter()
-            .map(|(name, value)| (name, StoredOutput::Inline(value)))
-            .collect();
-    }
-    entry
+    ActiveTask::first(task, start)
 }
 
 #[cfg(test)]

@@ -83,31 +83,12 @@ async fn write_done(
         phases: entry.phases.clone(),
         submitted_by: task.submitted_by.clone(),
         max_cost: entry.spend_limit(task.budget.as_ref()),
-        forked_from: None,
+        forked_from: entry.forked_from.clone(),
     };
     let (queue, lease) = (ctx.queue.clone(), lease.clone());
-    let phase_names: Vec<String> = task.phases.iter().map(|p| p.name.clone()).collect();
-    runner_blocking(move || {
-        let mut record = record;
-        record.forked_from = forked_from(&queue, &record.task_id, &phase_names);
-        queue.finish(&lease, &TaskRecord::Done(record))
-    })
-    .await
-    .map_err(RecordError::Write)
-}
-
-/// Where task `id` was forked from, as its start point says (blocking: a file or a row).
-fn forked_from(
-    queue: &crate::queue::Queue,
-    id: &str,
-    phases: &[String],
-) -> Option<crate::store::records::ForkedFrom> {
-    let start = queue.start_point(id).ok().flatten()?;
-    Some(crate::store::records::ForkedFrom {
-        task_id: start.forked_from,
-        generation: start.generation,
-        phase: phases.get(start.phase_index).cloned().unwrap_or_default(),
-    })
+    runner_blocking(move || queue.finish(&lease, &TaskRecord::Done(record)))
+        .await
+        .map_err(RecordError::Write)
 }
 
 impl Scheduler {

@@ -12,7 +12,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::records::{FailedRecord, RecordStatus};
+use super::records::{FailedRecord, ForkedFrom, RecordStatus};
 use crate::task_id::TaskId;
 
 /// The layout version of `current_work.json`.
@@ -223,6 +223,9 @@ pub struct ActiveTask {
     /// `retry.on_exhausted`) rather than an operator; cleared when it resumes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub paused_for: Option<PolicyPause>,
+    /// Where a forked task came from (its start point), for its final record.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub forked_from: Option<ForkedFrom>,
 }
 
 /// What paused a task by its own policy, as `status` and `show` give it.
@@ -333,7 +336,31 @@ impl ActiveTask {
             phases: Vec::new(),
             max_cost: None,
             paused_for: None,
+            forked_from: None,
         }
+    }
+
+    /// The entry a task starts its first attempt with: at its first phase, or where
+    /// `cairn fork` said (its start point, when it names a phase `task` has).
+    pub fn first(task: &crate::task::Task, start: Option<StartPoint>) -> Self {
+        let first_phase = task.phases.first().map(|p| p.name.as_str()).unwrap_or("");
+        let mut entry = ActiveTask::new(task.id(), first_phase);
+        let Some(start) = start.filter(|s| s.phase_index < task.phases.len()) else {
+            return entry;
+        };
+        entry.phase_index = start.phase_index;
+        entry.phase = task.phases[start.phase_index].name.clone();
+        entry.forked_from = Some(ForkedFrom {
+            task_id: start.forked_from,
+            generation: start.generation,
+            phase: entry.phase.clone(),
+        });
+        entry.phase_outputs = start
+            .phase_outputs
+            .into_iter()
+            .map(|(name, value)| (name, StoredOutput::Inline(value)))
+            .collect();
+        entry
     }
 
     /// The spending limit in force: the one `cairn budget` set, else the definition's.

@@ -340,22 +340,11 @@ impl Unheld<'_> {
 
     /// The entry of a task that never started: at its first phase, or its start point.
     fn fresh_entry(&self, task: &Task) -> ActiveTask {
-        let first = task.phases.first().map(|p| p.name.as_str()).unwrap_or("");
-        let mut entry = ActiveTask::new(self.task_id, first);
         let start: Option<StartPoint> = self
             .start_point
             .as_deref()
             .and_then(|text| serde_json::from_str(text).ok());
-        if let Some(start) = start.filter(|s| s.phase_index < task.phases.len()) {
-            entry.phase_index = start.phase_index;
-            entry.phase = task.phases[start.phase_index].name.clone();
-            entry.phase_outputs = start
-                .phase_outputs
-                .into_iter()
-                .map(|(name, value)| (name, StoredOutput::Inline(value)))
-                .collect();
-        }
-        entry
+        ActiveTask::first(task, start)
     }
 
     /// The outputs of the phases `entry` finished, the large ones read from `cairn_outputs`.
