@@ -23,10 +23,14 @@ pub mod limits;
 pub mod observe;
 pub mod queue;
 pub mod runner;
+pub mod safe_fs;
 pub mod shutdown;
 pub mod store;
 pub mod submitter;
 pub mod task;
 pub mod task_id;
+
+#[cfg(test)]
+mod layering_tests;
 
 pub use store::{CheckpointStore, IterationCheckpoint, LoopCheckpointer};

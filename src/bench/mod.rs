@@ -8,6 +8,7 @@ pub mod checkpoint;
 pub mod files;
 #[cfg(feature = "postgres")]
 pub mod postgres;
+pub mod proc_stats;
 pub mod pueue;
 pub mod queue;
 #[cfg(feature = "postgres")]
@@ -19,7 +20,24 @@ pub mod workload;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use anyhow::Context;
+use anyhow::{bail, Context};
+
+/// Run the queue benchmarks (`cairn bench queue`) on a queue directory, or with `--db` on a
+/// shared queue, printing one JSON line per figure.
+pub fn run_queue(args: &queue::QueueOptions) -> anyhow::Result<()> {
+    if args.max_tasks == 0 || args.resume_max_tasks == Some(0) {
+        bail!("--max-tasks and --resume-max-tasks must be at least 1");
+    }
+    #[cfg(feature = "postgres")]
+    if let Some(url) = &args.db {
+        return queue_db::run(args, url);
+    }
+    #[cfg(not(feature = "postgres"))]
+    if args.db.is_some() {
+        bail!("this cairn was built without PostgreSQL (the cargo feature `postgres`)");
+    }
+    queue::run(args)
+}
 
 /// The directory a benchmark makes its run directories in (`bench/.data` by default),
 /// created with its missing ancestors; [`remove_if_empty`](Self::remove_if_empty) takes away

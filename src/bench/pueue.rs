@@ -206,7 +206,7 @@ impl PueueDaemon {
     }
 
     fn peak_rss_mib(&self) -> anyhow::Result<f64> {
-        super::queue::peak_rss_mib(self.child.id() as i32)
+        super::proc_stats::peak_rss_mib(self.child.id() as i32)
     }
 
     fn wait_or_kill(&mut self) {

@@ -43,6 +43,7 @@ use chrono::Utc;
 use serde::Serialize;
 use serde_json::{json, Value};
 
+use super::proc_stats::cpu_times;
 use super::{millis, percentile, round_to};
 use crate::queue::QueueDir;
 use crate::store::current_work::{ActiveStatus, ActiveTask, CurrentWork, PhaseTiming};
@@ -121,19 +122,8 @@ pub(super) const STALL_LIMIT: Duration = Duration::from_secs(120);
 /// How long an idle daemon may take to exit after SIGTERM.
 const STOP_LIMIT: Duration = Duration::from_secs(60);
 
-/// Run the queue benchmarks, printing one JSON line per figure.
-pub fn run(args: &QueueOptions) -> anyhow::Result<()> {
-    if args.max_tasks == 0 || args.resume_max_tasks == Some(0) {
-        bail!("--max-tasks and --resume-max-tasks must be at least 1");
-    }
-    #[cfg(feature = "postgres")]
-    if let Some(url) = &args.db {
-        return super::queue_db::run(args, url);
-    }
-    #[cfg(not(feature = "postgres"))]
-    if args.db.is_some() {
-        bail!("this cairn was built without PostgreSQL (the cargo feature `postgres`)");
-    }
+/// Run the queue benchmarks on a queue directory, printing one JSON line per figure.
+pub(super) fn run(args: &QueueOptions) -> anyhow::Result<()> {
     let wanted = |m: Measurement| args.only.is_empty() || args.only.contains(&m);
     let parent = super::RunDirParent::create(&args.dir)?;
     let root = fresh_root(&args.dir)?;
@@ -992,58 +982,6 @@ fn check_resumed(queue: &Path, id: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// CPU time of a process (or thread), and of its reaped children (user + system), in ms.
-pub(super) struct CpuTimes {
-    pub(super) user_ms: f64,
-    pub(super) system_ms: f64,
-    pub(super) children_ms: f64,
-}
-
-/// [`CpuTimes`] from a `stat` file of `/proc` (a process's or one thread's).
-#[allow(unsafe_code)] // sysconf has no safe wrapper in nix for the clock tick
-pub(super) fn cpu_times(path: &str) -> anyhow::Result<CpuTimes> {
-    let stat = fs::read_to_string(path).with_context(|| format!("reading {path}"))?;
-    // Fields after the command name, which is in parentheses and may hold spaces: utime,
-    // stime, cutime and cstime are fields 14 to 17 of the whole line, 12 to 15 of these.
-    let after_name = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
-    let fields: Vec<f64> = after_name
-        .split_whitespace()
-        .skip(11)
-        .take(4)
-        .map(|f| f.parse().unwrap_or(f64::NAN))
-        .collect();
-    anyhow::ensure!(
-        fields.len() == 4 && fields.iter().all(|f| f.is_finite()),
-        "{path} has no CPU times"
-    );
-    // SAFETY: sysconf with a constant.
-    let ticks = unsafe { nix::libc::sysconf(nix::libc::_SC_CLK_TCK) } as f64;
-    let ms = |t: f64| round_to(t * 1000.0 / ticks, 1);
-    Ok(CpuTimes {
-        user_ms: ms(fields[0]),
-        system_ms: ms(fields[1]),
-        children_ms: ms(fields[2] + fields[3]),
-    })
-}
-
-/// The peak resident memory so far (`VmHWM`) of process `pid`, in MiB.
-pub(super) fn peak_rss_mib(pid: i32) -> anyhow::Result<f64> {
-    let path = format!("/proc/{pid}/status");
-    let status = fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
-    let kib = status
-        .lines()
-        .find_map(|line| line.strip_prefix("VmHWM:"))
-        .and_then(|rest| {
-            rest.trim()
-                .trim_end_matches("kB")
-                .trim()
-                .parse::<f64>()
-                .ok()
-        })
-        .with_context(|| format!("{path} has no VmHWM line"))?;
-    Ok(round_to(kib / 1024.0, 1))
-}
-
 /// A `cairn run` child process on a queue, its stderr in `daemon.log` beside the queue.
 pub(super) struct Daemon {
     child: Child,
@@ -1117,7 +1055,7 @@ impl Daemon {
 
     /// The daemon's peak resident memory so far (`VmHWM`), in MiB.
     pub(super) fn peak_rss_mib(&self) -> anyhow::Result<f64> {
-        peak_rss_mib(self.pid())
+        super::proc_stats::peak_rss_mib(self.pid())
     }
 
     /// SIGTERM, and wait for a clean exit ([`STOP_LIMIT`] at most: a daemon that does not

@@ -26,10 +26,11 @@ use anyhow::{bail, Context};
 use chrono::{DateTime, Utc};
 use serde_json::json;
 
+use super::proc_stats::cpu_times;
 use super::queue::{
-    commands_alone, cpu_times, drop_into_inbox, fresh_root, once_task, print_line, since, stage,
-    Daemon, Measurement, PickupLine, QueueOptions, ReadyListener, ResumeLine, ThroughputLine,
-    ONCE_COMMAND, RESUME_COMMAND, STALL_LIMIT,
+    commands_alone, drop_into_inbox, fresh_root, once_task, print_line, since, stage, Daemon,
+    Measurement, PickupLine, QueueOptions, ReadyListener, ResumeLine, ThroughputLine, ONCE_COMMAND,
+    RESUME_COMMAND, STALL_LIMIT,
 };
 use super::{millis, percentile, round_to};
 use crate::queue::postgres::{CheckpointWrite, NewTask, PgQueue, TaskTimes};

@@ -166,7 +166,7 @@ struct CheckpointArgs {
 pub fn run(args: BenchArgs) -> CliResult {
     match args.bench {
         Bench::Checkpoint(args) => checkpoint(args),
-        Bench::Queue(args) => Ok(crate::bench::queue::run(&args.into_options())?),
+        Bench::Queue(args) => Ok(crate::bench::run_queue(&args.into_options())?),
         Bench::Spawn(args) => spawn(args),
         Bench::Files(args) => files(args),
         Bench::Web(args) => {

@@ -10,7 +10,7 @@
 use std::collections::HashSet;
 use std::fs;
 use std::io::{self, Read};
-use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::Path;
 
 use chrono::{DateTime, Utc};
@@ -350,11 +350,7 @@ fn claim_waiting(queue: &QueueDir, reported: &mut HashSet<String>) -> io::Result
 /// it is gone. The error says what is wrong with it.
 fn read_claim(path: &Path) -> Result<Option<(Vec<u8>, fs::Metadata)>, BadRequest> {
     let io = |action| move |source| BadRequest::Io { action, source };
-    let file = match fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK | nix::libc::O_NOCTTY)
-        .open(path)
-    {
+    let file = match crate::safe_fs::open_no_follow(path) {
         Ok(file) => file,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
         Err(e) if e.raw_os_error() == Some(nix::libc::ELOOP) => return Err(BadRequest::Symlink),
@@ -424,7 +420,7 @@ fn escape(name: &str) -> String {
 
 /// The UTF-8 names in a directory (a missing one is empty).
 fn read_names(dir: &Path) -> io::Result<Vec<String>> {
-    Ok(super::intake::read_names(dir)?
+    Ok(crate::safe_fs::read_names(dir)?
         .into_iter()
         .filter_map(|name| name.into_string().ok())
         .collect())

@@ -20,7 +20,7 @@ use std::fmt::Write as _;
 use std::fs::{self, Metadata};
 use std::io::{self, Read};
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
@@ -30,6 +30,7 @@ use serde_json::json;
 use super::task_sink::{FileSink, Stored, TaskSink};
 use super::QueueDir;
 use crate::limits::{Admission, SubmitterKey};
+use crate::safe_fs::{open_no_follow, read_names};
 use crate::store::records::RecordStatus;
 use crate::store::Storage;
 use crate::submitter::Submitter;
@@ -813,33 +814,6 @@ fn remove_claim(claim: &Path) {
             tracing::warn!(claim = ?claim, "could not remove claimed file: {e}");
         }
     }
-}
-
-/// Every name in a directory, as the OS gives it (a missing directory is empty).
-pub(super) fn read_names(dir: &Path) -> io::Result<Vec<OsString>> {
-    let entries = match fs::read_dir(dir) {
-        Ok(entries) => entries,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => {
-            return Err(io::Error::new(
-                e.kind(),
-                format!("reading {}: {e}", dir.display()),
-            ))
-        }
-    };
-    let mut names = Vec::new();
-    for entry in entries {
-        names.push(entry?.file_name());
-    }
-    Ok(names)
-}
-
-/// Open for reading without following a link or blocking on a FIFO swapped in.
-fn open_no_follow(path: &Path) -> io::Result<fs::File> {
-    fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK)
-        .open(path)
 }
 
 /// Read a file that must be regular, without following a link or blocking on a FIFO swapped in.

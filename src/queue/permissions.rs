@@ -236,7 +236,7 @@ fn first_exposed_definition(
             let exposed = named
                 && meta.is_file()
                 && mode & 0o004 != 0
-                && super::read::files::read_regular(&path, crate::task::MAX_TASK_FILE_BYTES)
+                && crate::safe_fs::read_regular(&path, crate::task::MAX_TASK_FILE_BYTES)
                     .is_some_and(|bytes| has_env(&bytes));
             exposed.then_some((path, mode))
         })

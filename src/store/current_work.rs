@@ -12,7 +12,6 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::records::{FailedRecord, ForkedFrom, RecordStatus};
 use crate::task_id::TaskId;
 
 /// The layout version of `current_work.json`.
@@ -136,6 +135,16 @@ pub struct PhaseTiming {
     /// a worker's definition has no total of its own.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub total: Option<u64>,
+}
+
+/// The task and checkpoint a forked task started from (`cairn fork`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ForkedFrom {
+    pub task_id: String,
+    /// The generation it continued from; 0 for a restart at a phase (`--from-phase`).
+    pub generation: u64,
+    /// The phase it started at.
+    pub phase: String,
 }
 
 /// One task in flight.
@@ -391,31 +400,6 @@ impl ActiveTask {
 }
 
 impl ActiveTask {
-    /// The entry that brings back a failed, cancelled or budget-stopped task (`cairn retry`):
-    /// where its record says it stopped (within the task's `phase_count` phases), with its
-    /// outputs, runs and timings, its failed attempts counted afresh, and a budget stop given
-    /// a fresh budget (the operator asked for more). `retry_of` names the record it replaces.
-    pub fn for_retry(record: &FailedRecord, phase_count: usize) -> ActiveTask {
-        let mut entry = ActiveTask::new(&record.task_id, &record.phase);
-        entry.phase_index = record.phase_index.min(phase_count);
-        entry.phase_outputs = record
-            .phase_outputs
-            .iter()
-            .map(|(name, value)| (name.clone(), StoredOutput::Inline(value.clone())))
-            .collect();
-        entry.started_at = record.started_at;
-        entry.attempt = record.attempts;
-        entry.status = ActiveStatus::Interrupted;
-        entry.phases = record.phases.clone();
-        entry.cost = (record.status != RecordStatus::BudgetExceeded)
-            .then_some(record.cost)
-            .flatten();
-        entry.last_error = Some(record.error.clone());
-        entry.retry_of = Some(record.failed_at);
-        entry.max_cost = record.max_cost;
-        entry
-    }
-
     /// What the iterations lost to crashes are taken to have cost: each at the largest cost an
     /// iteration of its own phase reported, or, while that phase has reported none (and for
     /// the lost iterations of an older cairn's entry, whose phase is unknown), at the largest

@@ -320,7 +320,7 @@ impl Drop for JournalWriter {
 /// begins (see [`parse_line`]).
 pub fn read(queue_root: &Path, task_id: &str) -> io::Result<Vec<JournalEvent>> {
     let path = journal_path(queue_root, task_id);
-    let file = match crate::queue::read::open_no_follow(&path) {
+    let file = match crate::safe_fs::open_no_follow(&path) {
         Ok(file) if !file.metadata()?.is_file() => {
             let why = format!("{}: not a regular file", path.display());
             return Err(io::Error::new(io::ErrorKind::InvalidData, why));

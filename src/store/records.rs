@@ -6,7 +6,8 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::current_work::{ActiveTask, PhaseTiming};
+pub use super::current_work::ForkedFrom;
+use super::current_work::{ActiveStatus, ActiveTask, PhaseTiming, StoredOutput};
 use crate::submitter::Submitter;
 use crate::task_id::TaskId;
 
@@ -90,16 +91,6 @@ pub struct DoneRecord {
     pub forked_from: Option<ForkedFrom>,
 }
 
-/// The task and checkpoint a forked task started from (`cairn fork`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ForkedFrom {
-    pub task_id: String,
-    /// The generation it continued from; 0 for a restart at a phase (`--from-phase`).
-    pub generation: u64,
-    /// The phase it started at.
-    pub phase: String,
-}
-
 /// Written when a task has used up its attempts, or was stopped by its budget (its
 /// checkpoints are kept).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -131,6 +122,33 @@ pub struct FailedRecord {
     /// As in [`DoneRecord`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_cost: Option<f64>,
+}
+
+impl ActiveTask {
+    /// The entry that brings back a failed, cancelled or budget-stopped task (`cairn retry`):
+    /// where its record says it stopped (within the task's `phase_count` phases), with its
+    /// outputs, runs and timings, its failed attempts counted afresh, and a budget stop given
+    /// a fresh budget (the operator asked for more). `retry_of` names the record it replaces.
+    pub fn for_retry(record: &FailedRecord, phase_count: usize) -> ActiveTask {
+        let mut entry = ActiveTask::new(&record.task_id, &record.phase);
+        entry.phase_index = record.phase_index.min(phase_count);
+        entry.phase_outputs = record
+            .phase_outputs
+            .iter()
+            .map(|(name, value)| (name.clone(), StoredOutput::Inline(value.clone())))
+            .collect();
+        entry.started_at = record.started_at;
+        entry.attempt = record.attempts;
+        entry.status = ActiveStatus::Interrupted;
+        entry.phases = record.phases.clone();
+        entry.cost = (record.status != RecordStatus::BudgetExceeded)
+            .then_some(record.cost)
+            .flatten();
+        entry.last_error = Some(record.error.clone());
+        entry.retry_of = Some(record.failed_at);
+        entry.max_cost = record.max_cost;
+        entry
+    }
 }
 
 impl FailedRecord {

@@ -316,7 +316,7 @@ fn log_tails(reader: &QueueReader, id: &TaskId) -> Value {
 }
 
 fn tail(path: &std::path::Path, bytes: u64) -> std::io::Result<String> {
-    let mut file = crate::queue::read::files::open_no_follow(path)?;
+    let mut file = crate::safe_fs::open_no_follow(path)?;
     let length = file.metadata()?.len();
     file.seek(SeekFrom::Start(length.saturating_sub(bytes)))?;
     let mut buffer = Vec::new();

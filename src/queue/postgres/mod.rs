@@ -33,6 +33,7 @@ mod control;
 mod error;
 mod fenced;
 mod fork;
+mod grants;
 mod intake;
 mod journal;
 mod lease;

@@ -17,10 +17,9 @@
 
 use std::collections::HashMap;
 
-use tokio_postgres::Transaction;
-
 use super::connect::PgQueue;
 use super::error::{During, PgError};
+use super::grants::{identifier, privileges, revoke_rights};
 use crate::submitter::Submitter;
 
 /// The tables whose rows belong to one task or request: row-level security on them.
@@ -33,21 +32,6 @@ const GUARDED: [&str; 7] = [
     "cairn_records",
     "cairn_record_history",
 ];
-
-/// What a submitter may insert (besides reading its own rows of every table).
-const SUBMITTER_INSERTS: [&str; 4] = [
-    "cairn_tasks",
-    "cairn_control",
-    "cairn_events",
-    "cairn_checkpoints",
-];
-
-/// cairn's tables (`'r'`) or sequences (`'S'`) in the current schema.
-const CAIRN_RELATIONS: &str = "
-SELECT c.relname::text FROM pg_class c
-WHERE c.relnamespace = current_schema()::regnamespace AND c.relkind = $1::text::\"char\"
-  AND c.relname LIKE 'cairn\\_%'
-ORDER BY c.relname";
 
 /// Whether the role in column `role` is trusted for who it says submitted or asked: a
 /// registered daemon, the owner of cairn's tables, or a superuser. Needs `cairn_roles r` and
@@ -131,73 +115,6 @@ impl Vouched {
             Vouched::Nobody { .. } => None,
         }
     }
-}
-
-/// Quote `name` as an SQL identifier.
-fn identifier(name: &str) -> String {
-    format!("\"{}\"", name.replace('"', "\"\""))
-}
-
-async fn relations(tx: &Transaction<'_>, kind: &str) -> Result<Vec<String>, PgError> {
-    let rows = tx
-        .query(CAIRN_RELATIONS, &[&kind])
-        .await
-        .during("listing cairn's tables")?;
-    Ok(rows.iter().map(|row| row.get(0)).collect())
-}
-
-/// Give `role` the rights of `kind` on every cairn table there is now.
-async fn privileges(tx: &Transaction<'_>, role: &str, kind: &str) -> Result<(), PgError> {
-    let who = identifier(role);
-    let mut statements = vec![format!(
-        "GRANT USAGE ON SCHEMA {} TO {who}",
-        identifier(&current_schema(tx).await?)
-    )];
-    for table in relations(tx, "r").await? {
-        let rights = match (kind, table.as_str()) {
-            ("submitter", "cairn_roles") => continue,
-            ("daemon", "cairn_roles" | "cairn_schema") => "SELECT",
-            ("daemon", _) => "SELECT, INSERT, UPDATE, DELETE",
-            (_, table) if SUBMITTER_INSERTS.contains(&table) => "SELECT, INSERT",
-            _ => "SELECT",
-        };
-        statements.push(format!("GRANT {rights} ON {} TO {who}", identifier(&table)));
-    }
-    for sequence in relations(tx, "S").await? {
-        statements.push(format!(
-            "GRANT USAGE ON SEQUENCE {} TO {who}",
-            identifier(&sequence)
-        ));
-    }
-    for statement in statements {
-        tx.batch_execute(&statement)
-            .await
-            .during("granting a role its rights")?;
-    }
-    Ok(())
-}
-
-async fn current_schema(tx: &Transaction<'_>) -> Result<String, PgError> {
-    Ok(tx
-        .query_one("SELECT current_schema()::text", &[])
-        .await
-        .during("reading the current schema")?
-        .get(0))
-}
-
-/// Grant every registered role its rights again (after a migration added tables).
-pub(super) async fn grant_registered(tx: &Transaction<'_>) -> Result<(), PgError> {
-    let rows = tx
-        .query(
-            "SELECT r.role, r.kind FROM cairn_roles r JOIN pg_roles p ON p.rolname = r.role",
-            &[],
-        )
-        .await
-        .during("reading cairn_roles")?;
-    for row in rows {
-        privileges(tx, row.get(0), row.get(1)).await?;
-    }
-    Ok(())
 }
 
 /// A role registered in `cairn_roles`.
@@ -386,28 +303,10 @@ impl PgQueue {
     }
 }
 
-/// Take every right on cairn's tables and sequences from `role`.
-async fn revoke_rights(tx: &Transaction<'_>, role: &str) -> Result<(), PgError> {
-    let who = identifier(role);
-    for table in relations(tx, "r").await? {
-        tx.batch_execute(&format!("REVOKE ALL ON {} FROM {who}", identifier(&table)))
-            .await
-            .during("revoking a role's rights")?;
-    }
-    for sequence in relations(tx, "S").await? {
-        tx.batch_execute(&format!(
-            "REVOKE ALL ON SEQUENCE {} FROM {who}",
-            identifier(&sequence)
-        ))
-        .await
-        .during("revoking a role's rights")?;
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
-    use super::{identifier, Vouched};
+    use super::super::grants::identifier;
+    use super::Vouched;
     use crate::submitter::Submitter;
 
     #[test]

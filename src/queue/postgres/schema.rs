@@ -96,7 +96,7 @@ pub async fn migrate(client: &mut Client) -> Result<Migrated, PgError> {
         tracing::info!(version, "applied a schema migration");
     }
     // Tables a migration added are granted to the roles registered already.
-    super::roles::grant_registered(&tx).await?;
+    super::grants::grant_registered(&tx).await?;
     tx.commit().await.during("committing the migration")?;
     Ok(Migrated {
         from,

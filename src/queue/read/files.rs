@@ -6,6 +6,7 @@ use std::path::Path;
 
 use chrono::{DateTime, Utc};
 
+use crate::safe_fs::{list_names, open_no_follow};
 use crate::store::journal::JournalEvent;
 
 /// The stems of `dir/*.json`, dot-files left out, sorted.
@@ -17,20 +18,6 @@ pub fn json_stems(dir: &Path) -> Vec<String> {
         .collect();
     stems.sort();
     stems
-}
-
-/// The names in a directory (empty when it does not exist), sorted.
-pub fn list_names(dir: &Path) -> Vec<String> {
-    let mut names: Vec<String> = fs::read_dir(dir)
-        .map(|entries| {
-            entries
-                .filter_map(|e| e.ok())
-                .filter_map(|e| e.file_name().into_string().ok())
-                .collect()
-        })
-        .unwrap_or_default();
-    names.sort();
-    names
 }
 
 /// A file's modification time (of a link itself, not its target).
@@ -96,33 +83,6 @@ pub fn read_queue_file(path: impl AsRef<Path>) -> io::Result<Vec<u8>> {
     let mut bytes = Vec::new();
     file.take(MAX_QUEUE_FILE_BYTES).read_to_end(&mut bytes)?;
     Ok(bytes)
-}
-
-/// Open for reading without following a link in the last component or blocking.
-pub fn open_no_follow(path: &Path) -> io::Result<fs::File> {
-    use std::os::unix::fs::OpenOptionsExt;
-    fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK | nix::libc::O_NOCTTY)
-        .open(path)
-}
-
-/// A small file's bytes, or `None` unless it is a regular file (not a link, FIFO or device) of
-/// at most `cap` bytes: reading never blocks and never runs away.
-pub fn read_regular(path: &Path, cap: u64) -> Option<Vec<u8>> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let file = fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK | nix::libc::O_NOCTTY)
-        .open(path)
-        .ok()?;
-    let meta = file.metadata().ok()?;
-    if !meta.is_file() || meta.len() > cap {
-        return None;
-    }
-    let mut bytes = Vec::new();
-    file.take(cap).read_to_end(&mut bytes).ok()?;
-    Some(bytes)
 }
 
 /// The events at the end of a journal file (at most about `max_bytes` of it; a line cut by

@@ -32,8 +32,9 @@ pub use record::{Record, RecordError};
 pub use status_cache::StatusCache;
 pub use task_view::{TaskLease, TaskView};
 
-pub(crate) use files::{disk_size, json_stems, list_names, mtime, newest_mtime, read_regular};
-pub(crate) use files::{open_no_follow, read_queue_file};
+pub(crate) use crate::safe_fs::{list_names, read_regular};
+pub(crate) use files::read_queue_file;
+pub(crate) use files::{disk_size, json_stems, mtime, newest_mtime};
 
 use crate::limits::PublishedLimits;
 use crate::queue::QueueDir;
