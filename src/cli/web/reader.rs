@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 use tokio::sync::oneshot;
 
+use super::error::WebError;
 use crate::client::QueueClient as Source;
 use crate::queue::{LoadOptions, QueueReader, QueueView, StatusCache, TaskView};
 use crate::task_id::TaskId;
@@ -52,14 +53,14 @@ const RECENT_REJECTED: usize = 10;
 #[derive(Debug)]
 pub struct Snapshot {
     pub at: Instant,
-    pub document: Result<Value, String>,
+    pub document: Result<Value, WebError>,
     /// The whole document as text, made once, when first asked for.
     text: OnceLock<String>,
 }
 
 impl Snapshot {
     /// The whole document as text (the same for every request of this moment).
-    pub fn text(&self) -> Result<&str, String> {
+    pub fn text(&self) -> Result<&str, WebError> {
         let document = self.document.as_ref().map_err(Clone::clone)?;
         Ok(self.text.get_or_init(|| document.to_string()))
     }
@@ -72,7 +73,7 @@ struct Refresh {
 }
 
 /// A task's document.
-struct TaskJob(String, oneshot::Sender<Result<Option<String>, String>>);
+struct TaskJob(String, oneshot::Sender<Result<Option<String>, WebError>>);
 
 /// What the thread and the requests share: the latest document, and when it was last wanted.
 #[derive(Debug, Default)]
@@ -135,35 +136,31 @@ impl Reader {
         }
     }
 
-    fn refresh(&self, now: bool) -> Result<oneshot::Receiver<Arc<Snapshot>>, String> {
+    fn refresh(&self, now: bool) -> Result<oneshot::Receiver<Arc<Snapshot>>, WebError> {
         let (answer, answered) = oneshot::channel();
         self.refreshes
             .send(Refresh { now, answer })
-            .map_err(|_| "the dashboard's reader is gone".to_string())?;
+            .map_err(|_| WebError::ReaderGone)?;
         Ok(answered)
     }
 
     /// The latest status document: at most [`SERVE_FOR`] old, else refreshed first.
-    pub async fn snapshot(&self) -> Result<Arc<Snapshot>, String> {
+    pub async fn snapshot(&self) -> Result<Arc<Snapshot>, WebError> {
         *self.shared.wanted.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
         if let Some(latest) = self.shared.latest().filter(|s| s.at.elapsed() < SERVE_FOR) {
             return Ok(latest);
         }
-        self.refresh(false)?
-            .await
-            .map_err(|_| "the dashboard's reader is gone".to_string())
+        self.refresh(false)?.await.map_err(|_| WebError::ReaderGone)
     }
 
     /// The `cairn show --json` document of a task, with its checkpoint generations, its latest
     /// checkpoint decoded and the tail of each phase log (a queue directory's).
-    pub async fn task(&self, id: String) -> Result<Option<String>, String> {
+    pub async fn task(&self, id: String) -> Result<Option<String>, WebError> {
         let (answer, answered) = oneshot::channel();
         self.tasks
             .send(TaskJob(id, answer))
-            .map_err(|_| "the dashboard's reader is gone".to_string())?;
-        answered
-            .await
-            .map_err(|_| "the dashboard's reader is gone".to_string())?
+            .map_err(|_| WebError::ReaderGone)?;
+        answered.await.map_err(|_| WebError::ReaderGone)?
     }
 }
 
@@ -223,19 +220,19 @@ fn read_tasks(source: ReadSource, jobs: mpsc::Receiver<TaskJob>) {
     }
 }
 
-fn open(source: &ReadSource) -> Result<Source, String> {
-    Source::open(&source.queue, source.db.as_deref()).map_err(|e| e.to_string())
+fn open(source: &ReadSource) -> Result<Source, WebError> {
+    Ok(Source::open(&source.queue, source.db.as_deref())?)
 }
 
 /// The status document now: a queue directory's from the views kept, a database's read.
-fn read_status(source: &Source, kept: &mut KeptStatus) -> Result<Value, String> {
+fn read_status(source: &Source, kept: &mut KeptStatus) -> Result<Value, WebError> {
     let options = LoadOptions {
         rejected: RECENT_REJECTED,
     };
     match source.root() {
         Some(root) => Ok(kept.document(&QueueReader::open(root), options)),
         None => {
-            let view = source.status(options).map_err(|e| e.to_string())?;
+            let view = source.status(options)?;
             let tasks = view
                 .tasks
                 .iter()
@@ -310,19 +307,19 @@ fn task_json(view: &QueueView, task: &TaskView) -> Value {
     json
 }
 
-fn task_document(source: &Source, id: &str) -> Result<Option<String>, String> {
+fn task_document(source: &Source, id: &str) -> Result<Option<String>, WebError> {
     let Ok(id) = TaskId::parse(id) else {
         return Ok(None);
     };
     let files = source.root().map(QueueReader::open);
     let exists = match &files {
         Some(reader) => reader.task(&id).is_some(),
-        None => source.task(&id).map_err(|e| e.to_string())?.is_some(),
+        None => source.task(&id)?.is_some(),
     };
     if !exists {
         return Ok(None);
     }
-    let mut document = crate::cli::show::json_document(source, &id).map_err(|e| e.message())?;
+    let mut document = crate::cli::show::json_document(source, &id).map_err(WebError::command)?;
     document["checkpoints"] = checkpoints(source, &id);
     // The logs stay on the host that ran the task: a shared queue's page has none.
     if let Some(reader) = &files {
