@@ -5,7 +5,7 @@
 //! task's page, beside a reference taken in the same run: `cairn status --json`, which reads
 //! every task's files. Then it runs a task of `--iterations` checkpointed iterations on the
 //! same queue, by turns with the listener off, on and idle, and on and polled as a browser
-//! polls it, each on a daemon started for it, the task submitted once the daemon (and its
+//! polls it, each on a daemon started for it, the task let go once the daemon (and its
 //! listener's first read of the queue) is ready, and gives each run's checkpoints per second.
 //! It prints one JSON line; no figure is asserted.
 
@@ -91,7 +91,14 @@ fn measure(dir: &Path, options: &WebOptions) -> anyhow::Result<Value> {
     let daemon = Daemon::start(dir, &queue, 1, true)?;
     let figures = daemon
         .taken_in(options.tasks)
-        .and_then(|()| screens(&daemon, options));
+        .and_then(|()| screens(&daemon, options))
+        .and_then(|figures| {
+            // The first run's task waits, first in line, for the daemon that runs it.
+            if let Some((id, _)) = runs.first() {
+                daemon.submit_spin(dir, id, options.iterations)?;
+            }
+            Ok(figures)
+        });
     daemon.stop();
     let mut figures = figures?;
     figures["status_cli_ms"] = json!(status_cli_ms(&queue, options.rounds)?);
@@ -177,8 +184,9 @@ fn throughput(
         return Ok(Value::Null);
     }
     let mut rates: Vec<(Listening, Vec<f64>)> = Listening::ALL.map(|how| (how, vec![])).into();
-    for (id, how) in runs {
-        let rate = spin(dir, queue, id, *how, options.iterations)?;
+    for (n, (id, how)) in runs.iter().enumerate() {
+        let next = runs.get(n + 1).map(|(next, _)| next.as_str());
+        let rate = spin(dir, queue, (id, *how), next, options.iterations)?;
         if let Some((_, list)) = rates.iter_mut().find(|(h, _)| h == how) {
             list.push(rate);
         }
@@ -190,14 +198,14 @@ fn throughput(
     Ok(figures)
 }
 
-/// One throughput run of the task `id` on a daemon started for it, submitted once the
-/// daemon is ready (and, listening, has read the queue once: an idle listener is then left
-/// alone, a polled one is polled as a browser polls it until the task is done).
+/// One throughput run of the task `id` (accepted, first in line) on a daemon started for it,
+/// let go once the daemon is ready (and, listening, has read the queue once: an idle listener
+/// is then left alone, a polled one is polled as a browser polls it until the task is done).
 fn spin(
     dir: &Path,
     queue: &Path,
-    id: &str,
-    how: Listening,
+    (id, how): (&str, Listening),
+    next: Option<&str>,
     iterations: u64,
 ) -> anyhow::Result<f64> {
     // A slot for it beside the tasks in flight, which the daemon resumes first.
@@ -215,8 +223,8 @@ fn spin(
                 let watching = Arc::clone(&watching);
                 std::thread::spawn(move || poll(addr, &watching))
             });
-        let finished = daemon
-            .submit_spin(id, iterations)
+        let finished = std::fs::write(go_file(dir, id), "")
+            .context("starting the task")
             .and_then(|()| daemon.wait_done(id));
         watching.store(false, Ordering::Relaxed);
         if let Some(watcher) = watcher {
@@ -224,9 +232,21 @@ fn spin(
         }
         finished
     });
+    // Once it is done, the next one is submitted while every slot is taken again, so that it
+    // waits, first in line, for the next daemon.
+    let ran = ran.and_then(|()| match next {
+        Some(next) => daemon.submit_spin(dir, next, iterations),
+        None => Ok(()),
+    });
     daemon.stop();
     ran?;
     checkpoint_rate(queue, id)
+}
+
+/// The file whose creation lets the throughput task `id` go on from its first phase to the
+/// checkpointed one: the daemon starts it at once, the run begins when the bench says.
+fn go_file(dir: &Path, id: &str) -> PathBuf {
+    dir.join(format!("go-{id}"))
 }
 
 /// Ask what a browser showing the first screen asks, every second, while `watching`.
@@ -344,13 +364,17 @@ impl Daemon {
         Ok(())
     }
 
-    /// Submit a throughput task of `iterations` checkpointed iterations, first in line, and
-    /// wait until the daemon has taken it in.
-    fn submit_spin(&self, id: &str, iterations: u64) -> anyhow::Result<()> {
+    /// Submit a throughput task, first in line: a first phase that waits for its
+    /// [`go_file`], then `iterations` checkpointed iterations; wait until the daemon has taken
+    /// it in.
+    fn submit_spin(&self, dir: &Path, id: &str, iterations: u64) -> anyhow::Result<()> {
+        let wait = "while [ ! -e \"$0\" ]; do sleep 0.05; done";
+        let go = go_file(dir, id).display().to_string();
         let task = json!({
             "id": id,
             "priority": 100,
-            "phases": [{"name": "spin", "kind": "loop", "run": ["echo", "{}"],
+            "phases": [{"name": "wait", "run": ["sh", "-c", wait, go]},
+                       {"name": "spin", "kind": "loop", "run": ["echo", "{}"],
                         "max_iterations": iterations}],
         });
         let dir = QueueDir::new(&self.queue);

@@ -139,36 +139,51 @@ impl RunArgs {
     }
 }
 
+/// A value of `cairn run`'s options that does not parse.
+#[derive(Debug, thiserror::Error)]
+pub enum OptionError {
+    #[error("{0} is too small: a log keeps at least 64KiB (0: unbounded)")]
+    LogTooSmall(String),
+    #[error("{0:?} is not a size (a number of bytes, or with KiB, MiB, GiB)")]
+    NotASize(String),
+    #[error("{0:?} is not a unit (KiB, MiB or GiB)")]
+    NotAUnit(String),
+    #[error("{0} is too large")]
+    TooLarge(String),
+    #[error(transparent)]
+    Duration(#[from] humantime::DurationError),
+    #[error("{0} is too short: a lease is at least 1s")]
+    LeaseTooShort(String),
+}
+
 /// A log's bound: a size of at least 64KiB, or 0.
-fn parse_bytes(text: &str) -> Result<u64, String> {
+fn parse_bytes(text: &str) -> Result<u64, OptionError> {
     let bytes = parse_size(text)?;
     if bytes > 0 && bytes < 64 << 10 {
-        return Err(format!(
-            "{text} is too small: a log keeps at least 64KiB (0: unbounded)"
-        ));
+        return Err(OptionError::LogTooSmall(text.to_string()));
     }
     Ok(bytes)
 }
 
 /// A size in bytes: a number, optionally with KiB, MiB or GiB.
-fn parse_size(text: &str) -> Result<u64, String> {
+fn parse_size(text: &str) -> Result<u64, OptionError> {
     let (digits, unit) = match text.find(|c: char| !c.is_ascii_digit()) {
         Some(i) => text.split_at(i),
         None => (text, ""),
     };
-    let number: u64 = digits.parse().map_err(|_| {
-        format!("{text:?} is not a size (a number of bytes, or with KiB, MiB, GiB)")
-    })?;
+    let number: u64 = digits
+        .parse()
+        .map_err(|_| OptionError::NotASize(text.to_string()))?;
     let scale: u64 = match unit.trim() {
         "" | "B" => 1,
         "KiB" | "K" => 1 << 10,
         "MiB" | "M" => 1 << 20,
         "GiB" | "G" => 1 << 30,
-        other => return Err(format!("{other:?} is not a unit (KiB, MiB or GiB)")),
+        other => return Err(OptionError::NotAUnit(other.to_string())),
     };
     number
         .checked_mul(scale)
-        .ok_or_else(|| format!("{text} is too large"))
+        .ok_or_else(|| OptionError::TooLarge(text.to_string()))
 }
 
 fn saturating_usize(n: u64) -> usize {
@@ -176,10 +191,10 @@ fn saturating_usize(n: u64) -> usize {
 }
 
 /// A lease long enough to renew (every sixth of it) without a storm of statements.
-fn parse_lease(text: &str) -> Result<Duration, String> {
-    let lease = humantime::parse_duration(text).map_err(|e| e.to_string())?;
+fn parse_lease(text: &str) -> Result<Duration, OptionError> {
+    let lease = humantime::parse_duration(text)?;
     if lease < Duration::from_secs(1) {
-        return Err(format!("{text} is too short: a lease is at least 1s"));
+        return Err(OptionError::LeaseTooShort(text.to_string()));
     }
     Ok(lease)
 }
