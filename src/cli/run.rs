@@ -268,6 +268,49 @@ pub fn run(queue: &Path, args: RunArgs) -> CliResult<u8> {
         .max_blocking_threads(crate::runner::MAX_BLOCKING_THREADS)
         .build()
         .map_err(|e| CliError::failure(format_args!("cannot start the runtime: {e}")))?;
+    let fail_on_task_failure = args.fail_on_task_failure;
+    let web_args = args.web.clone();
+    let mut config = daemon_config(queue, args)?;
+    let web = web_args.config(queue, config.database.as_ref().map(|d| d.url.clone()))?;
+    if let Some(web) = &web {
+        config.observer = Some(std::sync::Arc::clone(&web.observer));
+    }
+
+    let code = runtime.block_on(async move {
+        let shutdown = Shutdown::new();
+        let (handle, listener) = forward_signals(&shutdown)?;
+        let serving = match web {
+            Some(web) => Some(tokio::spawn(web.bind().await?)),
+            None => None,
+        };
+        let outcome = daemon::run_with_summary(config, shutdown).await;
+        if let Some(serving) = serving {
+            serving.abort();
+        }
+        // The listener only forwards signals; it is not waited for, so a signal racing the
+        // close cannot keep the process alive.
+        handle.close();
+        listener.abort();
+        let (how, summary) = outcome.map_err(daemon_error)?;
+        closing_summary(&summary);
+        Ok(match how {
+            DaemonExit::StoppedImmediately => exit::STOPPED_AT_ONCE,
+            DaemonExit::Idle | DaemonExit::Stopped
+                if fail_on_task_failure && summary.any_failed() =>
+            {
+                exit::TASKS_FAILED
+            }
+            DaemonExit::Idle | DaemonExit::Stopped => exit::OK,
+        })
+    });
+    // Everything committed is flushed by now; a blocking job still running (a stuck file
+    // system call) must not keep the process from exiting.
+    runtime.shutdown_timeout(std::time::Duration::from_secs(10));
+    code
+}
+
+/// The daemon's configuration from `cairn run`'s options, each checked.
+fn daemon_config(queue: &Path, args: RunArgs) -> CliResult<DaemonConfig> {
     // Named before anything else is checked: a group that does not exist is a usage error.
     let operators_group = args
         .operators_group
@@ -321,66 +364,37 @@ pub fn run(queue: &Path, args: RunArgs) -> CliResult<u8> {
             lease: args.lease,
         });
     }
-    let fail_on_task_failure = args.fail_on_task_failure;
-    let web = args
-        .web
-        .config(queue, config.database.as_ref().map(|d| d.url.clone()))?;
-    if let Some(web) = &web {
-        config.observer = Some(std::sync::Arc::clone(&web.observer));
-    }
+    Ok(config)
+}
 
-    let code = runtime.block_on(async move {
-        let shutdown = Shutdown::new();
-        let signals = Signals::new([SIGINT, SIGTERM])
-            .map_err(|e| CliError::failure(format_args!("cannot install signal handlers: {e}")))?;
-        let handle = signals.handle();
-        let on_signal = shutdown.clone();
-        let listener = tokio::spawn(async move {
-            let mut signals = signals;
-            while let Some(signal) = signals.next().await {
-                if on_signal.is_stopping() {
-                    tracing::warn!(
-                        signal,
-                        "second stop signal: flushing committed work and exiting now"
-                    );
-                    on_signal.request_immediate();
-                } else {
-                    tracing::info!(
-                        signal,
-                        "stop signal: finishing iterations in flight, then exiting"
-                    );
-                    on_signal.request_stop();
-                }
+/// Turn SIGINT and SIGTERM into a stop (a second one: a stop at once); the handle closes the
+/// signals, the task forwards them.
+fn forward_signals(
+    shutdown: &Shutdown,
+) -> CliResult<(signal_hook_tokio::Handle, tokio::task::JoinHandle<()>)> {
+    let signals = Signals::new([SIGINT, SIGTERM])
+        .map_err(|e| CliError::failure(format_args!("cannot install signal handlers: {e}")))?;
+    let handle = signals.handle();
+    let on_signal = shutdown.clone();
+    let listener = tokio::spawn(async move {
+        let mut signals = signals;
+        while let Some(signal) = signals.next().await {
+            if on_signal.is_stopping() {
+                tracing::warn!(
+                    signal,
+                    "second stop signal: flushing committed work and exiting now"
+                );
+                on_signal.request_immediate();
+            } else {
+                tracing::info!(
+                    signal,
+                    "stop signal: finishing iterations in flight, then exiting"
+                );
+                on_signal.request_stop();
             }
-        });
-        let serving = match web {
-            Some(web) => Some(tokio::spawn(web.bind().await?)),
-            None => None,
-        };
-        let outcome = daemon::run_with_summary(config, shutdown).await;
-        if let Some(serving) = serving {
-            serving.abort();
         }
-        // The listener only forwards signals; it is not waited for, so a signal racing the
-        // close cannot keep the process alive.
-        handle.close();
-        listener.abort();
-        let (how, summary) = outcome.map_err(daemon_error)?;
-        closing_summary(&summary);
-        Ok(match how {
-            DaemonExit::StoppedImmediately => exit::STOPPED_AT_ONCE,
-            DaemonExit::Idle | DaemonExit::Stopped
-                if fail_on_task_failure && summary.any_failed() =>
-            {
-                exit::TASKS_FAILED
-            }
-            DaemonExit::Idle | DaemonExit::Stopped => exit::OK,
-        })
     });
-    // Everything committed is flushed by now; a blocking job still running (a stuck file
-    // system call) must not keep the process from exiting.
-    runtime.shutdown_timeout(std::time::Duration::from_secs(10));
-    code
+    Ok((handle, listener))
 }
 
 /// A daemon that could not run, with the exit code its cause is documented with.
