@@ -47,6 +47,18 @@ impl SubmitterLimits {
     }
 }
 
+/// A submitter has as many unfinished tasks as `--max-queued-per-submitter` allows.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "its submitter, {key}, already has {queued} unfinished task(s) in this queue, the most one \
+     submitter may have (cairn run --max-queued-per-submitter {max})"
+)]
+pub struct QueueFull {
+    pub key: SubmitterKey,
+    pub queued: usize,
+    pub max: usize,
+}
+
 /// Whom a task counts against: its submitter's uid, or "unknown" for a task with none recorded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum SubmitterKey {
@@ -138,17 +150,14 @@ impl Admission {
     /// Why `task` may not become unfinished again (a `cairn retry` of it), if it may not: its
     /// submitter has as many unfinished tasks as `--max-queued-per-submitter` allows. A retry
     /// brings a finished task back into the queue as surely as a new file does.
-    pub fn check_queued(&self, task: &Task) -> Result<(), String> {
+    pub fn check_queued(&self, task: &Task) -> Result<(), QueueFull> {
         let Some(max) = self.limits.max_queued else {
             return Ok(());
         };
         let key = SubmitterKey::of_task(task);
         let queued = self.queued().count.get(&key).copied().unwrap_or(0);
         if queued >= max {
-            return Err(format!(
-                "its submitter, {key}, already has {queued} unfinished task(s) in this queue, \
-                 the most one submitter may have (cairn run --max-queued-per-submitter {max})"
-            ));
+            return Err(QueueFull { key, queued, max });
         }
         Ok(())
     }

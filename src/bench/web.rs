@@ -4,8 +4,10 @@
 //! and the one page of the table it fetches), the whole status document, `/metrics` and a
 //! task's page, beside a reference taken in the same run: `cairn status --json`, which reads
 //! every task's files. Then it runs a task of `--iterations` checkpointed iterations on the
-//! same queue, by turns with the listener off and on (polled as a browser polls it), and
-//! gives each run's checkpoints per second. It prints one JSON line; no figure is asserted.
+//! same queue, by turns with the listener off, on and idle, and on and polled as a browser
+//! polls it, each on a daemon started for it, the task let go once the daemon (and its
+//! listener's first read of the queue) is ready, and gives each run's checkpoints per second.
+//! It prints one JSON line; no figure is asserted.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -29,13 +31,37 @@ pub struct WebOptions {
     pub rounds: usize,
     /// Iterations of each throughput run (0: no throughput runs).
     pub iterations: u64,
-    /// Throughput runs with the listener off, and as many with it on, by turns.
-    pub pairs: usize,
+    /// Turns of three throughput runs: the listener off, on and idle, on and polled.
+    pub turns: usize,
     pub dir: PathBuf,
 }
 
 /// The rows the dashboard's first screen asks for (as `assets/app.js` does).
 const FIRST_SCREEN: &str = "/api/status?offset=0&limit=200";
+
+/// Longer than the listener keeps refreshing its document after a request (`WATCHED_FOR` in
+/// `cli/web/reader.rs`): waited after the first read so that an idle listener is idle.
+const IDLE_AFTER: Duration = Duration::from_secs(11);
+
+/// How a throughput run's daemon listens.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Listening {
+    Off,
+    Idle,
+    Polled,
+}
+
+impl Listening {
+    const ALL: [Listening; 3] = [Listening::Off, Listening::Idle, Listening::Polled];
+
+    fn name(self) -> &'static str {
+        match self {
+            Listening::Off => "listener_off",
+            Listening::Idle => "listener_on",
+            Listening::Polled => "polled",
+        }
+    }
+}
 
 /// Run the benchmark: one JSON line on stdout.
 pub fn run(options: &WebOptions) -> anyhow::Result<Value> {
@@ -69,7 +95,7 @@ fn measure(dir: &Path, options: &WebOptions) -> anyhow::Result<Value> {
         .and_then(|figures| {
             // The first run's task waits, first in line, for the daemon that runs it.
             if let Some((id, _)) = runs.first() {
-                daemon.submit_spin(id, options.iterations)?;
+                daemon.submit_spin(dir, id, options.iterations)?;
             }
             Ok(figures)
         });
@@ -80,14 +106,19 @@ fn measure(dir: &Path, options: &WebOptions) -> anyhow::Result<Value> {
     Ok(figures)
 }
 
-/// The throughput runs: a task id each, and whether the listener is on, by turns.
-fn throughput_runs(options: &WebOptions) -> Vec<(String, bool)> {
+/// The throughput runs: a task id each, and how its daemon listens, by turns.
+fn throughput_runs(options: &WebOptions) -> Vec<(String, Listening)> {
     if options.iterations == 0 {
         return Vec::new();
     }
-    (0..options.pairs)
-        .flat_map(|pair| {
-            [false, true].map(|on| (format!("spin-{pair}-{}", if on { "on" } else { "off" }), on))
+    // Each turn starts with the next way: every run leaves one more idle task in flight, so
+    // that no way always runs with the fewest.
+    (0..options.turns)
+        .flat_map(|turn| {
+            (0..Listening::ALL.len()).map(move |n| {
+                let how = Listening::ALL[(n + turn) % Listening::ALL.len()];
+                (format!("spin-{turn}-{}", how.name()), how)
+            })
         })
         .collect()
 }
@@ -148,37 +179,39 @@ fn status_cli_ms(queue: &Path, rounds: usize) -> anyhow::Result<f64> {
     Ok(median_ms(&mut times))
 }
 
-/// Checkpoints per second of a task run alone with the listener off, then on and polled, by
-/// turns on the same queue.
+/// Checkpoints per second of a task run alone with the listener off, on and idle, and on
+/// and polled, by turns on the same queue.
 fn throughput(
     dir: &Path,
     queue: &Path,
     options: &WebOptions,
-    runs: &[(String, bool)],
+    runs: &[(String, Listening)],
 ) -> anyhow::Result<Value> {
     if runs.is_empty() {
         return Ok(Value::Null);
     }
-    let (mut off, mut on) = (Vec::new(), Vec::new());
-    for (n, (id, listen)) in runs.iter().enumerate() {
+    let mut rates: Vec<(Listening, Vec<f64>)> = Listening::ALL.map(|how| (how, vec![])).into();
+    for (n, (id, how)) in runs.iter().enumerate() {
         let next = runs.get(n + 1).map(|(next, _)| next.as_str());
-        let rate = spin(dir, queue, id, *listen, next, options.iterations)?;
-        if *listen { &mut on } else { &mut off }.push(rate);
+        let rate = spin(dir, queue, (id, *how), next, options.iterations)?;
+        if let Some((_, list)) = rates.iter_mut().find(|(h, _)| h == how) {
+            list.push(rate);
+        }
     }
-    Ok(json!({
-        "iterations": options.iterations,
-        "checkpoints_per_s_listener_off": off,
-        "checkpoints_per_s_listener_on": on,
-    }))
+    let mut figures = json!({ "iterations": options.iterations });
+    for (how, list) in rates {
+        figures[format!("checkpoints_per_s_{}", how.name())] = json!(list);
+    }
+    Ok(figures)
 }
 
-/// One throughput run of the task `id` (accepted, first in line); once it is done, the
-/// `next` one is submitted while every slot is taken, so that it waits for the next daemon.
+/// One throughput run of the task `id` (accepted, first in line) on a daemon started for it,
+/// let go once the daemon is ready (and, listening, has read the queue once: an idle listener
+/// is then left alone, a polled one is polled as a browser polls it until the task is done).
 fn spin(
     dir: &Path,
     queue: &Path,
-    id: &str,
-    listen: bool,
+    (id, how): (&str, Listening),
     next: Option<&str>,
     iterations: u64,
 ) -> anyhow::Result<f64> {
@@ -187,30 +220,49 @@ fn spin(
         .current_work()
         .map(|work| work.active_tasks.len())
         .unwrap_or(0);
-    let daemon = Daemon::start(dir, queue, in_flight + 1, listen)?;
-    let watching = Arc::new(AtomicBool::new(true));
-    let watcher = daemon.listen.map(|addr| {
-        let watching = Arc::clone(&watching);
-        std::thread::spawn(move || {
-            while watching.load(Ordering::Relaxed) {
-                let _ = get(addr, "/").and_then(|_| get(addr, FIRST_SCREEN));
-                let _ = get(addr, "/metrics");
-                std::thread::sleep(Duration::from_secs(1));
-            }
-        })
+    let daemon = Daemon::start(dir, queue, in_flight + 1, how != Listening::Off)?;
+    let ran = daemon.ready(how).and_then(|()| {
+        let watching = Arc::new(AtomicBool::new(true));
+        let watcher = daemon
+            .listen
+            .filter(|_| how == Listening::Polled)
+            .map(|addr| {
+                let watching = Arc::clone(&watching);
+                std::thread::spawn(move || poll(addr, &watching))
+            });
+        let finished = std::fs::write(go_file(dir, id), "")
+            .context("starting the task")
+            .and_then(|()| daemon.wait_done(id));
+        watching.store(false, Ordering::Relaxed);
+        if let Some(watcher) = watcher {
+            let _ = watcher.join();
+        }
+        finished
     });
-    let finished = daemon.wait_done(id);
-    watching.store(false, Ordering::Relaxed);
-    if let Some(watcher) = watcher {
-        let _ = watcher.join();
-    }
-    let finished = finished.and_then(|()| match next {
-        Some(next) => daemon.submit_spin(next, iterations),
+    // Once it is done, the next one is submitted while every slot is taken again, so that it
+    // waits, first in line, for the next daemon.
+    let ran = ran.and_then(|()| match next {
+        Some(next) => daemon.submit_spin(dir, next, iterations),
         None => Ok(()),
     });
     daemon.stop();
-    finished?;
+    ran?;
     checkpoint_rate(queue, id)
+}
+
+/// The file whose creation lets the throughput task `id` go on from its first phase to the
+/// checkpointed one: the daemon starts it at once, the run begins when the bench says.
+fn go_file(dir: &Path, id: &str) -> PathBuf {
+    dir.join(format!("go-{id}"))
+}
+
+/// Ask what a browser showing the first screen asks, every second, while `watching`.
+fn poll(addr: SocketAddr, watching: &AtomicBool) {
+    while watching.load(Ordering::Relaxed) {
+        let _ = get(addr, "/").and_then(|_| get(addr, FIRST_SCREEN));
+        let _ = get(addr, "/metrics");
+        std::thread::sleep(Duration::from_secs(1));
+    }
 }
 
 /// Checkpoints per second of a task, from its journal: between its first and last checkpoint.
@@ -299,13 +351,37 @@ impl Daemon {
         }
     }
 
-    /// Submit a throughput task of `iterations` checkpointed iterations, first in line, and
-    /// wait until the daemon has taken it in.
-    fn submit_spin(&self, id: &str, iterations: u64) -> anyhow::Result<()> {
+    /// Wait until the daemon is ready (it takes tasks in once recovered) and its listener, if
+    /// any, has read the queue once; an idle one is then left until it stops refreshing.
+    fn ready(&self, how: Listening) -> anyhow::Result<()> {
+        let Some(addr) = self.listen else {
+            return Ok(());
+        };
+        let deadline = Instant::now() + Duration::from_secs(600);
+        while get(addr, "/readyz").is_err() || get(addr, "/api/status?limit=1").is_err() {
+            self.still_running()?;
+            if Instant::now() > deadline {
+                bail!("the daemon was not ready within 10 minutes");
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        if how == Listening::Idle {
+            std::thread::sleep(IDLE_AFTER);
+        }
+        Ok(())
+    }
+
+    /// Submit a throughput task, first in line: a first phase that waits for its
+    /// [`go_file`], then `iterations` checkpointed iterations; wait until the daemon has taken
+    /// it in.
+    fn submit_spin(&self, dir: &Path, id: &str, iterations: u64) -> anyhow::Result<()> {
+        let wait = "while [ ! -e \"$0\" ]; do sleep 0.05; done";
+        let go = go_file(dir, id).display().to_string();
         let task = json!({
             "id": id,
             "priority": 100,
-            "phases": [{"name": "spin", "kind": "loop", "run": ["echo", "{}"],
+            "phases": [{"name": "wait", "run": ["sh", "-c", wait, go]},
+                       {"name": "spin", "kind": "loop", "run": ["echo", "{}"],
                         "max_iterations": iterations}],
         });
         let dir = QueueDir::new(&self.queue);

@@ -49,11 +49,11 @@ struct WebArgs {
     #[arg(long, default_value_t = 5, value_name = "N")]
     rounds: usize,
     /// Checkpointed iterations of each throughput run (0: none).
-    #[arg(long, default_value_t = 300, value_name = "N")]
+    #[arg(long, default_value_t = 2000, value_name = "N")]
     iterations: u64,
-    /// Throughput runs with the listener off, and as many with it on, by turns.
-    #[arg(long, default_value_t = 2, value_name = "N")]
-    pairs: usize,
+    /// Turns of three throughput runs: the listener off, on and idle, on and polled.
+    #[arg(long, default_value_t = 3, value_name = "N")]
+    turns: usize,
     /// Where the run directory is made.
     #[arg(long, value_name = "DIR", default_value_os_t = default_dir())]
     dir: PathBuf,
@@ -174,7 +174,7 @@ pub fn run(args: BenchArgs) -> CliResult {
                 tasks: args.tasks,
                 rounds: args.rounds,
                 iterations: args.iterations,
-                pairs: args.pairs,
+                turns: args.turns,
                 dir: args.dir,
             };
             let line = crate::bench::web::run(&options)?;

@@ -139,36 +139,51 @@ impl RunArgs {
     }
 }
 
+/// A value of `cairn run`'s options that does not parse.
+#[derive(Debug, thiserror::Error)]
+pub enum OptionError {
+    #[error("{0} is too small: a log keeps at least 64KiB (0: unbounded)")]
+    LogTooSmall(String),
+    #[error("{0:?} is not a size (a number of bytes, or with KiB, MiB, GiB)")]
+    NotASize(String),
+    #[error("{0:?} is not a unit (KiB, MiB or GiB)")]
+    NotAUnit(String),
+    #[error("{0} is too large")]
+    TooLarge(String),
+    #[error(transparent)]
+    Duration(#[from] humantime::DurationError),
+    #[error("{0} is too short: a lease is at least 1s")]
+    LeaseTooShort(String),
+}
+
 /// A log's bound: a size of at least 64KiB, or 0.
-fn parse_bytes(text: &str) -> Result<u64, String> {
+fn parse_bytes(text: &str) -> Result<u64, OptionError> {
     let bytes = parse_size(text)?;
     if bytes > 0 && bytes < 64 << 10 {
-        return Err(format!(
-            "{text} is too small: a log keeps at least 64KiB (0: unbounded)"
-        ));
+        return Err(OptionError::LogTooSmall(text.to_string()));
     }
     Ok(bytes)
 }
 
 /// A size in bytes: a number, optionally with KiB, MiB or GiB.
-fn parse_size(text: &str) -> Result<u64, String> {
+fn parse_size(text: &str) -> Result<u64, OptionError> {
     let (digits, unit) = match text.find(|c: char| !c.is_ascii_digit()) {
         Some(i) => text.split_at(i),
         None => (text, ""),
     };
-    let number: u64 = digits.parse().map_err(|_| {
-        format!("{text:?} is not a size (a number of bytes, or with KiB, MiB, GiB)")
-    })?;
+    let number: u64 = digits
+        .parse()
+        .map_err(|_| OptionError::NotASize(text.to_string()))?;
     let scale: u64 = match unit.trim() {
         "" | "B" => 1,
         "KiB" | "K" => 1 << 10,
         "MiB" | "M" => 1 << 20,
         "GiB" | "G" => 1 << 30,
-        other => return Err(format!("{other:?} is not a unit (KiB, MiB or GiB)")),
+        other => return Err(OptionError::NotAUnit(other.to_string())),
     };
     number
         .checked_mul(scale)
-        .ok_or_else(|| format!("{text} is too large"))
+        .ok_or_else(|| OptionError::TooLarge(text.to_string()))
 }
 
 fn saturating_usize(n: u64) -> usize {
@@ -176,10 +191,10 @@ fn saturating_usize(n: u64) -> usize {
 }
 
 /// A lease long enough to renew (every sixth of it) without a storm of statements.
-fn parse_lease(text: &str) -> Result<Duration, String> {
-    let lease = humantime::parse_duration(text).map_err(|e| e.to_string())?;
+fn parse_lease(text: &str) -> Result<Duration, OptionError> {
+    let lease = humantime::parse_duration(text)?;
     if lease < Duration::from_secs(1) {
-        return Err(format!("{text} is too short: a lease is at least 1s"));
+        return Err(OptionError::LeaseTooShort(text.to_string()));
     }
     Ok(lease)
 }
@@ -253,6 +268,49 @@ pub fn run(queue: &Path, args: RunArgs) -> CliResult<u8> {
         .max_blocking_threads(crate::runner::MAX_BLOCKING_THREADS)
         .build()
         .map_err(|e| CliError::failure(format_args!("cannot start the runtime: {e}")))?;
+    let fail_on_task_failure = args.fail_on_task_failure;
+    let web_args = args.web.clone();
+    let mut config = daemon_config(queue, args)?;
+    let web = web_args.config(queue, config.database.as_ref().map(|d| d.url.clone()))?;
+    if let Some(web) = &web {
+        config.observer = Some(std::sync::Arc::clone(&web.observer));
+    }
+
+    let code = runtime.block_on(async move {
+        let shutdown = Shutdown::new();
+        let (handle, listener) = forward_signals(&shutdown)?;
+        let serving = match web {
+            Some(web) => Some(tokio::spawn(web.bind().await?)),
+            None => None,
+        };
+        let outcome = daemon::run_with_summary(config, shutdown).await;
+        if let Some(serving) = serving {
+            serving.abort();
+        }
+        // The listener only forwards signals; it is not waited for, so a signal racing the
+        // close cannot keep the process alive.
+        handle.close();
+        listener.abort();
+        let (how, summary) = outcome.map_err(daemon_error)?;
+        closing_summary(&summary);
+        Ok(match how {
+            DaemonExit::StoppedImmediately => exit::STOPPED_AT_ONCE,
+            DaemonExit::Idle | DaemonExit::Stopped
+                if fail_on_task_failure && summary.any_failed() =>
+            {
+                exit::TASKS_FAILED
+            }
+            DaemonExit::Idle | DaemonExit::Stopped => exit::OK,
+        })
+    });
+    // Everything committed is flushed by now; a blocking job still running (a stuck file
+    // system call) must not keep the process from exiting.
+    runtime.shutdown_timeout(std::time::Duration::from_secs(10));
+    code
+}
+
+/// The daemon's configuration from `cairn run`'s options, each checked.
+fn daemon_config(queue: &Path, args: RunArgs) -> CliResult<DaemonConfig> {
     // Named before anything else is checked: a group that does not exist is a usage error.
     let operators_group = args
         .operators_group
@@ -306,66 +364,37 @@ pub fn run(queue: &Path, args: RunArgs) -> CliResult<u8> {
             lease: args.lease,
         });
     }
-    let fail_on_task_failure = args.fail_on_task_failure;
-    let web = args
-        .web
-        .config(queue, config.database.as_ref().map(|d| d.url.clone()))?;
-    if let Some(web) = &web {
-        config.observer = Some(std::sync::Arc::clone(&web.observer));
-    }
+    Ok(config)
+}
 
-    let code = runtime.block_on(async move {
-        let shutdown = Shutdown::new();
-        let signals = Signals::new([SIGINT, SIGTERM])
-            .map_err(|e| CliError::failure(format_args!("cannot install signal handlers: {e}")))?;
-        let handle = signals.handle();
-        let on_signal = shutdown.clone();
-        let listener = tokio::spawn(async move {
-            let mut signals = signals;
-            while let Some(signal) = signals.next().await {
-                if on_signal.is_stopping() {
-                    tracing::warn!(
-                        signal,
-                        "second stop signal: flushing committed work and exiting now"
-                    );
-                    on_signal.request_immediate();
-                } else {
-                    tracing::info!(
-                        signal,
-                        "stop signal: finishing iterations in flight, then exiting"
-                    );
-                    on_signal.request_stop();
-                }
+/// Turn SIGINT and SIGTERM into a stop (a second one: a stop at once); the handle closes the
+/// signals, the task forwards them.
+fn forward_signals(
+    shutdown: &Shutdown,
+) -> CliResult<(signal_hook_tokio::Handle, tokio::task::JoinHandle<()>)> {
+    let signals = Signals::new([SIGINT, SIGTERM])
+        .map_err(|e| CliError::failure(format_args!("cannot install signal handlers: {e}")))?;
+    let handle = signals.handle();
+    let on_signal = shutdown.clone();
+    let listener = tokio::spawn(async move {
+        let mut signals = signals;
+        while let Some(signal) = signals.next().await {
+            if on_signal.is_stopping() {
+                tracing::warn!(
+                    signal,
+                    "second stop signal: flushing committed work and exiting now"
+                );
+                on_signal.request_immediate();
+            } else {
+                tracing::info!(
+                    signal,
+                    "stop signal: finishing iterations in flight, then exiting"
+                );
+                on_signal.request_stop();
             }
-        });
-        let serving = match web {
-            Some(web) => Some(tokio::spawn(web.bind().await?)),
-            None => None,
-        };
-        let outcome = daemon::run_with_summary(config, shutdown).await;
-        if let Some(serving) = serving {
-            serving.abort();
         }
-        // The listener only forwards signals; it is not waited for, so a signal racing the
-        // close cannot keep the process alive.
-        handle.close();
-        listener.abort();
-        let (how, summary) = outcome.map_err(daemon_error)?;
-        closing_summary(&summary);
-        Ok(match how {
-            DaemonExit::StoppedImmediately => exit::STOPPED_AT_ONCE,
-            DaemonExit::Idle | DaemonExit::Stopped
-                if fail_on_task_failure && summary.any_failed() =>
-            {
-                exit::TASKS_FAILED
-            }
-            DaemonExit::Idle | DaemonExit::Stopped => exit::OK,
-        })
     });
-    // Everything committed is flushed by now; a blocking job still running (a stuck file
-    // system call) must not keep the process from exiting.
-    runtime.shutdown_timeout(std::time::Duration::from_secs(10));
-    code
+    Ok((handle, listener))
 }
 
 /// A daemon that could not run, with the exit code its cause is documented with.

@@ -207,17 +207,25 @@ fn notes(source: &Source, view: &QueueView) {
 /// With `--db`, the daemons (`nodes`) and each task's lease (`node`, `lease_epoch`,
 /// `lease_expires_at`, `lease_live`) are added.
 pub fn to_json(view: &QueueView) -> Value {
-    let tasks: Vec<Value> = view
+    let tasks = view
         .tasks
         .iter()
-        .map(|task| {
-            let mut object = format::task_json(task, view.now);
-            if view.cluster.is_some() {
-                format::add_lease_json(&mut object, task);
-            }
-            object
-        })
+        .map(|task| task_json(view, task))
         .collect();
+    document(view, tasks)
+}
+
+/// One task's object in the `--json` document.
+pub fn task_json(view: &QueueView, task: &TaskView) -> Value {
+    let mut object = format::task_json(task, view.now);
+    if view.cluster.is_some() {
+        format::add_lease_json(&mut object, task);
+    }
+    object
+}
+
+/// The `--json` document of `view` with the objects of its tasks made already, in order.
+pub fn document(view: &QueueView, tasks: Vec<Value>) -> Value {
     let mut document = json!({
         "version": format::JSON_VERSION,
         "queue": view.root.display().to_string(),

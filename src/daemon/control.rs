@@ -99,7 +99,7 @@ impl Scheduler {
             let (rights, asked) = (self.steering.clone(), request.clone());
             let judged = runner_blocking(move || rights.check(&asked, submitter.as_ref())).await;
             if let Err(why) = judged {
-                return self.refuse(id, action, &why);
+                return self.refuse(id, action, &why.to_string());
             }
         }
         let in_flight = self.ctx.work.update(|w| w.get(id).cloned());

@@ -45,7 +45,7 @@ impl KnownTasks {
     }
 
     /// Why `task` may not be counted once more (see [`Admission::check_queued`]).
-    pub fn check_queued(&self, task: &Task) -> Result<(), String> {
+    pub fn check_queued(&self, task: &Task) -> Result<(), crate::limits::QueueFull> {
         self.admission.check_queued(task)
     }
 

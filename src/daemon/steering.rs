@@ -11,6 +11,38 @@ use crate::queue::control::{ControlJudge, ControlRequest, DatabaseAsker, Request
 use crate::runner::identity::RunAs;
 use crate::submitter::Submitter;
 
+/// Why a steering request is refused: for the log, the journal and the requester.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SteeringRefusal {
+    #[error(
+        "database role {0} is mapped to no user of this host in cairn_roles, so it may steer no \
+         task"
+    )]
+    UnmappedRole(String),
+    #[error(
+        "the request file is writable by others (mode {mode:04o}), so it may not be {asker}'s \
+         request"
+    )]
+    WritableFile { mode: u32, asker: String },
+    #[error("the request file has {0} hard links, so it may be someone else's file linked in")]
+    Linked(u64),
+    #[error("{asker} may not steer it: only {whose}, the daemon's user, root{operators} may")]
+    NotAllowed {
+        asker: String,
+        whose: String,
+        operators: String,
+    },
+}
+
+/// `--operators-group` names no group of this host.
+#[derive(Debug, thiserror::Error)]
+pub enum GroupError {
+    #[error("there is no group {0:?}")]
+    Missing(String),
+    #[error("looking up the group {name:?}: {source}")]
+    Lookup { name: String, source: nix::Error },
+}
+
 /// The group whose members may steer every task (`cairn run --operators-group`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OperatorsGroup {
@@ -20,7 +52,7 @@ pub struct OperatorsGroup {
 
 impl OperatorsGroup {
     /// The group named `name` (or given by number), as the group database has it.
-    pub fn named(name: &str) -> Result<OperatorsGroup, String> {
+    pub fn named(name: &str) -> Result<OperatorsGroup, GroupError> {
         let found = match name.parse::<u32>() {
             Ok(gid) => Group::from_gid(Gid::from_raw(gid)),
             Err(_) => Group::from_name(name),
@@ -30,8 +62,11 @@ impl OperatorsGroup {
                 gid: group.gid.as_raw(),
                 name: group.name,
             }),
-            Ok(None) => Err(format!("there is no group {name:?}")),
-            Err(e) => Err(format!("looking up the group {name:?}: {e}")),
+            Ok(None) => Err(GroupError::Missing(name.to_string())),
+            Err(source) => Err(GroupError::Lookup {
+                name: name.to_string(),
+                source,
+            }),
         }
     }
 }
@@ -66,7 +101,7 @@ impl SteeringRights {
         &self,
         request: &ControlRequest,
         submitter: Option<&Submitter>,
-    ) -> Result<(), String> {
+    ) -> Result<(), SteeringRefusal> {
         if !self.enforced {
             return Ok(());
         }
@@ -78,12 +113,15 @@ impl SteeringRights {
         }
     }
 
-    /// This rule as the judge a database applies requests with (see `ControlJudge`).
+    /// This rule as the judge a database applies requests with (see `ControlJudge`, whose
+    /// refusal is its text).
     pub(super) fn judge(&self) -> ControlJudge {
         let rights = self.clone();
         std::sync::Arc::new(
             move |request: &ControlRequest, submitter: Option<&Submitter>| {
-                rights.check(request, submitter)
+                rights
+                    .check(request, submitter)
+                    .map_err(|refusal| refusal.to_string())
             },
         )
     }
@@ -96,13 +134,11 @@ fn decide_asker(
     daemon_uid: u32,
     operators: Option<&OperatorsGroup>,
     is_member: impl Fn(u32, u32) -> bool,
-) -> Result<(), String> {
+) -> Result<(), SteeringRefusal> {
     match asker {
         DatabaseAsker::Trusted { .. } => Ok(()),
-        DatabaseAsker::Unknown { role } => Err(format!(
-            "database role {} is mapped to no user of this host in cairn_roles, so it may steer \
-             no task",
-            role.as_deref().unwrap_or("(unrecorded)")
+        DatabaseAsker::Unknown { role } => Err(SteeringRefusal::UnmappedRole(
+            role.as_deref().unwrap_or("(unrecorded)").to_string(),
         )),
         DatabaseAsker::User { role, uid } => judge_uid(
             &format!("database role {role} ({})", Submitter::of_uid(*uid)),
@@ -128,23 +164,20 @@ fn decide(
     daemon_uid: u32,
     operators: Option<&OperatorsGroup>,
     is_member: impl Fn(u32, u32) -> bool,
-) -> Result<(), String> {
+) -> Result<(), SteeringRefusal> {
     // A request from a database: whoever may write its requests table may steer.
     let Some(origin) = origin else {
         return Ok(());
     };
     let asker = Submitter::of_uid(origin.uid);
     if origin.mode & 0o022 != 0 {
-        return Err(format!(
-            "the request file is writable by others (mode {:04o}), so it may not be {asker}'s request",
-            origin.mode
-        ));
+        return Err(SteeringRefusal::WritableFile {
+            mode: origin.mode,
+            asker: asker.to_string(),
+        });
     }
     if origin.links > 1 {
-        return Err(format!(
-            "the request file has {} hard links, so it may be someone else's file linked in",
-            origin.links
-        ));
+        return Err(SteeringRefusal::Linked(origin.links));
     }
     judge_uid(
         &asker.to_string(),
@@ -164,7 +197,7 @@ fn judge_uid(
     daemon_uid: u32,
     operators: Option<&OperatorsGroup>,
     is_member: impl Fn(u32, u32) -> bool,
-) -> Result<(), String> {
+) -> Result<(), SteeringRefusal> {
     if uid == 0 || uid == daemon_uid {
         return Ok(());
     }
@@ -183,9 +216,11 @@ fn judge_uid(
         Some(group) => format!(", or a member of the operators' group {}", group.name),
         None => String::new(),
     };
-    Err(format!(
-        "{asker} may not steer it: only {whose}, the daemon's user, root{operators} may"
-    ))
+    Err(SteeringRefusal::NotAllowed {
+        asker: asker.to_string(),
+        whose,
+        operators,
+    })
 }
 
 #[cfg(test)]
@@ -234,9 +269,15 @@ mod tests {
             );
         }
         let refused = judge(Some(&file(1002, 0o640, 1)), Some(&alice), Some(&ops)).unwrap_err();
-        assert!(refused.contains("may not steer it"), "{refused}");
-        assert!(refused.contains("alice (uid 1001)"), "{refused}");
-        assert!(refused.contains("ops"), "{refused}");
+        assert!(
+            refused.to_string().contains("may not steer it"),
+            "{refused}"
+        );
+        assert!(
+            refused.to_string().contains("alice (uid 1001)"),
+            "{refused}"
+        );
+        assert!(refused.to_string().contains("ops"), "{refused}");
         assert_eq!(
             judge(Some(&file(1003, 0o640, 1)), Some(&alice), Some(&ops)),
             Ok(())
@@ -270,13 +311,14 @@ mod tests {
         assert_eq!(judge(user("root_r", 0)), Ok(()));
         let refused = judge(user("bob_r", 1002)).unwrap_err();
         assert!(
-            refused.contains("database role bob_r") && refused.contains("may not steer it"),
+            refused.to_string().contains("database role bob_r")
+                && refused.to_string().contains("may not steer it"),
             "{refused}"
         );
         let unknown = judge(DatabaseAsker::Unknown {
             role: Some("mallory".into()),
         })
         .unwrap_err();
-        assert!(unknown.contains("mallory"), "{unknown}");
+        assert!(unknown.to_string().contains("mallory"), "{unknown}");
     }
 }

@@ -54,8 +54,26 @@ pub fn label(name: &str, value: &str) -> Labels {
 
 impl Metrics {
     pub fn new() -> Metrics {
+        let metrics = Metrics::unregistered();
+        for state in GAUGED_STATES {
+            let _ = metrics.tasks.get_or_create(&label("state", state));
+        }
+        for status in FINISHED_STATUSES {
+            let _ = metrics.finished.get_or_create(&label("status", status));
+        }
         let mut registry = Registry::with_prefix("cairn");
-        let metrics = Metrics {
+        metrics.register_tasks(&mut registry);
+        metrics.register_checkpoints(&mut registry);
+        metrics.register_the_rest(&mut registry);
+        Metrics {
+            registry,
+            ..metrics
+        }
+    }
+
+    /// Every metric at zero, none registered yet.
+    fn unregistered() -> Metrics {
+        Metrics {
             tasks: Family::default(),
             finished: Family::default(),
             attempts_started: Counter::default(),
@@ -77,14 +95,12 @@ impl Metrics {
             ready: Gauge::default(),
             main_loop_last_turn: Gauge::default(),
             registry: Registry::default(),
-        };
-        for state in GAUGED_STATES {
-            let _ = metrics.tasks.get_or_create(&label("state", state));
         }
-        for status in FINISHED_STATUSES {
-            let _ = metrics.finished.get_or_create(&label("status", status));
-        }
-        let r = &mut registry;
+    }
+
+    /// Tasks, attempts and iterations.
+    fn register_tasks(&self, r: &mut Registry) {
+        let metrics = self;
         r.register(
             "tasks",
             "Unfinished tasks this daemon holds, by state (as cairn status names them)",
@@ -110,6 +126,11 @@ impl Metrics {
             "Loop iterations and items completed (checkpointed) since the daemon started",
             metrics.iterations.clone(),
         );
+    }
+
+    /// Checkpoints and the time to a first start.
+    fn register_checkpoints(&self, r: &mut Registry) {
+        let metrics = self;
         r.register(
             "checkpoints",
             "Iteration checkpoints written since the daemon started",
@@ -130,6 +151,11 @@ impl Metrics {
             "Time from a task's acceptance by this daemon's intake to its first attempt",
             metrics.accept_to_start_seconds.clone(),
         );
+    }
+
+    /// Cost, recoveries, intake, leases, readiness and the build.
+    fn register_the_rest(&self, r: &mut Registry) {
+        let metrics = self;
         r.register(
             "cost",
             "Cost reported by tasks that finished, by submitter",
@@ -178,10 +204,6 @@ impl Metrics {
                 env!("CARGO_PKG_VERSION").to_string(),
             )]),
         );
-        Metrics {
-            registry,
-            ..metrics
-        }
     }
 
     /// The exposition, in the Prometheus text format.

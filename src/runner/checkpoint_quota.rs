@@ -12,6 +12,19 @@ use std::sync::Mutex;
 /// One submitter's bound unless the daemon is told otherwise.
 pub const DEFAULT_MAX_CHECKPOINT_BYTES_PER_SUBMITTER: u64 = 1 << 30;
 
+/// A submitter's tasks hold more checkpoint bytes than one submitter may.
+#[derive(Debug, PartialEq, thiserror::Error)]
+#[error(
+    "checkpoint refused: the newest checkpoints of the tasks of {whose} in flight on this daemon \
+     hold {held} bytes, more than the {limit} one submitter may hold (cairn run \
+     --max-checkpoint-bytes-per-submitter)"
+)]
+pub struct QuotaExceeded {
+    whose: String,
+    held: u64,
+    limit: u64,
+}
+
 /// The bytes held per submitter (`None`: tasks that record none), per task.
 #[derive(Debug, Default)]
 pub struct CheckpointQuota {
@@ -45,7 +58,7 @@ impl CheckpointQuota {
     }
 
     /// Whether another checkpoint of `submitter`'s may be stored; the error is the reason.
-    pub fn check(&self, submitter: Option<u32>) -> Result<(), String> {
+    pub fn check(&self, submitter: Option<u32>) -> Result<(), QuotaExceeded> {
         let Some(limit) = self.limit else {
             return Ok(());
         };
@@ -60,11 +73,7 @@ impl CheckpointQuota {
             Some(uid) => crate::submitter::Submitter::of_uid(uid).to_string(),
             None => "tasks that record no submitter".to_string(),
         };
-        Err(format!(
-            "checkpoint refused: the newest checkpoints of the tasks of {whose} in flight on this \
-             daemon hold {held} bytes, more than the {limit} one submitter may hold (cairn run \
-             --max-checkpoint-bytes-per-submitter)"
-        ))
+        Err(QuotaExceeded { whose, held, limit })
     }
 
     /// Task `task`'s attempt ended: what it held no longer counts.
@@ -93,7 +102,7 @@ mod tests {
         quota.note(Some(1), "a", 61);
         let refused = quota.check(Some(1)).unwrap_err();
         assert!(
-            refused.contains("101 bytes, more than the 100"),
+            refused.to_string().contains("101 bytes, more than the 100"),
             "{refused}"
         );
         assert_eq!(quota.check(Some(2)), Ok(()), "another submitter goes on");

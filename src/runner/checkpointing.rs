@@ -92,7 +92,7 @@ impl<'r, 'a> PhaseCheckpointer<'r, 'a> {
             .ctx
             .checkpoint_quota
             .check(self.submitter())
-            .map_err(PhaseError::Command)
+            .map_err(|e| PhaseError::Command(e.to_string()))
     }
 
     async fn call<T: Send + 'static>(

@@ -1,6 +1,6 @@
 //! `cairn bench web` at a tiny size: it runs the real daemon with --listen and prints one JSON
 //! line with the figures it promises, the throughput runs with the listener off and on
-//! included. No timing is asserted.
+//! included (off, on and idle, on and polled). No timing is asserted.
 
 use std::process::Command;
 
@@ -11,7 +11,7 @@ fn bench_web_prints_the_first_screen_and_metrics_latencies() {
     let dir = tempfile::tempdir().unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_cairn"))
         .args(["bench", "web", "--tasks", "30", "--rounds", "2"])
-        .args(["--iterations", "20", "--pairs", "1", "--dir"])
+        .args(["--iterations", "20", "--turns", "1", "--dir"])
         .arg(dir.path())
         .output()
         .expect("running cairn bench web");
@@ -42,8 +42,8 @@ fn bench_web_prints_the_first_screen_and_metrics_latencies() {
     }
     let throughput = &line["throughput"];
     assert_eq!(throughput["iterations"], 20, "{line}");
-    for side in ["off", "on"] {
-        let rates = &throughput[format!("checkpoints_per_s_listener_{side}")];
+    for side in ["listener_off", "listener_on", "polled"] {
+        let rates = &throughput[format!("checkpoints_per_s_{side}")];
         assert!(
             rates
                 .as_array()

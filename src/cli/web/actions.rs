@@ -10,6 +10,7 @@ use axum::response::{IntoResponse, Response};
 use crate::client::{QueueClient, TaskFilter};
 use crate::queue::control::ControlAction;
 
+use super::error::WebError;
 use super::App;
 
 /// The secret an action must carry (`X-Cairn-Token`), so that a page of another site cannot act.
@@ -58,7 +59,7 @@ pub async fn act(
         );
     };
     if let Err(why) = same_origin(&headers) {
-        return refuse(StatusCode::FORBIDDEN, &why);
+        return refuse(StatusCode::FORBIDDEN, &why.to_string());
     }
     let json = headers
         .get(header::CONTENT_TYPE)
@@ -103,7 +104,7 @@ pub async fn act(
     });
     match answered.await {
         Ok(Ok(message)) => (StatusCode::OK, format!("{message}\n")).into_response(),
-        Ok(Err(message)) => refuse(StatusCode::CONFLICT, &message),
+        Ok(Err(why)) => refuse(StatusCode::CONFLICT, &why.to_string()),
         Err(_) => refuse(
             StatusCode::INTERNAL_SERVER_ERROR,
             "the action did not finish",
@@ -120,22 +121,18 @@ fn refuse(status: StatusCode, why: &str) -> Response {
 
 /// Refuse what a browser says comes from another site: `Sec-Fetch-Site` other than
 /// `same-origin` (or `none`: typed by the user), or an `Origin` other than this listener's.
-fn same_origin(headers: &HeaderMap) -> Result<(), String> {
+fn same_origin(headers: &HeaderMap) -> Result<(), WebError> {
     let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
     if let Some(site) = text("sec-fetch-site") {
         if site != "same-origin" && site != "none" {
-            return Err(format!(
-                "refused: the request comes from another site (Sec-Fetch-Site: {site})"
-            ));
+            return Err(WebError::OtherSite(site.to_string()));
         }
     }
     if let Some(origin) = text("origin") {
         let host = text("host").unwrap_or("");
         let expected = [format!("http://{host}"), format!("https://{host}")];
         if host.is_empty() || !expected.iter().any(|e| e == origin) {
-            return Err(format!(
-                "refused: the request comes from another origin ({origin}, not this listener's)"
-            ));
+            return Err(WebError::OtherOrigin(origin.to_string()));
         }
     }
     Ok(())
@@ -178,18 +175,14 @@ impl ActionKind {
 
     /// Take the action through the queue's client, as the commands do; what it says, or why
     /// not.
-    fn take(self, queue: &Path, db: Option<&str>, body: ActionBody) -> Result<String, String> {
-        let client = QueueClient::open(queue, db).map_err(|e| e.to_string())?;
-        let id = || {
-            body.id
-                .clone()
-                .ok_or_else(|| "the action names no task (\"id\")".to_string())
-        };
+    fn take(self, queue: &Path, db: Option<&str>, body: ActionBody) -> Result<String, WebError> {
+        let client = QueueClient::open(queue, db)?;
+        let id = || body.id.clone().ok_or(WebError::Missing("task (\"id\")"));
         let submitter = || {
             body.submitter
                 .clone()
                 .filter(|s| !s.is_empty())
-                .ok_or_else(|| "the action names no submitter (\"submitter\")".to_string())
+                .ok_or(WebError::Missing("submitter (\"submitter\")"))
         };
         let in_states = |states: &[&str], submitter: Option<String>| TaskFilter {
             states: states.iter().map(|s| s.to_string()).collect(),
@@ -197,24 +190,21 @@ impl ActionKind {
             ..TaskFilter::default()
         };
         match self {
-            ActionKind::One(action) => {
-                crate::cli::control::request(&client, action, &id()?, true).map_err(|e| e.message())
-            }
+            ActionKind::One(action) => crate::cli::control::request(&client, action, &id()?, true)
+                .map_err(WebError::command),
             ActionKind::Budget => {
                 let max_cost = body
                     .max_cost
-                    .ok_or_else(|| "the action names no limit (\"max_cost\")".to_string())?;
-                let id = QueueClient::task_id(&id()?).map_err(|e| e.to_string())?;
-                client
-                    .set_budget(&id, max_cost, true)
-                    .map(|outcome| outcome.message(ControlAction::Budget, &id))
-                    .map_err(|e| e.to_string())
+                    .ok_or(WebError::Missing("limit (\"max_cost\")"))?;
+                let id = QueueClient::task_id(&id()?)?;
+                let outcome = client.set_budget(&id, max_cost, true)?;
+                Ok(outcome.message(ControlAction::Budget, &id))
             }
             ActionKind::Fork => {
                 let patch = body.patch.as_deref().filter(|p| !p.trim().is_empty());
                 crate::cli::fork::fork(&client, &id()?, None, patch, body.new_id.as_deref(), None)
                     .map(|new_id| format!("forked as {new_id}"))
-                    .map_err(|e| e.message())
+                    .map_err(WebError::command)
             }
             ActionKind::RetryFailed => {
                 bulk(&client, ControlAction::Retry, &in_states(&["failed"], None))
@@ -248,9 +238,9 @@ fn bulk(
     client: &QueueClient,
     action: ControlAction,
     filter: &TaskFilter,
-) -> Result<String, String> {
+) -> Result<String, WebError> {
     let verb = action.as_str();
-    let tasks = client.select(filter).map_err(|e| e.to_string())?;
+    let tasks = client.select(filter)?;
     if tasks.is_empty() {
         return Ok(format!("{verb}: no task to {verb}"));
     }
@@ -267,11 +257,12 @@ fn bulk(
             listed.join(", ")
         ))
     } else {
-        Err(format!(
-            "{verb} requested for {asked} of {} task(s); refused: {}",
-            outcomes.len(),
-            refused.join("; ")
-        ))
+        Err(WebError::BulkRefused {
+            verb,
+            asked,
+            total: outcomes.len(),
+            refused: refused.join("; "),
+        })
     }
 }
 

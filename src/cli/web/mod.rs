@@ -9,6 +9,7 @@
 
 mod actions;
 mod assets;
+mod error;
 mod page;
 mod queue_metrics;
 mod reader;
@@ -24,6 +25,7 @@ use axum::routing::{get, post};
 use axum::Router;
 
 use crate::observe::{Liveness, Observer};
+use error::WebError;
 
 pub use actions::Token;
 pub use reader::ReadSource;
@@ -108,7 +110,7 @@ async fn metrics(State(app): State<App>) -> Response {
         .await
         {
             Ok(text) => text,
-            Err(e) => return (StatusCode::SERVICE_UNAVAILABLE, e).into_response(),
+            Err(e) => return (StatusCode::SERVICE_UNAVAILABLE, e.to_string()).into_response(),
         },
     };
     ([(header::CONTENT_TYPE, METRICS_TYPE)], text).into_response()
@@ -118,12 +120,12 @@ async fn metrics(State(app): State<App>) -> Response {
 /// large queue is cut and encoded off the daemon's thread.
 async fn from_snapshot(
     app: &App,
-    make: impl FnOnce(&reader::Snapshot) -> Result<String, String> + Send + 'static,
-) -> Result<String, String> {
+    make: impl FnOnce(&reader::Snapshot) -> Result<String, WebError> + Send + 'static,
+) -> Result<String, WebError> {
     let snapshot = app.reader.snapshot().await?;
     tokio::task::spawn_blocking(move || make(&snapshot))
         .await
-        .map_err(|e| format!("reading the status: {e}"))?
+        .map_err(|e| WebError::Blocking(e.to_string()))?
 }
 
 /// 200 while the main loop turns (and while it starts), 503 once it has not turned for longer
@@ -195,7 +197,7 @@ async fn api_status(State(app): State<App>, Query(query): Query<page::PageQuery>
     .await;
     match answer {
         Ok(json) => json_response(&json),
-        Err(e) => (StatusCode::SERVICE_UNAVAILABLE, e).into_response(),
+        Err(e) => (StatusCode::SERVICE_UNAVAILABLE, e.to_string()).into_response(),
     }
 }
 
@@ -203,7 +205,7 @@ async fn api_task(State(app): State<App>, UrlPath(id): UrlPath<String>) -> Respo
     match app.reader.task(id).await {
         Ok(Some(json)) => json_response(&json),
         Ok(None) => (StatusCode::NOT_FOUND, "no such task\n").into_response(),
-        Err(e) => (StatusCode::SERVICE_UNAVAILABLE, e).into_response(),
+        Err(e) => (StatusCode::SERVICE_UNAVAILABLE, e.to_string()).into_response(),
     }
 }
 

@@ -9,6 +9,7 @@
 //! refreshed first. The documents are those of `cairn status --json` and `cairn show --json`,
 //! with every task's `env` values hidden.
 
+use std::collections::{HashMap, HashSet};
 use std::io::{Read, Seek, SeekFrom};
 use std::path::PathBuf;
 use std::sync::mpsc::{self, RecvTimeoutError};
@@ -18,8 +19,9 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 use tokio::sync::oneshot;
 
+use super::error::WebError;
 use crate::client::QueueClient as Source;
-use crate::queue::{LoadOptions, QueueReader, StatusCache};
+use crate::queue::{LoadOptions, QueueReader, QueueView, StatusCache, TaskView};
 use crate::task_id::TaskId;
 
 /// Where the dashboard reads: a queue directory, or a shared queue's database.
@@ -51,14 +53,14 @@ const RECENT_REJECTED: usize = 10;
 #[derive(Debug)]
 pub struct Snapshot {
     pub at: Instant,
-    pub document: Result<Value, String>,
+    pub document: Result<Value, WebError>,
     /// The whole document as text, made once, when first asked for.
     text: OnceLock<String>,
 }
 
 impl Snapshot {
     /// The whole document as text (the same for every request of this moment).
-    pub fn text(&self) -> Result<&str, String> {
+    pub fn text(&self) -> Result<&str, WebError> {
         let document = self.document.as_ref().map_err(Clone::clone)?;
         Ok(self.text.get_or_init(|| document.to_string()))
     }
@@ -71,7 +73,7 @@ struct Refresh {
 }
 
 /// A task's document.
-struct TaskJob(String, oneshot::Sender<Result<Option<String>, String>>);
+struct TaskJob(String, oneshot::Sender<Result<Option<String>, WebError>>);
 
 /// What the thread and the requests share: the latest document, and when it was last wanted.
 #[derive(Debug, Default)]
@@ -134,35 +136,31 @@ impl Reader {
         }
     }
 
-    fn refresh(&self, now: bool) -> Result<oneshot::Receiver<Arc<Snapshot>>, String> {
+    fn refresh(&self, now: bool) -> Result<oneshot::Receiver<Arc<Snapshot>>, WebError> {
         let (answer, answered) = oneshot::channel();
         self.refreshes
             .send(Refresh { now, answer })
-            .map_err(|_| "the dashboard's reader is gone".to_string())?;
+            .map_err(|_| WebError::ReaderGone)?;
         Ok(answered)
     }
 
     /// The latest status document: at most [`SERVE_FOR`] old, else refreshed first.
-    pub async fn snapshot(&self) -> Result<Arc<Snapshot>, String> {
+    pub async fn snapshot(&self) -> Result<Arc<Snapshot>, WebError> {
         *self.shared.wanted.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
         if let Some(latest) = self.shared.latest().filter(|s| s.at.elapsed() < SERVE_FOR) {
             return Ok(latest);
         }
-        self.refresh(false)?
-            .await
-            .map_err(|_| "the dashboard's reader is gone".to_string())
+        self.refresh(false)?.await.map_err(|_| WebError::ReaderGone)
     }
 
     /// The `cairn show --json` document of a task, with its checkpoint generations, its latest
     /// checkpoint decoded and the tail of each phase log (a queue directory's).
-    pub async fn task(&self, id: String) -> Result<Option<String>, String> {
+    pub async fn task(&self, id: String) -> Result<Option<String>, WebError> {
         let (answer, answered) = oneshot::channel();
         self.tasks
             .send(TaskJob(id, answer))
-            .map_err(|_| "the dashboard's reader is gone".to_string())?;
-        answered
-            .await
-            .map_err(|_| "the dashboard's reader is gone".to_string())?
+            .map_err(|_| WebError::ReaderGone)?;
+        answered.await.map_err(|_| WebError::ReaderGone)?
     }
 }
 
@@ -172,12 +170,12 @@ impl Reader {
 /// core from the daemon.
 fn keep_status(source: ReadSource, jobs: mpsc::Receiver<Refresh>, shared: &Shared) {
     let opened = open(&source);
-    let mut cache = StatusCache::new();
+    let mut kept = KeptStatus::default();
     let mut pause = REFRESH_EVERY;
     let mut refresh = |shared: &Shared, pause: &mut Duration| {
         let started = Instant::now();
         let document = match &opened {
-            Ok(source) => read_status(source, &mut cache),
+            Ok(source) => read_status(source, &mut kept),
             Err(e) => Err(e.clone()),
         };
         *pause = REFRESH_EVERY.max(started.elapsed() * IDLE_SHARE);
@@ -222,44 +220,106 @@ fn read_tasks(source: ReadSource, jobs: mpsc::Receiver<TaskJob>) {
     }
 }
 
-fn open(source: &ReadSource) -> Result<Source, String> {
-    Source::open(&source.queue, source.db.as_deref()).map_err(|e| e.to_string())
+fn open(source: &ReadSource) -> Result<Source, WebError> {
+    Ok(Source::open(&source.queue, source.db.as_deref())?)
 }
 
 /// The status document now: a queue directory's from the views kept, a database's read.
-fn read_status(source: &Source, cache: &mut StatusCache) -> Result<Value, String> {
+fn read_status(source: &Source, kept: &mut KeptStatus) -> Result<Value, WebError> {
     let options = LoadOptions {
         rejected: RECENT_REJECTED,
     };
-    let view = match source.root() {
-        Some(root) => cache.status(&QueueReader::open(root), options),
-        None => source.status(options).map_err(|e| e.to_string())?,
-    };
-    let mut document = crate::cli::status::to_json(&view);
-    // The page shows cost against budget.
-    if let Some(tasks) = document["tasks"].as_array_mut() {
-        for (json, task) in tasks.iter_mut().zip(&view.tasks) {
-            let budget = task.task.as_ref().and_then(|t| t.budget.as_ref());
-            json["budget"] = json!(budget.map(|b| b.max_cost));
+    match source.root() {
+        Some(root) => Ok(kept.document(&QueueReader::open(root), options)),
+        None => {
+            let view = source.status(options)?;
+            let tasks = view
+                .tasks
+                .iter()
+                .map(|task| task_json(&view, task))
+                .collect();
+            Ok(document(&view, tasks))
         }
     }
-    hide_env_values(&mut document);
-    Ok(document)
 }
 
-fn task_document(source: &Source, id: &str) -> Result<Option<String>, String> {
+/// The views of a queue directory's tasks and the JSON made of each, kept between refreshes:
+/// a task's JSON is made again only when the cache built its view again.
+#[derive(Default)]
+struct KeptStatus {
+    cache: StatusCache,
+    /// By task id: the refresh that built the view, and its JSON.
+    json: HashMap<String, (u64, Value)>,
+}
+
+impl KeptStatus {
+    fn document(&mut self, reader: &QueueReader, options: LoadOptions) -> Value {
+        let view = self.cache.status(reader, options);
+        let age = view.now;
+        let mut tasks = Vec::with_capacity(view.tasks.len());
+        let mut seen = HashSet::with_capacity(view.tasks.len());
+        for task in &view.tasks {
+            let Some(built_at) = self.cache.built_at(&task.id) else {
+                // Still in the inbox, or a rejection: built at every refresh.
+                tasks.push(task_json(&view, task));
+                continue;
+            };
+            seen.insert(task.id.as_str());
+            let json = match self.json.get_mut(&task.id) {
+                Some((at, json)) if *at == built_at => {
+                    // The one field that moves with the clock alone.
+                    json["last_checkpoint_age_seconds"] = json!(task.checkpoint_age(age));
+                    json
+                }
+                _ => {
+                    let entry = (built_at, task_json(&view, task));
+                    &mut self
+                        .json
+                        .entry(task.id.clone())
+                        .insert_entry(entry)
+                        .into_mut()
+                        .1
+                }
+            };
+            tasks.push(json.clone());
+        }
+        self.json.retain(|id, _| seen.contains(id.as_str()));
+        document(&view, tasks)
+    }
+}
+
+/// The status document of `view` from its tasks' objects (whose `env` values are hidden
+/// already), the rest with its `env` values hidden.
+fn document(view: &QueueView, tasks: Vec<Value>) -> Value {
+    let mut document = crate::cli::status::document(view, Vec::new());
+    hide_env_values(&mut document);
+    document["tasks"] = Value::Array(tasks);
+    document
+}
+
+/// A task's object in the page's status document: `cairn status --json`'s, with its budget
+/// (the page shows cost against budget) and `env` values hidden.
+fn task_json(view: &QueueView, task: &TaskView) -> Value {
+    let mut json = crate::cli::status::task_json(view, task);
+    let budget = task.task.as_ref().and_then(|t| t.budget.as_ref());
+    json["budget"] = json!(budget.map(|b| b.max_cost));
+    hide_env_values(&mut json);
+    json
+}
+
+fn task_document(source: &Source, id: &str) -> Result<Option<String>, WebError> {
     let Ok(id) = TaskId::parse(id) else {
         return Ok(None);
     };
     let files = source.root().map(QueueReader::open);
     let exists = match &files {
         Some(reader) => reader.task(&id).is_some(),
-        None => source.task(&id).map_err(|e| e.to_string())?.is_some(),
+        None => source.task(&id)?.is_some(),
     };
     if !exists {
         return Ok(None);
     }
-    let mut document = crate::cli::show::json_document(source, &id).map_err(|e| e.message())?;
+    let mut document = crate::cli::show::json_document(source, &id).map_err(WebError::command)?;
     document["checkpoints"] = checkpoints(source, &id);
     // The logs stay on the host that ran the task: a shared queue's page has none.
     if let Some(reader) = &files {

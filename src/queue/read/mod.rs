@@ -17,7 +17,7 @@ mod task_view;
 #[cfg(test)]
 mod tests;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
@@ -230,56 +230,10 @@ impl QueueReader {
             })
     }
 
-    /// Read the whole queue.
+    /// Read the whole queue: a refresh of an empty [`StatusCache`], so that the one-off read
+    /// and the kept one cannot differ.
     pub fn status(&self, options: LoadOptions) -> QueueView {
-        let now = Utc::now();
-        // The store logs unusable checkpoints; they are reported here instead, once per view.
-        let listing = quietly(|| Listing::read(self));
-        let mut warnings = listing.warnings.clone();
-        let (ids, mut rejected) = self.known_ids(&listing.work);
-        let mut tasks: Vec<TaskView> = quietly(|| {
-            ids.iter()
-                .filter_map(|name| TaskId::parse(name.as_str()).ok())
-                .map(|id| task_view(&listing, &id))
-                .collect()
-        });
-        // A file in the inbox whose id is taken already will be rejected, not run.
-        tasks.extend(
-            self.inbox_tasks()
-                .into_iter()
-                .filter(|(_, task)| !ids.contains(task.id().as_str()))
-                .map(|(name, task)| submitted_view(self, &name, task)),
-        );
-        let rejected_count = rejected.len();
-        // Most recent first; ties (same time) by name.
-        rejected
-            .sort_by(|(a_stem, a), (b_stem, b)| b.at.cmp(&a.at).then_with(|| a_stem.cmp(b_stem)));
-        tasks.extend(
-            rejected
-                .into_iter()
-                .take(options.rejected)
-                .map(|(stem, record)| rejected_view(&stem, record)),
-        );
-        tasks.sort_by(|a, b| {
-            record::rank(&a.state)
-                .cmp(&record::rank(&b.state))
-                .then_with(|| a.id.cmp(&b.id))
-        });
-        for task in &tasks {
-            warnings.extend(task.warnings.iter().cloned());
-        }
-        QueueView {
-            root: self.root().to_path_buf(),
-            now,
-            daemon: listing.daemon,
-            tasks,
-            inbox: self.inbox_count(),
-            rejected: rejected_count,
-            warnings,
-            current_work_problem: listing.work_problem.clone(),
-            cluster: None,
-            limits: self.published_limits(listing.daemon),
-        }
+        StatusCache::read_once(self, options)
     }
 
     /// The limits the daemon running now published at its start; a file an earlier daemon
@@ -289,23 +243,6 @@ impl QueueReader {
         let bytes = read_regular(&self.root().join(QueueDir::LIMITS_KEY), 64 * 1024)?;
         let limits: PublishedLimits = serde_json::from_slice(&bytes).ok()?;
         (limits.pid == pid && limits.version == PublishedLimits::VERSION).then_some(limits)
-    }
-
-    /// The ids of accepted, finished and in-flight tasks, and the rejection records apart.
-    fn known_ids(&self, work: &CurrentWork) -> (BTreeSet<String>, Vec<(String, Record)>) {
-        let mut ids: BTreeSet<String> = BTreeSet::new();
-        ids.extend(json_stems(&self.dir.tasks()));
-        ids.extend(json_stems(&self.dir.done_dir()));
-        let mut rejected = Vec::new();
-        for stem in json_stems(&self.dir.failed_dir()) {
-            if let Some(record) = self.rejection(&stem) {
-                rejected.push((stem, record));
-                continue;
-            }
-            ids.insert(stem);
-        }
-        ids.extend(work.active_tasks.iter().map(|t| t.task_id.to_string()));
-        (ids, rejected)
     }
 
     /// The record `failed/<stem>.json` if it is a rejection. A task may be named rejected-x

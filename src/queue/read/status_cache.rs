@@ -1,16 +1,24 @@
 //! The status of a queue kept up to date instead of rebuilt: a long-lived reader (the
-//! dashboard's) keeps every task's view and, at each refresh, reads again only the tasks whose
-//! place in the queue changed, plus the running ones and a few others in turn.
+//! dashboard's) keeps every task's view and, at each refresh, builds again only the tasks
+//! whose files or place in the queue changed. [`QueueReader::status`] is a refresh of an empty
+//! cache, so the two read a queue the same way.
 //!
 //! A refresh reads the shared files once (the work state, the daemon's lock, the listings of
-//! `tasks/`, `done/` and `failed/`), as [`QueueReader::status`] does. A task's view is built
-//! again when its place changed (which directories name it, its work-state entry, whether the
-//! daemon lives), when it runs (its checkpoints advance without the entry changing), when it
-//! is new, and in turn for the rest ([`REVALIDATE_SHARE`] of them per refresh), so that a
-//! change no listing shows (a definition rewritten in place) is seen within a bounded number
-//! of refreshes. Rejection records are read once each: they are never rewritten.
+//! `tasks/`, `done/` and `failed/`). A task's view is built again when its place changed
+//! (which directories name it, its work-state entry, whether the daemon lives), when it runs
+//! (its checkpoints and journal advance without the entry changing), when it is new, and when
+//! a file its view was read from changed: each such file's size, inode, modification and
+//! change times are kept ([`Stamp`]). A file changed less than [`SETTLE`] before it was looked
+//! at may change again within the same tick of the file system's clock without its times
+//! moving, so its task is built again at every refresh until the file has settled: a change
+//! always shows up at the next refresh. Each view carries the number of the refresh that built
+//! it ([`StatusCache::built_at`]), so that a caller keeping what it makes of a view (the
+//! dashboard's JSON) makes it again only for those. Rejection records are read once each: they
+//! are never rewritten.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
+use std::path::PathBuf;
+use std::time::{Duration, SystemTime};
 
 use chrono::{DateTime, Utc};
 
@@ -18,16 +26,14 @@ use super::files::quietly;
 use super::record::{self, Record};
 use super::task_view::{rejected_view, submitted_view, task_view, Listing};
 use super::{json_stems, LoadOptions, QueueReader, QueueView, TaskView};
-use crate::store::current_work::{ActiveStatus, ActiveTask};
+use crate::queue::QueueDir;
+use crate::store::current_work::{ActiveStatus, ActiveTask, StartPoint};
+use crate::store::CheckpointStore;
 use crate::task_id::TaskId;
 
-/// Each refresh builds again one task in this many of those whose place did not change (and at
-/// least [`REVALIDATE_AT_LEAST`]): with a refresh a second, every view is at most about this
-/// many seconds older than its files.
-pub const REVALIDATE_SHARE: usize = 32;
-
-/// The fewest unchanged tasks a refresh builds again.
-const REVALIDATE_AT_LEAST: usize = 64;
+/// How long after its last change a file is trusted not to change unseen: longer than the
+/// coarsest tick of a file system's clock, with room for a network file system's.
+pub const SETTLE: Duration = Duration::from_secs(2);
 
 /// Where a task stands in the queue's shared files: a change means its view is out of date.
 #[derive(Debug, Clone, PartialEq)]
@@ -40,41 +46,156 @@ struct Place {
     daemon_running: bool,
 }
 
+/// What a file looked like (`None` in [`Stamps`]: there was none).
+#[derive(Debug, Clone, PartialEq)]
+struct Stamp {
+    len: u64,
+    inode: u64,
+    modified: Option<SystemTime>,
+    changed: (i64, i64),
+}
+
+/// The files a task's view was read from, as they looked just before.
+#[derive(Debug, Clone, PartialEq)]
+struct Stamps {
+    files: Vec<Option<Stamp>>,
+    /// Whether every file had settled ([`SETTLE`]) when looked at.
+    settled: bool,
+}
+
+impl Stamps {
+    /// Look at the files the view of a task at `place` is read from.
+    fn of(dir: &QueueDir, id: &str, place: &Place, settle: Duration) -> Stamps {
+        let root = dir.root();
+        let mut paths: Vec<PathBuf> = vec![dir.task_file(id)];
+        if place.in_done {
+            paths.push(dir.done_file(id));
+        }
+        if place.in_failed {
+            paths.push(dir.failed_file(id));
+        }
+        if place.entry.is_none() && !place.in_done && !place.in_failed {
+            paths.push(root.join(StartPoint::key(id)));
+        }
+        if place.entry.is_some() || place.in_failed {
+            paths.push(root.join(CheckpointStore::latest_file_key(id)));
+        }
+        let now = SystemTime::now();
+        let mut settled = true;
+        let files = paths
+            .iter()
+            .map(|path| {
+                let meta = std::fs::symlink_metadata(path).ok()?;
+                Some(Stamp::of(&meta, now, settle, &mut settled))
+            })
+            .collect();
+        Stamps { files, settled }
+    }
+}
+
+impl Stamp {
+    fn of(
+        meta: &std::fs::Metadata,
+        now: SystemTime,
+        settle: Duration,
+        settled: &mut bool,
+    ) -> Stamp {
+        use std::os::unix::fs::MetadataExt;
+        let changed_at = SystemTime::UNIX_EPOCH
+            + Duration::new(meta.ctime().max(0) as u64, meta.ctime_nsec().max(0) as u32);
+        let modified = meta.modified().ok();
+        let newest = modified.map_or(changed_at, |m| m.max(changed_at));
+        // A time ahead of the clock is not trusted either.
+        if now.duration_since(newest).map_or(true, |age| age < settle) {
+            *settled = false;
+        }
+        Stamp {
+            len: meta.len(),
+            inode: meta.ino(),
+            modified,
+            changed: (meta.ctime(), meta.ctime_nsec()),
+        }
+    }
+}
+
+/// One task's view as kept, with what it was read from and the refresh that built it.
+#[derive(Debug)]
+struct Kept {
+    place: Place,
+    stamps: Stamps,
+    view: TaskView,
+    built_at: u64,
+}
+
 /// The views of a queue's tasks, kept between refreshes.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct StatusCache {
-    views: HashMap<String, (Place, TaskView)>,
+    views: HashMap<String, Kept>,
     /// Rejection records by stem (`None`: a `failed/rejected-*` file that is a task's record).
     rejections: HashMap<String, Option<Record>>,
-    /// Where the turn of revalidation stands: the last id built again in turn.
-    cursor: Option<String>,
+    /// The number of the latest refresh.
+    refreshes: u64,
+    settle: Duration,
     /// How many views the last refresh built (for the benchmark and the tests).
     pub last_built: usize,
 }
 
+impl Default for StatusCache {
+    fn default() -> StatusCache {
+        StatusCache::new()
+    }
+}
+
 impl StatusCache {
     pub fn new() -> StatusCache {
-        StatusCache::default()
+        StatusCache {
+            views: HashMap::new(),
+            rejections: HashMap::new(),
+            refreshes: 0,
+            settle: SETTLE,
+            last_built: 0,
+        }
     }
 
-    /// The queue's status, as [`QueueReader::status`] gives it, reading only what changed.
+    /// The queue's status, reading only what changed; the views stay kept.
     pub fn status(&mut self, reader: &QueueReader, options: LoadOptions) -> QueueView {
+        let (listing, now) = self.refresh(reader);
+        let views: Vec<TaskView> = self.views.values().map(|kept| kept.view.clone()).collect();
+        self.assemble(reader, listing, now, options, views)
+    }
+
+    /// The queue's status read once: every view built and none kept.
+    pub(super) fn read_once(reader: &QueueReader, options: LoadOptions) -> QueueView {
+        let mut cache = StatusCache::new();
+        let (listing, now) = cache.refresh(reader);
+        let views: Vec<TaskView> = std::mem::take(&mut cache.views)
+            .into_values()
+            .map(|kept| kept.view)
+            .collect();
+        cache.assemble(reader, listing, now, options, views)
+    }
+
+    /// The refresh that last built the view of task `id` (`None`: none kept, as for a task
+    /// still in the inbox or a rejection, which are built at each refresh).
+    pub fn built_at(&self, id: &str) -> Option<u64> {
+        self.views.get(id).map(|kept| kept.built_at)
+    }
+
+    /// Build again the views whose task changed, and forget those of tasks gone.
+    fn refresh<'r>(&mut self, reader: &'r QueueReader) -> (Listing<'r>, DateTime<Utc>) {
         let now = Utc::now();
+        self.refreshes += 1;
         let listing = quietly(|| Listing::read(reader));
         let places = self.places(reader, &listing);
-        self.forget_gone(&places);
-        let due = self.due_for_revalidation(&places);
+        self.views.retain(|id, _| places.contains_key(id));
         let mut built = 0;
         for (id, place) in places {
-            let running = place
-                .entry
-                .as_ref()
-                .is_some_and(|e| e.status == ActiveStatus::Running);
-            let fresh = self
+            let stamps = Stamps::of(reader.dir(), &id, &place, self.settle);
+            if self
                 .views
                 .get(&id)
-                .is_some_and(|(known, _)| *known == place);
-            if fresh && !running && !due.contains(&id) {
+                .is_some_and(|kept| kept.fresh(&place, &stamps))
+            {
                 continue;
             }
             let Ok(task_id) = TaskId::parse(id.as_str()) else {
@@ -82,10 +203,16 @@ impl StatusCache {
             };
             let view = quietly(|| task_view(&listing, &task_id));
             built += 1;
-            self.views.insert(id, (place, view));
+            let kept = Kept {
+                place,
+                stamps,
+                view,
+                built_at: self.refreshes,
+            };
+            self.views.insert(id, kept);
         }
         self.last_built = built;
-        self.assemble(reader, listing, now, options)
+        (listing, now)
     }
 
     /// Every task id the queue knows (rejections apart) and its place.
@@ -142,47 +269,19 @@ impl StatusCache {
             .as_ref()
     }
 
-    fn forget_gone(&mut self, places: &HashMap<String, Place>) {
-        self.views.retain(|id, _| places.contains_key(id));
-    }
-
-    /// The ids to build again in turn this refresh: the next share after the cursor, by id.
-    fn due_for_revalidation(&mut self, places: &HashMap<String, Place>) -> HashSet<String> {
-        let mut known: Vec<&String> = self
-            .views
-            .keys()
-            .filter(|id| places.contains_key(*id))
-            .collect();
-        known.sort();
-        let count = (known.len() / REVALIDATE_SHARE)
-            .max(REVALIDATE_AT_LEAST)
-            .min(known.len());
-        let start = match &self.cursor {
-            Some(cursor) => known.partition_point(|id| *id <= cursor),
-            None => 0,
-        };
-        let due: Vec<String> = known
-            .iter()
-            .cycle()
-            .skip(start)
-            .take(count)
-            .map(|id| (*id).clone())
-            .collect();
-        self.cursor = due.last().cloned();
-        due.into_iter().collect()
-    }
-
-    /// The view of the whole queue from the views kept, as [`QueueReader::status`] orders it.
+    /// The view of the whole queue from the task `views`: in flight first, then pending,
+    /// finished and rejected; by id within each.
     fn assemble(
         &self,
         reader: &QueueReader,
         listing: Listing,
         now: DateTime<Utc>,
         options: LoadOptions,
+        mut tasks: Vec<TaskView>,
     ) -> QueueView {
         let mut warnings = listing.warnings.clone();
-        let mut tasks: Vec<TaskView> = self.views.values().map(|(_, view)| view.clone()).collect();
-        let known: HashSet<&str> = self.views.keys().map(String::as_str).collect();
+        // A file in the inbox whose id is taken already will be rejected, not run.
+        let known: HashSet<String> = tasks.iter().map(|t| t.id.clone()).collect();
         tasks.extend(
             reader
                 .inbox_tasks()
@@ -196,6 +295,7 @@ impl StatusCache {
             .filter_map(|(stem, record)| Some((stem, record.as_ref()?)))
             .collect();
         let rejected_count = rejected.len();
+        // Most recent first; ties (same time) by name.
         rejected
             .sort_by(|(a_stem, a), (b_stem, b)| b.at.cmp(&a.at).then_with(|| a_stem.cmp(b_stem)));
         tasks.extend(
@@ -224,6 +324,17 @@ impl StatusCache {
             cluster: None,
             limits: reader.published_limits(listing.daemon),
         }
+    }
+}
+
+impl Kept {
+    /// Whether the view still holds: same place, same files, all settled, and not running.
+    fn fresh(&self, place: &Place, stamps: &Stamps) -> bool {
+        let running = place
+            .entry
+            .as_ref()
+            .is_some_and(|e| e.status == ActiveStatus::Running);
+        !running && stamps.settled && self.place == *place && self.stamps == *stamps
     }
 }
 
@@ -326,46 +437,66 @@ mod tests {
     }
 
     #[test]
-    fn unchanged_tasks_are_read_again_only_in_turn_and_each_within_the_share() {
+    fn unchanged_tasks_are_not_built_again_and_a_rewrite_in_place_shows_at_once() {
         let tmp = tempfile::tempdir().unwrap();
         let root = tmp.path();
         QueueDir::new(root).create_all().unwrap();
-        let count = 4 * REVALIDATE_AT_LEAST;
+        let count = 50;
         for n in 0..count {
             write(
                 root,
-                &format!("tasks/t{n:04}.json"),
-                &task(&format!("t{n:04}")),
+                &format!("tasks/t{n:02}.json"),
+                &task(&format!("t{n:02}")),
             );
         }
         let reader = QueueReader::open(root);
+        // Files this fresh have not settled: every refresh builds them again.
         let mut cache = StatusCache::new();
         cache.status(&reader, LoadOptions::default());
-        assert_eq!(
-            cache.last_built, count,
-            "the first refresh reads every task"
-        );
         cache.status(&reader, LoadOptions::default());
-        assert_eq!(
-            cache.last_built, REVALIDATE_AT_LEAST,
-            "then only a share in turn"
-        );
+        assert_eq!(cache.last_built, count, "unsettled files are read again");
 
-        // A definition rewritten in place (no listing shows it) is seen within a full turn.
-        let rewritten = task("t0000").replace("\"a\"", "\"renamed\"");
-        write(root, "tasks/t0000.json", &rewritten);
-        let phase_of_first = |cache: &mut StatusCache| {
-            let view = cache.status(&reader, LoadOptions::default());
-            view.tasks
-                .into_iter()
-                .find(|t| t.id == "t0000")
-                .and_then(|t| t.phase)
-        };
-        let turns = count.div_ceil(REVALIDATE_AT_LEAST);
-        let seen = (0..turns).any(|_| phase_of_first(&mut cache).as_deref() == Some("renamed"));
-        assert!(
-            seen,
-            "the rewritten definition was not read in {turns} refreshes"
-        );
+        // Trusted at once (as files are after SETTLE): only what changed is built again.
+        cache.settle = Duration::ZERO;
+        cache.status(&reader, LoadOptions::default());
+        let before = cache.built_at("t07");
+        cache.status(&reader, LoadOptions::default());
+        assert_eq!(cache.last_built, 0, "nothing changed");
+        assert_eq!(cache.built_at("t07"), before);
+
+        // A definition rewritten in place (no listing shows it) is seen at the next refresh.
+        let rewritten = task("t07").replace("\"a\"", "\"renamed\"");
+        std::fs::write(root.join("tasks/t07.json"), rewritten).unwrap();
+        let view = cache.status(&reader, LoadOptions::default());
+        assert_eq!(cache.last_built, 1);
+        assert!(cache.built_at("t07") > before);
+        let phase = view
+            .tasks
+            .iter()
+            .find(|t| t.id == "t07")
+            .and_then(|t| t.phase.clone());
+        assert_eq!(phase.as_deref(), Some("renamed"));
+    }
+
+    #[test]
+    fn a_file_changed_within_the_settling_time_is_read_at_every_refresh() {
+        let tmp = queue();
+        let root = tmp.path();
+        let reader = QueueReader::open(root);
+        let mut cache = StatusCache::new();
+        cache.settle = Duration::from_secs(3600);
+        cache.status(&reader, LoadOptions::default());
+        // The same size, possibly the same tick of the clock: the times may not move.
+        let same_size = task("n").replace("\"a\"", "\"b\"");
+        write(root, "tasks/n.json", &task("n"));
+        cache.status(&reader, LoadOptions::default());
+        write(root, "tasks/n.json", &same_size);
+        let view = cache.status(&reader, LoadOptions::default());
+        let phase = view
+            .tasks
+            .iter()
+            .find(|t| t.id == "n")
+            .and_then(|t| t.phase.clone());
+        assert_eq!(phase.as_deref(), Some("b"));
     }
 }
