@@ -7,6 +7,9 @@ use std::time::Instant;
 
 use super::{runner_blocking, Scheduler};
 use crate::queue::control::{ControlAction, ControlRequest};
+use crate::queue::control_rules::{
+    check_retry, decide_control, ControlRefusal, Standing, Steer, CANCELLED_BY_OPERATOR,
+};
 use crate::queue::refusals::Refusal;
 use crate::runner::RunContext;
 use crate::store::current_work::{ActiveStatus, ActiveTask};
@@ -117,8 +120,8 @@ impl Scheduler {
         };
         let steer = decide_control(request.action, standing, self.tasks.contains_key(id));
         match steer {
-            Steer::Refuse(why) => self.refuse(id, action, why),
-            Steer::Nothing => {}
+            Steer::Refuse(why) => self.refuse(id, action, &why.to_string()),
+            Steer::Nothing(_) => {}
             Steer::Signal => {
                 // The runner stops at its next iteration boundary (pause) or at once (cancel);
                 // attempt_finished records the outcome.
@@ -139,7 +142,7 @@ impl Scheduler {
                 let Some(entry) = in_flight.or_else(|| self.queued_entry(id)) else {
                     return;
                 };
-                self.steer_entry(steer, entry).await;
+                self.steer_entry(&steer, entry).await;
             }
             Steer::Retry => self.retry(id).await,
             Steer::SetLimit => self.set_limit(&request).await,
@@ -152,7 +155,8 @@ impl Scheduler {
     async fn set_limit(&mut self, request: &ControlRequest) {
         let id = &request.task_id;
         let Some(to) = request.max_cost else {
-            return self.refuse(id, ControlAction::Budget, "it names no limit");
+            let why = ControlRefusal::NoLimit.to_string();
+            return self.refuse(id, ControlAction::Budget, &why);
         };
         let budget = self.tasks.get(id).and_then(|task| task.budget.clone());
         let from = self.ctx.work.update(|w| {
@@ -162,7 +166,8 @@ impl Scheduler {
             Some(from)
         });
         let Some(from) = from else {
-            return self.refuse(id, ControlAction::Budget, NOT_IN_FLIGHT);
+            let why = ControlRefusal::NotInFlight.to_string();
+            return self.refuse(id, ControlAction::Budget, &why);
         };
         let by = request.requester();
         tracing::info!(task_id = %id, from = ?from, to, by = %by.escape_debug(), "spending limit set");
@@ -171,7 +176,7 @@ impl Scheduler {
     }
 
     /// Carry out a pause, resume or cancel of a task that is not running.
-    async fn steer_entry(&mut self, steer: Steer, mut entry: ActiveTask) {
+    async fn steer_entry(&mut self, steer: &Steer, mut entry: ActiveTask) {
         let id = entry.task_id.clone();
         match steer {
             Steer::Pause => {
@@ -206,14 +211,16 @@ impl Scheduler {
                     return;
                 };
                 self.unqueue(&id);
-                let error = "cancelled by an operator".to_string();
+                let error = CANCELLED_BY_OPERATOR.to_string();
                 self.record_failure(&task, entry, error, RecordStatus::Cancelled)
                     .await;
                 self.tasks.remove(&id);
             }
-            Steer::Refuse(_) | Steer::Nothing | Steer::Signal | Steer::Retry | Steer::SetLimit => {
-                return
-            }
+            Steer::Refuse(_)
+            | Steer::Nothing(_)
+            | Steer::Signal
+            | Steer::Retry
+            | Steer::SetLimit => return,
         }
         self.persist().await;
     }
@@ -296,14 +303,13 @@ impl Scheduler {
         let retry = ControlAction::Retry;
         let (queue, read_id) = (self.ctx.queue.clone(), id.to_string());
         let record = match runner_blocking(move || queue.failed_record(&read_id)).await {
-            Ok(Some(record)) => record,
-            Ok(None) => return self.refuse(id, retry, "it has not failed or been cancelled"),
+            Ok(record) => record,
             Err(e) => return self.refuse(id, retry, &e.to_string()),
         };
-        if !record.status.is_retryable() {
-            let status = record.status.as_str();
-            return self.refuse(id, retry, &format!("its record's status is {status:?}"));
+        if let Err(why) = check_retry(record.as_ref().map(|r| &r.status)) {
+            return self.refuse(id, retry, &why.to_string());
         }
+        let Some(record) = record else { return };
         let task = match self.read_task(id).await {
             Ok(task) => Arc::new(task),
             Err(e) => return self.refuse(id, retry, &e.to_string()),
@@ -347,82 +353,6 @@ impl Scheduler {
     }
 }
 
-/// Why a `budget` request for a task not in flight is refused.
-pub(super) const NOT_IN_FLIGHT: &str =
-    "it is not in flight (a finished task's budget is renewed by `cairn retry`)";
-/// Why a `budget` request for a task that never started is refused.
-pub(super) const NOT_STARTED: &str =
-    "it has not started: its limit is its definition's budget.max_cost until it runs";
-
-/// Where a task named by a control request stands.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Standing {
-    /// An attempt of it runs now.
-    Running,
-    /// It has an entry in `current_work` (interrupted, paused, waiting for a retry) and no
-    /// attempt running.
-    InFlight { status: ActiveStatus, suspect: bool },
-    /// Accepted, never started.
-    Pending,
-    /// Neither: finished, failed, or never seen.
-    Unknown,
-}
-
-/// What a control request does.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Steer {
-    /// Tell the running attempt (its pause or cancel token): it stops at its next boundary or at
-    /// once, and `attempt_finished` records how it ended.
-    Signal,
-    /// Take it out of every line and hold it until `cairn resume`.
-    Pause,
-    /// Put it back in line (with the suspects if it is one).
-    Resume,
-    /// Record it cancelled.
-    Cancel,
-    /// Bring its failed record back (see [`Scheduler::retry`], which checks the record).
-    Retry,
-    /// Set its spending limit (`cairn budget`), running or not.
-    SetLimit,
-    /// Nothing to do: it is so already.
-    Nothing,
-    /// The request does not apply, for this reason.
-    Refuse(&'static str),
-}
-
-/// What a control request does to a task, from where the task stands and whether its
-/// definition is loaded. Pure.
-pub(super) fn decide_control(
-    action: ControlAction,
-    standing: Standing,
-    definition_loaded: bool,
-) -> Steer {
-    const NOT_THERE: &str = "it is neither pending nor in flight";
-    let paused = |status| status == ActiveStatus::Paused;
-    match (action, standing) {
-        (ControlAction::Retry, _) => Steer::Retry,
-        (ControlAction::Budget, Standing::Running | Standing::InFlight { .. }) => Steer::SetLimit,
-        (ControlAction::Budget, Standing::Pending) => Steer::Refuse(NOT_STARTED),
-        (ControlAction::Budget, Standing::Unknown) => Steer::Refuse(NOT_IN_FLIGHT),
-        (ControlAction::Pause | ControlAction::Cancel, Standing::Running) => Steer::Signal,
-        (ControlAction::Pause | ControlAction::Cancel, Standing::Unknown) => {
-            Steer::Refuse(NOT_THERE)
-        }
-        (ControlAction::Pause, Standing::InFlight { status, .. }) if paused(status) => {
-            Steer::Nothing
-        }
-        (ControlAction::Pause, _) => Steer::Pause,
-        (ControlAction::Resume, Standing::InFlight { status, .. }) if paused(status) => {
-            Steer::Resume
-        }
-        (ControlAction::Resume, _) => Steer::Refuse("it is not paused"),
-        (ControlAction::Cancel, _) if !definition_loaded => {
-            Steer::Refuse("its definition is not loaded")
-        }
-        (ControlAction::Cancel, _) => Steer::Cancel,
-    }
-}
-
 /// The entry a task starts its first attempt with: at its first phase, or where `cairn fork`
 /// said (its start point). Blocking: call it off the async thread.
 pub(super) fn fresh_entry(ctx: &RunContext, task: &Task) -> ActiveTask {
@@ -431,74 +361,4 @@ pub(super) fn fresh_entry(ctx: &RunContext, task: &Task) -> ActiveTask {
         None
     });
     ActiveTask::first(task, start)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::{decide_control, Standing, Steer};
-    use crate::queue::control::ControlAction;
-    use crate::store::current_work::ActiveStatus;
-
-    #[test]
-    fn what_each_request_does() {
-        use ActiveStatus::{Interrupted, Paused, WaitingRetry};
-        use ControlAction::{Budget, Cancel, Pause, Resume, Retry};
-        use Standing::{Pending, Running, Unknown};
-        let in_flight = |status| Standing::InFlight {
-            status,
-            suspect: false,
-        };
-        let suspect = |status| Standing::InFlight {
-            status,
-            suspect: true,
-        };
-        let not_there = Steer::Refuse("it is neither pending nor in flight");
-        let not_paused = Steer::Refuse("it is not paused");
-        let not_loaded = Steer::Refuse("its definition is not loaded");
-        // (request, where the task stands, definition loaded) → what it does
-        #[rustfmt::skip]
-        let table = [
-            // A running attempt is told, and stops at its next boundary (pause) or at once.
-            ((Pause,  Running,                   true),  Steer::Signal),
-            ((Cancel, Running,                   true),  Steer::Signal),
-            ((Cancel, Running,                   false), Steer::Signal),
-            // Waiting tasks are paused or cancelled where they wait.
-            ((Pause,  in_flight(Interrupted),    true),  Steer::Pause),
-            ((Pause,  in_flight(WaitingRetry),   true),  Steer::Pause),
-            ((Pause,  Pending,                   true),  Steer::Pause),
-            ((Pause,  in_flight(Paused),         true),  Steer::Nothing),
-            ((Cancel, in_flight(WaitingRetry),   true),  Steer::Cancel),
-            ((Cancel, in_flight(Paused),         true),  Steer::Cancel),
-            ((Cancel, Pending,                   true),  Steer::Cancel),
-            ((Cancel, in_flight(Interrupted),    false), not_loaded),
-            // Only a paused task resumes (a suspect back to its trial, by the flag).
-            ((Resume, in_flight(Paused),         true),  Steer::Resume),
-            ((Resume, suspect(Paused),           true),  Steer::Resume),
-            ((Resume, Running,                   true),  not_paused),
-            ((Resume, in_flight(Interrupted),    true),  not_paused),
-            ((Resume, Pending,                   true),  not_paused),
-            ((Resume, Unknown,                   false), not_paused),
-            // Nothing to pause or cancel.
-            ((Pause,  Unknown,                   false), not_there),
-            ((Cancel, Unknown,                   true),  not_there),
-            // A retry is for a failed record, wherever the task stands.
-            ((Retry,  Unknown,                   false), Steer::Retry),
-            ((Retry,  Running,                   true),  Steer::Retry),
-            // A spending limit is set on a task in flight, running or held (a paused one
-            // stays paused); one that never started or has finished has none to set.
-            ((Budget, Running,                   true),  Steer::SetLimit),
-            ((Budget, in_flight(Paused),         true),  Steer::SetLimit),
-            ((Budget, in_flight(WaitingRetry),   false), Steer::SetLimit),
-            ((Budget, suspect(Interrupted),      true),  Steer::SetLimit),
-            ((Budget, Pending,                   true),  Steer::Refuse(super::NOT_STARTED)),
-            ((Budget, Unknown,                   false), Steer::Refuse(super::NOT_IN_FLIGHT)),
-        ];
-        for ((action, standing, loaded), steer) in table {
-            assert_eq!(
-                decide_control(action, standing, loaded),
-                steer,
-                "{action:?}, {standing:?}, definition loaded {loaded}"
-            );
-        }
-    }
 }

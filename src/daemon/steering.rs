@@ -7,32 +7,10 @@
 
 use nix::unistd::{Gid, Group, Uid};
 
+pub use crate::queue::control::SteeringRefusal;
 use crate::queue::control::{ControlJudge, ControlRequest, DatabaseAsker, RequestFile};
 use crate::runner::identity::RunAs;
 use crate::submitter::Submitter;
-
-/// Why a steering request is refused: for the log, the journal and the requester.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum SteeringRefusal {
-    #[error(
-        "database role {0} is mapped to no user of this host in cairn_roles, so it may steer no \
-         task"
-    )]
-    UnmappedRole(String),
-    #[error(
-        "the request file is writable by others (mode {mode:04o}), so it may not be {asker}'s \
-         request"
-    )]
-    WritableFile { mode: u32, asker: String },
-    #[error("the request file has {0} hard links, so it may be someone else's file linked in")]
-    Linked(u64),
-    #[error("{asker} may not steer it: only {whose}, the daemon's user, root{operators} may")]
-    NotAllowed {
-        asker: String,
-        whose: String,
-        operators: String,
-    },
-}
 
 /// `--operators-group` names no group of this host.
 #[derive(Debug, thiserror::Error)]
@@ -113,15 +91,12 @@ impl SteeringRights {
         }
     }
 
-    /// This rule as the judge a database applies requests with (see `ControlJudge`, whose
-    /// refusal is its text).
+    /// This rule as the judge a database applies requests with (see `ControlJudge`).
     pub(super) fn judge(&self) -> ControlJudge {
         let rights = self.clone();
         std::sync::Arc::new(
             move |request: &ControlRequest, submitter: Option<&Submitter>| {
-                rights
-                    .check(request, submitter)
-                    .map_err(|refusal| refusal.to_string())
+                rights.check(request, submitter)
             },
         )
     }

@@ -78,10 +78,37 @@ pub enum DatabaseAsker {
     Unknown { role: Option<String> },
 }
 
+/// Why a steering request is refused: for the log, the journal and the requester.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SteeringRefusal {
+    #[error(
+        "database role {0} is mapped to no user of this host in cairn_roles, so it may steer no \
+         task"
+    )]
+    UnmappedRole(String),
+    #[error(
+        "the request file is writable by others (mode {mode:04o}), so it may not be {asker}'s \
+         request"
+    )]
+    WritableFile { mode: u32, asker: String },
+    #[error("the request file has {0} hard links, so it may be someone else's file linked in")]
+    Linked(u64),
+    #[error("{asker} may not steer it: only {whose}, the daemon's user, root{operators} may")]
+    NotAllowed {
+        asker: String,
+        whose: String,
+        operators: String,
+    },
+    /// A daemon that vouches for submitters but was given no rule judges with the strictest:
+    /// only trusted roles.
+    #[error("no rule for steering was given to this daemon")]
+    NoRule,
+}
+
 /// Judges a request that came through a database before it is applied where no daemon holds
 /// its task: `Err` is why it is refused. Given the request and the task's submitter.
 pub type ControlJudge = std::sync::Arc<
-    dyn Fn(&ControlRequest, Option<&crate::submitter::Submitter>) -> Result<(), String>
+    dyn Fn(&ControlRequest, Option<&crate::submitter::Submitter>) -> Result<(), SteeringRefusal>
         + Send
         + Sync,
 >;

@@ -5,6 +5,7 @@
 
 pub mod backend;
 pub mod control;
+pub mod control_rules;
 mod file_backend;
 mod intake;
 mod layout;

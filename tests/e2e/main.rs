@@ -23,6 +23,8 @@ mod cli_status;
 mod cluster;
 mod commands;
 mod control;
+#[cfg(feature = "postgres")]
+mod control_parity;
 mod crash;
 mod crash_blame;
 mod daemon_faults;

@@ -533,7 +533,7 @@ impl PgBackend {
                     .asker
                 {
                     Some(crate::queue::control::DatabaseAsker::Trusted { .. }) => Ok(()),
-                    _ => Err("no rule for steering was given to this daemon".to_string()),
+                    _ => Err(crate::queue::control::SteeringRefusal::NoRule),
                 },
             )
         }))

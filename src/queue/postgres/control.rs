@@ -23,6 +23,7 @@ use chrono::{DateTime, Utc};
 use super::connect::PgQueue;
 use super::error::{During, PgError};
 use super::roles::Vouched;
+use super::row_state::RowState;
 use super::steer::{Refusals, Unheld};
 use crate::queue::control::{ControlAction, ControlJudge, ControlRequest, DatabaseAsker};
 use crate::queue::refusals::RefusalLimiter;
@@ -182,12 +183,17 @@ impl PgQueue {
         for row in &rows {
             let id: i64 = row.get(0);
             let task_id: String = row.get(1);
-            let holder = match (row.get::<_, Option<&str>>(4), row.get::<_, Option<&str>>(5)) {
+            let state = row
+                .try_get::<_, Option<RowState>>(4)
+                .during("reading control requests")?;
+            let holder = match (state, row.get::<_, Option<&str>>(5)) {
                 (None, _) => Holder::Unknown,
-                (Some("running"), Some(lease)) if lease == node && row.get::<_, bool>(6) => {
+                (Some(RowState::Running), Some(lease))
+                    if lease == node && row.get::<_, bool>(6) =>
+                {
                     Holder::ThisNode
                 }
-                (Some("running"), _) => Holder::Elsewhere,
+                (Some(RowState::Running), _) => Holder::Elsewhere,
                 (Some(_), _) => Holder::Nobody,
             };
             if waiting.contains(&task_id) {
@@ -323,10 +329,9 @@ impl PgQueue {
             tx.commit().await.during("committing a control request")?;
             return Ok(true);
         };
-        let state: String = task.get(0);
-        if state == "running" {
-            return Ok(false);
-        }
+        let state: RowState = task
+            .try_get(0)
+            .during("reading the task of a control request")?;
         let unheld = Unheld {
             tx: &tx,
             node,
@@ -354,8 +359,16 @@ impl PgQueue {
             None => Ok(()),
         };
         let outcome = match judged {
-            Ok(()) => unheld.apply(request, &state, &refusals).await?,
-            Err(why) => unheld.refuse(request.action, why, &refusals).await?,
+            Ok(()) => match unheld.apply(request, state, &refusals).await? {
+                Some(outcome) => outcome,
+                // It runs: its daemon applies the request.
+                None => return Ok(false),
+            },
+            Err(why) => {
+                unheld
+                    .refuse(request.action, why.to_string(), &refusals)
+                    .await?
+            }
         };
         tx.execute(MARK_HANDLED, &[&id, &node, &outcome])
             .await

@@ -15,6 +15,7 @@ use serde::Serialize;
 use super::connect::PgQueue;
 use super::error::{in_range, During, PgError};
 use super::lease::Lease;
+use super::row_state::RowState;
 use crate::store::{encode_checkpoint, IterationCheckpoint, SavedCheckpoint, FORMAT_VERSION};
 
 /// The lease check every fenced statement starts with; `$1` task, `$2` node, `$3` epoch.
@@ -171,11 +172,11 @@ pub enum Outcome {
 
 impl Outcome {
     /// The task's final state in `cairn_tasks`.
-    fn state(self) -> &'static str {
+    fn state(self) -> RowState {
         match self {
-            Outcome::Done => "done",
-            Outcome::Failed | Outcome::BudgetExceeded => "failed",
-            Outcome::Cancelled => "cancelled",
+            Outcome::Done => RowState::Done,
+            Outcome::Failed | Outcome::BudgetExceeded => RowState::Failed,
+            Outcome::Cancelled => RowState::Cancelled,
         }
     }
 
@@ -389,7 +390,7 @@ impl PgQueue {
         self.fenced_write(
             lease,
             FINISH,
-            &[&outcome.state(), &outcome.status(), &record_json],
+            &[&outcome.state().as_str(), &outcome.status(), &record_json],
             "finishing the task",
         )
         .await

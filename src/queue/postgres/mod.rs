@@ -43,6 +43,7 @@ mod prune;
 mod read;
 mod redact;
 mod roles;
+mod row_state;
 pub mod schema;
 mod steer;
 mod submit;

@@ -11,7 +11,11 @@ use serde_json::Value;
 use tokio_postgres::Transaction;
 
 use super::error::{json_text, During, PgError};
+use super::row_state::RowState;
 use crate::queue::control::{ControlAction, ControlRequest};
+use crate::queue::control_rules::{
+    check_retry, decide_control, ControlRefusal, Standing, Steer, CANCELLED_BY_OPERATOR,
+};
 use crate::queue::refusals::{Refusal, RefusalLimiter};
 use crate::store::current_work::{ActiveStatus, ActiveTask, StartPoint, StoredOutput};
 use crate::store::events::Event;
@@ -25,58 +29,32 @@ WITH gone AS (DELETE FROM cairn_records WHERE task_id = $1 RETURNING *)
 INSERT INTO cairn_record_history (task_id, status, record, finished_at)
 SELECT task_id, status, record, finished_at FROM gone";
 
-/// What the operator reads of refused requests and requests for finished tasks: the file
-/// daemon's words (`daemon::control::decide_control`).
-const NOT_THERE: &str = "it is neither pending nor in flight";
-const NOT_PAUSED: &str = "it is not paused";
-const NOT_FAILED: &str = "it has not failed or been cancelled";
-const CANCELLED: &str = "cancelled by an operator";
-const NOT_IN_FLIGHT: &str =
-    "it is not in flight (a finished task's budget is renewed by `cairn retry`)";
-const NOT_STARTED: &str =
-    "it has not started: its limit is its definition's budget.max_cost until it runs";
-
-/// What a request applied in SQL does to a task that no daemon holds. Pure.
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum SqlSteer {
-    Pause,
-    Resume,
-    Cancel,
-    Retry,
-    /// Set its spending limit in its phase state (`cairn budget`).
-    SetLimit,
-    /// It is so already.
-    Nothing(&'static str),
-    Refuse(String),
+/// Where a task no daemon holds stands, from its row's state and its phase-level state if it
+/// has one (`entry`); `None` for a running one, whose request its daemon applies.
+fn standing(state: RowState, entry: Option<&ActiveTask>) -> Option<Standing> {
+    Some(match (state, entry) {
+        (RowState::Running, _) => return None,
+        (RowState::Paused, entry) => Standing::InFlight {
+            status: ActiveStatus::Paused,
+            suspect: entry.is_some_and(|e| e.suspect),
+        },
+        (RowState::Queued, Some(entry)) => Standing::InFlight {
+            status: entry.status,
+            suspect: entry.suspect,
+        },
+        (RowState::Queued, None) => Standing::Pending,
+        (RowState::Done | RowState::Failed | RowState::Cancelled, _) => Standing::Unknown,
+    })
 }
 
-/// `action` on a task in `state` (not running) whose final record has `record` status;
-/// `started`: whether it has a phase state (it ran, or was paused, before).
-fn decide(
-    action: ControlAction,
-    state: &str,
-    record: Option<&RecordStatus>,
-    started: bool,
-) -> SqlSteer {
-    let waiting = matches!(state, "queued" | "paused");
-    match action {
-        ControlAction::Budget if waiting && started => SqlSteer::SetLimit,
-        ControlAction::Budget if waiting => SqlSteer::Refuse(NOT_STARTED.to_string()),
-        ControlAction::Budget => SqlSteer::Refuse(NOT_IN_FLIGHT.to_string()),
-        ControlAction::Pause if state == "paused" => SqlSteer::Nothing("it is paused already"),
-        ControlAction::Pause if waiting => SqlSteer::Pause,
-        ControlAction::Resume if state == "paused" => SqlSteer::Resume,
-        ControlAction::Resume => SqlSteer::Refuse(NOT_PAUSED.to_string()),
-        ControlAction::Cancel if waiting => SqlSteer::Cancel,
-        ControlAction::Pause | ControlAction::Cancel => SqlSteer::Refuse(NOT_THERE.to_string()),
-        ControlAction::Retry => match record {
-            None => SqlSteer::Refuse(NOT_FAILED.to_string()),
-            Some(status) if status.is_retryable() => SqlSteer::Retry,
-            Some(status) => {
-                SqlSteer::Refuse(format!("its record's status is {:?}", status.as_str()))
-            }
-        },
-    }
+/// Why a request applied in SQL is refused: the rule's reasons, and what only the database's
+/// copy of a task can lack.
+#[derive(Debug, thiserror::Error)]
+enum SqlRefusal {
+    #[error(transparent)]
+    Rule(#[from] ControlRefusal),
+    #[error("its definition is unreadable: {0}")]
+    Definition(crate::task::TaskError),
 }
 
 /// The bounds on journaling refusals, and whose refusals they count (the asker's uid).
@@ -97,38 +75,36 @@ pub(super) struct Unheld<'a> {
 }
 
 impl Unheld<'_> {
-    /// Apply `action` to the task in `state`; returns the request's outcome. A refusal is
-    /// journaled within the bounds of `refusals` (see [`Unheld::refuse`]).
+    /// Apply `request` to the task, whose row is in `state`; returns the request's outcome, or
+    /// `None` when the task runs (its daemon applies the request). A refusal is journaled
+    /// within the bounds of `refusals` (see [`Unheld::refuse`]).
     pub(super) async fn apply(
         &self,
         request: &ControlRequest,
-        state: &str,
+        state: RowState,
         refusals: &Refusals<'_>,
-    ) -> Result<String, PgError> {
+    ) -> Result<Option<String>, PgError> {
         let action = request.action;
-        let record = if action == ControlAction::Retry {
-            self.record().await?
-        } else {
-            None
+        let entry = self.entry();
+        let Some(standing) = standing(state, entry.as_ref()) else {
+            return Ok(None);
         };
-        let started = self.entry().is_some();
-        let steer = decide(action, state, record.as_ref().map(|r| &r.status), started);
-        let result = match steer {
-            SqlSteer::SetLimit => self.set_limit(request).await,
-            SqlSteer::Pause => self.hold().await,
-            SqlSteer::Resume => self.resume().await,
-            SqlSteer::Cancel => self.cancel().await,
-            SqlSteer::Retry => match record {
-                Some(record) => self.retry(record).await,
-                None => Ok(Err(NOT_FAILED.to_string())),
-            },
-            SqlSteer::Nothing(why) => return Ok(format!("nothing to do: {why}")),
-            SqlSteer::Refuse(why) => Ok(Err(why)),
-        }?;
-        match result {
-            Ok(()) => Ok("applied".to_string()),
-            Err(why) => self.refuse(action, why, refusals).await,
-        }
+        let result = match decide_control(action, standing, true) {
+            Steer::SetLimit => self.set_limit(request).await?,
+            Steer::Pause => self.hold().await?,
+            Steer::Resume => self.resume().await?,
+            Steer::Cancel => self.cancel().await?,
+            Steer::Retry => self.retry().await?,
+            Steer::Nothing(why) => return Ok(Some(format!("nothing to do: {why}"))),
+            Steer::Refuse(why) => Err(why.into()),
+            // Never: a running task's request is its daemon's (`standing`).
+            Steer::Signal => return Ok(None),
+        };
+        let outcome = match result {
+            Ok(()) => "applied".to_string(),
+            Err(why) => self.refuse(action, why.to_string(), refusals).await?,
+        };
+        Ok(Some(outcome))
     }
 
     /// Refuse `action` for `why`: logged and journaled in the task's journal as the daemon
@@ -195,7 +171,7 @@ impl Unheld<'_> {
     }
 
     /// Set the task's state and phase-level state (`None` keeps it) and ends any lease.
-    async fn set(&self, state: &str, entry: Option<&ActiveTask>) -> Result<(), PgError> {
+    async fn set(&self, state: RowState, entry: Option<&ActiveTask>) -> Result<(), PgError> {
         let json = entry
             .map(|e| json_text("the task's phase state", e))
             .transpose()?;
@@ -206,7 +182,7 @@ impl Unheld<'_> {
                      not_before = NULL, lease_node = NULL, lease_expires_at = NULL,
                      crash_count = 0, updated_at = now()
                  WHERE id = $1",
-                &[&self.task_id.as_str(), &state, &json],
+                &[&self.task_id.as_str(), &state.as_str(), &json],
             )
             .await
             .during("steering a task")?;
@@ -216,9 +192,12 @@ impl Unheld<'_> {
     /// Set the spending limit in the task's phase state, keeping its state (a paused task
     /// stays paused, a retry's backoff stands), and journal the old and new limit and who
     /// asked, as the file daemon does.
-    async fn set_limit(&self, request: &ControlRequest) -> Result<Result<(), String>, PgError> {
-        let (Some(mut entry), Some(to)) = (self.entry(), request.max_cost) else {
-            return Ok(Err(NOT_STARTED.to_string()));
+    async fn set_limit(&self, request: &ControlRequest) -> Result<Result<(), SqlRefusal>, PgError> {
+        let Some(to) = request.max_cost else {
+            return Ok(Err(ControlRefusal::NoLimit.into()));
+        };
+        let Some(mut entry) = self.entry() else {
+            return Ok(Err(ControlRefusal::NotStarted.into()));
         };
         let budget = Task::parse_stored(self.definition.as_bytes())
             .ok()
@@ -240,12 +219,18 @@ impl Unheld<'_> {
     }
 
     /// Pause a queued task: not claimed until resumed.
-    async fn hold(&self) -> Result<Result<(), String>, PgError> {
-        let entry = self.entry().map(|mut entry| {
+    async fn hold(&self) -> Result<Result<(), SqlRefusal>, PgError> {
+        // A task that never started is held with its first entry, as the file daemon holds it:
+        // its spending limit can then be set while it waits.
+        let first = || {
+            let task = Task::parse_stored(self.definition.as_bytes()).ok()?;
+            Some(self.fresh_entry(&task))
+        };
+        let entry = self.entry().or_else(first).map(|mut entry| {
             entry.status = ActiveStatus::Paused;
             entry
         });
-        self.set("paused", entry.as_ref()).await?;
+        self.set(RowState::Paused, entry.as_ref()).await?;
         let (phase, iterations) = (None, None);
         let reason = None;
         self.journal(&Event::Paused {
@@ -258,22 +243,22 @@ impl Unheld<'_> {
     }
 
     /// Queue a paused task again, at once (a retry's backoff is over), and wake the daemons.
-    async fn resume(&self) -> Result<Result<(), String>, PgError> {
+    async fn resume(&self) -> Result<Result<(), SqlRefusal>, PgError> {
         let entry = self.entry().map(|mut entry| {
             entry.resume_from_pause();
             entry
         });
-        self.set("queued", entry.as_ref()).await?;
+        self.set(RowState::Queued, entry.as_ref()).await?;
         self.journal(&Event::Resumed {}).await?;
         super::listen::notify_work(self.tx, self.task_id.as_str()).await?;
         Ok(Ok(()))
     }
 
     /// Record a queued or paused task cancelled, as the file daemon records it.
-    async fn cancel(&self) -> Result<Result<(), String>, PgError> {
+    async fn cancel(&self) -> Result<Result<(), SqlRefusal>, PgError> {
         let task = match Task::parse_stored(self.definition.as_bytes()) {
             Ok(task) => task,
-            Err(e) => return Ok(Err(format!("its definition is unreadable: {e}"))),
+            Err(e) => return Ok(Err(SqlRefusal::Definition(e))),
         };
         let entry = self.entry().unwrap_or_else(|| self.fresh_entry(&task));
         let phase = task
@@ -281,7 +266,7 @@ impl Unheld<'_> {
             .get(entry.phase_index)
             .map(|p| p.name.clone())
             .unwrap_or_else(|| entry.phase.clone());
-        let mut error = CANCELLED.to_string();
+        let mut error = CANCELLED_BY_OPERATOR.to_string();
         let outputs = match self.outputs(&entry).await? {
             Ok(outputs) => outputs,
             Err(problem) => {
@@ -308,7 +293,7 @@ impl Unheld<'_> {
             )
             .await
             .during("recording a task cancelled")?;
-        self.set("cancelled", None).await?;
+        self.set(RowState::Cancelled, None).await?;
         let (error, attempts) = (record.error, record.attempts);
         self.journal(&Event::Cancelled { error, attempts }).await?;
         Ok(Ok(()))
@@ -317,17 +302,24 @@ impl Unheld<'_> {
     /// Bring back a failed, cancelled or budget-stopped task: its record goes to its history,
     /// and it is queued again where the record says it stopped, its failed attempts counted
     /// afresh (as the file daemon's retry).
-    async fn retry(&self, record: FailedRecord) -> Result<Result<(), String>, PgError> {
+    async fn retry(&self) -> Result<Result<(), SqlRefusal>, PgError> {
+        let record = self.record().await?;
+        if let Err(why) = check_retry(record.as_ref().map(|r| &r.status)) {
+            return Ok(Err(why.into()));
+        }
+        let Some(record) = record else {
+            return Ok(Err(ControlRefusal::NotFailed.into()));
+        };
         let task = match Task::parse_stored(self.definition.as_bytes()) {
             Ok(task) => task,
-            Err(e) => return Ok(Err(format!("its definition is unreadable: {e}"))),
+            Err(e) => return Ok(Err(SqlRefusal::Definition(e))),
         };
         let entry = ActiveTask::for_retry(&record, task.phases.len());
         self.tx
             .execute(ARCHIVE_RECORD, &[&self.task_id.as_str()])
             .await
             .during("archiving the task's record")?;
-        self.set("queued", Some(&entry)).await?;
+        self.set(RowState::Queued, Some(&entry)).await?;
         let (previous_status, phase) = (record.status, record.phase);
         self.journal(&Event::Retried {
             previous_status,
@@ -351,14 +343,14 @@ impl Unheld<'_> {
     async fn outputs(
         &self,
         entry: &ActiveTask,
-    ) -> Result<Result<BTreeMap<String, Value>, String>, PgError> {
+    ) -> Result<Result<BTreeMap<String, Value>, UnreadableOutput>, PgError> {
         let mut outputs = BTreeMap::new();
         for (name, stored) in &entry.phase_outputs {
             let value = match stored {
                 StoredOutput::Inline(value) => value.clone(),
                 StoredOutput::File(reference) => match self.stored_output(reference).await? {
                     Some(value) => value,
-                    None => return Ok(Err(format!("{reference} is missing or unreadable"))),
+                    None => return Ok(Err(UnreadableOutput(reference.clone()))),
                 },
             };
             outputs.insert(name.clone(), value);
@@ -382,62 +374,30 @@ impl Unheld<'_> {
     }
 }
 
+/// A phase output the task's state names that the database does not have.
+#[derive(Debug, thiserror::Error)]
+#[error("{0} is missing or unreadable")]
+struct UnreadableOutput(String);
+
 #[cfg(test)]
 mod tests {
-    use super::{decide, SqlSteer};
-    use crate::queue::control::ControlAction::{Budget, Cancel, Pause, Resume, Retry};
-    use crate::store::records::RecordStatus;
+    use super::{standing, RowState};
+    use crate::queue::control_rules::Standing;
+    use crate::store::current_work::ActiveStatus;
 
+    /// The rule itself is `control_rules`' (tested there); here, where each row stands.
     #[test]
-    fn a_spending_limit_is_set_on_a_task_that_ran_and_waits() {
-        let refuse = |why: &str| SqlSteer::Refuse(why.to_string());
-        let not_started = refuse(super::NOT_STARTED);
-        let not_in_flight = refuse(super::NOT_IN_FLIGHT);
-        #[rustfmt::skip]
-        let table = [
-            (("paused",          true),  SqlSteer::SetLimit),
-            (("queued",          true),  SqlSteer::SetLimit),
-            (("queued",          false), not_started),
-            (("failed",          true),  not_in_flight.clone()),
-            (("done",            false), not_in_flight),
-        ];
-        for ((state, started), steer) in table {
-            assert_eq!(
-                decide(Budget, state, None, started),
-                steer,
-                "{state}, started {started}"
-            );
-        }
-    }
-
-    #[test]
-    fn what_a_request_does_to_a_task_no_daemon_holds() {
-        let refuse = |why: &str| SqlSteer::Refuse(why.to_string());
-        let not_there = refuse("it is neither pending nor in flight");
-        let (failed, done) = (RecordStatus::Failed, RecordStatus::Done);
-        let budget = RecordStatus::BudgetExceeded;
-        #[rustfmt::skip]
-        let table = [
-            ((Pause,  "queued",    None),          SqlSteer::Pause),
-            ((Pause,  "paused",    None),          SqlSteer::Nothing("it is paused already")),
-            ((Pause,  "done",      None),          not_there.clone()),
-            ((Resume, "paused",    None),          SqlSteer::Resume),
-            ((Resume, "queued",    None),          refuse("it is not paused")),
-            ((Resume, "failed",    None),          refuse("it is not paused")),
-            ((Cancel, "queued",    None),          SqlSteer::Cancel),
-            ((Cancel, "paused",    None),          SqlSteer::Cancel),
-            ((Cancel, "cancelled", None),          not_there),
-            ((Retry,  "failed",    Some(&failed)), SqlSteer::Retry),
-            ((Retry,  "failed",    Some(&budget)), SqlSteer::Retry),
-            ((Retry,  "done",      Some(&done)),   refuse("its record's status is \"done\"")),
-            ((Retry,  "queued",    None),          refuse("it has not failed or been cancelled")),
-        ];
-        for ((action, state, record), steer) in table {
-            assert_eq!(
-                decide(action, state, record, true),
-                steer,
-                "{action:?} on {state}"
-            );
+    fn where_a_row_stands() {
+        use RowState::{Cancelled, Done, Failed, Paused, Queued, Running};
+        let paused = Standing::InFlight {
+            status: ActiveStatus::Paused,
+            suspect: false,
+        };
+        assert_eq!(standing(Running, None), None);
+        assert_eq!(standing(Queued, None), Some(Standing::Pending));
+        assert_eq!(standing(Paused, None), Some(paused));
+        for finished in [Done, Failed, Cancelled] {
+            assert_eq!(standing(finished, None), Some(Standing::Unknown));
         }
     }
 }

@@ -17,6 +17,7 @@ use tokio_postgres::{Client, Row};
 use super::facts::{journal_event, DbFacts};
 use crate::queue::postgres::error::{During, PgError};
 use crate::queue::postgres::fenced::StoredCheckpoint;
+use crate::queue::postgres::row_state::RowState;
 use crate::queue::read::{finished, in_flight, pending, rank, Record};
 use crate::queue::{TaskLease, TaskView};
 use crate::store::current_work::{ActiveStatus, ActiveTask};
@@ -132,10 +133,16 @@ fn task_view(row: &Row, facts: &DbFacts) -> TaskView {
     view.definition_key = format!("cairn_tasks/{id}");
     read_definition(&mut view, row.get(1));
     view.phase_count = view.task.as_ref().map(|t| t.phases.len());
-    let state: String = row.get(2);
+    let state = match row.try_get::<_, RowState>(2) {
+        Ok(state) => state,
+        Err(e) => {
+            view.warnings.push(format!("task {id} does not read: {e}"));
+            return view;
+        }
+    };
     let waiting: Option<bool> = row.get(3);
     let lease_live: Option<bool> = row.get(7);
-    if let Some(record) = record_of(&mut view, row).filter(|_| is_final(&state)) {
+    if let Some(record) = record_of(&mut view, row).filter(|_| state.is_final()) {
         finished(facts, &mut view, record);
         return view;
     }
@@ -154,23 +161,19 @@ fn task_view(row: &Row, facts: &DbFacts) -> TaskView {
         Some(entry) => in_flight(facts, true, &mut view, entry),
         None => pending(facts, &mut view),
     }
-    let status = match state.as_str() {
-        "running" if lease_live == Some(true) => Some(ActiveStatus::Running),
-        "running" => Some(ActiveStatus::Interrupted),
-        "paused" => Some(ActiveStatus::Paused),
-        "queued" if waiting == Some(true) => Some(ActiveStatus::WaitingRetry),
-        "queued" if has_entry => Some(ActiveStatus::Interrupted),
+    let status = match state {
+        RowState::Running if lease_live == Some(true) => Some(ActiveStatus::Running),
+        RowState::Running => Some(ActiveStatus::Interrupted),
+        RowState::Paused => Some(ActiveStatus::Paused),
+        RowState::Queued if waiting == Some(true) => Some(ActiveStatus::WaitingRetry),
+        RowState::Queued if has_entry => Some(ActiveStatus::Interrupted),
         _ => None,
     };
     view.state = status.map_or(TaskState::Pending, TaskState::InFlight);
-    if state == "running" {
+    if state == RowState::Running {
         view.lease = lease_of(row);
     }
     view
-}
-
-fn is_final(state: &str) -> bool {
-    matches!(state, "done" | "failed" | "cancelled")
 }
 
 /// The stored definition, with the row's id.
