@@ -31,13 +31,18 @@ pub struct BudgetArgs {
     #[arg(long)]
     no_wait: bool,
 
+    /// How long to wait for a running daemon to take the request, e.g. 30s (a busy host can
+    /// take longer than the default; --no-wait does not wait at all).
+    #[arg(long, value_name = "DURATION", env = "CAIRN_WAIT", default_value = "5s", value_parser = humantime::parse_duration)]
+    wait: std::time::Duration,
+
     #[command(flatten)]
     pub(super) db: DbArg,
 }
 
 pub fn run(queue: &Path, args: BudgetArgs) -> CliResult {
     let id = QueueClient::task_id(&args.id)?;
-    let client = QueueClient::open(queue, args.db.url())?;
+    let client = QueueClient::open(queue, args.db.url())?.waiting_for_daemon(args.wait);
     let outcome = client.set_budget(&id, args.max_cost, !args.no_wait)?;
     print_line(outcome.message(ControlAction::Budget, &id))
 }

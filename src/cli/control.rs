@@ -45,6 +45,11 @@ pub struct ControlArgs {
     #[arg(long)]
     no_wait: bool,
 
+    /// How long to wait for a running daemon to take the request, e.g. 30s (a busy host can
+    /// take longer than the default; --no-wait does not wait at all).
+    #[arg(long, value_name = "DURATION", env = "CAIRN_WAIT", default_value = "5s", value_parser = humantime::parse_duration)]
+    wait: std::time::Duration,
+
     /// Tasks in this state (as `status` prints it; repeat or comma-separate for several).
     #[arg(
         long,
@@ -103,7 +108,7 @@ impl Action {
 
 pub fn run(queue: &Path, action: Action, args: ControlArgs) -> CliResult {
     let action = action.request();
-    let client = QueueClient::open(queue, args.db.url())?;
+    let client = QueueClient::open(queue, args.db.url())?.waiting_for_daemon(args.wait);
     match &args.id {
         Some(id) => print_line(request(&client, action, id, !args.no_wait)?),
         None => bulk(&client, action, &args),

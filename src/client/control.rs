@@ -12,7 +12,7 @@ use crate::queue::{QueueDir, QueueReader};
 use crate::store::{FileStorage, Storage};
 use crate::task_id::TaskId;
 
-/// How long a client waits for a running daemon to take a request.
+/// How long a client waits for a running daemon to take a request, unless told otherwise.
 pub const WAIT_FOR_DAEMON: Duration = Duration::from_secs(5);
 
 /// How often it looks.
@@ -92,7 +92,7 @@ enum SentHow {
 
 impl QueueClient {
     /// Ask the queue's daemon to apply `action` to task `id`. With `wait`, waits up to
-    /// [`WAIT_FOR_DAEMON`] for a running daemon to take it; a refusal is an error naming why.
+    /// the client's wait ([`QueueClient::waiting_for_daemon`]) for a running daemon to take it; a refusal is an error naming why.
     pub fn request(
         &self,
         action: ControlAction,
@@ -146,7 +146,7 @@ impl QueueClient {
         })
     }
 
-    /// Wait up to [`WAIT_FOR_DAEMON`] for a daemon to take `sent`, and say what became of it.
+    /// Wait up to the client's wait for a daemon to take `sent`, and say what became of it.
     pub fn outcome(&self, sent: &Sent) -> ClientResult<RequestOutcome> {
         match (&self.backend, &sent.how) {
             (
@@ -156,10 +156,10 @@ impl QueueClient {
                     written_at,
                     submitted,
                 },
-            ) => outcome_file(root, sent, key, *written_at, *submitted),
+            ) => outcome_file(root, sent, key, *written_at, *submitted, self.daemon_wait),
             #[cfg(feature = "postgres")]
             (Backend::Database(shared), SentHow::Database { request }) => {
-                outcome_db(shared, sent, *request)
+                outcome_db(shared, sent, *request, self.daemon_wait)
             }
             #[cfg(feature = "postgres")]
             _ => Err(ClientError::usage(
@@ -213,6 +213,7 @@ fn outcome_file(
     key: &str,
     written_at: chrono::DateTime<chrono::Utc>,
     submitted: bool,
+    wait: Duration,
 ) -> ClientResult<RequestOutcome> {
     let reader = QueueReader::open(root);
     let Some(pid) = reader.daemon().pid else {
@@ -226,7 +227,7 @@ fn outcome_file(
         };
         return Ok(RequestOutcome::Waiting { why: Some(why) });
     };
-    let deadline = Instant::now() + WAIT_FOR_DAEMON;
+    let deadline = Instant::now() + wait;
     while Instant::now() < deadline {
         if control::handled(reader.dir(), key) {
             let uid = nix::unistd::geteuid().as_raw();
@@ -276,8 +277,9 @@ fn outcome_db(
     shared: &super::database::SharedQueue,
     sent: &Sent,
     request: i64,
+    wait: Duration,
 ) -> ClientResult<RequestOutcome> {
-    let deadline = Instant::now() + WAIT_FOR_DAEMON;
+    let deadline = Instant::now() + wait;
     while Instant::now() < deadline {
         if let Some(handled) = shared.block_on(shared.db.control_outcome(request))? {
             let by = format!("node {}", handled.node);

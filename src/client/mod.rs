@@ -37,6 +37,9 @@ use database::SharedQueue;
 /// A queue as its clients see it: a queue directory, or a queue shared in PostgreSQL.
 pub struct QueueClient {
     backend: Backend,
+    /// How long a request waits for a running daemon to take it ([`WAIT_FOR_DAEMON`] unless
+    /// told: `cairn pause --wait`).
+    daemon_wait: std::time::Duration,
 }
 
 enum Backend {
@@ -65,6 +68,7 @@ impl QueueClient {
                 root: root.into(),
                 writable: std::sync::OnceLock::new(),
             },
+            daemon_wait: WAIT_FOR_DAEMON,
         }
     }
 
@@ -75,6 +79,7 @@ impl QueueClient {
         {
             Ok(QueueClient {
                 backend: Backend::Database(Box::new(SharedQueue::open(url)?)),
+                daemon_wait: WAIT_FOR_DAEMON,
             })
         }
         #[cfg(not(feature = "postgres"))]
@@ -90,6 +95,13 @@ impl QueueClient {
             Some(url) => QueueClient::database(url),
             None => Ok(QueueClient::files(queue)),
         }
+    }
+
+    /// Wait up to `wait` for a running daemon to take each request (a busy host may take
+    /// longer than [`WAIT_FOR_DAEMON`]).
+    pub fn waiting_for_daemon(mut self, wait: std::time::Duration) -> QueueClient {
+        self.daemon_wait = wait;
+        self
     }
 
     /// Where the queue is: its directory, or the database without its password.

@@ -43,6 +43,10 @@ pub use temp_files::temp_files;
 /// makes that thing take far longer (an hour-long sleep), never a few seconds.
 pub const DEADLINE: Duration = Duration::from_secs(120);
 
+/// How long `cairn pause|resume|cancel|retry|budget` wait for a running daemon to take a
+/// request in the tests (`CAIRN_WAIT`): as long as any other wait.
+pub const DAEMON_WAIT: &str = "120s";
+
 /// How often [`wait_until`] looks again.
 const POLL: Duration = Duration::from_millis(25);
 
@@ -119,27 +123,6 @@ pub fn stdout_of(output: &Output) -> String {
 /// What a finished command printed on stderr, as text.
 pub fn stderr_of(output: &Output) -> String {
     String::from_utf8_lossy(&output.stderr).into_owned()
-}
-
-/// The binary of the workspace package `name` (`examples/<name>/`), built first with the
-/// profile of this test: it goes into `target/<profile>/`, beside the `deps/` directory this
-/// test binary runs from.
-pub fn package_binary(name: &str) -> PathBuf {
-    let mut build = Command::new(env!("CARGO"));
-    build.args(["build", "--quiet", "-p", name]);
-    if !cfg!(debug_assertions) {
-        build.arg("--release");
-    }
-    let status = build
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .status()
-        .expect("running cargo build -p");
-    assert!(status.success(), "cargo build -p {name}: {status}");
-    let exe = std::env::current_exe().expect("the test binary's path");
-    exe.parent()
-        .and_then(|deps| deps.parent())
-        .expect("the test binary lives in target/<profile>/deps")
-        .join(name)
 }
 
 /// The binary of the example `name` (`examples/<name>.rs`), built first: `cargo test --test
@@ -253,6 +236,8 @@ impl TestQueue {
         let mut command = Command::new(env!("CARGO_BIN_EXE_cairn"));
         command.arg("--queue").arg(&self.root);
         command.env_remove("CAIRN_QUEUE").env_remove("RUST_LOG");
+        // A loaded machine can take longer than the default few seconds to take a request.
+        command.env("CAIRN_WAIT", DAEMON_WAIT);
         command
     }
 

@@ -388,6 +388,7 @@ pub fn cairn_db(url: &str, args: &[&str]) -> std::process::Command {
         .args(args)
         .current_dir(std::env::temp_dir())
         .env("CAIRN_DATABASE_URL", url)
+        .env("CAIRN_WAIT", super::DAEMON_WAIT)
         .env_remove("CAIRN_QUEUE")
         .env_remove("RUST_LOG")
         .stdin(std::process::Stdio::null())

@@ -6,7 +6,7 @@
 use std::path::Path;
 use std::process::{Command, Output};
 
-use crate::common::{example_binary, package_binary};
+use crate::common::example_binary;
 
 fn run_in(binary: &Path, dir: &Path, args: &[&str]) -> String {
     let output: Output = Command::new(binary)
@@ -54,7 +54,7 @@ fn the_readme_quotes_the_embedding_example_whole() {
 
 #[test]
 fn the_embedding_example_uses_its_own_directory_and_a_second_run_runs_nothing() {
-    let binary = package_binary("embed");
+    let binary = example_binary("embed");
     let dir = tempfile::tempdir().unwrap();
     let first = run_in(&binary, dir.path(), &[]);
     assert_eq!(first.trim(), "total 4950 (started at iteration 0)");

@@ -397,7 +397,8 @@ fn readme_cairn(queue: &TestQueue, args: &[&str]) -> std::process::Command {
         .args(args)
         .current_dir(queue.root().parent().unwrap())
         .env_remove("CAIRN_QUEUE")
-        .env_remove("RUST_LOG");
+        .env_remove("RUST_LOG")
+        .env("CAIRN_WAIT", crate::common::DAEMON_WAIT);
     command
 }
 

@@ -64,6 +64,7 @@ pub(crate) fn cairn_as(
         .args(args)
         .env_remove("CAIRN_QUEUE")
         .env_remove("RUST_LOG")
+        .env("CAIRN_WAIT", crate::common::DAEMON_WAIT)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
