@@ -217,7 +217,7 @@ fn run_sequential(queue: &Queue, size: SizeClass, iterations: u64) -> anyhow::Re
 
 /// The task's checkpointer as a loop phase gets it: under the task's lease.
 fn fenced_checkpointer(queue: &Queue, task_id: &str) -> anyhow::Result<LoopCheckpointer> {
-    let lease = queue.claim(task_id)?;
+    let lease = queue.backend().claim(task_id)?;
     Ok(queue.checkpointer(&lease, "bench")?)
 }
 

@@ -25,12 +25,12 @@ impl Scheduler {
     pub(super) async fn process_control(&mut self) {
         let queue = self.ctx.queue.clone();
         let read = move || {
-            let requests = queue.take_control()?;
+            let requests = queue.backend().take_control()?;
             // Which of the requested tasks still wait to be taken in.
             let in_inbox: HashSet<TaskId> = requests
                 .iter()
                 .map(|(_, r)| r.task_id.clone())
-                .filter(|id| queue.waiting_in_intake(id))
+                .filter(|id| queue.backend().waiting_in_intake(id))
                 .collect();
             Ok::<_, crate::queue::QueueError>((requests, in_inbox))
         };
@@ -75,7 +75,7 @@ impl Scheduler {
                 // The refusal is in the journal before the request is gone: `cairn`, which
                 // waits for that, then reads it there.
                 if refused {
-                    queue.flush_events();
+                    queue.backend().flush_events();
                 }
                 queue.remove_control_claim(&removed)
             };
@@ -302,7 +302,7 @@ impl Scheduler {
     async fn retry(&mut self, id: &TaskId) {
         let retry = ControlAction::Retry;
         let (queue, read_id) = (self.ctx.queue.clone(), id.to_string());
-        let record = match runner_blocking(move || queue.failed_record(&read_id)).await {
+        let record = match runner_blocking(move || queue.backend().failed_record(&read_id)).await {
             Ok(record) => record,
             Err(e) => return self.refuse(id, retry, &e.to_string()),
         };
@@ -343,8 +343,8 @@ impl Scheduler {
     pub(super) async fn archive_failure(&self, id: &str, record: &FailedRecord) {
         let (queue, id_owned, record) = (self.ctx.queue.clone(), id.to_string(), record.clone());
         let moved = runner_blocking(move || {
-            let lease = queue.claim(&id_owned)?;
-            queue.archive_failed(&lease, &record)
+            let lease = queue.backend().claim(&id_owned)?;
+            queue.backend().archive_failed(&lease, &record)
         })
         .await;
         if let Err(e) = moved {
@@ -356,9 +356,13 @@ impl Scheduler {
 /// The entry a task starts its first attempt with: at its first phase, or where `cairn fork`
 /// said (its start point). Blocking: call it off the async thread.
 pub(super) fn fresh_entry(ctx: &RunContext, task: &Task) -> ActiveTask {
-    let start = ctx.queue.start_point(task.id()).unwrap_or_else(|e| {
-        tracing::error!(task_id = %task.id(), "ignoring an unreadable start point: {e}");
-        None
-    });
+    let start = ctx
+        .queue
+        .backend()
+        .start_point(task.id())
+        .unwrap_or_else(|e| {
+            tracing::error!(task_id = %task.id(), "ignoring an unreadable start point: {e}");
+            None
+        });
     ActiveTask::first(task, start)
 }

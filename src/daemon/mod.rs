@@ -236,6 +236,7 @@ pub async fn run_with_summary(
     });
     let leases = ctx
         .queue
+        .backend()
         .lease_length()
         .map(|lease| tokio::spawn(shared_queue::keep_leases(Arc::clone(&ctx), lease)));
     let mut scheduler = Scheduler::new(ctx, config, admission);
@@ -297,7 +298,7 @@ async fn admit_by_limits(
     config: &DaemonConfig,
 ) -> Result<Arc<Admission>, DaemonError> {
     let limits = config.submitter_limits;
-    if limits.max_queued.is_some() && queue.shares_queue() {
+    if limits.max_queued.is_some() && queue.backend().shares_queue() {
         // Each daemon knows only the tasks it claimed, not what waits in the database.
         return Err(DaemonError::Setup(
             "--max-queued-per-submitter is not supported with --db: a daemon does not count \
@@ -306,7 +307,7 @@ async fn admit_by_limits(
         ));
     }
     let admission = Arc::new(Admission::new(limits));
-    queue.set_admission(Arc::clone(&admission));
+    queue.backend().set_admission(Arc::clone(&admission));
     let published = PublishedLimits {
         version: PublishedLimits::VERSION,
         pid: std::process::id() as i32,
@@ -346,7 +347,7 @@ async fn prepare_queue(queue: &Queue, confine: &ConfineConfig) {
 
 /// Remove what writes a crash cut short left behind, before anything is read.
 fn clean_after_crash(queue: &Queue) {
-    match queue.clean_after_crash() {
+    match queue.backend().clean_after_crash() {
         Ok(removed) if !removed.is_empty() => {
             tracing::info!(
                 count = removed.len(),
@@ -449,7 +450,7 @@ impl Scheduler {
         let steering =
             steering::SteeringRights::new(config.run_as_submitter, config.operators_group.clone());
         if steering.enforced() {
-            ctx.queue.set_control_judge(steering.judge());
+            ctx.queue.backend().set_control_judge(steering.judge());
         }
         Scheduler {
             ctx,
@@ -491,16 +492,16 @@ impl Scheduler {
     async fn close(&mut self) -> RunSummary {
         let ctx = Arc::clone(&self.ctx);
         runner_blocking(move || {
-            ctx.queue.flush_events();
-            if ctx.queue.shares_queue() {
+            ctx.queue.backend().flush_events();
+            if ctx.queue.backend().shares_queue() {
                 // After the drain wrote every entry: the tasks are queued again at once, for
                 // another daemon to take over in milliseconds rather than after the lease.
-                ctx.queue.release();
+                ctx.queue.backend().release();
             }
         })
         .await;
         let mut summary = std::mem::take(&mut self.summary);
-        summary.shared_queue = self.ctx.queue.shares_queue();
+        summary.shared_queue = self.ctx.queue.backend().shares_queue();
         self.ctx.work.update(|work| {
             for entry in work.iter() {
                 if entry.status == ActiveStatus::Paused {

@@ -86,7 +86,7 @@ async fn write_done(
         forked_from: entry.forked_from.clone(),
     };
     let (queue, lease) = (ctx.queue.clone(), lease.clone());
-    runner_blocking(move || queue.finish(&lease, &TaskRecord::Done(record)))
+    runner_blocking(move || queue.backend().finish(&lease, &TaskRecord::Done(record)))
         .await
         .map_err(RecordError::Write)
 }
@@ -137,9 +137,9 @@ impl Scheduler {
         let written = runner_blocking(move || {
             // The events so far (a quarantine's, a takeover's) land under the lease they were
             // appended with, before the claim below raises a shared queue's epoch.
-            queue.flush_events();
-            let lease = queue.claim(&claim_id)?;
-            queue.finish(&lease, &TaskRecord::Failed(record))
+            queue.backend().flush_events();
+            let lease = queue.backend().claim(&claim_id)?;
+            queue.backend().finish(&lease, &TaskRecord::Failed(record))
         })
         .await;
         match written {

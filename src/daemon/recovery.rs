@@ -24,12 +24,12 @@ impl Scheduler {
     /// task that has not started, in that order.
     pub(super) async fn recover(&mut self) -> Result<(), DaemonError> {
         let queue = self.ctx.queue.clone();
-        let recovered = runner_blocking(move || queue.recover_intake()).await;
+        let recovered = runner_blocking(move || queue.backend().recover_intake()).await;
         // Accepted tasks are loaded from tasks/ below; only a failure needs saying here.
         if let Some(e) = recovered.error {
             tracing::error!("finishing interrupted intake: {e}");
         }
-        if self.ctx.queue.shares_queue() {
+        if self.ctx.queue.backend().shares_queue() {
             // Nothing of a shared queue is this daemon's at start: it claims its work (what an
             // earlier process under its name held comes back once that lease expired).
             return Ok(());
@@ -238,7 +238,7 @@ impl Scheduler {
     async fn retried_record(&self, entry: &ActiveTask) -> Option<FailedRecord> {
         let retry_of = entry.retry_of?;
         let (queue, id) = (self.ctx.queue.clone(), entry.task_id.clone());
-        let record = runner_blocking(move || queue.failed_record(&id))
+        let record = runner_blocking(move || queue.backend().failed_record(&id))
             .await
             .ok()??;
         (record.failed_at == retry_of).then_some(record)
@@ -258,7 +258,7 @@ impl Scheduler {
         in_flight: &HashSet<TaskId>,
     ) -> Result<(), DaemonError> {
         let queue = self.ctx.queue.clone();
-        let accepted = runner_blocking(move || queue.accepted_ids())
+        let accepted = runner_blocking(move || queue.backend().accepted_ids())
             .await
             .map_err(|e| DaemonError::Setup(e.to_string()))?;
         let ids: Vec<TaskId> = accepted
@@ -279,7 +279,7 @@ impl Scheduler {
                     continue;
                 }
                 match read_task(&ctx, &id) {
-                    Ok(task) => found.push((ctx.queue.accepted_at(&id), task)),
+                    Ok(task) => found.push((ctx.queue.backend().accepted_at(&id), task)),
                     Err(error) => tracing::error!(task_id = %id, "skipping task: {error}"),
                 }
             }
@@ -365,7 +365,7 @@ pub(super) type DefinitionError = crate::queue::QueueError;
 
 /// An accepted task's definition. Blocking.
 fn read_task(ctx: &RunContext, id: &str) -> Result<Task, DefinitionError> {
-    ctx.queue.task(id)
+    ctx.queue.backend().task(id)
 }
 
 /// Did the attempt recorded in `entry` finish a phase or write a checkpoint? Blocking.
@@ -373,7 +373,7 @@ fn attempt_progressed(ctx: &RunContext, entry: &ActiveTask) -> bool {
     if entry.phase_index > entry.attempt_started_phase {
         return true;
     }
-    match ctx.queue.latest_checkpoint(&entry.task_id) {
+    match ctx.queue.backend().latest_checkpoint(&entry.task_id) {
         Ok(Some(loaded)) => {
             loaded.checkpoint.attempt == entry.attempt
                 && loaded.checkpoint.phase_index == entry.phase_index
@@ -393,7 +393,7 @@ struct Records {
 impl Records {
     /// Blocking.
     fn list(queue: &Queue) -> Records {
-        match queue.finished_ids() {
+        match queue.backend().finished_ids() {
             Ok(ids) => Records { ids: Some(ids) },
             Err(e) => {
                 tracing::warn!("{e}; looking up each task's record instead");
@@ -406,7 +406,7 @@ impl Records {
     fn has(&self, queue: &Queue, id: &str) -> bool {
         match &self.ids {
             Some(ids) => ids.contains(id),
-            None => queue.has_record(id).unwrap_or(false),
+            None => queue.backend().has_record(id).unwrap_or(false),
         }
     }
 }

@@ -116,7 +116,7 @@ impl Scheduler {
             hints,
             last_inbox_scan: Instant::now(),
             last_progress_write: Instant::now(),
-            work_notices: self.ctx.queue.work_notices(),
+            work_notices: self.ctx.queue.backend().work_notices(),
         }
     }
 
@@ -165,6 +165,7 @@ impl Scheduler {
             leases_held: self
                 .ctx
                 .queue
+                .backend()
                 .shares_queue()
                 .then(|| self.running_ids.len() + self.claimed_leases.len()),
             ..Default::default()
@@ -326,7 +327,7 @@ impl Scheduler {
         );
         // A shared queue's link that eats a large share of the lease is the daemon's state
         // too, not only a log line.
-        match self.ctx.queue.latency_warning() {
+        match self.ctx.queue.backend().latency_warning() {
             Some(warning) => format!("{line}; {warning}"),
             None => line,
         }
@@ -341,7 +342,7 @@ impl Scheduler {
             && !self.inbox_deferred
             && self.scan.is_none()
             && !self.scan_again
-            && (!self.ctx.queue.shares_queue() || self.claiming.is_idle())
+            && (!self.ctx.queue.backend().shares_queue() || self.claiming.is_idle())
     }
 
     /// Start a scan of the inbox on the blocking pool, handing it the hints gathered since the
@@ -360,7 +361,7 @@ impl Scheduler {
         let hints = std::mem::take(&mut self.intake_hints);
         let queue = self.ctx.queue.clone();
         self.scan = Some(tokio::task::spawn_blocking(move || {
-            queue.scan_intake(hints, INTAKE_BATCH)
+            queue.backend().scan_intake(hints, INTAKE_BATCH)
         }));
     }
 
@@ -546,13 +547,13 @@ impl Scheduler {
         let claimed = self
             .claimed_leases
             .remove(&id)
-            .filter(|_| ctx.queue.holds(&id));
+            .filter(|_| ctx.queue.backend().holds(&id));
         self.running.spawn(async move {
             // The task's lease: every write of this attempt is fenced by it.
             let (queue, claim_id) = (ctx.queue.clone(), id.clone());
             let claim = move || match claimed {
                 Some(lease) => Ok(lease),
-                None => queue.claim(&claim_id),
+                None => queue.backend().claim(&claim_id),
             };
             let lease = match runner_blocking(claim).await {
                 Ok(lease) => lease,

@@ -87,7 +87,7 @@ impl Scheduler {
     /// is claimed while a crash suspect is tried here: it runs alone, so that if this daemon
     /// dies, the blame falls on it alone.
     pub(super) fn claim_if_due(&mut self, now: bool) {
-        if !self.ctx.queue.shares_queue()
+        if !self.ctx.queue.backend().shares_queue()
             || self.claiming.running.is_some()
             || self.ctx.shutdown.is_stopping()
         {
@@ -122,8 +122,8 @@ impl Scheduler {
         self.claiming.last = Some(Instant::now());
         let queue = self.ctx.queue.clone();
         self.claiming.running = Some(tokio::task::spawn_blocking(move || {
-            let work = queue.claim_work(free, idle)?;
-            let drained = work.is_empty() && queue.drained()?;
+            let work = queue.backend().claim_work(free, idle)?;
+            let drained = work.is_empty() && queue.backend().drained()?;
             Ok(Claimed { work, drained })
         }));
     }
@@ -131,13 +131,19 @@ impl Scheduler {
     /// How often free slots look for work: every [`CLAIM_POLL`], or every sixth of a short
     /// lease, so that a dead daemon's task is taken over soon after its lease expired.
     fn claim_poll(&self) -> Duration {
-        let lease = self.ctx.queue.lease_length().unwrap_or(CLAIM_POLL * 6);
+        let lease = self
+            .ctx
+            .queue
+            .backend()
+            .lease_length()
+            .unwrap_or(CLAIM_POLL * 6);
         CLAIM_POLL.min(lease / 6)
     }
 
     /// How long the main loop may sleep before the next claim is due.
     pub(super) fn claim_tick(&self) -> Option<Duration> {
-        (self.ctx.queue.shares_queue() && self.free_slots() > 0).then(|| self.claim_poll())
+        (self.ctx.queue.backend().shares_queue() && self.free_slots() > 0)
+            .then(|| self.claim_poll())
     }
 
     /// Line up what a claim took: a crash suspect goes on trial, a task that stood somewhere
@@ -238,7 +244,7 @@ impl Scheduler {
     /// its state now). True if that was the case.
     pub(super) async fn forget_if_lease_lost(&mut self, id: &TaskId) -> bool {
         let lost = self.ctx.take_lost_lease(id);
-        if !lost && self.ctx.queue.holds(id) {
+        if !lost && self.ctx.queue.backend().holds(id) {
             return false;
         }
         // Whether another daemon has it is not known here (the lease may have expired unclaimed,
@@ -256,7 +262,7 @@ impl Scheduler {
     /// Drop every trace of a task this daemon no longer holds.
     fn forget_task(&mut self, id: &TaskId) {
         // Never renew a lease for a task this daemon does not run.
-        self.ctx.queue.let_go(id);
+        self.ctx.queue.backend().let_go(id);
         self.tasks.remove(id);
         self.claimed_leases.remove(id);
         self.retries.retain(|(_, waiting)| waiting != id);
@@ -270,7 +276,7 @@ impl Scheduler {
     /// rather than be renewed for ever with nobody running it. Not while a claim is on its
     /// way (its leases are the backend's before they are lined up here).
     pub(super) fn let_go_of_unknown_leases(&mut self) {
-        if !self.ctx.queue.shares_queue() || self.claiming.is_running() {
+        if !self.ctx.queue.backend().shares_queue() || self.claiming.is_running() {
             return;
         }
         // Once a second at most: it lists every lease held.
@@ -282,12 +288,12 @@ impl Scheduler {
             return;
         }
         self.claiming.leases_checked = Some(Instant::now());
-        for task_id in self.ctx.queue.renewed_tasks() {
+        for task_id in self.ctx.queue.backend().renewed_tasks() {
             if !self.tasks.contains_key(task_id.as_str())
                 && !self.running_ids.contains(task_id.as_str())
             {
                 tracing::warn!(%task_id, "this daemon holds the lease of a task it does not run: letting it go");
-                self.ctx.queue.let_go(&task_id);
+                self.ctx.queue.backend().let_go(&task_id);
             }
         }
     }
@@ -295,11 +301,11 @@ impl Scheduler {
     /// On a shared queue, give a paused or retrying task back (its entry was written) and
     /// forget it; any daemon takes it up when it is resumed or its backoff is over.
     pub(super) async fn hand_back_if_shared(&mut self, id: &TaskId, how: Option<HandBack>) {
-        let Some(how) = how.filter(|_| self.ctx.queue.shares_queue()) else {
+        let Some(how) = how.filter(|_| self.ctx.queue.backend().shares_queue()) else {
             return;
         };
         let (queue, task_id) = (self.ctx.queue.clone(), id.to_string());
-        match runner_blocking(move || queue.hand_back(&task_id, how)).await {
+        match runner_blocking(move || queue.backend().hand_back(&task_id, how)).await {
             Ok(()) => {}
             Err(QueueError::LeaseLost(_)) => {}
             // Its lease then expires and another claim takes it up, from the entry written.
@@ -327,7 +333,7 @@ const RENEWALS_IN_FLIGHT: usize = 2;
 pub(super) async fn keep_leases(ctx: Arc<RunContext>, lease: Duration) {
     let every = renewal_period(lease);
     let margin = lease_stop_margin(lease);
-    let renew_soon = ctx.queue.renewal_wanted().unwrap_or_default();
+    let renew_soon = ctx.queue.backend().renewal_wanted().unwrap_or_default();
     let mut renewals: JoinSet<LostLeases> = JoinSet::new();
     let mut next_renewal = Instant::now() + every;
     // Tasks whose commands were stopped because their lease ran out unconfirmed.
@@ -351,7 +357,7 @@ pub(super) async fn keep_leases(ctx: Arc<RunContext>, lease: Duration) {
         }
         if Instant::now() >= next_renewal && renewals.len() < RENEWALS_IN_FLIGHT {
             let queue = ctx.queue.clone();
-            renewals.spawn_blocking(move || queue.renew_leases());
+            renewals.spawn_blocking(move || queue.backend().renew_leases());
             next_renewal = Instant::now() + every;
         }
     }
@@ -366,7 +372,7 @@ fn stop_unconfirmed(
 ) -> Option<Instant> {
     let now = Instant::now();
     let mut next = None::<Instant>;
-    let deadlines = ctx.queue.lease_deadlines();
+    let deadlines = ctx.queue.backend().lease_deadlines();
     stopped.retain(|task_id| deadlines.iter().any(|(held, _)| held == task_id));
     for (task_id, until) in deadlines {
         let stop_at = until.checked_sub(margin).unwrap_or(now);

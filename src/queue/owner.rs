@@ -7,7 +7,6 @@
 //! need the owner's lease or the local directory are its own.
 
 use std::io;
-use std::ops::Deref;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -73,15 +72,13 @@ pub struct Queue {
     _local_lock: Option<Arc<QueueLock>>,
 }
 
-impl Deref for Queue {
-    type Target = dyn QueueBackend;
-
-    fn deref(&self) -> &Self::Target {
+impl Queue {
+    /// The backend itself, for what the owner adds nothing to: calls through it are the
+    /// backend's alone (no owner's check), and read so at the call site.
+    pub fn backend(&self) -> &dyn QueueBackend {
         self.backend.as_ref()
     }
-}
 
-impl Queue {
     /// Own the queue directory at `root`: create its directories, take its lock (held while
     /// the returned queue lives) and check that nobody else may write it. `storage` replaces
     /// the file storage (tests pass a fault-injecting one).

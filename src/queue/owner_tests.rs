@@ -25,49 +25,53 @@ fn failed_record(id: &str) -> FailedRecord {
 fn a_write_under_a_lease_of_another_queue_is_refused_and_writes_nothing() {
     let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let (a, b) = (open(&dir_a), open(&dir_b));
-    let lease_a = a.claim("t1").unwrap();
+    let lease_a = a.backend().claim("t1").unwrap();
     let record = TaskRecord::Failed(failed_record("t1"));
 
-    let refused = b.finish(&lease_a, &record).unwrap_err();
+    let refused = b.backend().finish(&lease_a, &record).unwrap_err();
     assert!(matches!(refused, QueueError::LeaseLost(_)), "{refused}");
-    assert!(!b.has_record("t1").unwrap());
-    let refused = b.put_output(&lease_a, 0, b"{}").unwrap_err();
+    assert!(!b.backend().has_record("t1").unwrap());
+    let refused = b.backend().put_output(&lease_a, 0, b"{}").unwrap_err();
     assert!(matches!(refused, QueueError::LeaseLost(_)), "{refused}");
     assert!(b.checkpointer(&lease_a, "loop").is_err());
 
-    a.finish(&lease_a, &record).unwrap();
-    assert!(a.has_record("t1").unwrap());
-    assert_eq!(a.finished_ids().unwrap(), ["t1".to_string()].into());
+    a.backend().finish(&lease_a, &record).unwrap();
+    assert!(a.backend().has_record("t1").unwrap());
+    assert_eq!(
+        a.backend().finished_ids().unwrap(),
+        ["t1".to_string()].into()
+    );
 }
 
 #[test]
 fn once_released_no_write_lands_not_even_a_checkpoint_of_a_running_phase() {
     let dir = tempfile::tempdir().unwrap();
     let queue = open(&dir);
-    let lease = queue.claim("t1").unwrap();
+    let lease = queue.backend().claim("t1").unwrap();
     let mut checkpointer = queue.checkpointer(&lease, "loop").unwrap();
     assert!(checkpointer.checkpoint(1, &json!({"n": 1})).unwrap());
 
-    queue.release();
+    queue.backend().release();
     let refused = checkpointer.checkpoint(2, &json!({"n": 2})).unwrap_err();
     assert!(
         matches!(&refused, StoreError::Fenced { task_id, .. } if task_id == "t1"),
         "{refused}"
     );
     drop(checkpointer);
-    let latest = queue.latest_checkpoint("t1").unwrap().unwrap();
+    let latest = queue.backend().latest_checkpoint("t1").unwrap().unwrap();
     assert_eq!(
         latest.checkpoint.iteration_count, 1,
         "the refused save left no trace"
     );
 
-    assert!(queue.renew(&lease).is_err());
-    assert!(queue.claim("t2").is_err());
+    assert!(queue.backend().renew(&lease).is_err());
+    assert!(queue.backend().claim("t2").is_err());
     let refused = queue
+        .backend()
         .finish(&lease, &TaskRecord::Failed(failed_record("t1")))
         .unwrap_err();
     assert!(matches!(refused, QueueError::LeaseLost(_)), "{refused}");
-    assert!(!queue.has_record("t1").unwrap());
+    assert!(!queue.backend().has_record("t1").unwrap());
     let refused = queue.write_work_state(&[], &[]).unwrap_err();
     assert!(matches!(refused, QueueError::NotOwner { .. }), "{refused}");
 }
@@ -83,11 +87,17 @@ fn the_work_state_written_by_the_owner_is_the_state_loaded_at_the_next_open() {
         ));
     {
         let queue = open(&dir);
-        assert_eq!(queue.load_work().unwrap().active_tasks, Vec::new());
+        assert_eq!(
+            queue.backend().load_work().unwrap().active_tasks,
+            Vec::new()
+        );
         queue.write_work_state(&work.active_tasks, &[]).unwrap();
     }
     let queue = open(&dir);
-    assert_eq!(queue.load_work().unwrap().active_tasks, work.active_tasks);
+    assert_eq!(
+        queue.backend().load_work().unwrap().active_tasks,
+        work.active_tasks
+    );
 }
 
 #[test]
@@ -107,16 +117,20 @@ fn a_second_owner_of_the_same_directory_is_refused_while_the_first_lives() {
 fn a_failed_record_is_read_and_archived_out_of_the_records() {
     let dir = tempfile::tempdir().unwrap();
     let queue = open(&dir);
-    let lease = queue.claim("t1").unwrap();
+    let lease = queue.backend().claim("t1").unwrap();
     let record = failed_record("t1");
     queue
+        .backend()
         .finish(&lease, &TaskRecord::Failed(record.clone()))
         .unwrap();
-    assert_eq!(queue.failed_record("t1").unwrap(), Some(record.clone()));
+    assert_eq!(
+        queue.backend().failed_record("t1").unwrap(),
+        Some(record.clone())
+    );
 
-    queue.archive_failed(&lease, &record).unwrap();
-    assert_eq!(queue.failed_record("t1").unwrap(), None);
-    assert!(!queue.has_record("t1").unwrap());
+    queue.backend().archive_failed(&lease, &record).unwrap();
+    assert_eq!(queue.backend().failed_record("t1").unwrap(), None);
+    assert!(!queue.backend().has_record("t1").unwrap());
     let archived = queue.run_dir("t1").join("failed-20261123T100102.345Z.json");
     assert!(archived.is_file(), "{}", archived.display());
 }
@@ -125,20 +139,29 @@ fn a_failed_record_is_read_and_archived_out_of_the_records() {
 fn large_outputs_are_stored_under_the_lease_and_read_back_by_their_reference() {
     let dir = tempfile::tempdir().unwrap();
     let queue = open(&dir);
-    let lease = queue.claim("t1").unwrap();
-    let reference = queue.put_output(&lease, 2, br#"{"big":[1,2,3]}"#).unwrap();
+    let lease = queue.backend().claim("t1").unwrap();
+    let reference = queue
+        .backend()
+        .put_output(&lease, 2, br#"{"big":[1,2,3]}"#)
+        .unwrap();
     assert_eq!(
-        queue.read_output(&reference).unwrap(),
+        queue.backend().read_output(&reference).unwrap(),
         Some(json!({"big": [1, 2, 3]}))
     );
-    assert_eq!(queue.read_output("runs/t1/output-9.json").unwrap(), None);
+    assert_eq!(
+        queue
+            .backend()
+            .read_output("runs/t1/output-9.json")
+            .unwrap(),
+        None
+    );
 }
 
 #[test]
 fn a_backend_is_usable_as_a_trait_object() {
     let dir = tempfile::tempdir().unwrap();
     let queue = open(&dir);
-    let backend: &dyn QueueBackend = &*queue;
+    let backend: &dyn QueueBackend = queue.backend();
     let lease = backend.claim("t1").unwrap();
     assert_eq!(lease.task_id(), "t1");
     assert_eq!(lease.epoch(), backend.owner().epoch());

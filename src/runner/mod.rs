@@ -136,7 +136,7 @@ impl RunContext {
         if let Some(observer) = &self.observer {
             observer.event(task_id, &event);
         }
-        self.queue.append_event(task_id, event);
+        self.queue.backend().append_event(task_id, event);
     }
 }
 
@@ -362,7 +362,8 @@ async fn finish_phase(
         StoredOutput::Inline(output)
     } else {
         let (queue, lease) = (ctx.queue.clone(), lease.clone());
-        let reference = blocking(move || queue.put_output(&lease, index, &bytes)).await??;
+        let reference =
+            blocking(move || queue.backend().put_output(&lease, index, &bytes)).await??;
         StoredOutput::File(reference)
     };
     let next = task.phases.get(index + 1).map(|p| p.name.clone());
@@ -415,7 +416,7 @@ pub async fn load_inputs(
             StoredOutput::File(key) => {
                 let queue = ctx.queue.clone();
                 let reference = key.clone();
-                blocking(move || queue.read_output(&reference))
+                blocking(move || queue.backend().read_output(&reference))
                     .await??
                     .ok_or_else(|| StateError::MissingOutput {
                         phase: name.clone(),
@@ -764,7 +765,7 @@ impl PhaseRun<'_> {
         }
         // On a shared queue, who runs the task under which claim: external systems fence
         // their own writes with these as cairn fences its own.
-        if let Some(node) = self.ctx.queue.node() {
+        if let Some(node) = self.ctx.queue.backend().node() {
             env.push(("CAIRN_NODE".to_string(), node.to_string()));
             env.push((
                 "CAIRN_LEASE_EPOCH".to_string(),

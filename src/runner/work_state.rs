@@ -114,7 +114,7 @@ pub struct WorkState {
 impl WorkState {
     /// Read the work state through the queue's owner (a new queue has none). Blocking.
     pub fn load(queue: Queue) -> Result<WorkState, LoadError> {
-        let work = queue.load_work()?;
+        let work = queue.backend().load_work()?;
         Ok(WorkState {
             work: Mutex::new(WorkEntries::from_work(work)),
             requested: AtomicU64::new(0),
