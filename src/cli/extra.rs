@@ -25,7 +25,7 @@ impl ExtraCommands for NoExtraCommands {
 
 /// The subcommand a command line names: one of the library's, or one the program added.
 pub(super) enum Invocation<E> {
-    Own(Command),
+    Own(Box<Command>),
     Extra(E),
 }
 
@@ -39,7 +39,7 @@ impl<E: ExtraCommands> Invocation<E> {
             )),
             _ => {
                 let cli = Cli::from_arg_matches(matches)?;
-                Ok((cli.global, Invocation::Own(cli.command)))
+                Ok((cli.global, Invocation::Own(Box::new(cli.command))))
             }
         }
     }

@@ -193,7 +193,7 @@ where
     };
     init_logging(global.verbose);
     let outcome = match invocation {
-        extra::Invocation::Own(command) => dispatch(&global.queue, command, definition),
+        extra::Invocation::Own(command) => dispatch(&global.queue, *command, definition),
         extra::Invocation::Extra(command) => command.run(),
     };
     match outcome {
