@@ -13,7 +13,8 @@ use super::checkpoint::{default_dir, CheckpointBench, Durability, Reference};
 use super::queue::{Measurement, QueueOptions};
 use super::workload::SizeClass;
 
-/// The binary's subcommand added to the library's command line.
+// The binary's subcommand added to the library's command line. Not a doc comment: clap would
+// make it the about text of `cairn` itself.
 #[derive(Debug, Subcommand)]
 pub enum BenchCommand {
     /// Measure cairn's hot paths and print the figures (one JSON line per run).

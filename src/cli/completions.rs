@@ -18,8 +18,9 @@ pub struct CompletionsArgs {
     shell: Shell,
 }
 
-/// The script for `command`, the whole command line (the program's own subcommands too).
-pub fn run(args: CompletionsArgs, mut command: clap::Command) -> CliResult {
+/// The script for the command line `definition` makes (the program's own subcommands too).
+pub fn run(args: CompletionsArgs, definition: fn() -> clap::Command) -> CliResult {
+    let mut command = definition();
     let mut script = Vec::new();
     clap_complete::generate(args.shell, &mut command, "cairn", &mut script);
     print(&String::from_utf8_lossy(&script))

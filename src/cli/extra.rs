@@ -7,7 +7,8 @@ use clap::{ArgMatches, FromArgMatches, Subcommand};
 use super::error::CliResult;
 use super::{Cli, Command, GlobalArgs};
 
-/// The subcommands a program adds to the library's, as a clap [`Subcommand`] enum.
+/// The subcommands a program adds to the library's, as a clap [`Subcommand`] enum (whose own
+/// doc comment clap would take as `cairn`'s about text, so it has none).
 pub trait ExtraCommands: Subcommand {
     /// Run the parsed subcommand. `Ok` holds its exit code (see [`super::exit`]).
     fn run(self) -> CliResult<u8>;

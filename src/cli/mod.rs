@@ -176,9 +176,8 @@ where
     I: IntoIterator<Item = T>,
     T: Into<std::ffi::OsString> + Clone,
 {
-    let mut definition = command_line::<E>();
-    let parsed = definition
-        .try_get_matches_from_mut(args)
+    let parsed = command_line::<E>()
+        .try_get_matches_from(args)
         .and_then(|matches| extra::Invocation::<E>::from_matches(&matches));
     let (global, invocation) = match parsed {
         Ok(parsed) => parsed,
@@ -193,7 +192,7 @@ where
     };
     init_logging(global.verbose);
     let outcome = match invocation {
-        extra::Invocation::Own(command) => dispatch(&global.queue, *command, definition),
+        extra::Invocation::Own(command) => dispatch(&global.queue, *command, command_line::<E>),
         extra::Invocation::Extra(command) => command.run(),
     };
     match outcome {
@@ -218,9 +217,13 @@ fn command_line<E: ExtraCommands>() -> clap::Command {
 }
 
 /// Run the subcommand. `Ok` holds the exit code of a command that did its work: 0, or for
-/// `run` how the daemon ended (6, 130). `definition` is the whole command line's, which
-/// `completions` writes a script for.
-fn dispatch(queue: &Path, mut command: Command, definition: clap::Command) -> CliResult<u8> {
+/// `run` how the daemon ended (6, 130). `definition` makes the whole command line's, which
+/// `completions` writes a script for (a fresh one: parsing leaves it built for one line).
+fn dispatch(
+    queue: &Path,
+    mut command: Command,
+    definition: fn() -> clap::Command,
+) -> CliResult<u8> {
     command.read_db_url_file()?;
     // With `--db` the queue is in the database: the queue directory's checks do not apply.
     let local = !command.uses_database();
