@@ -12,8 +12,6 @@
 //! through [`queue::QueueReader`] and starts the daemon.
 
 #[cfg(feature = "cli")]
-pub mod bench;
-#[cfg(feature = "cli")]
 pub mod cli;
 pub mod client;
 pub mod clients;

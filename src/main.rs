@@ -1,7 +1,10 @@
-//! The `cairn` binary: everything lives in the library; this only runs its CLI.
+//! The `cairn` binary: the library's command line, with the benchmarks (`cairn bench`) added,
+//! which only the binary compiles.
+
+mod bench;
 
 fn main() -> std::process::ExitCode {
     // Started as the trampoline of a command run as its submitter: that, and nothing else.
     cairn::runner::trampoline::main_if_asked();
-    cairn::cli::main()
+    cairn::cli::main_with::<bench::command::BenchCommand>()
 }

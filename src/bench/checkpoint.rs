@@ -16,8 +16,8 @@ use serde::Serialize;
 
 use super::workload::{mean_canonical_bytes, SizeClass, TaskState};
 use super::{millis, percentile, round_to};
-use crate::queue::{Queue, QueueDir};
-use crate::store::{
+use cairn::queue::{Queue, QueueDir};
+use cairn::store::{
     CheckpointStore, CommitPath, FileOps, FileStorage, LoopCheckpointer, RealFileOps, Storage,
     UnsyncedFileOps,
 };

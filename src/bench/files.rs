@@ -18,7 +18,7 @@ use clap::Args;
 use serde::Serialize;
 
 use super::RunDirParent;
-use crate::store::blobs::BlobStore;
+use cairn::store::blobs::BlobStore;
 
 #[derive(Debug, Args)]
 pub struct FilesArgs {

@@ -5,6 +5,7 @@
 //! (`bench/workload.md` defines the line for checkpoints).
 
 pub mod checkpoint;
+pub mod command;
 pub mod files;
 #[cfg(feature = "postgres")]
 pub mod postgres;

@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 
-use crate::queue::postgres::{NewTask, PgQueue};
-use crate::queue::Queue;
+use cairn::queue::postgres::{NewTask, PgQueue};
+use cairn::queue::Queue;
 
 /// The node name the benchmark claims its tasks under.
 const NODE: &str = "cairn-bench";

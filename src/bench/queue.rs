@@ -39,17 +39,17 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{bail, Context};
-use chrono::Utc;
+use chrono::{DateTime, Utc};
 use serde::Serialize;
 use serde_json::{json, Value};
 
 use super::proc_stats::cpu_times;
 use super::{millis, percentile, round_to};
-use crate::queue::QueueDir;
-use crate::store::current_work::{ActiveStatus, ActiveTask, CurrentWork, PhaseTiming};
-use crate::store::journal::{self, Event, JournalEvent};
-use crate::store::{CheckpointStore, FileStorage, LoopCheckpointer, Storage, UnsyncedFileOps};
-use crate::task::Task;
+use cairn::queue::QueueDir;
+use cairn::store::current_work::{ActiveStatus, ActiveTask, CurrentWork, PhaseTiming};
+use cairn::store::journal::{self, Event, JournalEvent};
+use cairn::store::{CheckpointStore, FileStorage, LoopCheckpointer, Storage, UnsyncedFileOps};
+use cairn::task::Task;
 
 /// What `cairn bench queue` measures, and how (its options, as `cli::bench` parses them).
 #[derive(Debug, Clone)]
@@ -875,80 +875,113 @@ fn build_crashed_queue(queue: &Path, ids: &[String]) -> anyhow::Result<u64> {
         .with_context(|| format!("creating the queue {}", queue.display()))?;
     let storage: Arc<dyn Storage> = Arc::new(FileStorage::with_ops(
         queue,
-        Arc::new(UnsyncedFileOps) as Arc<dyn crate::store::FileOps>,
+        Arc::new(UnsyncedFileOps) as Arc<dyn cairn::store::FileOps>,
     ));
     let checkpoints = CheckpointStore::with_storage(Arc::clone(&storage));
     let crashed_at = Utc::now();
     let mut work = CurrentWork::default();
     for id in ids {
-        let file = json!({
-            "id": id,
-            "phases": [{
-                "name": "spin",
-                "kind": "loop",
-                "run": RESUME_COMMAND,
-                "max_iterations": 2,
-            }],
-        });
-        let bytes = serde_json::to_vec(&file).context("encoding a task")?;
-        let task = Task::parse(&bytes).map_err(|e| anyhow::anyhow!("the resume task: {e}"))?;
-        let key = QueueDir::task_key(id);
-        storage
-            .put(&key, &task.to_json_bytes(), None)
-            .with_context(|| format!("writing {}", queue.join(&key).display()))?;
-        let mut checkpointer =
-            LoopCheckpointer::new(checkpoints.clone(), id.as_str(), crate::runner::LOOP_SCOPE)
-                .phase("spin", 0)
-                .attempt(1)
-                .every(1);
-        checkpointer
-            .checkpoint(1, &json!({"resumable": true}))
-            .with_context(|| format!("checkpointing {id}"))?;
-        let mut entry = ActiveTask::new(task.id(), "spin");
-        entry.attempt = 1;
-        entry.status = ActiveStatus::Running;
-        entry.iterations = 1;
-        entry.last_checkpoint_at = Some(crashed_at);
-        entry.phases.push(PhaseTiming {
-            name: "spin".into(),
-            started_at: entry.started_at,
-            finished_at: None,
-            iterations: None,
-            total: None,
-        });
-        work.active_tasks.push(entry);
-        // What the killed daemon had made for the attempt: its run directory with the
-        // journal of its start, the phase's log with the header of its first iteration, and
-        // the scratch directory (`$CAIRN_SCRATCH`).
-        let run_dir = QueueDir::new(queue).run_dir(id);
-        fs::create_dir_all(run_dir.join("scratch"))
-            .with_context(|| format!("creating {}", run_dir.display()))?;
-        for event in [
-            Event::AttemptStarted {
-                attempt: 1,
-                phase: "spin".into(),
-            },
-            Event::PhaseStarted {
-                phase: "spin".into(),
-                phase_index: 0,
-                kind: crate::task::PhaseKind::Loop,
-                attempt: 1,
-            },
-        ] {
-            journal::append(queue, id, event);
-        }
-        let log = run_dir.join("0-spin.log");
-        fs::write(
-            &log,
-            format!(
-                "=== {} attempt 1 iteration 1 ===\n",
-                crashed_at.to_rfc3339()
-            ),
-        )
-        .with_context(|| format!("writing {}", log.display()))?;
+        let task = write_checkpointed_task(queue, storage.as_ref(), &checkpoints, id)?;
+        work.active_tasks.push(running_entry(&task, crashed_at));
+        write_attempt_files(queue, id, crashed_at)?;
     }
     work.updated_at = crashed_at;
-    let bytes = serde_json::to_vec_pretty(&work)
+    let written = write_current_work(queue, storage.as_ref(), &work)?;
+    nix::unistd::sync();
+    Ok(written)
+}
+
+/// Task `id`'s definition in `tasks/` (one loop phase of two iterations) and its loop
+/// checkpoint after the first iteration.
+fn write_checkpointed_task(
+    queue: &Path,
+    storage: &dyn Storage,
+    checkpoints: &CheckpointStore,
+    id: &str,
+) -> anyhow::Result<Task> {
+    let file = json!({
+        "id": id,
+        "phases": [{
+            "name": "spin",
+            "kind": "loop",
+            "run": RESUME_COMMAND,
+            "max_iterations": 2,
+        }],
+    });
+    let bytes = serde_json::to_vec(&file).context("encoding a task")?;
+    let task = Task::parse(&bytes).map_err(|e| anyhow::anyhow!("the resume task: {e}"))?;
+    let key = QueueDir::task_key(id);
+    storage
+        .put(&key, &task.to_json_bytes(), None)
+        .with_context(|| format!("writing {}", queue.join(&key).display()))?;
+    let mut checkpointer =
+        LoopCheckpointer::new(checkpoints.clone(), id, cairn::runner::LOOP_SCOPE)
+            .phase("spin", 0)
+            .attempt(1)
+            .every(1);
+    checkpointer
+        .checkpoint(1, &json!({"resumable": true}))
+        .with_context(|| format!("checkpointing {id}"))?;
+    Ok(task)
+}
+
+/// `task`'s entry in `current_work.json`: running its first attempt, one iteration done and
+/// checkpointed at `crashed_at`.
+fn running_entry(task: &Task, crashed_at: DateTime<Utc>) -> ActiveTask {
+    let mut entry = ActiveTask::new(task.id(), "spin");
+    entry.attempt = 1;
+    entry.status = ActiveStatus::Running;
+    entry.iterations = 1;
+    entry.last_checkpoint_at = Some(crashed_at);
+    entry.phases.push(PhaseTiming {
+        name: "spin".into(),
+        started_at: entry.started_at,
+        finished_at: None,
+        iterations: None,
+        total: None,
+    });
+    entry
+}
+
+/// What the killed daemon had made for task `id`'s attempt: its run directory with the journal
+/// of its start, the phase's log with the header of its first iteration, and the scratch
+/// directory (`$CAIRN_SCRATCH`).
+fn write_attempt_files(queue: &Path, id: &str, crashed_at: DateTime<Utc>) -> anyhow::Result<()> {
+    let run_dir = QueueDir::new(queue).run_dir(id);
+    fs::create_dir_all(run_dir.join("scratch"))
+        .with_context(|| format!("creating {}", run_dir.display()))?;
+    for event in [
+        Event::AttemptStarted {
+            attempt: 1,
+            phase: "spin".into(),
+        },
+        Event::PhaseStarted {
+            phase: "spin".into(),
+            phase_index: 0,
+            kind: cairn::task::PhaseKind::Loop,
+            attempt: 1,
+        },
+    ] {
+        journal::append(queue, id, event);
+    }
+    let log = run_dir.join("0-spin.log");
+    fs::write(
+        &log,
+        format!(
+            "=== {} attempt 1 iteration 1 ===\n",
+            crashed_at.to_rfc3339()
+        ),
+    )
+    .with_context(|| format!("writing {}", log.display()))
+}
+
+/// Write `work` as the queue's `current_work.json`; the bytes written.
+fn write_current_work(
+    queue: &Path,
+    storage: &dyn Storage,
+    work: &CurrentWork,
+) -> anyhow::Result<u64> {
+    let bytes = serde_json::to_vec_pretty(work)
         .with_context(|| format!("encoding {}", QueueDir::CURRENT_WORK_KEY))?;
     storage
         .put(QueueDir::CURRENT_WORK_KEY, &bytes, None)
@@ -958,7 +991,6 @@ fn build_crashed_queue(queue: &Path, ids: &[String]) -> anyhow::Result<u64> {
                 queue.join(QueueDir::CURRENT_WORK_KEY).display()
             )
         })?;
-    nix::unistd::sync();
     Ok(bytes.len() as u64)
 }
 
@@ -1026,7 +1058,7 @@ impl Daemon {
                 .env("CAIRN_DATABASE_URL", url)
                 .args(["--node", node]);
         }
-        for name in crate::runner::NOTIFY_ENV {
+        for name in cairn::runner::NOTIFY_ENV {
             command.env_remove(name);
         }
         command.env_remove("JOURNAL_STREAM");

@@ -33,11 +33,11 @@ use super::queue::{
     RESUME_COMMAND, STALL_LIMIT,
 };
 use super::{millis, percentile, round_to};
-use crate::queue::postgres::{CheckpointWrite, NewTask, PgQueue, TaskTimes};
-use crate::queue::QueueDir;
-use crate::store::current_work::{ActiveStatus, ActiveTask, PhaseTiming};
-use crate::store::IterationCheckpoint;
-use crate::task_id::TaskId;
+use cairn::queue::postgres::{CheckpointWrite, NewTask, PgQueue, TaskTimes};
+use cairn::queue::QueueDir;
+use cairn::store::current_work::{ActiveStatus, ActiveTask, PhaseTiming};
+use cairn::store::IterationCheckpoint;
+use cairn::task_id::TaskId;
 
 /// The lease of the node that "died" holding the resume figure's tasks: it has to run out
 /// before the daemon can take them over, and is short so the bench does not wait long.
@@ -471,7 +471,7 @@ fn first_iteration(task_id: &str, at: DateTime<Utc>) -> IterationCheckpoint {
         task_id: task_id.to_owned(),
         phase: "spin".to_owned(),
         phase_index: 0,
-        scope: crate::runner::LOOP_SCOPE.to_owned(),
+        scope: cairn::runner::LOOP_SCOPE.to_owned(),
         iteration_count: 1,
         checkpoint_interval: 1,
         partial_results: json!({"resumable": true}),

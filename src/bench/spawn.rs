@@ -19,7 +19,7 @@ use clap::Args;
 use serde::Serialize;
 
 use super::{millis, percentile};
-use crate::runner::{
+use cairn::runner::{
     spawn_in_group, CommandProcess, Confinement, Environment, InheritedEnv, StdinFrom, StdoutTo,
 };
 
@@ -131,7 +131,7 @@ async fn measure(path: SpawnPath, args: &SpawnArgs) -> anyhow::Result<SpawnResul
 
 /// The bench's environment, prepared once as the daemon prepares its own.
 static INHERITED_ENV: std::sync::LazyLock<InheritedEnv> =
-    std::sync::LazyLock::new(|| crate::runner::daemon_env(&[]));
+    std::sync::LazyLock::new(|| cairn::runner::daemon_env(&[]));
 
 #[allow(unsafe_code)] // the reference path: a pre_exec hook, as cairn once spawned
 fn spawn(path: SpawnPath, argv: &[&str]) -> anyhow::Result<Started> {

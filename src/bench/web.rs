@@ -20,9 +20,9 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use serde_json::{json, Value};
 
-use crate::queue::{QueueDir, QueueReader};
-use crate::store::events::Event;
-use crate::store::journal;
+use cairn::queue::{QueueDir, QueueReader};
+use cairn::store::events::Event;
+use cairn::store::journal;
 
 /// Options of `cairn bench web`.
 #[derive(Debug, Clone)]

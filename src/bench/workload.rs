@@ -142,9 +142,6 @@ const VOCAB: [&str; 128] = [
     "schema",
 ];
 
-/// How many tasks the concurrent variants run at once.
-pub const CONCURRENT_TASKS: usize = 100;
-
 /// A state size class of the workload.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum SizeClass {

@@ -1,11 +1,10 @@
 //! `cairn completions SHELL`: a completion script for bash, zsh, fish, elvish or PowerShell,
 //! generated from the command-line definition itself (so it never falls behind).
 
-use clap::{Args, CommandFactory};
+use clap::Args;
 use clap_complete::Shell;
 
 use super::error::{print, CliResult};
-use super::Cli;
 
 #[derive(Debug, Args)]
 #[command(after_help = "\
@@ -19,8 +18,9 @@ pub struct CompletionsArgs {
     shell: Shell,
 }
 
-pub fn run(args: CompletionsArgs) -> CliResult {
-    let mut command = Cli::command();
+/// The script for the command line `definition` makes (the program's own subcommands too).
+pub fn run(args: CompletionsArgs, definition: fn() -> clap::Command) -> CliResult {
+    let mut command = definition();
     let mut script = Vec::new();
     clap_complete::generate(args.shell, &mut command, "cairn", &mut script);
     print(&String::from_utf8_lossy(&script))

@@ -1,7 +1,7 @@
-//! The `cairn` command line: one file per subcommand. `main.rs` only calls [`main`].
+//! The `cairn` command line: one file per subcommand. `main.rs` only calls [`main_with`], adding
+//! the subcommands of its own ([`ExtraCommands`]).
 
 mod as_owner;
-mod bench;
 mod budget;
 mod checkpoint;
 mod clients_path;
@@ -10,6 +10,7 @@ mod control;
 #[cfg(feature = "postgres")]
 mod db;
 pub mod error;
+mod extra;
 mod fork;
 mod format;
 mod history;
@@ -28,9 +29,10 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
+use clap::{Args, CommandFactory, Parser, Subcommand};
 
 use error::CliResult;
+pub use extra::{ExtraCommands, NoExtraCommands};
 
 /// Exit codes, documented in `cairn --help`.
 pub mod exit {
@@ -78,6 +80,16 @@ The queue directory is --queue, else $CAIRN_QUEUE, else ./queue.";
 #[derive(Debug, Parser)]
 #[command(name = "cairn", version, after_help = AFTER_HELP)]
 pub struct Cli {
+    #[command(flatten)]
+    global: GlobalArgs,
+
+    #[command(subcommand)]
+    command: Command,
+}
+
+/// The options every subcommand takes, the program's own ([`ExtraCommands`]) too.
+#[derive(Debug, Args)]
+struct GlobalArgs {
     /// The queue directory.
     #[arg(
         long,
@@ -91,9 +103,6 @@ pub struct Cli {
     /// More log output (-v debug, -vv trace); RUST_LOG overrides.
     #[arg(short, long, global = true, action = clap::ArgAction::Count)]
     verbose: u8,
-
-    #[command(subcommand)]
-    command: Command,
 }
 
 #[derive(Debug, Subcommand)]
@@ -134,8 +143,6 @@ enum Command {
     /// Serve the dashboard and the queue's metrics over HTTP without running tasks (a queue
     /// directory, or with --db a shared queue: every node's tasks).
     Serve(web::serve::ServeArgs),
-    /// Measure cairn's hot paths and print the figures (one JSON line per run).
-    Bench(bench::BenchArgs),
     /// The PostgreSQL database of a queue shared by several hosts (`db migrate`).
     #[cfg(feature = "postgres")]
     Db(db::DbArgs),
@@ -143,7 +150,12 @@ enum Command {
 
 /// Parse the process's command line, run the subcommand, and map the outcome to an exit code.
 pub fn main() -> ExitCode {
-    ExitCode::from(run_args(std::env::args_os()))
+    main_with::<NoExtraCommands>()
+}
+
+/// [`main`] with the program's own subcommands `E` added to the library's.
+pub fn main_with<E: ExtraCommands>() -> ExitCode {
+    ExitCode::from(run_args_with::<E, _, _>(std::env::args_os()))
 }
 
 /// [`main`] for the command line `args` (the program's name first): the exit code. The Python
@@ -153,16 +165,22 @@ where
     I: IntoIterator<Item = T>,
     T: Into<std::ffi::OsString> + Clone,
 {
-    // Every `cairn help COMMAND` lists the exit codes too, from the one table above.
-    let parsed = Cli::command()
-        .mut_subcommands(|command| {
-            let own = command.get_after_help().map(|own| format!("{own}\n\n"));
-            command.after_help(format!("{}{AFTER_HELP}", own.unwrap_or_default()))
-        })
+    run_args_with::<NoExtraCommands, I, T>(args)
+}
+
+/// [`run_args`] with the subcommands `E` added to the library's: `E` runs those it names, the
+/// library all others.
+pub fn run_args_with<E, I, T>(args: I) -> u8
+where
+    E: ExtraCommands,
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    let parsed = command_line::<E>()
         .try_get_matches_from(args)
-        .and_then(|matches| Cli::from_arg_matches(&matches));
-    let cli = match parsed {
-        Ok(cli) => cli,
+        .and_then(|matches| extra::Invocation::<E>::from_matches(&matches));
+    let (global, invocation) = match parsed {
+        Ok(parsed) => parsed,
         Err(e) => {
             let _ = e.print();
             return if e.use_stderr() {
@@ -172,8 +190,12 @@ where
             };
         }
     };
-    init_logging(cli.verbose);
-    match dispatch(&cli.queue, cli.command) {
+    init_logging(global.verbose);
+    let outcome = match invocation {
+        extra::Invocation::Own(command) => dispatch(&global.queue, *command, command_line::<E>),
+        extra::Invocation::Extra(command) => command.run(),
+    };
+    match outcome {
         Ok(code) => code,
         // The reader of stdout went away (`cairn status | head -1`): how a pipe ends.
         Err(error) if error.is_broken_pipe() => exit::OK,
@@ -185,9 +207,23 @@ where
     }
 }
 
+/// The command line's definition: the library's subcommands, then `E`'s.
+fn command_line<E: ExtraCommands>() -> clap::Command {
+    // Every `cairn help COMMAND` lists the exit codes too, from the one table above.
+    E::augment_subcommands(Cli::command()).mut_subcommands(|command| {
+        let own = command.get_after_help().map(|own| format!("{own}\n\n"));
+        command.after_help(format!("{}{AFTER_HELP}", own.unwrap_or_default()))
+    })
+}
+
 /// Run the subcommand. `Ok` holds the exit code of a command that did its work: 0, or for
-/// `run` how the daemon ended (6, 130).
-fn dispatch(queue: &Path, mut command: Command) -> CliResult<u8> {
+/// `run` how the daemon ended (6, 130). `definition` makes the whole command line's, which
+/// `completions` writes a script for (a fresh one: parsing leaves it built for one line).
+fn dispatch(
+    queue: &Path,
+    mut command: Command,
+    definition: fn() -> clap::Command,
+) -> CliResult<u8> {
     command.read_db_url_file()?;
     // With `--db` the queue is in the database: the queue directory's checks do not apply.
     let local = !command.uses_database();
@@ -214,9 +250,8 @@ fn dispatch(queue: &Path, mut command: Command) -> CliResult<u8> {
         Command::Retry(args) => control::run(queue, control::Action::Retry, args).map(done),
         Command::Budget(args) => budget::run(queue, args).map(done),
         Command::Prune(args) => prune::run(queue, args).map(done),
-        Command::Completions(args) => completions::run(args).map(done),
+        Command::Completions(args) => completions::run(args, definition).map(done),
         Command::ClientsPath(args) => clients_path::run(queue, args).map(done),
-        Command::Bench(args) => bench::run(args).map(done),
         #[cfg(feature = "postgres")]
         Command::Db(args) => db::run(args).map(done),
     }

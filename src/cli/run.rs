@@ -222,7 +222,7 @@ fn node_name(given: Option<String>) -> CliResult<String> {
 /// otherwise. With one arena per blocking thread (up to 16 on two cores), memory freed in one
 /// arena (a work-state write's buffers, a checkpoint's) stays resident there while the next
 /// such job allocates anew in another: about 20 MB of the daemon's peak with 10,000 tasks in
-/// flight (154–163 MB against 133 MB in `cairn bench queue --only resume`). The blocking
+/// flight (154–163 MB against 133 MB in the resume figure of `docs/performance.md`). The blocking
 /// threads mostly wait on the disk, so they hardly contend for the one arena's lock. Called
 /// before any thread is started, as `mallopt` requires.
 #[allow(unsafe_code)] // mallopt has no safe wrapper

@@ -28,10 +28,9 @@ pub use child::{spawn_in_group, Confinement};
 pub use child::{CommandRun, RunEnd, KILL_AFTER, MAX_REPLY_BYTES};
 pub use confinement::ConfineConfig;
 pub use environment::{check_pass_names, daemon_env, PassEnvError, NOTIFY_ENV, PASSED_FROM_DAEMON};
-/// The scope of loop phases' checkpoints (the queue benchmark, part of the `cli` feature,
-/// builds such checkpoints).
-#[cfg(feature = "cli")]
-pub(crate) use loop_phase::LOOP_SCOPE;
+/// The scope of loop phases' checkpoints, for programs that build such checkpoints themselves
+/// (the binary's queue benchmark).
+pub use loop_phase::LOOP_SCOPE;
 pub use orphans::kill_orphans;
 pub use spawn::{CommandProcess, Environment, InheritedEnv, StdinFrom, StdoutTo};
 pub use task_processes::{CgroupRoot, TaskLimits, DEFAULT_PIDS_MAX};

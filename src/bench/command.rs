@@ -5,11 +5,28 @@ use std::time::Duration;
 
 use clap::{Args, Subcommand};
 
-use super::error::{print_line, CliResult};
-use crate::bench::checkpoint::{default_dir, CheckpointBench, Durability, Reference};
-use crate::bench::queue::{Measurement, QueueOptions};
-use crate::bench::workload::SizeClass;
-use crate::store::CommitPath;
+use cairn::cli::error::{print_line, CliResult};
+use cairn::cli::{exit, ExtraCommands};
+use cairn::store::CommitPath;
+
+use super::checkpoint::{default_dir, CheckpointBench, Durability, Reference};
+use super::queue::{Measurement, QueueOptions};
+use super::workload::SizeClass;
+
+// The binary's subcommand added to the library's command line. Not a doc comment: clap would
+// make it the about text of `cairn` itself.
+#[derive(Debug, Subcommand)]
+pub enum BenchCommand {
+    /// Measure cairn's hot paths and print the figures (one JSON line per run).
+    Bench(BenchArgs),
+}
+
+impl ExtraCommands for BenchCommand {
+    fn run(self) -> CliResult<u8> {
+        let BenchCommand::Bench(args) = self;
+        run(args).map(|()| exit::OK)
+    }
+}
 
 #[derive(Debug, Args)]
 pub struct BenchArgs {
@@ -29,10 +46,10 @@ enum Bench {
     /// What starting one command costs the daemon's thread, by spawn path (fork with a
     /// pre-exec hook, or the daemon's vfork-style clone), with the process made as large as
     /// a daemon with thousands of tasks in flight.
-    Spawn(crate::bench::spawn::SpawnArgs),
+    Spawn(super::spawn::SpawnArgs),
     /// What storing a checkpoint's file costs (changed, and unchanged since the last
     /// checkpoint) against writing and fsyncing the same bytes to a new file.
-    Files(crate::bench::files::FilesArgs),
+    Files(super::files::FilesArgs),
     /// The HTTP listener with many tasks in the queue: the dashboard's first screen and
     /// /metrics of a real daemon run with --listen; prints {"bench": "web", "tasks",
     /// "first_screen_ms_p50", "first_screen_ms_max", "metrics_ms_p50", "metrics_ms_max", ...}.
@@ -166,25 +183,25 @@ struct CheckpointArgs {
 pub fn run(args: BenchArgs) -> CliResult {
     match args.bench {
         Bench::Checkpoint(args) => checkpoint(args),
-        Bench::Queue(args) => Ok(crate::bench::run_queue(&args.into_options())?),
+        Bench::Queue(args) => Ok(super::run_queue(&args.into_options())?),
         Bench::Spawn(args) => spawn(args),
         Bench::Files(args) => files(args),
         Bench::Web(args) => {
-            let options = crate::bench::web::WebOptions {
+            let options = super::web::WebOptions {
                 tasks: args.tasks,
                 rounds: args.rounds,
                 iterations: args.iterations,
                 turns: args.turns,
                 dir: args.dir,
             };
-            let line = crate::bench::web::run(&options)?;
+            let line = super::web::run(&options)?;
             print_line(line)
         }
     }
 }
 
-fn files(args: crate::bench::files::FilesArgs) -> CliResult {
-    for result in crate::bench::files::run(&args)? {
+fn files(args: super::files::FilesArgs) -> CliResult {
+    for result in super::files::run(&args)? {
         let line = serde_json::to_string(&result)
             .map_err(|e| anyhow::Error::new(e).context("printing the result"))?;
         print_line(line)?;
@@ -192,8 +209,8 @@ fn files(args: crate::bench::files::FilesArgs) -> CliResult {
     Ok(())
 }
 
-fn spawn(args: crate::bench::spawn::SpawnArgs) -> CliResult {
-    for result in crate::bench::spawn::run(&args)? {
+fn spawn(args: super::spawn::SpawnArgs) -> CliResult {
+    for result in super::spawn::run(&args)? {
         let line = serde_json::to_string(&result)
             .map_err(|e| anyhow::Error::new(e).context("printing the result"))?;
         print_line(line)?;
