@@ -206,7 +206,8 @@ pub async fn run_with_summary(
     }
     // Commands run as their submitters start through this program's trampoline.
     if config.run_as_submitter {
-        crate::runner::trampoline::check_available().map_err(DaemonError::Setup)?;
+        crate::runner::trampoline::check_available()
+            .map_err(|e| DaemonError::Setup(e.to_string()))?;
     }
     // Owned (its lock held) for as long as the queue lives.
     let queue = open_queue(&config).await?;

@@ -256,16 +256,7 @@ impl Intake {
                 return report;
             }
         };
-        // Forget what is known about files that are gone.
-        {
-            let present: HashSet<&OsStr> = names.iter().map(OsString::as_os_str).collect();
-            let utf8 = |n: &String| present.contains(OsStr::new(n));
-            self.writing.retain(utf8);
-            self.complete_hints.retain(utf8);
-            self.stuck.retain(|n, _| present.contains(n.as_os_str()));
-            self.from_the_future
-                .retain(|n, _| present.contains(n.as_os_str()));
-        }
+        self.forget_gone(&names);
         let now = SystemTime::now();
         let mut taken = 0;
         for (name, meta) in round_robin_by_owner(&inbox, names) {
@@ -321,6 +312,17 @@ impl Intake {
             self.before_first_full_scan = false;
         }
         report
+    }
+
+    /// Forget what is known about files that are gone: the inbox holds only `names`.
+    fn forget_gone(&mut self, names: &[OsString]) {
+        let present: HashSet<&OsStr> = names.iter().map(OsString::as_os_str).collect();
+        let utf8 = |n: &String| present.contains(OsStr::new(n));
+        self.writing.retain(utf8);
+        self.complete_hints.retain(utf8);
+        self.stuck.retain(|n, _| present.contains(n.as_os_str()));
+        self.from_the_future
+            .retain(|n, _| present.contains(n.as_os_str()));
     }
 
     /// Whether a regular file may still be being written, and is to be left for a later scan.

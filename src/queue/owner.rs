@@ -136,7 +136,7 @@ impl Queue {
         let backend = if vouch_for_submitters {
             backend
                 .vouching_for_submitters()
-                .map_err(OpenError::Database)?
+                .map_err(|e| OpenError::Database(e.to_string()))?
         } else {
             backend
         };

@@ -67,26 +67,12 @@ pub(super) async fn run(run: &PhaseRun<'_>) -> Result<PhaseEnd, PhaseError> {
             checkpoints.flush().await?;
             return Ok(PhaseEnd::Interrupted);
         }
-        let iteration_before = format!("iteration {}", count.saturating_sub(1));
-        if let Err(stop) = run.check_budget(cost_known, &iteration_before) {
-            checkpoints.flush().await?;
-            return Err(stop);
-        }
-        let request = request(run, count, &state, &files);
-        if let Err(error) = run.command_may_start().await {
-            checkpoints.flush().await?;
-            return Err(error);
-        }
-        let reply = match run.call(&request, Some(count)).await {
-            Ok(Some(stdout)) => run.parse_reply::<LoopReply>(&stdout, Some(count)),
+        let reply = match next_reply(run, count, &state, &files, cost_known).await {
+            Ok(Some(reply)) => reply,
             Ok(None) => {
                 checkpoints.flush().await?;
                 return Ok(PhaseEnd::Interrupted);
             }
-            Err(error) => Err(error),
-        };
-        let reply = match reply.and_then(|reply| validate_cost(run, count, reply)) {
-            Ok(reply) => reply,
             Err(error) => {
                 // Keep the iterations that did complete, then report the failure.
                 checkpoints.flush().await?;
@@ -94,12 +80,6 @@ pub(super) async fn run(run: &PhaseRun<'_>) -> Result<PhaseEnd, PhaseError> {
             }
         };
         cost_known = reply.cost.is_some();
-        if let Some(cost) = reply.cost {
-            if let Err(error) = run.add_iteration_cost(cost).await {
-                checkpoints.flush().await?;
-                return Err(error);
-            }
-        }
         count += 1;
         state = reply.state;
         files = reply.files;
@@ -116,6 +96,31 @@ pub(super) async fn run(run: &PhaseRun<'_>) -> Result<PhaseEnd, PhaseError> {
             .checkpoint(count, state.clone(), files.clone())
             .await?;
     }
+}
+
+/// Run iteration `count` on `state` and `files`, once the budget (its cost known or not
+/// after the last iteration) and the daemon let a command start: its reply, its cost counted;
+/// `None` when the run was stopped meanwhile.
+async fn next_reply(
+    run: &PhaseRun<'_>,
+    count: u64,
+    state: &Value,
+    files: &Files,
+    cost_known: bool,
+) -> Result<Option<LoopReply>, PhaseError> {
+    let iteration_before = format!("iteration {}", count.saturating_sub(1));
+    run.check_budget(cost_known, &iteration_before)?;
+    let request = request(run, count, state, files);
+    run.command_may_start().await?;
+    let Some(stdout) = run.call(&request, Some(count)).await? else {
+        return Ok(None);
+    };
+    let reply = run.parse_reply::<LoopReply>(&stdout, Some(count))?;
+    let reply = validate_cost(run, count, reply)?;
+    if let Some(cost) = reply.cost {
+        run.add_iteration_cost(cost).await?;
+    }
+    Ok(Some(reply))
 }
 
 /// Iteration `count`'s request; `files` are those the state's checkpoint names.

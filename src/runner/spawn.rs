@@ -341,78 +341,180 @@ fn reap(pid: libc::pid_t, flags: c_int) -> io::Result<Option<ExitStatus>> {
 /// An error names the step that failed (the `exec` failing: the OS error alone, as
 /// `std::process::Command` gives it).
 pub fn start(spec: ProcessSpec<'_>) -> io::Result<CommandProcess> {
-    let Some(program) = spec.argv.first() else {
-        return Err(io::Error::new(io::ErrorKind::InvalidInput, "empty command"));
-    };
-    let argv = c_strings(spec.argv.iter().map(OsStr::new), "an argument")?;
-    let env = PreparedEnv::new(spec.env)?;
-    let candidates = candidates(program, &env)?;
-    let cwd = c_string(spec.cwd.as_os_str(), "the working directory")?;
-    // SAFETY: getpid has no preconditions.
-    let daemon_pid = unsafe { libc::getpid() };
+    let command = PreparedCommand::new(&spec)?;
     // A command run as someone else starts through the trampoline (see `trampoline`): the
     // switch of user happens after this process's part has ended.
     let trampoline = spec
         .run_as
-        .map(|run_as| TrampolineStart::prepare(run_as, &candidates, &argv, &env, &cwd, daemon_pid))
+        .map(|run_as| command.trampoline(run_as))
         .transpose()?;
-
-    // The new process's ends are put into this thread's slots (numbers above 2) for the
-    // clone, so they may be any descriptor here, 0 to 2 included.
-    let (stdin_ours, stdin_theirs): (_, OwnedFd) = match spec.stdin {
-        StdinFrom::Pipe => {
-            let (read, write) = pipe_pair()?;
-            (Some(write), read)
-        }
-        StdinFrom::Null => (None, File::open("/dev/null")?.into()),
-    };
-    let (stdout_ours, stdout_pipe) = match spec.stdout {
-        StdoutTo::Pipe => {
-            let (read, write) = pipe_pair()?;
-            (Some(read), Some(write))
-        }
-        StdoutTo::Log => (None, None),
-    };
+    let stdio = StdioEnds::open(spec.stdin, spec.stdout)?;
     let log = spec.log;
-    let stdout_theirs = stdout_pipe
+    let stdout_theirs = stdio
+        .stdout_pipe
         .as_ref()
         .map_or(log.as_raw_fd(), AsRawFd::as_raw_fd);
+    let Cloned {
+        pid,
+        pidfd,
+        failure,
+    } = clone_in_slots(
+        &command,
+        [
+            stdio.stdin_theirs.as_raw_fd(),
+            stdout_theirs,
+            log.as_raw_fd(),
+        ],
+        spec.cgroup_procs.map(AsRawFd::as_raw_fd),
+        trampoline.as_ref(),
+    )?;
+    drop((stdio.stdin_theirs, stdio.stdout_pipe, log));
+    // The plan and the report's write end are the new process's alone now.
+    let start_report = trampoline.map(TrampolineStart::into_report);
+    if let Some((step, errno)) = failure {
+        // It has exited (that ended the clone's wait); reap it.
+        drop(pidfd);
+        let _ = reap(pid, 0);
+        return Err(failed_step(step, errno));
+    }
+    let mut process = CommandProcess {
+        pid,
+        pidfd: Some(register_pidfd(pid, pidfd)?),
+        status: None,
+        stdin: None,
+        stdout: None,
+        start_report,
+    };
+    // From here a failure drops `process`, which kills and reaps it.
+    process.stdin = stdio
+        .stdin_ours
+        .map(pipe::Sender::from_owned_fd)
+        .transpose()?;
+    process.stdout = stdio
+        .stdout_ours
+        .map(pipe::Receiver::from_owned_fd)
+        .transpose()?;
+    Ok(process)
+}
 
-    let argv_ptrs = null_terminated(&argv);
-    let env_ptrs = env.pointers();
+/// A command's strings as `execve` takes them, made before the clone (which may not
+/// allocate).
+struct PreparedCommand<'a> {
+    argv: Vec<CString>,
+    env: PreparedEnv<'a>,
+    candidates: Vec<CString>,
+    cwd: CString,
+    daemon_pid: libc::pid_t,
+}
+
+impl<'a> PreparedCommand<'a> {
+    fn new(spec: &ProcessSpec<'a>) -> io::Result<PreparedCommand<'a>> {
+        let Some(program) = spec.argv.first() else {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "empty command"));
+        };
+        let argv = c_strings(spec.argv.iter().map(OsStr::new), "an argument")?;
+        let env = PreparedEnv::new(spec.env)?;
+        let candidates = candidates(program, &env)?;
+        let cwd = c_string(spec.cwd.as_os_str(), "the working directory")?;
+        // SAFETY: getpid has no preconditions.
+        let daemon_pid = unsafe { libc::getpid() };
+        Ok(PreparedCommand {
+            argv,
+            env,
+            candidates,
+            cwd,
+            daemon_pid,
+        })
+    }
+
+    /// The trampoline's plan and report pipe, to start this command as `run_as`.
+    fn trampoline(&self, run_as: &SwitchTo) -> io::Result<TrampolineStart> {
+        TrampolineStart::prepare(
+            run_as,
+            &self.candidates,
+            &self.argv,
+            &self.env,
+            &self.cwd,
+            self.daemon_pid,
+        )
+    }
+}
+
+/// The new process's ends of its stdin and stdout, and the daemon's ends of their pipes.
+struct StdioEnds {
+    stdin_ours: Option<OwnedFd>,
+    stdin_theirs: OwnedFd,
+    stdout_ours: Option<OwnedFd>,
+    /// `None`: stdout goes to the log.
+    stdout_pipe: Option<OwnedFd>,
+}
+
+impl StdioEnds {
+    /// The new process's ends are put into this thread's slots (numbers above 2) for the
+    /// clone, so they may be any descriptor here, 0 to 2 included.
+    fn open(stdin: StdinFrom, stdout: StdoutTo) -> io::Result<StdioEnds> {
+        let (stdin_ours, stdin_theirs): (_, OwnedFd) = match stdin {
+            StdinFrom::Pipe => {
+                let (read, write) = pipe_pair()?;
+                (Some(write), read)
+            }
+            StdinFrom::Null => (None, File::open("/dev/null")?.into()),
+        };
+        let (stdout_ours, stdout_pipe) = match stdout {
+            StdoutTo::Pipe => {
+                let (read, write) = pipe_pair()?;
+                (Some(read), Some(write))
+            }
+            StdoutTo::Log => (None, None),
+        };
+        Ok(StdioEnds {
+            stdin_ours,
+            stdin_theirs,
+            stdout_ours,
+            stdout_pipe,
+        })
+    }
+}
+
+/// A new process as the clone left it.
+struct Cloned {
+    pid: libc::pid_t,
+    pidfd: OwnedFd,
+    /// The step that failed in it, and the error number.
+    failure: Option<(Step, i32)>,
+}
+
+/// Place `stdio`, `cgroup_procs` and the trampoline's descriptors in this thread's slots and
+/// clone the new process from them.
+fn clone_in_slots(
+    command: &PreparedCommand<'_>,
+    stdio: [RawFd; 3],
+    cgroup_procs: Option<RawFd>,
+    trampoline: Option<&TrampolineStart>,
+) -> io::Result<Cloned> {
+    let argv_ptrs = null_terminated(&command.argv);
+    let env_ptrs = command.env.pointers();
     let no_env: [*const c_char; 1] = [std::ptr::null()];
-    let (pid, pidfd, failure) = SLOTS.with(|slots| {
+    SLOTS.with(|slots| {
         let mut slots = slots.borrow_mut();
         let slots = match &mut *slots {
             Some(slots) => slots,
             None => slots.insert(Slots::open()?),
         };
-        let placed = slots.place(
-            [stdin_theirs.as_raw_fd(), stdout_theirs, log.as_raw_fd()],
-            spec.cgroup_procs.map(AsRawFd::as_raw_fd),
-            trampoline.as_ref().map(TrampolineStart::fds),
-        )?;
+        let placed = slots.place(stdio, cgroup_procs, trampoline.map(TrampolineStart::fds))?;
         // The trampoline's descriptors go just above the slots, which are closed before the
         // `exec`: nothing else of the daemon's reaches it.
         let targets = [slots.end, slots.end + 1];
-        let trampoline_argv = match (&trampoline, placed.trampoline) {
-            (Some(_), Some(_)) => Some(c_strings(
-                [
-                    super::trampoline::ARGV0.to_string(),
-                    targets[0].to_string(),
-                    targets[1].to_string(),
-                ]
-                .iter(),
-                "an argument",
-            )?),
+        let trampoline_argv = match (trampoline, placed.trampoline) {
+            (Some(_), Some(_)) => Some(trampoline_argv(targets)?),
             _ => None,
         };
         let trampoline_argv_ptrs = trampoline_argv.as_deref().map(null_terminated);
         let plan = Plan {
-            candidates: &candidates,
+            candidates: &command.candidates,
             argv: argv_ptrs.as_ptr(),
             envp: env_ptrs.as_ptr(),
-            cwd: &cwd,
+            cwd: &command.cwd,
             stdio: placed.stdio,
             cgroup_procs: placed.cgroup_procs,
             first_not_kept: slots.end,
@@ -425,51 +527,54 @@ pub fn start(spec: ProcessSpec<'_>) -> io::Result<CommandProcess> {
                     envp: no_env.as_ptr(),
                 },
             ),
-            daemon_pid,
+            daemon_pid: command.daemon_pid,
             file_limit: super::fd_limit::for_commands(),
             failure: Cell::new(None),
         };
         let (pid, pidfd) = clone_and_exec(&plan)?;
-        io::Result::Ok((pid, pidfd, plan.failure.get()))
-    })?;
-    drop((stdin_theirs, stdout_pipe, log));
-    // The plan and the report's write end are the new process's alone now.
-    let start_report = trampoline.map(TrampolineStart::into_report);
-    if let Some((step, errno)) = failure {
-        // It has exited (that ended the clone's wait); reap it.
-        drop(pidfd);
-        let _ = reap(pid, 0);
-        let error = io::Error::from_raw_os_error(errno);
-        return Err(match step {
-            Step::Exec => error,
-            step => io::Error::new(error.kind(), format!("{}: {error}", step.describe())),
-        });
+        io::Result::Ok(Cloned {
+            pid,
+            pidfd,
+            failure: plan.failure.get(),
+        })
+    })
+}
+
+/// The trampoline's `argv`: its name and the numbers of its plan and report descriptors.
+fn trampoline_argv(targets: [RawFd; 2]) -> io::Result<Vec<CString>> {
+    c_strings(
+        [
+            super::trampoline::ARGV0.to_string(),
+            targets[0].to_string(),
+            targets[1].to_string(),
+        ]
+        .iter(),
+        "an argument",
+    )
+}
+
+/// The error of a start whose `step` failed with `errno` in the new process.
+fn failed_step(step: Step, errno: i32) -> io::Error {
+    let error = io::Error::from_raw_os_error(errno);
+    match step {
+        Step::Exec => error,
+        step => io::Error::new(error.kind(), format!("{}: {error}", step.describe())),
     }
+}
+
+/// The pidfd of the started process `pid`, registered with the runtime; the process is killed
+/// and reaped when that fails.
+fn register_pidfd(pid: libc::pid_t, pidfd: OwnedFd) -> io::Result<AsyncFd<OwnedFd>> {
     // SAFETY: the pidfd is an open descriptor owned by the `OwnedFd` handed over, which keeps
     // it open and unchanged for as long as the `AsyncFd` holds it.
     let registered =
         unsafe { AsyncFd::register_with_interest(pidfd, tokio::io::Interest::READABLE) };
-    let pidfd = match registered {
-        Ok(pidfd) => pidfd,
-        Err(e) => {
-            // SAFETY: kill with integers; the process is ours and not reaped.
-            unsafe { libc::kill(pid, libc::SIGKILL) };
-            let _ = reap(pid, 0);
-            return Err(e.into());
-        }
-    };
-    let mut process = CommandProcess {
-        pid,
-        pidfd: Some(pidfd),
-        status: None,
-        stdin: None,
-        stdout: None,
-        start_report,
-    };
-    // From here a failure drops `process`, which kills and reaps it.
-    process.stdin = stdin_ours.map(pipe::Sender::from_owned_fd).transpose()?;
-    process.stdout = stdout_ours.map(pipe::Receiver::from_owned_fd).transpose()?;
-    Ok(process)
+    registered.map_err(|e| {
+        // SAFETY: kill with integers; the process is ours and not reaped.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+        let _ = reap(pid, 0);
+        e.into()
+    })
 }
 
 /// What a start through the trampoline needs besides the rest: its plan in a memory file, and

@@ -358,48 +358,75 @@ fn controller_line(controllers: &[&str]) -> String {
 /// Enable `wanted` in `own`'s `cgroup.subtree_control` (the daemon's cgroup), moving this
 /// process into the leaf `own/cairn-daemon` first if it is alone in `own`; the error says why
 /// it cannot be done.
-fn enable_controllers(own: &Path, wanted: &[&str]) -> Result<(), String> {
-    let available = std::fs::read_to_string(own.join("cgroup.controllers"))
-        .map_err(|e| format!("reading {}/cgroup.controllers: {e}", own.display()))?;
+fn enable_controllers(own: &Path, wanted: &[&str]) -> Result<(), ControllersUnavailable> {
+    use ControllersUnavailable as Why;
+    let available = std::fs::read_to_string(own.join("cgroup.controllers")).map_err(|source| {
+        Why::ReadControllers {
+            own: own.to_owned(),
+            source,
+        }
+    })?;
     let missing: Vec<&str> = wanted
         .iter()
         .copied()
         .filter(|c| !available.split_whitespace().any(|a| a == *c))
         .collect();
     if !missing.is_empty() {
-        return Err(format!(
-            "the daemon's cgroup {} offers no {} controller",
-            own.display(),
-            missing.join(" or ")
-        ));
+        return Err(Why::Missing {
+            own: own.to_owned(),
+            missing: missing.join(" or "),
+        });
     }
     let control = own.join("cgroup.subtree_control");
     let line = controller_line(wanted);
+    let enable_error = |source| Why::Enable {
+        control: control.clone(),
+        source,
+    };
     match std::fs::write(&control, &line) {
         Ok(()) => return Ok(()),
         Err(e) if e.raw_os_error() == Some(nix::libc::EBUSY) => {}
-        Err(e) => return Err(format!("enabling them in {}: {e}", control.display())),
+        Err(e) => return Err(enable_error(e)),
     }
     // A cgroup that holds processes may not hand controllers down: leave it, if this daemon
     // is all it holds.
     let procs = std::fs::read_to_string(own.join("cgroup.procs")).unwrap_or_default();
     let me = std::process::id().to_string();
     if procs.lines().any(|pid| pid.trim() != me) {
-        return Err(format!(
-            "the daemon's cgroup {} holds other processes, so it cannot hand controllers down",
-            own.display()
-        ));
+        return Err(Why::OtherProcesses {
+            own: own.to_owned(),
+        });
     }
     let leaf = own.join("cairn-daemon");
     match std::fs::create_dir(&leaf) {
         Ok(()) => {}
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-        Err(e) => return Err(format!("creating {}: {e}", leaf.display())),
+        Err(source) => return Err(Why::CreateLeaf { leaf, source }),
     }
     std::fs::write(leaf.join("cgroup.procs"), "0")
-        .map_err(|e| format!("moving the daemon into {}: {e}", leaf.display()))?;
-    std::fs::write(&control, &line)
-        .map_err(|e| format!("enabling them in {}: {e}", control.display()))
+        .map_err(|source| Why::MoveDaemon { leaf, source })?;
+    std::fs::write(&control, &line).map_err(enable_error)
+}
+
+/// Why tasks' cgroups cannot be bounded: the controllers they need cannot be handed down from
+/// the daemon's cgroup `own`.
+#[derive(Debug, thiserror::Error)]
+enum ControllersUnavailable {
+    #[error("reading {}/cgroup.controllers: {source}", own.display())]
+    ReadControllers { own: PathBuf, source: io::Error },
+    #[error("the daemon's cgroup {} offers no {missing} controller", own.display())]
+    Missing { own: PathBuf, missing: String },
+    #[error("enabling them in {}: {source}", control.display())]
+    Enable { control: PathBuf, source: io::Error },
+    #[error(
+        "the daemon's cgroup {} holds other processes, so it cannot hand controllers down",
+        own.display()
+    )]
+    OtherProcesses { own: PathBuf },
+    #[error("creating {}: {source}", leaf.display())]
+    CreateLeaf { leaf: PathBuf, source: io::Error },
+    #[error("moving the daemon into {}: {source}", leaf.display())]
+    MoveDaemon { leaf: PathBuf, source: io::Error },
 }
 
 /// This process's cgroup v2 directory, if it has one and the unified hierarchy is mounted.

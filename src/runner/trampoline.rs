@@ -84,20 +84,15 @@ impl StartPlan {
         out
     }
 
-    pub fn decode(bytes: &[u8]) -> Result<StartPlan, String> {
+    /// The plan [`encode`](Self::encode) wrote; anything else is refused.
+    pub fn decode(bytes: &[u8]) -> Result<StartPlan, PlanError> {
         let mut fields = bytes
             .strip_suffix(b"\0")
-            .ok_or("not NUL-terminated")?
+            .ok_or(PlanError::NotNulTerminated)?
             .split(|b| *b == 0);
-        let mut next = || fields.next().ok_or_else(|| "too short".to_string());
+        let mut next = || fields.next().ok_or(PlanError::TooShort);
         if next()? != VERSION {
-            return Err("not a start plan of this cairn".into());
-        }
-        fn number<T: std::str::FromStr>(bytes: &[u8]) -> Result<T, String> {
-            std::str::from_utf8(bytes)
-                .ok()
-                .and_then(|text| text.parse().ok())
-                .ok_or_else(|| format!("{:?} is not a number", String::from_utf8_lossy(bytes)))
+            return Err(PlanError::OtherVersion);
         }
         let uid = number(next()?)?;
         let gid = number(next()?)?;
@@ -106,9 +101,9 @@ impl StartPlan {
         let groups = (0..group_count)
             .map(|_| number(next()?))
             .collect::<Result<_, _>>()?;
-        let c_string = |bytes: &[u8]| CString::new(bytes).map_err(|e| e.to_string());
+        let c_string = |bytes: &[u8]| CString::new(bytes).map_err(PlanError::from);
         let cwd = c_string(next()?)?;
-        let mut list = || -> Result<Vec<CString>, String> {
+        let mut list = || -> Result<Vec<CString>, PlanError> {
             let count: usize = number(next()?)?;
             (0..count).map(|_| c_string(next()?)).collect()
         };
@@ -116,7 +111,7 @@ impl StartPlan {
         let argv = list()?;
         let env = list()?;
         if argv.is_empty() || candidates.is_empty() {
-            return Err("no command".into());
+            return Err(PlanError::NoCommand);
         }
         Ok(StartPlan {
             uid,
@@ -129,6 +124,33 @@ impl StartPlan {
             daemon_pid,
         })
     }
+}
+
+/// Field `bytes` of a start plan as a number.
+fn number<T: std::str::FromStr>(bytes: &[u8]) -> Result<T, PlanError> {
+    std::str::from_utf8(bytes)
+        .ok()
+        .and_then(|text| text.parse().ok())
+        .ok_or_else(|| PlanError::NotANumber(String::from_utf8_lossy(bytes).into_owned()))
+}
+
+/// Why the trampoline could not read its start plan: it reports that and runs nothing.
+#[derive(Debug, thiserror::Error)]
+pub enum PlanError {
+    #[error(transparent)]
+    Read(#[from] std::io::Error),
+    #[error("not NUL-terminated")]
+    NotNulTerminated,
+    #[error("too short")]
+    TooShort,
+    #[error("not a start plan of this cairn")]
+    OtherVersion,
+    #[error("{0:?} is not a number")]
+    NotANumber(String),
+    #[error(transparent)]
+    Nul(#[from] std::ffi::NulError),
+    #[error("no command")]
+    NoCommand,
 }
 
 /// Be the trampoline if this process was started as one (`argv[0]` is [`ARGV0`]), and never
@@ -164,7 +186,7 @@ pub fn main_if_asked() {
 fn run(plan_fd: RawFd, report_fd: RawFd) -> ! {
     // SAFETY: both descriptors were placed there for this process by the daemon (checked
     // distinct and above 2 by the caller); they are owned here from now on.
-    let (mut plan_file, mut report) = unsafe {
+    let (plan_file, mut report) = unsafe {
         (
             std::fs::File::from_raw_fd(plan_fd),
             std::fs::File::from_raw_fd(report_fd),
@@ -173,13 +195,7 @@ fn run(plan_fd: RawFd, report_fd: RawFd) -> ! {
     // The report pipe must not reach the command.
     // SAFETY: fcntl on a descriptor this process owns.
     unsafe { libc::fcntl(report_fd, libc::F_SETFD, libc::FD_CLOEXEC) };
-    let mut bytes = Vec::new();
-    let read = plan_file.read_to_end(&mut bytes);
-    drop(plan_file);
-    let plan = match read
-        .map_err(|e| e.to_string())
-        .and_then(|_| StartPlan::decode(&bytes))
-    {
+    let plan = match read_plan(plan_file) {
         Ok(plan) => plan,
         Err(e) => fail(
             &mut report,
@@ -217,6 +233,14 @@ fn run(plan_fd: RawFd, report_fd: RawFd) -> ! {
     let envp = null_terminated(&plan.env);
     let errno = exec_first(&plan.candidates, &argv, &envp);
     fail(&mut report, errno, "")
+}
+
+/// The plan the daemon wrote to `plan_file`, which is closed once read.
+fn read_plan(mut plan_file: std::fs::File) -> Result<StartPlan, PlanError> {
+    let mut bytes = Vec::new();
+    plan_file.read_to_end(&mut bytes)?;
+    drop(plan_file);
+    StartPlan::decode(&bytes)
 }
 
 /// `execve` each candidate in turn, as `execvp` searches (see `spawn::exec`); returns the
@@ -277,7 +301,7 @@ pub(crate) fn binary() -> &'static CStr {
 /// Check that this process's binary serves as the trampoline (`cairn` does; a program that
 /// embeds the library must call [`main_if_asked`] first thing): a command run as its submitter
 /// could not start otherwise.
-pub fn check_available() -> Result<(), String> {
+pub fn check_available() -> Result<(), TrampolineUnavailable> {
     use std::os::unix::process::CommandExt;
     let output = std::process::Command::new("/proc/self/exe")
         .arg0(ARGV0)
@@ -286,19 +310,32 @@ pub fn check_available() -> Result<(), String> {
         .stdin(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .output()
-        .map_err(|e| format!("cannot start this program as the trampoline: {e}"))?;
+        .map_err(TrampolineUnavailable::Start)?;
     let reply = String::from_utf8_lossy(&output.stdout);
     if output.status.success() && reply.trim() == PROBE_REPLY {
         Ok(())
     } else {
-        Err(format!(
-            "this program does not serve as cairn's trampoline (a program embedding the \
-             library must call cairn::runner::trampoline::main_if_asked() first in main); \
-             it replied {:?} and {}",
-            reply.trim(),
-            output.status
-        ))
+        Err(TrampolineUnavailable::NotServing {
+            reply: reply.trim().to_owned(),
+            status: output.status,
+        })
     }
+}
+
+/// Why this program's binary cannot serve as the trampoline ([`check_available`]).
+#[derive(Debug, thiserror::Error)]
+pub enum TrampolineUnavailable {
+    #[error("cannot start this program as the trampoline: {0}")]
+    Start(#[source] std::io::Error),
+    #[error(
+        "this program does not serve as cairn's trampoline (a program embedding the \
+         library must call cairn::runner::trampoline::main_if_asked() first in main); \
+         it replied {reply:?} and {status}"
+    )]
+    NotServing {
+        reply: String,
+        status: std::process::ExitStatus,
+    },
 }
 
 #[cfg(test)]
@@ -317,10 +354,14 @@ mod tests {
             env: vec![c"A=b=c".into(), c"EMPTY=".into()],
             daemon_pid: 42,
         };
-        assert_eq!(StartPlan::decode(&plan.encode()), Ok(plan.clone()));
+        assert_eq!(StartPlan::decode(&plan.encode()).ok(), Some(plan.clone()));
         let encoded = plan.encode();
         assert!(StartPlan::decode(&encoded[..encoded.len() - 3]).is_err());
-        assert!(StartPlan::decode(b"other\0").is_err());
+        let other = StartPlan::decode(b"other\0").map(|_| ());
+        assert_eq!(
+            other.map_err(|e| e.to_string()),
+            Err("not a start plan of this cairn".to_string())
+        );
         assert_eq!(parse_report(b"2\0"), Some((2, None)));
         assert_eq!(
             parse_report(b"13\0cannot enter its working directory"),

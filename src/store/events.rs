@@ -238,6 +238,13 @@ mod tests {
 
     /// The events of an attempt as it runs, is stopped or crashes.
     fn attempt_events() -> Vec<Event> {
+        let mut events = running_events();
+        events.extend(stopped_and_crashed_events());
+        events
+    }
+
+    /// The events of an attempt that runs its phases and fails.
+    fn running_events() -> Vec<Event> {
         let phase = || "p".to_string();
         let error = || "boom".to_string();
         vec![
@@ -274,6 +281,13 @@ mod tests {
                 error: error(),
                 counts: true,
             },
+        ]
+    }
+
+    /// The events of an attempt that is stopped, paused, resumed or crashes.
+    fn stopped_and_crashed_events() -> Vec<Event> {
+        let phase = || "p".to_string();
+        vec![
             Event::StopRequested {
                 by: "daemon shutdown".into(),
                 stops: "at once".into(),

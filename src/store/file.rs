@@ -469,15 +469,7 @@ impl FileStorage {
             ));
         };
         let target_name = target_name.to_string_lossy();
-        self.ensure_dir(parent)?;
-        self.adopt_dir(parent)?;
-        if self.log_for(parent).is_none() {
-            self.settle_leftover_log(parent)?;
-        }
-        if let Some(keep_dir) = keep.as_deref().and_then(Path::parent) {
-            self.ensure_dir(keep_dir)?;
-            self.adopt_dir(keep_dir)?;
-        }
+        self.prepare_dirs(parent, keep.as_deref())?;
 
         // Retiring the target or the kept copy would destroy what this write keeps.
         let retire_key = retire;
@@ -485,77 +477,22 @@ impl FileStorage {
             .map(|k| self.path_of(k))
             .transpose()?
             .filter(|r| *r != target && Some(r.as_path()) != keep.as_deref());
-        // The retired file becomes the temp file when it lives beside the target (the rename
-        // into place must stay within one directory).
-        let reused = match retire.as_deref().filter(|r| r.parent() == Some(parent)) {
-            Some(retire) => match self.ops.reuse_as_temp(retire, parent, &target_name) {
-                Ok(reused) => reused,
-                Err(err) => {
-                    // Reuse is only a saving: a retired file that cannot be opened or renamed
-                    // (read-only, say) is removed after the write, as if never reused.
-                    tracing::debug!(path = %retire.display(), error = %err, "not reusing a retired file");
-                    None
-                }
-            },
-            None => None,
-        };
-        let mut temp = match reused {
-            Some(temp) => temp,
-            None => self.create_temp_in(parent, &target_name)?,
-        };
+        let mut temp = self.temp_for(parent, &target_name, retire.as_deref())?;
         let mut renamed = false;
-        let result = match self.log_for(parent) {
-            Some(log) => {
-                let record = Record::Put {
-                    key,
-                    keep: keep_previous_as,
-                    retire: retire.as_ref().and(retire_key),
-                    bytes,
-                };
-                match self.write_and_log(
-                    log,
-                    &record,
-                    &mut temp,
-                    &target,
-                    keep.as_deref(),
-                    &mut renamed,
-                ) {
-                    Err(err) if !renamed && is_out_of_space(&err) => {
-                        // The log holds a copy of every save since its last checkpoint: on a
-                        // disk with room for the files but not for that, checkpoint the log
-                        // (which frees its room) and commit this save by the atomic replace,
-                        // from the same temp file, needing no more room than that path does.
-                        tracing::info!(
-                            key,
-                            error = %err,
-                            "no room to save a checkpoint through the commit log: \
-                             checkpointing the log and saving by the atomic replace"
-                        );
-                        log.checkpoint()
-                            .and_then(|()| io::Seek::rewind(&mut temp.file))
-                            .and_then(|()| {
-                                self.write_and_commit(
-                                    &mut temp,
-                                    bytes,
-                                    &target,
-                                    parent,
-                                    keep.as_deref(),
-                                    &mut renamed,
-                                )
-                            })
-                    }
-                    other => other,
-                }
-            }
-            None => self.write_and_commit(
-                &mut temp,
-                bytes,
-                &target,
-                parent,
-                keep.as_deref(),
-                &mut renamed,
-            ),
+        let record = Record::Put {
+            key,
+            keep: keep_previous_as,
+            retire: retire.as_ref().and(retire_key),
+            bytes,
         };
+        let result = self.commit_put(
+            &record,
+            &mut temp,
+            &target,
+            parent,
+            keep.as_deref(),
+            &mut renamed,
+        );
         if result.is_err() && !renamed {
             // Best effort: the original error is what the caller needs to see. A temp file that
             // stays behind is removed by `remove_temp_files` at the next start.
@@ -569,6 +506,86 @@ impl FileStorage {
             log.checkpoint_if_full();
         }
         Ok(())
+    }
+
+    /// The directories a put writes in, made and adopted first: the target's `parent` (its
+    /// commit log settled if this store does not log there) and the kept copy's.
+    fn prepare_dirs(&self, parent: &Path, keep: Option<&Path>) -> io::Result<()> {
+        self.ensure_dir(parent)?;
+        self.adopt_dir(parent)?;
+        if self.log_for(parent).is_none() {
+            self.settle_leftover_log(parent)?;
+        }
+        if let Some(keep_dir) = keep.and_then(Path::parent) {
+            self.ensure_dir(keep_dir)?;
+            self.adopt_dir(keep_dir)?;
+        }
+        Ok(())
+    }
+
+    /// The temp file of a put in `parent`: the retired file when it lives beside the target
+    /// (the rename into place must stay within one directory), else a new one.
+    fn temp_for(
+        &self,
+        parent: &Path,
+        target_name: &str,
+        retire: Option<&Path>,
+    ) -> io::Result<TempFile> {
+        let reused = match retire.filter(|r| r.parent() == Some(parent)) {
+            Some(retire) => match self.ops.reuse_as_temp(retire, parent, target_name) {
+                Ok(reused) => reused,
+                Err(err) => {
+                    // Reuse is only a saving: a retired file that cannot be opened or renamed
+                    // (read-only, say) is removed after the write, as if never reused.
+                    tracing::debug!(path = %retire.display(), error = %err, "not reusing a retired file");
+                    None
+                }
+            },
+            None => None,
+        };
+        match reused {
+            Some(temp) => Ok(temp),
+            None => self.create_temp_in(parent, target_name),
+        }
+    }
+
+    /// Commit the put `record` from `temp`: through the commit log when `parent`, the target's
+    /// directory, has one, by the atomic replace otherwise.
+    fn commit_put(
+        &self,
+        record: &Record<'_>,
+        temp: &mut TempFile,
+        target: &Path,
+        parent: &Path,
+        keep: Option<&Path>,
+        renamed: &mut bool,
+    ) -> io::Result<()> {
+        let Record::Put { key, bytes, .. } = *record else {
+            return Err(io::Error::other("a put is committed as a put"));
+        };
+        let Some(log) = self.log_for(parent) else {
+            return self.write_and_commit(temp, bytes, target, parent, keep, renamed);
+        };
+        match self.write_and_log(log, record, temp, target, keep, renamed) {
+            Err(err) if !*renamed && is_out_of_space(&err) => {
+                // The log holds a copy of every save since its last checkpoint: on a disk with
+                // room for the files but not for that, checkpoint the log (which frees its
+                // room) and commit this save by the atomic replace, from the same temp file,
+                // needing no more room than that path does.
+                tracing::info!(
+                    key,
+                    error = %err,
+                    "no room to save a checkpoint through the commit log: \
+                     checkpointing the log and saving by the atomic replace"
+                );
+                log.checkpoint()
+                    .and_then(|()| io::Seek::rewind(&mut temp.file))
+                    .and_then(|()| {
+                        self.write_and_commit(temp, bytes, target, parent, keep, renamed)
+                    })
+            }
+            other => other,
+        }
     }
 
     /// The steps of a put through the commit log after the temp file exists: write it, log

@@ -514,7 +514,7 @@ impl PgBackend {
     /// Take each task's submitter from who the database vouches inserted it (see the `roles`
     /// module), as running tasks as their submitters needs; refused, with what to set up, when
     /// the database's roles do not vouch for them.
-    pub fn vouching_for_submitters(mut self) -> Result<PgBackend, String> {
+    pub fn vouching_for_submitters(mut self) -> Result<PgBackend, super::NoVouching> {
         self.run(self.db.check_vouching())?;
         self.vouching = true;
         Ok(self)

@@ -233,25 +233,7 @@ impl PgQueue {
         idle: bool,
     ) -> Result<Vec<ClaimedTask>, PgError> {
         let client = self.client().await?;
-        // Each statement prepared once per connection: one round trip each, which counts on
-        // a slow link (see docs/cluster.md, "Latency").
-        let judge = client
-            .prepare_cached(JUDGE_EXPIRED)
-            .await
-            .during("judging expired leases")?;
-        client
-            .execute(&judge, &[])
-            .await
-            .during("judging expired leases")?;
-        let waiting = client
-            .prepare_cached(SUSPECT_WAITING)
-            .await
-            .during("looking for crash suspects")?;
-        let suspects_wait: bool = client
-            .query_one(&waiting, &[])
-            .await
-            .during("looking for crash suspects")?
-            .get(0);
+        let suspects_wait = judge_expired_then_look_for_suspects(&client).await?;
         let (statement, max) = match (suspects_wait, idle) {
             (false, _) => (CLAIM, i64::from(max)),
             (true, true) => (CLAIM_SUSPECT, 1),
@@ -290,28 +272,7 @@ impl PgQueue {
             .collect();
         Ok(rows
             .iter()
-            .map(|row| ClaimedTask {
-                lease: Lease {
-                    task_id: row.get(0),
-                    node: node.to_owned(),
-                    epoch: row.get(1),
-                    expires_at: row.get(2),
-                    last_generation: generations
-                        .get(&row.get::<_, String>(0))
-                        .copied()
-                        .unwrap_or(0),
-                },
-                definition: row.get(3),
-                taken_over: row.get(4),
-                previous: row
-                    .get::<_, Option<String>>(9)
-                    .map(|node| (node, row.get::<_, i64>(10))),
-                crash_count: row.get(5),
-                crash_limit: row.get(6),
-                on_trial: row.get(7),
-                phase_state: row.get(8),
-                sent_at,
-            })
+            .map(|row| claimed_task(row, node, &generations, sent_at))
             .collect())
     }
 
@@ -363,5 +324,62 @@ impl PgQueue {
         }
         tx.commit().await.during("committing the release")?;
         Ok(released)
+    }
+}
+
+/// Judge the leases that expired, then say whether crash suspects wait for their trial. Each
+/// statement is prepared once per connection: one round trip each, which counts on a slow
+/// link (see docs/cluster.md, "Latency").
+async fn judge_expired_then_look_for_suspects(
+    client: &deadpool_postgres::Object,
+) -> Result<bool, PgError> {
+    let judge = client
+        .prepare_cached(JUDGE_EXPIRED)
+        .await
+        .during("judging expired leases")?;
+    client
+        .execute(&judge, &[])
+        .await
+        .during("judging expired leases")?;
+    let waiting = client
+        .prepare_cached(SUSPECT_WAITING)
+        .await
+        .during("looking for crash suspects")?;
+    Ok(client
+        .query_one(&waiting, &[])
+        .await
+        .during("looking for crash suspects")?
+        .get(0))
+}
+
+/// A task claimed for `node`, from its row of the claim and the newest checkpoint
+/// `generations` of the node's tasks.
+fn claimed_task(
+    row: &tokio_postgres::Row,
+    node: &str,
+    generations: &HashMap<String, i64>,
+    sent_at: std::time::Instant,
+) -> ClaimedTask {
+    ClaimedTask {
+        lease: Lease {
+            task_id: row.get(0),
+            node: node.to_owned(),
+            epoch: row.get(1),
+            expires_at: row.get(2),
+            last_generation: generations
+                .get(&row.get::<_, String>(0))
+                .copied()
+                .unwrap_or(0),
+        },
+        definition: row.get(3),
+        taken_over: row.get(4),
+        previous: row
+            .get::<_, Option<String>>(9)
+            .map(|node| (node, row.get::<_, i64>(10))),
+        crash_count: row.get(5),
+        crash_limit: row.get(6),
+        on_trial: row.get(7),
+        phase_state: row.get(8),
+        sent_at,
     }
 }

@@ -61,6 +61,6 @@ pub use progress::TaskTimes;
 pub use prune::{DbPrune, PruneRules, PrunedGeneration, PrunedTask, PRUNE_BATCH};
 pub use read::{decode_newest, LeasedEvent, PgReader, ReadError, NODE_SEEN_WITHIN};
 pub use redact::redacted_url;
-pub use roles::{RegisteredRole, RoleKind, Vouched};
+pub use roles::{NoVouching, RegisteredRole, RoleKind, Vouched};
 pub use schema::{Migrated, SCHEMA_VERSION};
 pub use submit::{NewTask, Submitted};

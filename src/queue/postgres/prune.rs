@@ -138,76 +138,18 @@ impl PgQueue {
     /// requests past the retention (and [`PRUNE_GRACE`]); see the module's notes.
     pub async fn prune(&self, rules: &PruneRules) -> Result<DbPrune, PgError> {
         let mut client = self.client().await?;
-        let retention = rules.older_than.as_secs_f64();
-        let batch = rules.batch.max(1);
-        let mut pruned = DbPrune::default();
-        let mut after = String::new();
-        loop {
-            let tx = client
-                .transaction()
-                .await
-                .during("starting a prune batch")?;
-            let batch: Vec<PrunedTask> = tx
-                .query(FINISHED_PAST_RETENTION, &[&retention, &after, &batch])
-                .await
-                .during("finding the finished tasks to prune")?
-                .iter()
-                .map(|row| PrunedTask {
-                    id: row.get(0),
-                    status: row.get(1),
-                    finished_at: row.get(2),
-                    checkpoints: count(row.get(3)),
-                    outputs: count(row.get(4)),
-                    events: count(row.get(5)),
-                    old_records: count(row.get(6)),
-                })
-                .collect();
-            let Some(last) = batch.last() else {
-                tx.rollback().await.during("ending the prune batch")?;
-                break;
-            };
-            after = last.id.clone();
-            let ids: Vec<&str> = batch.iter().map(|t| t.id.as_str()).collect();
-            tx.execute("DELETE FROM cairn_tasks WHERE id = ANY($1)", &[&ids])
-                .await
-                .during("removing the finished tasks")?;
-            end(tx, rules.dry_run).await?;
-            pruned.tasks.extend(batch);
-        }
+        let mut pruned = DbPrune {
+            tasks: prune_finished_tasks(&mut client, rules).await?,
+            ..DbPrune::default()
+        };
         if let Some(keep) = rules.keep_generations {
             let keep = i64::try_from(keep).unwrap_or(i64::MAX);
             let gone: Vec<&str> = pruned.tasks.iter().map(|t| t.id.as_str()).collect();
-            let mut after = String::new();
-            loop {
-                let tx = client.transaction().await.during("starting a trim batch")?;
-                let ids: Vec<String> = tx
-                    .query(FINISHED_STAYING, &[&after, &batch, &gone])
-                    .await
-                    .during("finding the finished tasks that stay")?
-                    .iter()
-                    .map(|row| row.get(0))
-                    .collect();
-                let Some(last) = ids.last() else {
-                    tx.rollback().await.during("ending the trim batch")?;
-                    break;
-                };
-                after = last.clone();
-                for row in tx
-                    .query(TRIM_GENERATIONS, &[&keep, &ids])
-                    .await
-                    .during("trimming checkpoint generations")?
-                {
-                    pruned.generations.push(PrunedGeneration {
-                        task_id: row.get(0),
-                        generation: count(row.get(1)),
-                    });
-                }
-                end(tx, rules.dry_run).await?;
-            }
-            pruned
-                .generations
-                .sort_by(|a, b| (&a.task_id, a.generation).cmp(&(&b.task_id, b.generation)));
+            let mut generations = trim_generations(&mut client, rules, keep, &gone).await?;
+            generations.sort_by(|a, b| (&a.task_id, a.generation).cmp(&(&b.task_id, b.generation)));
+            pruned.generations = generations;
         }
+        let retention = rules.older_than.as_secs_f64();
         let control_retention = retention.max(PRUNE_GRACE.as_secs_f64());
         let tx = client.transaction().await.during("starting the prune")?;
         pruned.control_requests = tx
@@ -216,6 +158,88 @@ impl PgQueue {
             .during("removing old control requests")?;
         end(tx, rules.dry_run).await?;
         Ok(pruned)
+    }
+}
+
+/// Remove the finished tasks past `rules.older_than`, a batch a transaction, by id.
+async fn prune_finished_tasks(
+    client: &mut deadpool_postgres::Object,
+    rules: &PruneRules,
+) -> Result<Vec<PrunedTask>, PgError> {
+    let retention = rules.older_than.as_secs_f64();
+    let batch = rules.batch.max(1);
+    let mut pruned = Vec::new();
+    let mut after = String::new();
+    loop {
+        let tx = client
+            .transaction()
+            .await
+            .during("starting a prune batch")?;
+        let batch: Vec<PrunedTask> = tx
+            .query(FINISHED_PAST_RETENTION, &[&retention, &after, &batch])
+            .await
+            .during("finding the finished tasks to prune")?
+            .iter()
+            .map(|row| PrunedTask {
+                id: row.get(0),
+                status: row.get(1),
+                finished_at: row.get(2),
+                checkpoints: count(row.get(3)),
+                outputs: count(row.get(4)),
+                events: count(row.get(5)),
+                old_records: count(row.get(6)),
+            })
+            .collect();
+        let Some(last) = batch.last() else {
+            tx.rollback().await.during("ending the prune batch")?;
+            return Ok(pruned);
+        };
+        after = last.id.clone();
+        let ids: Vec<&str> = batch.iter().map(|t| t.id.as_str()).collect();
+        tx.execute("DELETE FROM cairn_tasks WHERE id = ANY($1)", &[&ids])
+            .await
+            .during("removing the finished tasks")?;
+        end(tx, rules.dry_run).await?;
+        pruned.extend(batch);
+    }
+}
+
+/// Trim the older checkpoint generations of the finished tasks that stay (not in `gone`) to
+/// the newest `keep` besides the latest, a batch a transaction.
+async fn trim_generations(
+    client: &mut deadpool_postgres::Object,
+    rules: &PruneRules,
+    keep: i64,
+    gone: &[&str],
+) -> Result<Vec<PrunedGeneration>, PgError> {
+    let batch = rules.batch.max(1);
+    let mut trimmed = Vec::new();
+    let mut after = String::new();
+    loop {
+        let tx = client.transaction().await.during("starting a trim batch")?;
+        let ids: Vec<String> = tx
+            .query(FINISHED_STAYING, &[&after, &batch, &gone])
+            .await
+            .during("finding the finished tasks that stay")?
+            .iter()
+            .map(|row| row.get(0))
+            .collect();
+        let Some(last) = ids.last() else {
+            tx.rollback().await.during("ending the trim batch")?;
+            return Ok(trimmed);
+        };
+        after = last.clone();
+        for row in tx
+            .query(TRIM_GENERATIONS, &[&keep, &ids])
+            .await
+            .during("trimming checkpoint generations")?
+        {
+            trimmed.push(PrunedGeneration {
+                task_id: row.get(0),
+                generation: count(row.get(1)),
+            });
+        }
+        end(tx, rules.dry_run).await?;
     }
 }
 

@@ -211,80 +211,29 @@ impl PgQueue {
 
     /// Whether this database vouches for who submits tasks, as running them as their
     /// submitters needs; the error says what is missing and what to run.
-    pub async fn check_vouching(&self) -> Result<(), String> {
-        let client = self.client().await.map_err(|e| e.to_string())?;
-        let fail = |e: tokio_postgres::Error| format!("checking the database's roles: {e}");
+    pub async fn check_vouching(&self) -> Result<(), NoVouching> {
+        let client = self.client().await?;
         let me: String = client
             .query_one("SELECT session_user::text", &[])
-            .await
-            .map_err(fail)?
+            .await?
             .get(0);
-        let how = "register this daemon's role with `cairn db grant daemon ROLE` and each \
-                   submitter's with `cairn db grant submitter ROLE --user LOCAL_USER`, run with \
-                   the URL of the role that owns cairn's tables (docs/security.md, \"PostgreSQL \
-                   roles\")";
         let registered = client
             .query_opt(
                 "SELECT 1 FROM cairn_roles WHERE role = $1 AND kind = 'daemon'",
                 &[&me],
             )
-            .await
-            .map_err(fail)?
+            .await?
             .is_some();
         if !registered {
-            return Err(format!(
-                "--run-as-submitter with --db needs the database to vouch for who submitted each \
-                 task, and it does not: this daemon's role {me:?} is not registered as a daemon \
-                 in cairn_roles; {how}"
-            ));
+            return Err(NoVouching::UnregisteredDaemon { role: me });
         }
-        let unguarded: Vec<String> = client
-            .query(
-                "SELECT c.relname::text FROM pg_class c
-                 WHERE c.oid = ANY(ARRAY(SELECT to_regclass(t) FROM unnest($1::text[]) t))
-                   AND NOT c.relrowsecurity ORDER BY 1",
-                &[&GUARDED.as_slice()],
-            )
-            .await
-            .map_err(fail)?
-            .iter()
-            .map(|row| row.get(0))
-            .collect();
+        let unguarded = unguarded_tables(&client).await?;
         if !unguarded.is_empty() {
-            return Err(format!(
-                "--run-as-submitter with --db needs row-level security on cairn's tables, and \
-                 {} have none: {how}",
-                unguarded.join(", ")
-            ));
+            return Err(NoVouching::Unguarded(unguarded.join(", ")));
         }
-        // Roles that could rewrite who submitted a task, or the mapping, besides the owner,
-        // superusers and daemons (PostgreSQL's own pg_* roles are judged by their members).
-        let writers: Vec<String> = client
-            .query(
-                "SELECT p.rolname::text FROM pg_roles p
-                 WHERE NOT p.rolsuper AND p.rolname NOT LIKE 'pg\\_%'
-                   AND p.oid <> (SELECT relowner FROM pg_class WHERE oid = 'cairn_tasks'::regclass)
-                   AND NOT EXISTS (SELECT 1 FROM cairn_roles r
-                                   WHERE r.role = p.rolname AND r.kind = 'daemon')
-                   AND (has_table_privilege(p.oid, 'cairn_tasks', 'UPDATE, DELETE, TRUNCATE, TRIGGER')
-                     OR has_table_privilege(p.oid, 'cairn_roles', 'INSERT, UPDATE, DELETE, TRUNCATE')
-                     OR has_table_privilege(p.oid, 'cairn_control', 'UPDATE, DELETE, TRUNCATE'))
-                 ORDER BY 1",
-                &[],
-            )
-            .await
-            .map_err(fail)?
-            .iter()
-            .map(|row| row.get(0))
-            .collect();
+        let writers = untrusted_writers(&client).await?;
         if !writers.is_empty() {
-            return Err(format!(
-                "--run-as-submitter with --db needs the database to vouch for who submitted each \
-                 task, and roles that are not daemons may rewrite tasks, requests or the roles' \
-                 mapping: {}; take those rights away (`cairn db grant submitter ROLE --user \
-                 LOCAL_USER` grants a submitter only its own) or register them as daemons",
-                writers.join(", ")
-            ));
+            return Err(NoVouching::UntrustedWriters(writers.join(", ")));
         }
         Ok(())
     }
@@ -301,6 +250,81 @@ impl PgQueue {
             .map(|row| (row.get(0), Vouched::of(row.get(1), row.get(2), row.get(3))))
             .collect())
     }
+}
+
+/// Of the tables in [`GUARDED`], those without row-level security.
+async fn unguarded_tables(
+    client: &tokio_postgres::Client,
+) -> Result<Vec<String>, tokio_postgres::Error> {
+    let rows = client
+        .query(
+            "SELECT c.relname::text FROM pg_class c
+             WHERE c.oid = ANY(ARRAY(SELECT to_regclass(t) FROM unnest($1::text[]) t))
+               AND NOT c.relrowsecurity ORDER BY 1",
+            &[&GUARDED.as_slice()],
+        )
+        .await?;
+    Ok(rows.iter().map(|row| row.get(0)).collect())
+}
+
+/// Roles that could rewrite who submitted a task, or the mapping, besides the owner,
+/// superusers and daemons (PostgreSQL's own pg_* roles are judged by their members).
+async fn untrusted_writers(
+    client: &tokio_postgres::Client,
+) -> Result<Vec<String>, tokio_postgres::Error> {
+    let rows = client
+        .query(
+            "SELECT p.rolname::text FROM pg_roles p
+             WHERE NOT p.rolsuper AND p.rolname NOT LIKE 'pg\\_%'
+               AND p.oid <> (SELECT relowner FROM pg_class WHERE oid = 'cairn_tasks'::regclass)
+               AND NOT EXISTS (SELECT 1 FROM cairn_roles r
+                               WHERE r.role = p.rolname AND r.kind = 'daemon')
+               AND (has_table_privilege(p.oid, 'cairn_tasks', 'UPDATE, DELETE, TRUNCATE, TRIGGER')
+                 OR has_table_privilege(p.oid, 'cairn_roles', 'INSERT, UPDATE, DELETE, TRUNCATE')
+                 OR has_table_privilege(p.oid, 'cairn_control', 'UPDATE, DELETE, TRUNCATE'))
+             ORDER BY 1",
+            &[],
+        )
+        .await?;
+    Ok(rows.iter().map(|row| row.get(0)).collect())
+}
+
+/// What to set up for the database to vouch for who submits tasks.
+const HOW_TO_VOUCH: &str = "register this daemon's role with `cairn db grant daemon ROLE` and \
+                            each submitter's with `cairn db grant submitter ROLE --user \
+                            LOCAL_USER`, run with the URL of the role that owns cairn's tables \
+                            (docs/security.md, \"PostgreSQL roles\")";
+
+/// Why tasks cannot run as their submitters on this database ([`PgQueue::check_vouching`]):
+/// it does not vouch for who submitted them, or could not be asked.
+#[derive(Debug, thiserror::Error)]
+pub enum NoVouching {
+    #[error(transparent)]
+    Connect(#[from] PgError),
+    #[error("checking the database's roles: {0}")]
+    Query(#[from] tokio_postgres::Error),
+    #[error(
+        "--run-as-submitter with --db needs the database to vouch for who submitted each \
+         task, and it does not: this daemon's role {role:?} is not registered as a daemon \
+         in cairn_roles; {how}",
+        how = HOW_TO_VOUCH
+    )]
+    UnregisteredDaemon { role: String },
+    /// The tables without row-level security, comma-separated.
+    #[error(
+        "--run-as-submitter with --db needs row-level security on cairn's tables, and \
+         {0} have none: {how}",
+        how = HOW_TO_VOUCH
+    )]
+    Unguarded(String),
+    /// The roles that may rewrite what vouching relies on, comma-separated.
+    #[error(
+        "--run-as-submitter with --db needs the database to vouch for who submitted each \
+         task, and roles that are not daemons may rewrite tasks, requests or the roles' \
+         mapping: {0}; take those rights away (`cairn db grant submitter ROLE --user \
+         LOCAL_USER` grants a submitter only its own) or register them as daemons"
+    )]
+    UntrustedWriters(String),
 }
 
 #[cfg(test)]
