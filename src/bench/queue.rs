@@ -869,7 +869,6 @@ pub(super) fn commands_alone(queue: &Path, runs: usize) -> anyhow::Result<Durati
 /// `current_work.json` with status `running`. Written with the library's own types, without
 /// fsync (a `sync` at the end), since this setup is not what is measured. Returns the size of
 /// `current_work.json`.
-#[allow(clippy::too_many_lines)]
 fn build_crashed_queue(queue: &Path, ids: &[String]) -> anyhow::Result<u64> {
     QueueDir::new(queue)
         .create_all()

@@ -349,13 +349,7 @@ impl PgQueue {
             },
         };
         let judged = match judge {
-            Some(judge) => {
-                let recorded = crate::task::Task::parse_stored(unheld.definition.as_bytes())
-                    .ok()
-                    .and_then(|task| task.submitted_by);
-                let vouched = vouched.unwrap_or(Vouched::Nobody { role: None });
-                judge(request, vouched.submitter(recorded.as_ref()).as_ref())
-            }
+            Some(judge) => judge_unheld(judge, request, vouched, &unheld.definition),
             None => Ok(()),
         };
         let outcome = match judged {
@@ -377,6 +371,21 @@ impl PgQueue {
         tracing::info!(task_id = %request.task_id, action = request.action.as_str(), outcome, "control request applied in the database");
         Ok(true)
     }
+}
+
+/// Judge `request` on a task no daemon holds, whose definition is `definition` and whose
+/// submitter the database vouches for as `vouched`.
+fn judge_unheld(
+    judge: &ControlJudge,
+    request: &ControlRequest,
+    vouched: Option<Vouched>,
+    definition: &str,
+) -> Result<(), crate::queue::control::SteeringRefusal> {
+    let recorded = crate::task::Task::parse_stored(definition.as_bytes())
+        .ok()
+        .and_then(|task| task.submitted_by);
+    let vouched = vouched.unwrap_or(Vouched::Nobody { role: None });
+    judge(request, vouched.submitter(recorded.as_ref()).as_ref())
 }
 
 fn parse_request(
