@@ -24,7 +24,7 @@ use cairn::store::{
 
 /// What a checkpoint call promises when it returns.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Durability {
+pub(crate) enum Durability {
     /// Survives power loss: the temp file and the directory are fsynced (what the daemon does).
     Fsync,
     /// Survives a crash of the process only: rename without fsync.
@@ -43,7 +43,7 @@ impl Durability {
 
 /// One configuration of the benchmark.
 #[derive(Debug, Clone)]
-pub struct CheckpointBench {
+pub(crate) struct CheckpointBench {
     pub size: SizeClass,
     /// 1 for the sequential variant, else the number of concurrent tasks.
     pub conc: usize,
@@ -64,7 +64,7 @@ pub struct CheckpointBench {
 /// What the disk can do with each state's canonical bytes and plain syscalls, measured in the
 /// same run as cairn for comparison.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Reference {
+pub(crate) enum Reference {
     /// The bare atomic replace: temp file, fsync, rename, directory fsync (`"impl": "raw"`).
     Replace,
     /// One record appended to a log file and made durable with one fdatasync, as a
@@ -74,7 +74,7 @@ pub enum Reference {
 
 /// The one-line result the workload defines.
 #[derive(Debug, Clone, Serialize)]
-pub struct CheckpointResult {
+pub(crate) struct CheckpointResult {
     #[serde(rename = "impl")]
     pub implementation: &'static str,
     pub mode: &'static str,
@@ -99,7 +99,7 @@ struct Sample {
 
 impl CheckpointBench {
     /// Run the configuration once; returns the result and the queue directory it wrote.
-    pub fn run(&self) -> anyhow::Result<(CheckpointResult, PathBuf)> {
+    pub(crate) fn run(&self) -> anyhow::Result<(CheckpointResult, PathBuf)> {
         let Some(iterations) = self.size.iterations(self.conc) else {
             bail!(
                 "the workload has no concurrent variant for size {}",
@@ -445,6 +445,6 @@ fn summarize(
 
 /// The default parent of run directories: `bench/.data` under the current directory, as the
 /// workload asks (the same file system as the repository).
-pub fn default_dir() -> PathBuf {
+pub(crate) fn default_dir() -> PathBuf {
     Path::new("bench").join(".data")
 }

@@ -16,7 +16,7 @@ use super::workload::SizeClass;
 // The binary's subcommand added to the library's command line. Not a doc comment: clap would
 // make it the about text of `cairn` itself.
 #[derive(Debug, Subcommand)]
-pub enum BenchCommand {
+pub(crate) enum BenchCommand {
     /// Measure cairn's hot paths and print the figures (one JSON line per run).
     Bench(BenchArgs),
 }
@@ -29,7 +29,7 @@ impl ExtraCommands for BenchCommand {
 }
 
 #[derive(Debug, Args)]
-pub struct BenchArgs {
+pub(crate) struct BenchArgs {
     #[command(subcommand)]
     bench: Bench,
 }
@@ -180,7 +180,7 @@ struct CheckpointArgs {
     db: Option<String>,
 }
 
-pub fn run(args: BenchArgs) -> CliResult {
+pub(crate) fn run(args: BenchArgs) -> CliResult {
     match args.bench {
         Bench::Checkpoint(args) => checkpoint(args),
         Bench::Queue(args) => Ok(super::run_queue(&args.into_options())?),

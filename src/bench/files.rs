@@ -21,7 +21,7 @@ use super::RunDirParent;
 use cairn::store::blobs::BlobStore;
 
 #[derive(Debug, Args)]
-pub struct FilesArgs {
+pub(crate) struct FilesArgs {
     /// The file's size in MiB.
     #[arg(long, default_value_t = 1024, value_name = "MIB")]
     pub size_mb: usize,
@@ -35,7 +35,7 @@ pub struct FilesArgs {
 
 /// One measurement's line.
 #[derive(Debug, Serialize)]
-pub struct FilesResult {
+pub(crate) struct FilesResult {
     pub bench: &'static str,
     pub what: &'static str,
     pub round: usize,
@@ -45,7 +45,7 @@ pub struct FilesResult {
 }
 
 /// Run the rounds; one result per measurement and round.
-pub fn run(args: &FilesArgs) -> anyhow::Result<Vec<FilesResult>> {
+pub(crate) fn run(args: &FilesArgs) -> anyhow::Result<Vec<FilesResult>> {
     let parent = RunDirParent::create(&args.dir)?;
     let work = tempfile::Builder::new()
         .prefix("files-")

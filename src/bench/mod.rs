@@ -4,19 +4,19 @@
 //! line per run, so runs of cairn and of other checkpointers can be tabulated together
 //! (`bench/workload.md` defines the line for checkpoints).
 
-pub mod checkpoint;
-pub mod command;
-pub mod files;
+pub(crate) mod checkpoint;
+pub(crate) mod command;
+pub(crate) mod files;
 #[cfg(feature = "postgres")]
-pub mod postgres;
-pub mod proc_stats;
-pub mod pueue;
-pub mod queue;
+pub(crate) mod postgres;
+pub(crate) mod proc_stats;
+pub(crate) mod pueue;
+pub(crate) mod queue;
 #[cfg(feature = "postgres")]
 mod queue_db;
-pub mod spawn;
-pub mod web;
-pub mod workload;
+pub(crate) mod spawn;
+pub(crate) mod web;
+pub(crate) mod workload;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -25,7 +25,7 @@ use anyhow::{bail, Context};
 
 /// Run the queue benchmarks (`cairn bench queue`) on a queue directory, or with `--db` on a
 /// shared queue, printing one JSON line per figure.
-pub fn run_queue(args: &queue::QueueOptions) -> anyhow::Result<()> {
+pub(crate) fn run_queue(args: &queue::QueueOptions) -> anyhow::Result<()> {
     if args.max_tasks == 0 || args.resume_max_tasks == Some(0) {
         bail!("--max-tasks and --resume-max-tasks must be at least 1");
     }
@@ -44,13 +44,13 @@ pub fn run_queue(args: &queue::QueueOptions) -> anyhow::Result<()> {
 /// created with its missing ancestors; [`remove_if_empty`](Self::remove_if_empty) takes away
 /// again what it created, so a run that keeps nothing leaves nothing behind.
 #[derive(Debug)]
-pub struct RunDirParent {
+pub(crate) struct RunDirParent {
     /// The directories it created, innermost first.
     created: Vec<PathBuf>,
 }
 
 impl RunDirParent {
-    pub fn create(dir: &Path) -> anyhow::Result<RunDirParent> {
+    pub(crate) fn create(dir: &Path) -> anyhow::Result<RunDirParent> {
         let created = dir
             .ancestors()
             .take_while(|dir| !dir.as_os_str().is_empty() && !dir.exists())
@@ -61,7 +61,7 @@ impl RunDirParent {
     }
 
     /// Remove the directories it created that are empty, innermost first.
-    pub fn remove_if_empty(&self) {
+    pub(crate) fn remove_if_empty(&self) {
         for dir in &self.created {
             if std::fs::remove_dir(dir).is_err() {
                 break;
@@ -71,7 +71,7 @@ impl RunDirParent {
 }
 
 /// The nearest-rank percentile (the `ceil(q·n)`-th smallest) of ascending `sorted`.
-pub fn percentile(sorted: &[Duration], q: f64) -> Duration {
+pub(crate) fn percentile(sorted: &[Duration], q: f64) -> Duration {
     if sorted.is_empty() {
         return Duration::ZERO;
     }
@@ -80,12 +80,12 @@ pub fn percentile(sorted: &[Duration], q: f64) -> Duration {
 }
 
 /// Milliseconds, rounded to 4 decimals like the reference helpers.
-pub fn millis(d: Duration) -> f64 {
+pub(crate) fn millis(d: Duration) -> f64 {
     round_to(d.as_secs_f64() * 1e3, 4)
 }
 
 /// `value` rounded to `decimals` places.
-pub fn round_to(value: f64, decimals: i32) -> f64 {
+pub(crate) fn round_to(value: f64, decimals: i32) -> f64 {
     let scale = 10f64.powi(decimals);
     (value * scale).round() / scale
 }

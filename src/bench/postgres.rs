@@ -21,7 +21,7 @@ const LEASE: Duration = Duration::from_secs(3600);
 
 /// Open a share of the queue at `url` for `tasks` benchmark tasks (ids as the workload names
 /// them), with `root` as the local directory. The returned guard removes them when dropped.
-pub fn open(
+pub(crate) fn open(
     root: &std::path::Path,
     url: &str,
     task_ids: &[String],
@@ -67,7 +67,7 @@ pub fn open(
 }
 
 /// The benchmark's tasks in the database; removed (with their checkpoints) on drop.
-pub struct BenchTasks {
+pub(crate) struct BenchTasks {
     db: PgQueue,
     runtime: Arc<tokio::runtime::Runtime>,
     ids: Vec<String>,

@@ -25,7 +25,7 @@ const START_LIMIT: Duration = Duration::from_secs(30);
 
 /// The `side_by_side` line of a peer.
 #[derive(Debug, Serialize)]
-pub struct PeerLine {
+pub(crate) struct PeerLine {
     pub bench: &'static str,
     pub what: &'static str,
     #[serde(rename = "impl")]
@@ -44,7 +44,7 @@ pub struct PeerLine {
 }
 
 /// `pueue` and `pueued` if both are on the `PATH`.
-pub fn find() -> Option<(PathBuf, PathBuf)> {
+pub(crate) fn find() -> Option<(PathBuf, PathBuf)> {
     let path = std::env::var_os("PATH")?;
     let find = |name: &str| {
         std::env::split_paths(&path)
@@ -56,7 +56,7 @@ pub fn find() -> Option<(PathBuf, PathBuf)> {
 
 /// Run `tasks` commands `command` (`sh -c` words) `max_tasks` at a time in a private pueued
 /// under `dir`.
-pub fn run(
+pub(crate) fn run(
     (pueue, pueued): (PathBuf, PathBuf),
     dir: &Path,
     tasks: usize,

@@ -53,7 +53,7 @@ use cairn::task::Task;
 
 /// What `cairn bench queue` measures, and how (its options, as `cli::bench` parses them).
 #[derive(Debug, Clone)]
-pub struct QueueOptions {
+pub(crate) struct QueueOptions {
     /// Tasks dropped into the inbox at once for the throughput figure.
     pub tasks: usize,
     /// Tasks dropped one at a time into an idle daemon for the pickup-latency figure.
@@ -86,7 +86,7 @@ pub struct QueueOptions {
 
 /// One of the benchmark's measurements.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Measurement {
+pub(crate) enum Measurement {
     Throughput,
     Pickup,
     Loop,
@@ -184,7 +184,7 @@ pub(super) fn fresh_root(dir: &Path) -> anyhow::Result<PathBuf> {
 
 /// The `throughput` line.
 #[derive(Debug, Serialize)]
-pub struct ThroughputLine {
+pub(crate) struct ThroughputLine {
     pub(super) bench: &'static str,
     pub(super) what: &'static str,
     #[serde(rename = "impl")]
@@ -203,7 +203,7 @@ pub struct ThroughputLine {
 
 /// The `pickup` line.
 #[derive(Debug, Serialize)]
-pub struct PickupLine {
+pub(crate) struct PickupLine {
     pub(super) bench: &'static str,
     pub(super) what: &'static str,
     /// `cairn`, or `cairn-postgres` with `--db`.
@@ -225,7 +225,7 @@ pub struct PickupLine {
 
 /// A `loop` line.
 #[derive(Debug, Serialize)]
-pub struct LoopLine {
+pub(crate) struct LoopLine {
     bench: &'static str,
     what: &'static str,
     iterations: u64,
@@ -242,7 +242,7 @@ pub struct LoopLine {
 
 /// The `running` line.
 #[derive(Debug, Serialize)]
-pub struct RunningLine {
+pub(crate) struct RunningLine {
     bench: &'static str,
     what: &'static str,
     tasks: usize,
@@ -262,7 +262,7 @@ pub struct RunningLine {
 
 /// The `resume` line.
 #[derive(Debug, Serialize)]
-pub struct ResumeLine {
+pub(crate) struct ResumeLine {
     pub(super) bench: &'static str,
     pub(super) what: &'static str,
     /// `cairn`, or `cairn-postgres` with `--db`.

@@ -48,7 +48,7 @@ impl Started {
 }
 
 #[derive(Debug, Args)]
-pub struct SpawnArgs {
+pub(crate) struct SpawnArgs {
     /// Commands started per path.
     #[arg(long, default_value_t = 2000)]
     pub count: usize,
@@ -62,7 +62,7 @@ pub struct SpawnArgs {
 
 /// One path's figures.
 #[derive(Debug, Serialize)]
-pub struct SpawnResult {
+pub(crate) struct SpawnResult {
     pub bench: &'static str,
     pub path: &'static str,
     pub resident_mb: usize,
@@ -77,7 +77,7 @@ pub struct SpawnResult {
 }
 
 /// Run the bench and return one result per path, the fork first.
-pub fn run(args: &SpawnArgs) -> anyhow::Result<Vec<SpawnResult>> {
+pub(crate) fn run(args: &SpawnArgs) -> anyhow::Result<Vec<SpawnResult>> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

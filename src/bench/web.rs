@@ -26,7 +26,7 @@ use cairn::store::journal;
 
 /// Options of `cairn bench web`.
 #[derive(Debug, Clone)]
-pub struct WebOptions {
+pub(crate) struct WebOptions {
     pub tasks: usize,
     pub rounds: usize,
     /// Iterations of each throughput run (0: no throughput runs).
@@ -64,7 +64,7 @@ impl Listening {
 }
 
 /// Run the benchmark: one JSON line on stdout.
-pub fn run(options: &WebOptions) -> anyhow::Result<Value> {
+pub(crate) fn run(options: &WebOptions) -> anyhow::Result<Value> {
     let parent = super::RunDirParent::create(&options.dir)?;
     let run_dir = tempfile::Builder::new()
         .prefix("cairn-bench-web-")

@@ -144,7 +144,7 @@ const VOCAB: [&str; 128] = [
 
 /// A state size class of the workload.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum SizeClass {
+pub(crate) enum SizeClass {
     /// About 1.2 KB of JSON (a window of 3 results).
     #[value(name = "1k")]
     K1,
@@ -158,7 +158,7 @@ pub enum SizeClass {
 
 impl SizeClass {
     /// The name used on the command line and in result lines.
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             SizeClass::K1 => "1k",
             SizeClass::K64 => "64k",
@@ -167,7 +167,7 @@ impl SizeClass {
     }
 
     /// How many results a state holds.
-    pub fn window(self) -> u64 {
+    pub(crate) fn window(self) -> u64 {
         match self {
             SizeClass::K1 => 3,
             SizeClass::K64 => 174,
@@ -177,7 +177,7 @@ impl SizeClass {
 
     /// Iterations per task: the sequential variant for `conc == 1`, else the concurrent one
     /// (`None` where the workload defines no concurrent variant).
-    pub fn iterations(self, conc: usize) -> Option<u64> {
+    pub(crate) fn iterations(self, conc: usize) -> Option<u64> {
         match (self, conc) {
             (SizeClass::K1, 1) => Some(2000),
             (SizeClass::K64, 1) => Some(500),
@@ -200,7 +200,7 @@ fn splitmix64(x: u64) -> (u64, u64) {
 
 /// One result of the loop; the field order is the canonical key order.
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Entry {
+pub(crate) struct Entry {
     pub step: u64,
     pub role: &'static str,
     pub text: String,
@@ -210,7 +210,7 @@ pub struct Entry {
 }
 
 /// Result number `k` of task `task`; depends on nothing else.
-pub fn entry(task: u64, k: u64) -> Entry {
+pub(crate) fn entry(task: u64, k: u64) -> Entry {
     let mut s = (task << 32) | k;
     let (next, r) = splitmix64(s);
     s = next;
@@ -239,7 +239,7 @@ pub fn entry(task: u64, k: u64) -> Entry {
 
 /// A task's state: the `K` most recent results. Serializes to the canonical JSON.
 #[derive(Debug, Clone, Serialize)]
-pub struct TaskState {
+pub(crate) struct TaskState {
     task_id: String,
     iteration: u64,
     phase: &'static str,
@@ -251,7 +251,7 @@ pub struct TaskState {
 
 impl TaskState {
     /// Task `task` at iteration 0.
-    pub fn new(task: u64, size: SizeClass) -> Self {
+    pub(crate) fn new(task: u64, size: SizeClass) -> Self {
         TaskState {
             task_id: format!("task-{task:04}"),
             iteration: 0,
@@ -262,17 +262,17 @@ impl TaskState {
     }
 
     /// The task id the state names (`task-0007`); also the checkpoint's task id.
-    pub fn task_id(&self) -> &str {
+    pub(crate) fn task_id(&self) -> &str {
         &self.task_id
     }
 
     /// The iteration this state belongs to.
-    pub fn iteration(&self) -> u64 {
+    pub(crate) fn iteration(&self) -> u64 {
         self.iteration
     }
 
     /// Move to the next iteration: drop the oldest result, append the next one.
-    pub fn advance(&mut self) {
+    pub(crate) fn advance(&mut self) {
         let window = self.results.len() as u64;
         self.iteration += 1;
         self.results.pop_front();
@@ -281,7 +281,7 @@ impl TaskState {
     }
 
     /// The canonical serialization: compact JSON, keys in the workload's order.
-    pub fn canonical(&self) -> Vec<u8> {
+    pub(crate) fn canonical(&self) -> Vec<u8> {
         // Serializing to memory fails only for maps with non-string keys or a failing
         // `Serialize` impl; this state has neither (strings, integers and finite floats).
         serde_json::to_vec(self).expect("the workload state serializes")
@@ -290,7 +290,7 @@ impl TaskState {
 
 /// The mean canonical size of the states task 0 goes through in `n` iterations (the
 /// `json_bytes` figure of a result line).
-pub fn mean_canonical_bytes(size: SizeClass, n: u64) -> f64 {
+pub(crate) fn mean_canonical_bytes(size: SizeClass, n: u64) -> f64 {
     let mut state = TaskState::new(0, size);
     let mut total = 0u64;
     for _ in 0..n {

@@ -20,7 +20,7 @@ use crate::runner::identity::{RunAs, SwitchTo};
 
 /// When running as root on a queue owned by another user, become that user. Nothing when not
 /// root, when the queue belongs to root, or when it does not exist (the command reports that).
-pub fn become_queue_owner(queue: &Path) -> Result<(), CliError> {
+pub(super) fn become_queue_owner(queue: &Path) -> Result<(), CliError> {
     if !nix::unistd::geteuid().is_root() {
         return Ok(());
     }

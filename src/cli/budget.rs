@@ -19,7 +19,7 @@ counts what the task has spent so far, the estimate for iterations lost to crash
 A running task reads it before its next iteration; a task paused by its budget \
 (budget.on_exceed: \"pause\") stays paused until `cairn resume ID`. Only a task in flight \
 (running, paused, waiting) has a limit to set.")]
-pub struct BudgetArgs {
+pub(super) struct BudgetArgs {
     /// The task id.
     id: String,
 
@@ -40,7 +40,7 @@ pub struct BudgetArgs {
     pub(super) db: DbArg,
 }
 
-pub fn run(queue: &Path, args: BudgetArgs) -> CliResult {
+pub(super) fn run(queue: &Path, args: BudgetArgs) -> CliResult {
     let id = QueueClient::task_id(&args.id)?;
     let client = QueueClient::open(queue, args.db.url())?.waiting_for_daemon(args.wait);
     let outcome = client.set_budget(&id, args.max_cost, !args.no_wait)?;

@@ -26,7 +26,7 @@ use crate::client::QueueClient;
 use crate::queue::QueueReader;
 
 /// The fields every checkpoint of the pattern has.
-pub const PATTERN_FIELDS: [&str; 6] = [
+pub(super) const PATTERN_FIELDS: [&str; 6] = [
     "task_id",
     "phase",
     "iteration_count",
@@ -45,7 +45,7 @@ a file of that name exists (write ./name.json.gz to be explicit).
 
 Exit codes: 0 printed, 1 no such task, checkpoint or generation, or the file does not decode \
 (the reason is printed), 2 bad usage.")]
-pub struct CheckpointArgs {
+pub(super) struct CheckpointArgs {
     /// A task id, or the path of a .json.gz checkpoint file.
     #[arg(value_name = "ID|PATH")]
     target: String,
@@ -63,7 +63,7 @@ pub struct CheckpointArgs {
     pub(super) db: DbArg,
 }
 
-pub fn run(queue: &Path, args: CheckpointArgs) -> CliResult {
+pub(super) fn run(queue: &Path, args: CheckpointArgs) -> CliResult {
     let client = QueueClient::open(queue, args.db.url())?;
     // Only a target that can be an id is looked up (as `is_path` does).
     let exists = !args.target.contains('/')
@@ -200,14 +200,14 @@ fn note_non_standard(path: &Path, parsed: &PythonJson) {
 }
 
 /// Any gzip JSON checkpoint file: cairn's own, or the Python pattern's six fields.
-pub fn read_file(path: &Path) -> anyhow::Result<PythonJson> {
+pub(super) fn read_file(path: &Path) -> anyhow::Result<PythonJson> {
     let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
     decode_lenient(&bytes).with_context(|| path.display().to_string())
 }
 
 /// gzip (one or more members, CRC and length checked) → JSON object with the pattern's fields;
 /// Python's `NaN`, `Infinity` and `-Infinity` are accepted.
-pub fn decode_lenient(bytes: &[u8]) -> anyhow::Result<PythonJson> {
+pub(super) fn decode_lenient(bytes: &[u8]) -> anyhow::Result<PythonJson> {
     let mut json = Vec::new();
     flate2::read::MultiGzDecoder::new(bytes)
         .take(MAX_DECOMPRESSED_BYTES + 1)

@@ -14,12 +14,12 @@ Examples:
   PYTHONPATH=\"$(cairn clients-path)/python\" python3 my_worker.py
 
 Commands run by the daemon get CAIRN_CLIENTS (this directory) and PYTHONPATH already.")]
-pub struct ClientsPathArgs {}
+pub(super) struct ClientsPathArgs {}
 
 /// Make sure the queue's `clients/` holds this binary's helpers, then print its absolute path.
 /// A user who may not write the queue (a submitter of a service's queue) gets the path as long
 /// as the daemon has written the helpers there.
-pub fn run(queue: &Path, _args: ClientsPathArgs) -> CliResult {
+pub(super) fn run(queue: &Path, _args: ClientsPathArgs) -> CliResult {
     let root = std::path::absolute(queue)
         .map_err(|e| CliError::failure(format_args!("queue {}: {e}", queue.display())))?;
     // Not created here: a queue named by mistake (the wrong ./queue) should not appear.

@@ -12,14 +12,14 @@ Install, for example:
   cairn completions bash > ~/.local/share/bash-completion/completions/cairn
   cairn completions zsh  > \"${fpath[1]}/_cairn\"
   cairn completions fish > ~/.config/fish/completions/cairn.fish")]
-pub struct CompletionsArgs {
+pub(super) struct CompletionsArgs {
     /// The shell to write the script for.
     #[arg(value_enum)]
     shell: Shell,
 }
 
 /// The script for the command line `definition` makes (the program's own subcommands too).
-pub fn run(args: CompletionsArgs, definition: fn() -> clap::Command) -> CliResult {
+pub(super) fn run(args: CompletionsArgs, definition: fn() -> clap::Command) -> CliResult {
     let mut command = definition();
     let mut script = Vec::new();
     clap_complete::generate(args.shell, &mut command, "cairn", &mut script);

@@ -19,7 +19,7 @@ use crate::queue::TaskView;
 
 /// Which request.
 #[derive(Debug, Clone, Copy)]
-pub enum Action {
+pub(super) enum Action {
     Pause,
     Resume,
     Cancel,
@@ -36,7 +36,7 @@ Examples:
   cairn retry --state failed --yes            every failed task
   cairn pause --submitter alice               alice's tasks (asks first)
   cairn cancel --phase fetch --older-than 2d --dry-run")]
-pub struct ControlArgs {
+pub(super) struct ControlArgs {
     /// The task id (or filters instead, below).
     #[arg(required_unless_present_any = ["state", "submitter", "phase", "since", "older_than", "all"])]
     id: Option<String>,
@@ -106,7 +106,7 @@ impl Action {
     }
 }
 
-pub fn run(queue: &Path, action: Action, args: ControlArgs) -> CliResult {
+pub(super) fn run(queue: &Path, action: Action, args: ControlArgs) -> CliResult {
     let action = action.request();
     let client = QueueClient::open(queue, args.db.url())?.waiting_for_daemon(args.wait);
     match &args.id {
@@ -117,7 +117,7 @@ pub fn run(queue: &Path, action: Action, args: ControlArgs) -> CliResult {
 
 /// Ask for `action` on task `id_text` and say what became of it: what
 /// `cairn pause|resume|cancel|retry ID` prints, and what the dashboard's actions answer.
-pub fn request(
+pub(super) fn request(
     client: &QueueClient,
     action: ControlAction,
     id_text: &str,

@@ -18,7 +18,7 @@ Run with the URL of the role that owns cairn's tables (the one that migrated the
 registered by `grant`, a daemon that runs tasks as their submitters (`cairn run --db URL
 --run-as-submitter`) runs each task as the local user its submitter's role is mapped to, and
 refuses to start without them. See docs/security.md, \"PostgreSQL roles\".")]
-pub struct DbArgs {
+pub(super) struct DbArgs {
     #[command(subcommand)]
     command: DbCommand,
 
@@ -93,7 +93,7 @@ impl DbArgs {
     }
 }
 
-pub fn run(args: DbArgs) -> CliResult {
+pub(super) fn run(args: DbArgs) -> CliResult {
     let url = args.db.db.filter(|url| !url.is_empty()).ok_or_else(|| {
         CliError::usage("cairn db needs --db, --db-url-file or CAIRN_DATABASE_URL")
     })?;

@@ -14,7 +14,7 @@ use crate::client::{ForkRequest, QueueClient};
 use crate::task_id::TaskId;
 
 #[derive(Debug, Args)]
-pub struct ForkArgs {
+pub(super) struct ForkArgs {
     /// The task to fork.
     id: String,
 
@@ -39,7 +39,7 @@ pub struct ForkArgs {
     pub(super) db: DbArg,
 }
 
-pub fn run(queue: &Path, args: ForkArgs) -> CliResult {
+pub(super) fn run(queue: &Path, args: ForkArgs) -> CliResult {
     let client = QueueClient::open(queue, args.db.url())?;
     print_line(fork(
         &client,
@@ -53,7 +53,7 @@ pub fn run(queue: &Path, args: ForkArgs) -> CliResult {
 
 /// Fork `id` as `cairn fork` does (the dashboard's fork too): the new task's id. `patch` and
 /// `new_id` are as given on the command line, checked here.
-pub fn fork(
+pub(super) fn fork(
     client: &QueueClient,
     id: &str,
     generation: Option<u64>,

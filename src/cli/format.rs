@@ -7,15 +7,15 @@ use serde_json::{json, Value};
 use crate::queue::{ClusterView, DaemonInfo, QueueView, TaskView};
 
 /// The version of the `--json` documents of `status`, `show` and `history`.
-pub const JSON_VERSION: u32 = 1;
+pub(super) const JSON_VERSION: u32 = 1;
 
 /// The daemon as the `--json` documents give it.
-pub fn daemon_json(daemon: DaemonInfo) -> Value {
+pub(super) fn daemon_json(daemon: DaemonInfo) -> Value {
     json!({"running": daemon.running, "pid": daemon.pid})
 }
 
 /// "running (pid 12)" or "not running".
-pub fn describe_daemon(daemon: DaemonInfo) -> String {
+pub(super) fn describe_daemon(daemon: DaemonInfo) -> String {
     match (daemon.running, daemon.pid) {
         (true, Some(pid)) => format!("running (pid {pid})"),
         (true, None) => "running".into(),
@@ -24,7 +24,7 @@ pub fn describe_daemon(daemon: DaemonInfo) -> String {
 }
 
 /// The daemons of a queue: the one daemon of a queue directory, or those sharing a database.
-pub fn describe_daemons(view: &QueueView) -> String {
+pub(super) fn describe_daemons(view: &QueueView) -> String {
     match &view.cluster {
         Some(cluster) => describe_nodes(cluster, view.now),
         None => format!("daemon {}", describe_daemon(view.daemon)),
@@ -32,7 +32,7 @@ pub fn describe_daemons(view: &QueueView) -> String {
 }
 
 /// `daemons a (alive, 2 leases), b (gone, last seen 5m ago)`, or `no daemon registered`.
-pub fn describe_nodes(cluster: &ClusterView, now: DateTime<Utc>) -> String {
+pub(super) fn describe_nodes(cluster: &ClusterView, now: DateTime<Utc>) -> String {
     if cluster.nodes.is_empty() {
         return "no daemon registered".into();
     }
@@ -52,7 +52,7 @@ pub fn describe_nodes(cluster: &ClusterView, now: DateTime<Utc>) -> String {
 }
 
 /// The daemons of a shared queue as the `--json` documents give them.
-pub fn nodes_json(cluster: &ClusterView) -> Value {
+pub(super) fn nodes_json(cluster: &ClusterView) -> Value {
     cluster
         .nodes
         .iter()
@@ -70,7 +70,7 @@ pub fn nodes_json(cluster: &ClusterView) -> Value {
 
 /// Add the lease of a task of a shared queue to its `--json` object: the node holding it
 /// (`null` when none does), its epoch and when it ends.
-pub fn add_lease_json(object: &mut Value, task: &TaskView) {
+pub(super) fn add_lease_json(object: &mut Value, task: &TaskView) {
     let lease = task.lease.as_ref();
     object["node"] = json!(lease.map(|l| &l.node));
     object["lease_epoch"] = json!(lease.map(|l| l.epoch));
@@ -81,7 +81,7 @@ pub fn add_lease_json(object: &mut Value, task: &TaskView) {
 /// The NODE and LEASE cells of a task of a shared queue: `node-a`, `25s left` (`<1s left`),
 /// or `expired 3s ago, awaiting takeover` (its holder died, froze or lost the database: the
 /// next claim takes it), `-` when no daemon holds it.
-pub fn lease_cells(task: &TaskView, now: DateTime<Utc>) -> [String; 2] {
+pub(super) fn lease_cells(task: &TaskView, now: DateTime<Utc>) -> [String; 2] {
     let Some(lease) = &task.lease else {
         return ["-".into(), "-".into()];
     };
@@ -100,7 +100,7 @@ pub fn lease_cells(task: &TaskView, now: DateTime<Utc>) -> [String; 2] {
 }
 
 /// The task as `status --json` lists it (documented in docs/cli.md).
-pub fn task_json(task: &TaskView, now: DateTime<Utc>) -> Value {
+pub(super) fn task_json(task: &TaskView, now: DateTime<Utc>) -> Value {
     json!({
         "id": task.id,
         "state": task.state.as_str(),
@@ -126,7 +126,7 @@ pub fn task_json(task: &TaskView, now: DateTime<Utc>) -> Value {
 
 /// The STATE cell: the state, and for a task a policy of its own paused, which one
 /// (`paused(budget)`, `paused(retries_exhausted)`), without spaces as table cells are.
-pub fn state_cell(task: &TaskView) -> String {
+pub(super) fn state_cell(task: &TaskView) -> String {
     match &task.paused_for {
         Some(pause) => format!("{}({})", task.state.as_str(), pause.reason.as_str()),
         None => task.state.as_str().to_string(),
@@ -134,7 +134,7 @@ pub fn state_cell(task: &TaskView) -> String {
 }
 
 /// RFC 3339 with milliseconds, UTC.
-pub fn rfc3339(at: DateTime<Utc>) -> String {
+pub(super) fn rfc3339(at: DateTime<Utc>) -> String {
     at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
 }
 
@@ -143,7 +143,7 @@ fn round2(x: f64) -> f64 {
 }
 
 /// A duration for people: `45s`, `3m05s`, `2h05m`, `3d04h`.
-pub fn short_duration(seconds: u64) -> String {
+pub(super) fn short_duration(seconds: u64) -> String {
     let (d, h, m, s) = (
         seconds / 86_400,
         seconds / 3600 % 24,
@@ -163,7 +163,7 @@ pub fn short_duration(seconds: u64) -> String {
 
 /// The committed cost, and apart from it the estimate for iterations lost to crashes:
 /// `0.03+~0.02`, without spaces, as table cells are (`None` when neither is known).
-pub fn cost_cell(task: &TaskView) -> Option<String> {
+pub(super) fn cost_cell(task: &TaskView) -> Option<String> {
     match (task.cost, task.lost_cost_estimate) {
         (None, None) => None,
         (cost, None) => cost.map(format_cost),
@@ -176,7 +176,7 @@ pub fn cost_cell(task: &TaskView) -> Option<String> {
 }
 
 /// A cost for people: up to 4 decimals, trailing zeros dropped.
-pub fn format_cost(cost: f64) -> String {
+pub(super) fn format_cost(cost: f64) -> String {
     let text = format!("{cost:.4}");
     let text = text.trim_end_matches('0').trim_end_matches('.');
     if text.is_empty() || text == "-" {
@@ -187,7 +187,7 @@ pub fn format_cost(cost: f64) -> String {
 }
 
 /// A rate for people: `2.5/min`, `40/min`.
-pub fn format_rate(per_min: f64) -> String {
+pub(super) fn format_rate(per_min: f64) -> String {
     if per_min >= 10.0 {
         format!("{per_min:.0}/min")
     } else if per_min >= 0.1 {
@@ -198,7 +198,7 @@ pub fn format_rate(per_min: f64) -> String {
 }
 
 /// A size for people: `512 B`, `1.2 KiB`, `3.4 MiB`.
-pub fn format_bytes(bytes: u64) -> String {
+pub(super) fn format_bytes(bytes: u64) -> String {
     const UNITS: [&str; 4] = ["KiB", "MiB", "GiB", "TiB"];
     if bytes < 1024 {
         return format!("{bytes} B");
@@ -218,7 +218,7 @@ pub fn format_bytes(bytes: u64) -> String {
 /// (`\\`), so that a name cannot fake an escape. Names and texts from submitters (file names, control
 /// requests, reasons quoting them) pass through it wherever `status`, `show` and `history`
 /// print them for people; `--json` output is escaped by JSON itself.
-pub fn printable(text: &str) -> std::borrow::Cow<'_, str> {
+pub(super) fn printable(text: &str) -> std::borrow::Cow<'_, str> {
     let unsafe_char = |c: char| {
         c.is_control()
             || c == '\\'
@@ -240,7 +240,7 @@ pub fn printable(text: &str) -> std::borrow::Cow<'_, str> {
 
 /// Left-aligned columns separated by two spaces; the last column is not padded. Every cell is
 /// made [`printable`].
-pub fn render_table(header: &[&str], rows: &[Vec<String>]) -> String {
+pub(super) fn render_table(header: &[&str], rows: &[Vec<String>]) -> String {
     let rows: Vec<Vec<String>> = rows
         .iter()
         .map(|row| {
@@ -279,7 +279,7 @@ pub fn render_table(header: &[&str], rows: &[Vec<String>]) -> String {
 }
 
 /// A task id as given on the command line, checked before it names any file.
-pub fn task_id_arg(id: &str) -> anyhow::Result<crate::task_id::TaskId> {
+pub(super) fn task_id_arg(id: &str) -> anyhow::Result<crate::task_id::TaskId> {
     use anyhow::Context;
     crate::task_id::TaskId::parse(id).with_context(|| format!("{id:?} is not a task id"))
 }

@@ -33,7 +33,7 @@ generations kept beside it (incremental/<id>.<gen>.json.gz). `cairn checkpoint I
 prints one. The --json document is described in docs/cli.md (\"version\": 1).
 With --db URL the generations are the shared queue's rows; \"file\" is then the row's key \
 (cairn_checkpoints/<id>/<gen>).")]
-pub struct HistoryArgs {
+pub(super) struct HistoryArgs {
     /// The task id.
     id: String,
 
@@ -124,7 +124,7 @@ impl Row {
     }
 }
 
-pub fn run(queue: &Path, args: HistoryArgs) -> CliResult {
+pub(super) fn run(queue: &Path, args: HistoryArgs) -> CliResult {
     let id = format::task_id_arg(&args.id).exit_code(exit::USAGE)?;
     let client = QueueClient::open(queue, args.db.url())?;
     let generations = client.generations(&id)?;

@@ -36,7 +36,7 @@ Examples:
   cairn prune --dry-run                 what a prune with the 7-day default would remove
   cairn prune --older-than 0s           every finished task, now
   cairn prune --keep-generations 1      also keep one older checkpoint per remaining task")]
-pub struct PruneArgs {
+pub(super) struct PruneArgs {
     /// Retention: prune tasks that finished longer ago than this (`0s`: every finished task).
     #[arg(long, value_name = "DURATION", default_value = "7d", value_parser = humantime::parse_duration)]
     older_than: Duration,
@@ -53,7 +53,7 @@ pub struct PruneArgs {
     pub(super) db: DbArg,
 }
 
-pub fn run(queue: &Path, args: PruneArgs) -> CliResult {
+pub(super) fn run(queue: &Path, args: PruneArgs) -> CliResult {
     let client = QueueClient::open(queue, args.db.url())?;
     let request = PruneRequest {
         older_than: args.older_than,

@@ -18,7 +18,7 @@ const TOKENS: [&str; 2] = ["NaN", "Infinity"];
 
 /// A parsed document, and the stand-ins for the non-standard tokens it held, if any.
 #[derive(Debug)]
-pub struct PythonJson {
+pub(super) struct PythonJson {
     pub value: Value,
     stand_ins: Option<StandIns>,
 }
@@ -33,7 +33,7 @@ struct StandIns {
 
 impl PythonJson {
     /// Standard JSON, or JSON with Python's non-standard tokens outside strings.
-    pub fn parse(bytes: &[u8]) -> Result<PythonJson, serde_json::Error> {
+    pub(super) fn parse(bytes: &[u8]) -> Result<PythonJson, serde_json::Error> {
         let error = match serde_json::from_slice(bytes) {
             Ok(value) => {
                 return Ok(PythonJson {
@@ -58,12 +58,12 @@ impl PythonJson {
     }
 
     /// The non-standard tokens the document held (`NaN`, `Infinity`, `-Infinity`), if any.
-    pub fn non_standard_tokens(&self) -> &[&'static str] {
+    pub(super) fn non_standard_tokens(&self) -> &[&'static str] {
         self.stand_ins.as_ref().map_or(&[], |s| &s.found)
     }
 
     /// `value` (or any part of it) pretty-printed, non-standard tokens as written.
-    pub fn to_string_pretty(&self, value: &Value) -> String {
+    pub(super) fn to_string_pretty(&self, value: &Value) -> String {
         let mut out = Vec::new();
         let formatter = TokenFormatter {
             pretty: PrettyFormatter::new(),

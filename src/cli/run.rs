@@ -15,7 +15,7 @@ use crate::limits::SubmitterLimits;
 use crate::shutdown::Shutdown;
 
 #[derive(Debug, Args)]
-pub struct RunArgs {
+pub(super) struct RunArgs {
     /// Exit 0 once no task is pending, running or waiting for a retry. Paused tasks stay
     /// paused (until `cairn resume`) and do not keep the daemon running.
     #[arg(long)]
@@ -141,7 +141,7 @@ impl RunArgs {
 
 /// A value of `cairn run`'s options that does not parse.
 #[derive(Debug, thiserror::Error)]
-pub enum OptionError {
+pub(super) enum OptionError {
     #[error("{0} is too small: a log keeps at least 64KiB (0: unbounded)")]
     LogTooSmall(String),
     #[error("{0:?} is not a size (a number of bytes, or with KiB, MiB, GiB)")]
@@ -258,7 +258,7 @@ fn open_files_for(max_tasks: usize) {
 
 /// Run the daemon until it is idle (`--exit-when-idle`) or stopped; `Ok` holds how it ended
 /// as an exit code (0, 6 with `--fail-on-task-failure`, 130 after a second signal).
-pub fn run(queue: &Path, args: RunArgs) -> CliResult<u8> {
+pub(super) fn run(queue: &Path, args: RunArgs) -> CliResult<u8> {
     one_malloc_arena();
     open_files_for(args.max_tasks);
     // One thread, as `daemon::run` requires: children get PR_SET_PDEATHSIG, which fires when

@@ -23,7 +23,7 @@ use crate::task_id::TaskId;
 
 #[derive(Debug, Args)]
 #[command(after_help = "The --json document is described in docs/cli.md (\"version\": 1).")]
-pub struct ShowArgs {
+pub(super) struct ShowArgs {
     /// The task id (or the name of a rejection record, rejected-…).
     id: String,
 
@@ -48,7 +48,7 @@ struct PhaseRow {
     finished_at: Option<DateTime<Utc>>,
 }
 
-pub fn run(queue: &Path, args: ShowArgs) -> CliResult {
+pub(super) fn run(queue: &Path, args: ShowArgs) -> CliResult {
     let id = format::task_id_arg(&args.id).exit_code(exit::USAGE)?;
     let client = QueueClient::open(queue, args.db.url())?;
     let (facts, task) = read(&client, &args.id, &id)?;
@@ -99,7 +99,7 @@ fn read(client: &QueueClient, asked: &str, id: &TaskId) -> CliResult<(ShowFacts,
 }
 
 /// The `cairn show --json` document of a task, for the dashboard's task page.
-pub fn json_document(client: &QueueClient, id: &TaskId) -> CliResult<Value> {
+pub(super) fn json_document(client: &QueueClient, id: &TaskId) -> CliResult<Value> {
     let (facts, task) = read(client, id.as_str(), id)?;
     let details = Details {
         phases: &phase_rows(&facts, &task),

@@ -10,7 +10,7 @@ use super::error::{CliError, CliResult};
 
 /// `--db URL` (or `--db-url-file PATH`), on the commands that work on a shared queue.
 #[derive(Debug, Clone, Args)]
-pub struct DbArg {
+pub(super) struct DbArg {
     /// Use the queue several hosts share in this PostgreSQL database instead of the queue
     /// directory: a postgresql:// URL or libpq's key=value form. A URL with a password is
     /// better given in CAIRN_DATABASE_URL or --db-url-file: every local user can read a
@@ -30,7 +30,7 @@ pub struct DbArg {
 }
 
 /// Put the URL `file` holds into `db` (`--db-url-file`); both given is a usage error.
-pub fn read_db_url_file(db: &mut Option<String>, file: Option<&Path>) -> CliResult {
+pub(super) fn read_db_url_file(db: &mut Option<String>, file: Option<&Path>) -> CliResult {
     let Some(file) = file else {
         return Ok(());
     };
@@ -76,13 +76,13 @@ fn url_from_file(file: &Path) -> CliResult<String> {
 
 impl DbArg {
     /// Read `--db-url-file`, if given, into the URL.
-    pub fn read_url_file(&mut self) -> CliResult {
+    pub(super) fn read_url_file(&mut self) -> CliResult {
         read_db_url_file(&mut self.db, self.db_url_file.as_deref())
     }
 
     /// The database's URL, if one was given. An empty value (`CAIRN_DATABASE_URL=` exported
     /// empty) counts as none, as an unset variable would.
-    pub fn url(&self) -> Option<&str> {
+    pub(super) fn url(&self) -> Option<&str> {
         self.db.as_deref().filter(|url| !url.is_empty())
     }
 }

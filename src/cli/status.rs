@@ -24,7 +24,7 @@ use crate::store::task_state::TaskState;
 use crate::submitter::Submitter;
 
 /// The columns of the human output, in their fixed order.
-pub const COLUMNS: [&str; 9] = [
+pub(super) const COLUMNS: [&str; 9] = [
     "ID",
     "STATE",
     "PHASE",
@@ -38,7 +38,7 @@ pub const COLUMNS: [&str; 9] = [
 
 /// The columns a queue shared through a database adds: the daemon holding a task's lease, and
 /// how long the lease has left.
-pub const LEASE_COLUMNS: [&str; 2] = ["NODE", "LEASE"];
+pub(super) const LEASE_COLUMNS: [&str; 2] = ["NODE", "LEASE"];
 
 #[derive(Debug, Args)]
 #[command(after_help = "\
@@ -60,7 +60,7 @@ With --db, a first line names the daemons sharing the queue (alive or gone), and
 say which daemon holds a running task and how long its lease has left.
 
 The --json document is described in docs/cli.md (\"version\": 1).")]
-pub struct StatusArgs {
+pub(super) struct StatusArgs {
     /// Print a JSON document instead of the table (with --watch: one compact document per line
     /// every second).
     #[arg(long)]
@@ -81,7 +81,7 @@ pub struct StatusArgs {
 /// Rejected intake files listed without `--all`: enough to notice them, not a flood.
 const RECENT_REJECTED: usize = 3;
 
-pub fn run(queue: &Path, args: StatusArgs) -> CliResult {
+pub(super) fn run(queue: &Path, args: StatusArgs) -> CliResult {
     let source = Source::open(queue, args.db.url())?;
     if source
         .root()
@@ -206,7 +206,7 @@ fn notes(source: &Source, view: &QueueView) {
 /// The `--json` document (see docs/cli.md).
 /// With `--db`, the daemons (`nodes`) and each task's lease (`node`, `lease_epoch`,
 /// `lease_expires_at`, `lease_live`) are added.
-pub fn to_json(view: &QueueView) -> Value {
+pub(super) fn to_json(view: &QueueView) -> Value {
     let tasks = view
         .tasks
         .iter()
@@ -216,7 +216,7 @@ pub fn to_json(view: &QueueView) -> Value {
 }
 
 /// One task's object in the `--json` document.
-pub fn task_json(view: &QueueView, task: &TaskView) -> Value {
+pub(super) fn task_json(view: &QueueView, task: &TaskView) -> Value {
     let mut object = format::task_json(task, view.now);
     if view.cluster.is_some() {
         format::add_lease_json(&mut object, task);
@@ -225,7 +225,7 @@ pub fn task_json(view: &QueueView, task: &TaskView) -> Value {
 }
 
 /// The `--json` document of `view` with the objects of its tasks made already, in order.
-pub fn document(view: &QueueView, tasks: Vec<Value>) -> Value {
+pub(super) fn document(view: &QueueView, tasks: Vec<Value>) -> Value {
     let mut document = json!({
         "version": format::JSON_VERSION,
         "queue": view.root.display().to_string(),
@@ -246,7 +246,7 @@ pub fn document(view: &QueueView, tasks: Vec<Value>) -> Value {
 /// Each submitter's unfinished tasks: queued (pending or in flight) and running, by uid with
 /// "unknown" (tasks with no submitter recorded) last. Tasks still in `inbox/` are not counted:
 /// the limits hold them only when they are taken in.
-pub fn submitter_counts(view: &QueueView) -> Vec<SubmitterCount> {
+pub(super) fn submitter_counts(view: &QueueView) -> Vec<SubmitterCount> {
     let mut counts: BTreeMap<SubmitterKey, SubmitterCount> = BTreeMap::new();
     for task in &view.tasks {
         let queued = task.state.is_in_flight() || task.state == TaskState::Pending;
@@ -272,7 +272,7 @@ pub fn submitter_counts(view: &QueueView) -> Vec<SubmitterCount> {
 /// What one submitter's tasks listed have spent: the committed cost and, apart, the estimate
 /// for iterations lost to crashes (each `None` while none of them reported one).
 #[derive(Debug, Clone, PartialEq)]
-pub struct SubmitterSpend {
+pub(super) struct SubmitterSpend {
     pub submitter: Option<Submitter>,
     pub tasks: usize,
     pub cost: Option<f64>,
@@ -281,7 +281,7 @@ pub struct SubmitterSpend {
 
 /// The spend of each submitter over the tasks listed (files refused at intake aside), by
 /// uid with "unknown" last; decimals summed exactly.
-pub fn spend_by_submitter(view: &QueueView) -> Vec<SubmitterSpend> {
+pub(super) fn spend_by_submitter(view: &QueueView) -> Vec<SubmitterSpend> {
     let sum = |total: Option<f64>, more: Option<f64>| match (total, more) {
         (Some(total), Some(more)) => Some(crate::cost::add(total, more)),
         (total, more) => total.or(more),
@@ -320,7 +320,7 @@ fn spend_json(view: &QueueView) -> Value {
 
 /// After the table, when a listed task reported a cost: what each submitter's tasks spent
 /// (`0.05+~0.01`: committed, and the estimate for iterations lost to crashes).
-pub fn spend_section(view: &QueueView) -> String {
+pub(super) fn spend_section(view: &QueueView) -> String {
     let lines = spend_by_submitter(view);
     if lines
         .iter()
@@ -357,7 +357,7 @@ pub fn spend_section(view: &QueueView) -> String {
 
 /// After the table, for each task a policy of its own paused (its budget, its used-up
 /// attempts): why, and what lets it go on.
-pub fn paused_section(view: &QueueView) -> String {
+pub(super) fn paused_section(view: &QueueView) -> String {
     let rows: Vec<Vec<String>> = view
         .tasks
         .iter()
@@ -386,7 +386,7 @@ pub fn paused_section(view: &QueueView) -> String {
 
 /// One submitter's line of [`submitter_counts`].
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SubmitterCount {
+pub(super) struct SubmitterCount {
     /// `None`: tasks with no submitter recorded, counted as one submitter.
     pub submitter: Option<Submitter>,
     pub queued: usize,
@@ -418,7 +418,7 @@ fn submitters_json(view: &QueueView) -> Value {
 
 /// After the table, when limits are in effect or several submitters have unfinished tasks:
 /// the limits, and each submitter's counts against them (`3/5`: 3 of at most 5).
-pub fn submitters_section(view: &QueueView) -> String {
+pub(super) fn submitters_section(view: &QueueView) -> String {
     let counts = submitter_counts(view);
     let per = view
         .limits
@@ -469,7 +469,7 @@ pub fn submitters_section(view: &QueueView) -> String {
 }
 
 /// The human table: a header and one line per task.
-pub fn table(view: &QueueView) -> String {
+pub(super) fn table(view: &QueueView) -> String {
     let shared = view.cluster.is_some();
     let rows: Vec<Vec<String>> = view
         .tasks
@@ -513,7 +513,7 @@ fn row(task: &TaskView, view: &QueueView) -> Vec<String> {
 }
 
 /// `name(k/n)`, 1-based.
-pub fn phase_cell(task: &TaskView) -> String {
+pub(super) fn phase_cell(task: &TaskView) -> String {
     match (&task.phase, task.phase_index, task.phase_count) {
         (Some(name), Some(index), Some(count)) => format!("{name}({}/{count})", index + 1),
         (Some(name), _, _) => name.clone(),
@@ -522,7 +522,7 @@ pub fn phase_cell(task: &TaskView) -> String {
 }
 
 /// `done/total`, `done`, or `-`.
-pub fn iter_cell(task: &TaskView) -> String {
+pub(super) fn iter_cell(task: &TaskView) -> String {
     match (task.iteration, task.total) {
         (Some(done), Some(total)) => format!("{done}/{total}"),
         (Some(done), None) => done.to_string(),
@@ -603,7 +603,7 @@ mod bars {
     use crate::client::QueueClient as Source;
     use crate::queue::{LoadOptions, QueueView, TaskView};
 
-    pub fn watch(source: &Source, options: LoadOptions, stop: &AtomicBool) -> CliResult {
+    pub(super) fn watch(source: &Source, options: LoadOptions, stop: &AtomicBool) -> CliResult {
         let multi = MultiProgress::with_draw_target(ProgressDrawTarget::stdout());
         let header = multi.add(ProgressBar::new_spinner());
         header.set_style(ProgressStyle::with_template("{msg}").expect("a valid template"));

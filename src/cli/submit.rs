@@ -18,7 +18,7 @@ The queue directory must exist: a submit in the wrong directory would otherwise 
 no daemon reads. --create-queue makes a new one.
 With --db URL the task goes straight into the shared queue in that PostgreSQL database (the
 queue directory is not used); an id the shared queue has already is refused (exit 3).")]
-pub struct SubmitArgs {
+pub(super) struct SubmitArgs {
     /// The task file ("-" for stdin).
     file: PathBuf,
 
@@ -30,7 +30,7 @@ pub struct SubmitArgs {
     pub(super) db: DbArg,
 }
 
-pub fn run(queue: &Path, args: SubmitArgs) -> CliResult {
+pub(super) fn run(queue: &Path, args: SubmitArgs) -> CliResult {
     let (stem, task) = read_task_file(&args.file)?;
     let client = QueueClient::open(queue, args.db.url())?;
     if !client.is_shared() {
@@ -45,7 +45,7 @@ pub fn run(queue: &Path, args: SubmitArgs) -> CliResult {
 
 /// Read and validate a task file ("-" is stdin). Returns the name to derive an id from, or
 /// the error naming the file with its exit code.
-pub fn read_task_file(file: &Path) -> CliResult<(String, Task)> {
+pub(super) fn read_task_file(file: &Path) -> CliResult<(String, Task)> {
     let (bytes, stem) = if file == Path::new("-") {
         let mut bytes = Vec::new();
         let read = std::io::stdin()
@@ -113,7 +113,7 @@ fn invalid_task_file(name: &str, error: TaskError) -> CliError {
 }
 
 /// How messages name a task file: its path, or `<stdin>` for "-".
-pub fn file_name(file: &Path) -> String {
+pub(super) fn file_name(file: &Path) -> String {
     if file == Path::new("-") {
         "<stdin>".to_string()
     } else {

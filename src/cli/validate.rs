@@ -11,7 +11,7 @@ use super::source::DbArg;
 use crate::client::QueueClient;
 
 #[derive(Debug, Args)]
-pub struct ValidateArgs {
+pub(super) struct ValidateArgs {
     /// The task file ("-" for stdin).
     file: PathBuf,
 
@@ -19,7 +19,7 @@ pub struct ValidateArgs {
     pub(super) db: DbArg,
 }
 
-pub fn run(args: ValidateArgs) -> CliResult {
+pub(super) fn run(args: ValidateArgs) -> CliResult {
     let (_, task) = super::submit::read_task_file(&args.file)?;
     let name = super::submit::file_name(&args.file);
     let phases: Vec<String> = task

@@ -21,14 +21,14 @@ pub(super) struct KnownTasks {
 }
 
 impl KnownTasks {
-    pub fn new(admission: Arc<Admission>) -> KnownTasks {
+    pub(super) fn new(admission: Arc<Admission>) -> KnownTasks {
         KnownTasks {
             tasks: HashMap::new(),
             admission,
         }
     }
 
-    pub fn get<Q>(&self, id: &Q) -> Option<&Arc<Task>>
+    pub(super) fn get<Q>(&self, id: &Q) -> Option<&Arc<Task>>
     where
         TaskId: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
@@ -36,7 +36,7 @@ impl KnownTasks {
         self.tasks.get(id)
     }
 
-    pub fn contains_key<Q>(&self, id: &Q) -> bool
+    pub(super) fn contains_key<Q>(&self, id: &Q) -> bool
     where
         TaskId: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
@@ -45,16 +45,16 @@ impl KnownTasks {
     }
 
     /// Why `task` may not be counted once more (see [`Admission::check_queued`]).
-    pub fn check_queued(&self, task: &Task) -> Result<(), crate::limits::QueueFull> {
+    pub(super) fn check_queued(&self, task: &Task) -> Result<(), crate::limits::QueueFull> {
         self.admission.check_queued(task)
     }
 
-    pub fn insert(&mut self, id: TaskId, task: Arc<Task>) -> Option<Arc<Task>> {
+    pub(super) fn insert(&mut self, id: TaskId, task: Arc<Task>) -> Option<Arc<Task>> {
         self.admission.note(&id, SubmitterKey::of_task(&task));
         self.tasks.insert(id, task)
     }
 
-    pub fn remove<Q>(&mut self, id: &Q) -> Option<Arc<Task>>
+    pub(super) fn remove<Q>(&mut self, id: &Q) -> Option<Arc<Task>>
     where
         TaskId: Borrow<Q>,
         Q: Hash + Eq + ?Sized + AsRef<str>,
@@ -72,13 +72,13 @@ pub(super) struct RunningBySubmitter {
 }
 
 impl RunningBySubmitter {
-    pub fn started(&mut self, id: &TaskId, key: SubmitterKey) {
+    pub(super) fn started(&mut self, id: &TaskId, key: SubmitterKey) {
         if self.of.insert(id.clone(), key).is_none() {
             *self.count.entry(key).or_insert(0) += 1;
         }
     }
 
-    pub fn ended(&mut self, id: &str) {
+    pub(super) fn ended(&mut self, id: &str) {
         let Some(key) = self.of.remove(id) else {
             return;
         };
@@ -90,7 +90,7 @@ impl RunningBySubmitter {
         }
     }
 
-    pub fn of(&self, key: SubmitterKey) -> usize {
+    pub(super) fn of(&self, key: SubmitterKey) -> usize {
         self.count.get(&key).copied().unwrap_or(0)
     }
 }

@@ -25,7 +25,7 @@ pub(crate) struct ServiceNotifier {
 const STATUS_EVERY: Duration = Duration::from_millis(250);
 
 impl ServiceNotifier {
-    pub fn new() -> Self {
+    pub(super) fn new() -> Self {
         let watchdog_every = sd_notify::watchdog_enabled().map(|timeout| timeout / 2);
         ServiceNotifier {
             watchdog_every,
@@ -42,14 +42,14 @@ impl ServiceNotifier {
         }
     }
 
-    pub fn ready(&mut self, status: String) {
+    pub(super) fn ready(&mut self, status: String) {
         self.send(&[NotifyState::Ready, NotifyState::Status(&status)]);
         self.last_status = status;
         self.last_ping = Some(Instant::now());
     }
 
     /// Whether a status line should be worked out for the next [`ServiceNotifier::tick`].
-    pub fn status_due(&self) -> bool {
+    pub(super) fn status_due(&self) -> bool {
         self.listened_to
             && self
                 .last_status_at
@@ -58,7 +58,7 @@ impl ServiceNotifier {
 
     /// Send STATUS= when it changed (`None`: not worked out, see [`ServiceNotifier::status_due`]),
     /// and WATCHDOG=1 when one is due.
-    pub fn tick(&mut self, status: Option<String>) {
+    pub(super) fn tick(&mut self, status: Option<String>) {
         if let Some(status) = status {
             self.last_status_at = Some(Instant::now());
             if status != self.last_status {
@@ -75,12 +75,12 @@ impl ServiceNotifier {
     }
 
     /// The longest sleep that still keeps the watchdog fed.
-    pub fn max_sleep(&self) -> Option<Duration> {
+    pub(super) fn max_sleep(&self) -> Option<Duration> {
         self.watchdog_every
     }
 
     /// STOPPING=1, and more time for the stop: the grace, the kill window and the flush.
-    pub fn stopping(&mut self, allowance: Duration) {
+    pub(super) fn stopping(&mut self, allowance: Duration) {
         let usec = u32::try_from(allowance.as_micros()).unwrap_or(u32::MAX);
         self.send(&[
             NotifyState::Stopping,

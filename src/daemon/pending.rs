@@ -20,13 +20,13 @@ pub(super) struct PendingQueues {
 }
 
 impl PendingQueues {
-    pub fn push(&mut self, key: SubmitterKey, entry: PendingEntry) {
+    pub(super) fn push(&mut self, key: SubmitterKey, entry: PendingEntry) {
         self.by_submitter.entry(key).or_default().push(entry);
         self.len += 1;
     }
 
     /// Take `key`'s first task: its highest priority, accepted first.
-    pub fn pop_of(&mut self, key: SubmitterKey) -> Option<TaskId> {
+    pub(super) fn pop_of(&mut self, key: SubmitterKey) -> Option<TaskId> {
         let heap = self.by_submitter.get_mut(&key)?;
         let (_, _, id) = heap.pop()?;
         if heap.is_empty() {
@@ -38,7 +38,7 @@ impl PendingQueues {
 
     /// Each submitter with a task waiting, with what the choice between them looks at;
     /// `running` tells how many attempts of a submitter run now.
-    pub fn waiting<'a>(
+    pub(super) fn waiting<'a>(
         &'a self,
         running: impl Fn(SubmitterKey) -> usize + 'a,
     ) -> impl Iterator<Item = (SubmitterKey, Waiting)> + 'a {
@@ -55,21 +55,21 @@ impl PendingQueues {
         })
     }
 
-    pub fn len(&self) -> usize {
+    pub(super) fn len(&self) -> usize {
         self.len
     }
 
-    pub fn is_empty(&self) -> bool {
+    pub(super) fn is_empty(&self) -> bool {
         self.len == 0
     }
 
     /// Every waiting task, in no particular order.
-    pub fn iter(&self) -> impl Iterator<Item = &PendingEntry> {
+    pub(super) fn iter(&self) -> impl Iterator<Item = &PendingEntry> {
         self.by_submitter.values().flat_map(|heap| heap.iter())
     }
 
     /// Keep only the tasks `keep` says to keep.
-    pub fn retain(&mut self, mut keep: impl FnMut(&PendingEntry) -> bool) {
+    pub(super) fn retain(&mut self, mut keep: impl FnMut(&PendingEntry) -> bool) {
         for heap in self.by_submitter.values_mut() {
             heap.retain(&mut keep);
         }

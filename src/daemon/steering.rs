@@ -7,7 +7,7 @@
 
 use nix::unistd::{Gid, Group, Uid};
 
-pub use crate::queue::control::SteeringRefusal;
+pub(super) use crate::queue::control::SteeringRefusal;
 use crate::queue::control::{ControlJudge, ControlRequest, DatabaseAsker, RequestFile};
 use crate::runner::identity::RunAs;
 use crate::submitter::Submitter;

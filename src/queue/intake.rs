@@ -38,14 +38,14 @@ use crate::task::{random_suffix, Task, TaskError, MAX_TASK_FILE_BYTES};
 use crate::task_id::TaskId;
 
 /// How long a file must stay unchanged before it is taken without a "closed" hint.
-pub const SETTLE_TIME: Duration = Duration::from_millis(1000);
+pub(super) const SETTLE_TIME: Duration = Duration::from_millis(1000);
 
 /// How long a file seen being written (and not closed) may stay unchanged before the writer is
 /// taken to be gone.
-pub const WRITING_PATIENCE: Duration = Duration::from_secs(60);
+pub(super) const WRITING_PATIENCE: Duration = Duration::from_secs(60);
 
 /// How long a file that ends mid-JSON may stay unchanged before it is rejected as truncated.
-pub const TRUNCATED_PATIENCE: Duration = Duration::from_secs(10);
+pub(super) const TRUNCATED_PATIENCE: Duration = Duration::from_secs(10);
 
 const CLAIM_PREFIX: &str = ".claim.";
 
@@ -752,7 +752,7 @@ fn round_robin_by_owner(
 
 /// A file name as it may be shown in records and logs: itself when it is UTF-8, otherwise
 /// its valid parts with each other byte written `\xNN`.
-pub fn shown_name(name: &OsStr) -> String {
+pub(super) fn shown_name(name: &OsStr) -> String {
     if let Some(name) = name.to_str() {
         return name.to_string();
     }

@@ -155,7 +155,7 @@ const STICKY: u32 = 0o1000;
 /// user, and be writable by nobody else unless it is sticky (`/tmp`): whoever can rename the
 /// queue's entry in a parent can swap the whole queue for one of theirs. sshd's `StrictModes`
 /// makes this walk for `authorized_keys`; systemd-tmpfiles refuses the same unsafe transitions.
-pub fn check_parents(root: &Path) -> Result<(), UnsafeQueue> {
+pub(super) fn check_parents(root: &Path) -> Result<(), UnsafeQueue> {
     let real = std::fs::canonicalize(root).map_err(|source| UnsafeQueue::Unreadable {
         path: root.to_path_buf(),
         source,

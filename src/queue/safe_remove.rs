@@ -37,7 +37,7 @@ pub enum UnsafeQueueError {
 
 /// An opened queue root whose directories were checked to be real directories.
 #[derive(Debug)]
-pub struct OpenedQueue {
+pub(super) struct OpenedQueue {
     root: OwnedFd,
 }
 
@@ -45,7 +45,7 @@ impl OpenedQueue {
     /// Open `root` (the path the user gave, links in it followed: that is their choice) and
     /// refuse it if one of its directories is a symbolic link or not a directory. The error
     /// names the directory and says why.
-    pub fn open(root: &Path) -> Result<OpenedQueue, UnsafeQueueError> {
+    pub(super) fn open(root: &Path) -> Result<OpenedQueue, UnsafeQueueError> {
         let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC;
         let fd = nix::fcntl::open(root, flags, Mode::empty()).map_err(|source| {
             UnsafeQueueError::Open {
@@ -83,7 +83,7 @@ impl OpenedQueue {
     /// Remove `<dir>/<name>` (relative to the queue root): a file, or a directory with all it
     /// holds. Only names of the form cairn creates are taken. Returns whether it was a
     /// directory; a missing name is `NotFound`.
-    pub fn remove(&self, relative: &Path) -> io::Result<bool> {
+    pub(super) fn remove(&self, relative: &Path) -> io::Result<bool> {
         let (dir, name) = split_queue_name(relative)?;
         let parent = open_dir_at(&self.root, dir)?;
         let stat = fstatat(&parent, name, AtFlags::AT_SYMLINK_NOFOLLOW)?;

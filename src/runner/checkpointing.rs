@@ -54,7 +54,7 @@ impl Drop for PhaseCheckpointer<'_, '_> {
 }
 
 impl<'r, 'a> PhaseCheckpointer<'r, 'a> {
-    pub fn new(run: &'r PhaseRun<'a>, scope: &str) -> Self {
+    pub(super) fn new(run: &'r PhaseRun<'a>, scope: &str) -> Self {
         // Fenced by the task's lease: a save is refused once the lease is lost.
         match run.ctx.queue.checkpointer(run.lease, scope) {
             Ok(checkpointer) => PhaseCheckpointer {
@@ -192,7 +192,7 @@ impl<'r, 'a> PhaseCheckpointer<'r, 'a> {
 
     /// This phase's last committed checkpoint, if any; its cost becomes the task's. The files
     /// it names are put back in the scratch directory first (unless the phase is done).
-    pub async fn resume(&mut self) -> Result<Option<IterationCheckpoint>, PhaseError> {
+    pub(super) async fn resume(&mut self) -> Result<Option<IterationCheckpoint>, PhaseError> {
         let resumed = self
             .call(|c| {
                 let resumed = c.resume_checkpoint()?;
@@ -210,7 +210,7 @@ impl<'r, 'a> PhaseCheckpointer<'r, 'a> {
 
     /// `count` iterations are complete with `state` and `files` (name → path in the scratch
     /// directory); written when due, and always when it names files. True if written.
-    pub async fn checkpoint(
+    pub(super) async fn checkpoint(
         &mut self,
         count: u64,
         state: Value,
@@ -223,7 +223,7 @@ impl<'r, 'a> PhaseCheckpointer<'r, 'a> {
 
     /// The phase's final checkpoint (marked done, with its output), naming `files`, or the
     /// last checkpoint's when there are none.
-    pub async fn finish(
+    pub(super) async fn finish(
         &mut self,
         count: u64,
         state: Value,
@@ -236,7 +236,7 @@ impl<'r, 'a> PhaseCheckpointer<'r, 'a> {
     }
 
     /// Write the latest completed iteration if it is still pending.
-    pub async fn flush(&mut self) -> Result<(), PhaseError> {
+    pub(super) async fn flush(&mut self) -> Result<(), PhaseError> {
         self.call(|c| c.flush()).await
     }
 }

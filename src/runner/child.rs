@@ -172,7 +172,7 @@ fn errno_of(error: &io::Error) -> Option<i32> {
 
 /// An error of waiting for a command: when its trampoline reported that it never started,
 /// the failed start it is (named as [`spawn_in_group`] names one), else the wait's own.
-pub fn wait_error(program: &str, cwd: &std::path::Path, error: io::Error) -> io::Error {
+pub(super) fn wait_error(program: &str, cwd: &std::path::Path, error: io::Error) -> io::Error {
     if spawn::late_start_failure(&error).is_some() {
         spawn_error(program, cwd, error)
     } else {
@@ -190,7 +190,7 @@ fn start_failure(e: io::Error) -> RunError {
 }
 
 /// Open a command's log for appending and write its header line.
-pub fn open_log(path: &std::path::Path, header: &str) -> io::Result<std::fs::File> {
+pub(super) fn open_log(path: &std::path::Path, header: &str) -> io::Result<std::fs::File> {
     let mut log = crate::store::modes::open_append(path).map_err(|e| log_error(path, e))?;
     writeln!(log, "{header}")?;
     Ok(log)
@@ -220,13 +220,13 @@ fn log_error(path: &std::path::Path, e: io::Error) -> io::Error {
 }
 
 /// The process group a spawned child leads.
-pub fn group_of(child: &CommandProcess) -> Option<Pid> {
+pub(super) fn group_of(child: &CommandProcess) -> Option<Pid> {
     child.id().map(|id| Pid::from_raw(id as i32))
 }
 
 /// Why a command could not be run.
 #[derive(Debug, thiserror::Error)]
-pub enum RunError {
+pub(super) enum RunError {
     /// cairn could not open or write the command's log: its own storage (a full disk).
     #[error("{0}")]
     Log(io::Error),
@@ -244,7 +244,7 @@ pub enum RunError {
 /// (`EAGAIN`, `ENOMEM`), or the daemon or the system out of file descriptors (`EMFILE`,
 /// `ENFILE`: the pipes and the pidfd of every command in flight count), which passes, rather
 /// than because of the command itself.
-pub fn is_resource_exhaustion(e: &io::Error) -> bool {
+pub(super) fn is_resource_exhaustion(e: &io::Error) -> bool {
     match errno_of(e) {
         Some(errno) => matches!(
             errno,
@@ -260,7 +260,7 @@ pub fn is_resource_exhaustion(e: &io::Error) -> bool {
 
 /// Run the command to its end, or until the shutdown's grace runs out, `cancel` fires (an
 /// operator's `cairn cancel`) or its timeout passes.
-pub async fn run_command(
+pub(super) async fn run_command(
     run: CommandRun,
     shutdown: &Shutdown,
     cancel: &CancellationToken,
@@ -393,7 +393,11 @@ async fn settle(
 }
 
 /// SIGTERM the group, give it [`KILL_AFTER`] (none after a second signal), then SIGKILL it.
-pub async fn stop_group(group: Option<Pid>, child: &mut CommandProcess, shutdown: &Shutdown) {
+pub(super) async fn stop_group(
+    group: Option<Pid>,
+    child: &mut CommandProcess,
+    shutdown: &Shutdown,
+) {
     if shutdown.is_immediate() {
         kill_group(group, Signal::SIGKILL);
     } else {
@@ -408,7 +412,7 @@ pub async fn stop_group(group: Option<Pid>, child: &mut CommandProcess, shutdown
     let _ = child.wait().await;
 }
 
-pub fn kill_group(group: Option<Pid>, signal: Signal) {
+pub(super) fn kill_group(group: Option<Pid>, signal: Signal) {
     if let Some(group) = group {
         // ESRCH: the group is already gone, which is what we want.
         let _ = killpg(group, signal);

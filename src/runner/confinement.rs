@@ -29,7 +29,7 @@ pub struct ConfineConfig {
 
 /// One task's confinement, for one attempt.
 #[derive(Debug)]
-pub struct TaskConfinement {
+pub(crate) struct TaskConfinement {
     /// What each command is started with.
     pub spawn: Confinement,
     /// The submitter, when commands run as their submitter.
@@ -40,7 +40,7 @@ pub struct TaskConfinement {
 
 /// Why a task's commands cannot be confined as asked.
 #[derive(Debug, thiserror::Error)]
-pub enum ConfineError {
+pub(crate) enum ConfineError {
     #[error(
         "the daemon runs tasks as their submitters (--run-as-submitter) and this task has no \
          submitter it can trust: it was accepted before submitters were recorded, or, on a \
@@ -58,7 +58,7 @@ pub enum ConfineError {
 }
 
 /// The scratch directory of a task's run directory (`$CAIRN_SCRATCH`).
-pub fn scratch_dir(run_dir: &Path) -> PathBuf {
+pub(super) fn scratch_dir(run_dir: &Path) -> PathBuf {
     run_dir.join("scratch")
 }
 
@@ -66,7 +66,7 @@ impl TaskConfinement {
     /// Prepare task `id`'s attempt (blocking): find its submitter's identity, create its
     /// scratch directory in `run_dir` (which exists), owned by the submitter, then its cgroup
     /// (last, so that no failure leaves a cgroup that nothing ends).
-    pub fn prepare(
+    pub(crate) fn prepare(
         config: &ConfineConfig,
         id: &str,
         submitter_uid: Option<u32>,
@@ -106,14 +106,14 @@ impl TaskConfinement {
     }
 
     /// Who the files a task's commands use are handed to, as a value a blocking job can take.
-    pub fn file_owner(&self) -> FileOwner {
+    pub(crate) fn file_owner(&self) -> FileOwner {
         FileOwner::of(self.run_as.as_ref())
     }
 
     /// The submitter's login variables (`USER`, `HOME`, ...), and `XDG_CACHE_HOME` in its
     /// scratch directory (the service's cache directory is the daemon's user's), which a task's
     /// `env` may override; none when commands run as the daemon's user.
-    pub fn login_env(&self) -> Vec<(String, String)> {
+    pub(crate) fn login_env(&self) -> Vec<(String, String)> {
         let Some(run_as) = &self.run_as else {
             return Vec::new();
         };
@@ -124,12 +124,12 @@ impl TaskConfinement {
     }
 
     /// The scratch directory, where the files checkpoints name are read and restored.
-    pub fn scratch(&self) -> PathBuf {
+    pub(crate) fn scratch(&self) -> PathBuf {
         scratch_dir(&self.run_dir)
     }
 
     /// `CAIRN_SCRATCH`: the directory the task's commands may write.
-    pub fn scratch_env(&self) -> (String, String) {
+    pub(crate) fn scratch_env(&self) -> (String, String) {
         (
             "CAIRN_SCRATCH".into(),
             scratch_dir(&self.run_dir).display().to_string(),
@@ -138,7 +138,7 @@ impl TaskConfinement {
 
     /// End every process of the task still alive after its attempt (blocking): everything in
     /// its cgroup, else everything carrying its `CAIRN_RUN_DIR`. Returns how many were found.
-    pub fn end_leftovers(self) -> usize {
+    pub(crate) fn end_leftovers(self) -> usize {
         match self.cgroup {
             Some(cgroup) => cgroup.end_all(),
             None => task_processes::kill_by_marker(&self.run_dir),
@@ -149,7 +149,7 @@ impl TaskConfinement {
 /// The submitter's uid and gid when commands run as their submitter, else nobody: the owner
 /// the files a task's commands use are handed to.
 #[derive(Debug, Clone, Copy)]
-pub struct FileOwner(Option<(u32, u32)>);
+pub(crate) struct FileOwner(Option<(u32, u32)>);
 
 impl FileOwner {
     fn of(run_as: Option<&RunAs>) -> FileOwner {
@@ -157,7 +157,7 @@ impl FileOwner {
     }
 
     /// The owner's uid and gid, when there is one.
-    pub fn ids(self) -> Option<(u32, u32)> {
+    pub(crate) fn ids(self) -> Option<(u32, u32)> {
         self.0
     }
 
@@ -168,7 +168,7 @@ impl FileOwner {
     /// the mode of any file on the host, while `CAP_CHOWN` (which it has) is all a hand-over
     /// needs. A file handed over before (the scratch directory of an earlier attempt) is
     /// taken back first, unless it is as asked already.
-    pub fn hand_over(self, path: &Path, mode: u32) -> io::Result<()> {
+    pub(crate) fn hand_over(self, path: &Path, mode: u32) -> io::Result<()> {
         use std::os::unix::fs::{MetadataExt, PermissionsExt};
         let Some((uid, gid)) = self.0 else {
             return Ok(());

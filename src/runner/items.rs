@@ -17,7 +17,7 @@ use super::checkpointing::{Files, PhaseCheckpointer};
 use super::{PhaseEnd, PhaseError, PhaseRun};
 
 /// The scope name of the daemon's items checkpoints.
-pub const ITEMS_SCOPE: &str = "items";
+pub(super) const ITEMS_SCOPE: &str = "items";
 
 /// The list the phase works through.
 fn items_of(run: &PhaseRun<'_>) -> Result<Vec<Value>, PhaseError> {

@@ -521,7 +521,7 @@ pub(crate) struct PhaseRun<'a> {
 impl PhaseRun<'_> {
     /// Run the phase's command once with `request` on stdin. `Ok(None)` means a stop interrupted
     /// it; `Ok(Some(stdout))` means it exited 0.
-    pub async fn call(
+    pub(crate) async fn call(
         &self,
         request: &Value,
         iteration: Option<u64>,
@@ -570,7 +570,7 @@ impl PhaseRun<'_> {
     }
 
     /// Parse a command's stdout as JSON, quoting the start of it when it is not.
-    pub fn parse_reply<T: serde::de::DeserializeOwned>(
+    pub(crate) fn parse_reply<T: serde::de::DeserializeOwned>(
         &self,
         stdout: &[u8],
         iteration: Option<u64>,
@@ -601,14 +601,14 @@ impl PhaseRun<'_> {
 
     /// Start no further iteration or item: the daemon stops, or an operator paused or
     /// cancelled the task.
-    pub fn should_stop(&self) -> bool {
+    pub(crate) fn should_stop(&self) -> bool {
         self.ctx.shutdown.is_stopping()
             || self.control.pause.is_cancelled()
             || self.control.cancel.is_cancelled()
     }
 
     /// Resolves once [`PhaseRun::should_stop`] turns true.
-    pub async fn stop_requested(&self) {
+    pub(crate) async fn stop_requested(&self) {
         tokio::select! {
             _ = self.ctx.shutdown.stopped() => {}
             _ = self.control.pause.cancelled() => {}
@@ -617,14 +617,14 @@ impl PhaseRun<'_> {
     }
 
     /// The task's summed cost so far (`None` while nothing has reported a cost).
-    pub fn cost(&self) -> Option<f64> {
+    pub(crate) fn cost(&self) -> Option<f64> {
         self.ctx
             .work
             .update(|w| w.get(self.task.id()).and_then(|e| e.cost))
     }
 
     /// Set the task's summed cost (from a checkpoint being resumed).
-    pub fn set_cost(&self, total: Option<f64>) {
+    pub(crate) fn set_cost(&self, total: Option<f64>) {
         self.ctx.work.update(|w| {
             if let Some(entry) = w.get_mut(self.task.id()) {
                 entry.cost = total;
@@ -661,7 +661,7 @@ impl PhaseRun<'_> {
     /// record durably that one may have started. From then on a crash may lose an iteration
     /// that was paid for, and the restart counts it as spent (see `daemon::recovery`); before,
     /// a crash costs nothing.
-    pub async fn command_may_start(&self) -> Result<(), PhaseError> {
+    pub(crate) async fn command_may_start(&self) -> Result<(), PhaseError> {
         let first = self.ctx.work.update(|w| {
             w.get_mut(self.task.id())
                 .is_some_and(|e| std::mem::take(&mut e.no_iteration_started))
@@ -680,7 +680,7 @@ impl PhaseRun<'_> {
     /// Add one iteration's reported cost. When it is the largest so far it prices the
     /// iterations a crash loses, so it is made durable before the work goes on: a restart that
     /// did not know it could not count them against the budget.
-    pub async fn add_iteration_cost(&self, amount: f64) -> Result<(), PhaseError> {
+    pub(crate) async fn add_iteration_cost(&self, amount: f64) -> Result<(), PhaseError> {
         if self.add_cost(amount) {
             self.ctx.work.persist().await.map_err(|e| {
                 PhaseError::Transient(format!("recording the largest iteration cost: {e}"))
@@ -692,7 +692,7 @@ impl PhaseRun<'_> {
     /// With a budget: refuse to go on once it is spent, or when the cost of the work done so
     /// far is unknown (`cost_known` false) — unknown cost is not zero. What is spent includes
     /// the estimate for the iterations lost to crashes.
-    pub fn check_budget(&self, cost_known: bool, what: &str) -> Result<(), PhaseError> {
+    pub(crate) fn check_budget(&self, cost_known: bool, what: &str) -> Result<(), PhaseError> {
         // The limit is read each time: `cairn budget` may raise it while the task runs.
         let (limit, committed, lost, estimate) = self
             .ctx
@@ -728,7 +728,7 @@ impl PhaseRun<'_> {
     }
 
     /// Note a worker's progress for `status`.
-    pub fn set_progress(&self, done: u64, total: Option<u64>) {
+    pub(crate) fn set_progress(&self, done: u64, total: Option<u64>) {
         self.ctx.work.update(|w| {
             if let Some(entry) = w.get_mut(self.task.id()) {
                 entry.progress = Some(Progress { done, total });
@@ -740,7 +740,7 @@ impl PhaseRun<'_> {
     }
 
     /// The environment every command of this phase gets.
-    pub fn env(&self, iteration: Option<u64>) -> Vec<(String, String)> {
+    pub(crate) fn env(&self, iteration: Option<u64>) -> Vec<(String, String)> {
         let id = self.task.id();
         // The submitter's USER, HOME, ... first: the task's own env may override them.
         let mut env = self.confinement.login_env();
@@ -787,7 +787,7 @@ impl PhaseRun<'_> {
     }
 
     /// The log header of one command run.
-    pub fn log_header(&self, iteration: Option<u64>) -> String {
+    pub(crate) fn log_header(&self, iteration: Option<u64>) -> String {
         match iteration {
             Some(i) => format!(
                 "=== {} attempt {} iteration {i} ===",
@@ -809,14 +809,14 @@ impl PhaseRun<'_> {
         }
     }
 
-    pub fn log_path(&self) -> PathBuf {
+    pub(crate) fn log_path(&self) -> PathBuf {
         self.ctx
             .queue
             .run_dir(self.task.id())
             .join(format!("{}-{}.log", self.index, self.phase.name))
     }
 
-    pub fn cwd(&self) -> PathBuf {
+    pub(crate) fn cwd(&self) -> PathBuf {
         match &self.task.cwd {
             Some(cwd) => self.ctx.queue.root().join(cwd),
             None => self.ctx.queue.root().to_path_buf(),

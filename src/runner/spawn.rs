@@ -193,7 +193,7 @@ impl<'a> PreparedEnv<'a> {
 }
 
 /// What a new process is to become.
-pub struct ProcessSpec<'a> {
+pub(super) struct ProcessSpec<'a> {
     /// The program as written (found through `PATH` if it has no `/`) and its arguments.
     pub argv: &'a [String],
     pub cwd: &'a Path,
@@ -284,7 +284,7 @@ impl std::error::Error for LateStartFailure {}
 
 /// When an error of [`CommandProcess::wait`] says that the command never started (a step of
 /// the trampoline failed): the system's error number behind it.
-pub fn late_start_failure(error: &io::Error) -> Option<i32> {
+pub(super) fn late_start_failure(error: &io::Error) -> Option<i32> {
     error
         .get_ref()
         .and_then(|inner| inner.downcast_ref::<LateStartFailure>())
@@ -340,7 +340,7 @@ fn reap(pid: libc::pid_t, flags: c_int) -> io::Result<Option<ExitStatus>> {
 /// Start the process `spec` describes, leading a new process group, dying with the daemon.
 /// An error names the step that failed (the `exec` failing: the OS error alone, as
 /// `std::process::Command` gives it).
-pub fn start(spec: ProcessSpec<'_>) -> io::Result<CommandProcess> {
+pub(super) fn start(spec: ProcessSpec<'_>) -> io::Result<CommandProcess> {
     let command = PreparedCommand::new(&spec)?;
     // A command run as someone else starts through the trampoline (see `trampoline`): the
     // switch of user happens after this process's part has ended.

@@ -305,14 +305,14 @@ impl TaskCgroup {
 
 /// Kill every process whose environment holds `CAIRN_RUN_DIR=<run_dir>` exactly (a task's
 /// helpers that left its process group), until a scan finds none; returns how many.
-pub fn kill_by_marker(run_dir: &Path) -> usize {
+pub(super) fn kill_by_marker(run_dir: &Path) -> usize {
     let marker = format!("CAIRN_RUN_DIR={}", run_dir.display());
     kill_matching(|var| var == marker.as_bytes())
 }
 
 /// Kill every process (not this one) having an environment variable for which `matches` holds,
 /// scanning again until a scan finds none; returns how many were killed.
-pub fn kill_matching(matches: impl Fn(&[u8]) -> bool) -> usize {
+pub(super) fn kill_matching(matches: impl Fn(&[u8]) -> bool) -> usize {
     let me = std::process::id();
     let mut killed = 0;
     for _ in 0..MAX_ROUNDS {

@@ -33,10 +33,10 @@ use super::worker_supervision::{Event, KillReason, Supervision};
 use super::{PhaseEnd, PhaseError, PhaseRun};
 
 /// The scope name of the daemon's worker checkpoints.
-pub const WORKER_SCOPE: &str = "worker";
+pub(super) const WORKER_SCOPE: &str = "worker";
 
 /// Exit status with which a worker asks to be resumed from its last checkpoint.
-pub const EXIT_RESUME_ME: i32 = 75;
+pub(super) const EXIT_RESUME_ME: i32 = 75;
 
 /// What the worker has told the daemon so far, and where its supervision stands.
 struct WorkerState<'r, 'a> {

@@ -38,7 +38,7 @@ struct Round {
 impl GroupCommit {
     /// Return once a `sync` that started after this call began has succeeded (or with its
     /// error). `sync` is run by whichever member leads the round.
-    pub fn barrier(&self, sync: impl FnOnce() -> io::Result<()>) -> io::Result<()> {
+    pub(super) fn barrier(&self, sync: impl FnOnce() -> io::Result<()>) -> io::Result<()> {
         let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         let round = Arc::clone(&state.open);
         loop {

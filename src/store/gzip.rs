@@ -43,14 +43,16 @@ static POOL: Mutex<Vec<Compress>> = Mutex::new(Vec::new());
 
 /// `input` as one complete gzip member (header, deflate stream, CRC-32 and length trailer).
 #[cfg(test)]
-pub fn gzip(input: &[u8]) -> io::Result<Vec<u8>> {
+pub(super) fn gzip(input: &[u8]) -> io::Result<Vec<u8>> {
     gzip_with(|w| w.write_all(input))
 }
 
 /// What `produce` writes, as one complete gzip member. Full blocks are compressed on other
 /// cores while `produce` goes on writing. The writer is a concrete type, not `dyn Write`: a
 /// serializer makes a call per token, and each one is then an inlined copy.
-pub fn gzip_with(produce: impl FnOnce(&mut BlockWriter) -> io::Result<()>) -> io::Result<Vec<u8>> {
+pub(super) fn gzip_with(
+    produce: impl FnOnce(&mut BlockWriter) -> io::Result<()>,
+) -> io::Result<Vec<u8>> {
     let (done_tx, done_rx) = mpsc::channel::<Compressed>();
     let mut writer = BlockWriter {
         queued: Arc::new(Mutex::new(VecDeque::new())),
@@ -210,7 +212,7 @@ fn help(inbox: &Mutex<mpsc::Receiver<Ticket>>) {
 }
 
 /// Collects the document into blocks and queues each full one for the helpers.
-pub struct BlockWriter {
+pub(super) struct BlockWriter {
     queued: Queued,
     done_tx: mpsc::Sender<Compressed>,
     /// The block being filled (grows as needed, so a small document stays small).

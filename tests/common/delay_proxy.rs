@@ -15,7 +15,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 /// A running proxy; dropping it stops it (and every connection through it).
-pub struct DelayProxy {
+pub(crate) struct DelayProxy {
     port: u16,
     /// While true, nothing is passed on (a silent partition).
     cut: Arc<tokio::sync::watch::Sender<bool>>,
@@ -25,7 +25,7 @@ pub struct DelayProxy {
 impl DelayProxy {
     /// Listen on a free port of 127.0.0.1 and relay each connection to the Unix socket in
     /// `socket_dir` (PostgreSQL's `.s.PGSQL.5432`), `one_way` late in each direction.
-    pub fn start(socket_dir: &std::path::Path, one_way: Duration) -> DelayProxy {
+    pub(crate) fn start(socket_dir: &std::path::Path, one_way: Duration) -> DelayProxy {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .enable_all()
@@ -47,12 +47,12 @@ impl DelayProxy {
 
     /// Cut the link silently (`true`) or heal it (`false`): what was held back is passed on
     /// once it heals, in order.
-    pub fn cut(&self, cut: bool) {
+    pub(crate) fn cut(&self, cut: bool) {
         self.cut.send_replace(cut);
     }
 
     /// A connection string for `user` to database `postgres` through the proxy.
-    pub fn url(&self, user: &str) -> String {
+    pub(crate) fn url(&self, user: &str) -> String {
         format!(
             "postgresql://{user}@127.0.0.1:{}/postgres?sslmode=disable",
             self.port

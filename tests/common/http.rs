@@ -7,14 +7,14 @@ use std::time::Duration;
 
 /// An answer: its status code, headers (lowercased names) and body.
 #[derive(Debug, Clone)]
-pub struct HttpAnswer {
+pub(crate) struct HttpAnswer {
     pub status: u16,
     pub headers: Vec<(String, String)>,
     pub body: String,
 }
 
 impl HttpAnswer {
-    pub fn header(&self, name: &str) -> Option<&str> {
+    pub(crate) fn header(&self, name: &str) -> Option<&str> {
         self.headers
             .iter()
             .find(|(n, _)| n == name)
@@ -24,7 +24,7 @@ impl HttpAnswer {
 
 /// A port free on the loopback now (bound and let go: another program could take it before
 /// the listener does, which the tests accept).
-pub fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
@@ -33,7 +33,7 @@ pub fn free_port() -> u16 {
 
 /// Send `method path` with `headers` and `body`; `None` when the listener does not answer
 /// within `timeout` (or refuses the connection).
-pub fn request(
+pub(crate) fn request(
     addr: SocketAddr,
     method: &str,
     path: &str,
@@ -60,7 +60,7 @@ pub fn request(
 }
 
 /// GET with a generous timeout.
-pub fn get(addr: SocketAddr, path: &str) -> Option<HttpAnswer> {
+pub(crate) fn get(addr: SocketAddr, path: &str) -> Option<HttpAnswer> {
     request(addr, "GET", path, &[], "", Duration::from_secs(30))
 }
 

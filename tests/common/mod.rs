@@ -7,10 +7,10 @@
 //! state: [`wait_until`] polls with a generous deadline and says what it waited for.
 
 #[cfg(feature = "postgres")]
-pub mod delay_proxy;
-pub mod http;
+pub(crate) mod delay_proxy;
+pub(crate) mod http;
 #[cfg(feature = "postgres")]
-pub mod postgres;
+pub(crate) mod postgres;
 mod side_file;
 mod system_users;
 mod temp_files;
@@ -32,33 +32,33 @@ use nix::unistd::Pid;
 use serde_json::{json, Value};
 use tempfile::TempDir;
 
-pub use nix::sys::signal::Signal::{SIGINT, SIGKILL, SIGTERM};
-pub use side_file::*;
-pub use system_users::{SystemUser, SystemUsers};
-pub use temp_files::temp_files;
+pub(crate) use nix::sys::signal::Signal::{SIGINT, SIGKILL, SIGTERM};
+pub(crate) use side_file::*;
+pub(crate) use system_users::{SystemUser, SystemUsers};
+pub(crate) use temp_files::temp_files;
 
 /// How long a test waits for a state before it fails. Generous: tests run in parallel on a
 /// small, busy machine (a Python iteration can take a second there), and a deadline only costs
 /// time when something is wrong. A test that checks something does *not* happen within it
 /// makes that thing take far longer (an hour-long sleep), never a few seconds.
-pub const DEADLINE: Duration = Duration::from_secs(120);
+pub(crate) const DEADLINE: Duration = Duration::from_secs(120);
 
 /// How long `cairn pause|resume|cancel|retry|budget` wait for a running daemon to take a
 /// request in the tests (`CAIRN_WAIT`): as long as any other wait.
-pub const DAEMON_WAIT: &str = "120s";
+pub(crate) const DAEMON_WAIT: &str = "120s";
 
 /// How often [`wait_until`] looks again.
 const POLL: Duration = Duration::from_millis(25);
 
 /// True when the tests run in CI (`CI=true`), where every prerequisite must be present.
-pub fn in_ci() -> bool {
+pub(crate) fn in_ci() -> bool {
     std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
 }
 
 /// Whether a test may go on without `prerequisite`: outside CI it prints a loud message and
 /// returns false, so that the test returns early and passes as skipped; in CI, where
 /// everything is installed and the tests run as root, it fails the test.
-pub fn prerequisite_missing(test: &str, prerequisite: &str) -> bool {
+pub(crate) fn prerequisite_missing(test: &str, prerequisite: &str) -> bool {
     assert!(
         !in_ci(),
         "{test}: {prerequisite}, which CI must provide (CI=true; .ci/run installs the tools and runs as root)"
@@ -73,14 +73,14 @@ pub fn prerequisite_missing(test: &str, prerequisite: &str) -> bool {
 
 /// True if the tests run as root; otherwise (outside CI) a loud skip message and false.
 /// Use: `if !require_root("my_test", "it mounts a tmpfs") { return; }`.
-pub fn require_root(test: &str, why: &str) -> bool {
+pub(crate) fn require_root(test: &str, why: &str) -> bool {
     nix::unistd::geteuid().is_root()
         || prerequisite_missing(test, &format!("needs root ({why}); run it as root"))
 }
 
 /// The path of the program `name` on `PATH` (or in the usual system directories); outside CI,
 /// if it is missing, a loud skip message and `None`.
-pub fn require_tool(test: &str, name: &str, package: &str) -> Option<PathBuf> {
+pub(crate) fn require_tool(test: &str, name: &str, package: &str) -> Option<PathBuf> {
     let path = std::env::var_os("PATH").unwrap_or_default();
     let found = std::env::split_paths(&path)
         .chain([
@@ -102,7 +102,7 @@ pub fn require_tool(test: &str, name: &str, package: &str) -> Option<PathBuf> {
 
 /// True if strace can trace here (installed, and ptrace allowed); otherwise (outside CI) a
 /// loud skip message and false.
-pub fn require_strace(test: &str) -> bool {
+pub(crate) fn require_strace(test: &str) -> bool {
     Command::new("strace")
         .args(["-f", "-qq", "-o", "/dev/null", "-e", "trace=fsync", "true"])
         .stdout(Stdio::null())
@@ -116,19 +116,19 @@ pub fn require_strace(test: &str) -> bool {
 }
 
 /// What a finished command printed on stdout, as text.
-pub fn stdout_of(output: &Output) -> String {
+pub(crate) fn stdout_of(output: &Output) -> String {
     String::from_utf8_lossy(&output.stdout).into_owned()
 }
 
 /// What a finished command printed on stderr, as text.
-pub fn stderr_of(output: &Output) -> String {
+pub(crate) fn stderr_of(output: &Output) -> String {
     String::from_utf8_lossy(&output.stderr).into_owned()
 }
 
 /// The binary of the example `name` (`examples/<name>.rs`), built first: `cargo test --test
 /// e2e` alone does not build the examples. It goes into `target/<profile>/examples/`, beside
 /// the `deps/` directory this test binary runs from.
-pub fn example_binary(name: &str) -> PathBuf {
+pub(crate) fn example_binary(name: &str) -> PathBuf {
     let mut build = Command::new(env!("CARGO"));
     build.args(["build", "--quiet", "--example", name]);
     if !cfg!(debug_assertions) {
@@ -164,19 +164,23 @@ pub fn example_binary(name: &str) -> PathBuf {
 }
 
 /// A test fixture's path (`tests/fixtures/<name>`).
-pub fn fixture(name: &str) -> PathBuf {
+pub(crate) fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures")
         .join(name)
 }
 
 /// Poll `condition` until it holds; panic with `what` once `timeout` has passed.
-pub fn wait_until(what: &str, timeout: Duration, mut condition: impl FnMut() -> bool) {
+pub(crate) fn wait_until(what: &str, timeout: Duration, mut condition: impl FnMut() -> bool) {
     wait_for(what, timeout, || condition().then_some(()))
 }
 
 /// Poll `probe` until it returns a value; panic with `what` once `timeout` has passed.
-pub fn wait_for<T>(what: &str, timeout: Duration, mut probe: impl FnMut() -> Option<T>) -> T {
+pub(crate) fn wait_for<T>(
+    what: &str,
+    timeout: Duration,
+    mut probe: impl FnMut() -> Option<T>,
+) -> T {
     let deadline = Instant::now() + timeout;
     loop {
         if let Some(value) = probe() {
@@ -191,14 +195,14 @@ pub fn wait_for<T>(what: &str, timeout: Duration, mut probe: impl FnMut() -> Opt
 
 /// A queue directory in a fresh temp dir, plus room beside it (outside the queue) for side
 /// files and daemon logs. On a failing test its daemons' stderr is printed.
-pub struct TestQueue {
+pub(crate) struct TestQueue {
     tmp: TempDir,
     root: PathBuf,
     daemons_started: AtomicUsize,
 }
 
 impl TestQueue {
-    pub fn new() -> TestQueue {
+    pub(crate) fn new() -> TestQueue {
         let tmp = tempfile::Builder::new()
             .prefix("cairn-e2e-")
             .tempdir()
@@ -217,22 +221,22 @@ impl TestQueue {
     }
 
     /// The queue directory.
-    pub fn root(&self) -> &Path {
+    pub(crate) fn root(&self) -> &Path {
         &self.root
     }
 
     /// A path inside the queue, such as `done/t1.json`.
-    pub fn path(&self, rel: &str) -> PathBuf {
+    pub(crate) fn path(&self, rel: &str) -> PathBuf {
         self.root.join(rel)
     }
 
     /// A path beside the queue (side files, helper files), never touched by cairn.
-    pub fn aux(&self, name: &str) -> PathBuf {
+    pub(crate) fn aux(&self, name: &str) -> PathBuf {
         self.tmp.path().join(name)
     }
 
     /// `cairn --queue <queue>`, ready for a subcommand.
-    pub fn cairn(&self) -> Command {
+    pub(crate) fn cairn(&self) -> Command {
         let mut command = Command::new(env!("CARGO_BIN_EXE_cairn"));
         command.arg("--queue").arg(&self.root);
         command.env_remove("CAIRN_QUEUE").env_remove("RUST_LOG");
@@ -242,7 +246,7 @@ impl TestQueue {
     }
 
     /// Run `cairn --queue <queue> <args>` to its end, with `stdin` as its input.
-    pub fn cairn_output(&self, args: &[&str], stdin: &[u8]) -> Output {
+    pub(crate) fn cairn_output(&self, args: &[&str], stdin: &[u8]) -> Output {
         let mut child = self
             .cairn()
             .args(args)
@@ -261,13 +265,13 @@ impl TestQueue {
     }
 
     /// Start `cairn run <args>` on this queue; its stderr goes to a file beside the queue.
-    pub fn start(&self, args: &[&str]) -> Daemon {
+    pub(crate) fn start(&self, args: &[&str]) -> Daemon {
         self.start_wrapped(&[], args)
     }
 
     /// Start `<wrapper...> cairn --queue <queue> run <args>`: the daemon under a program that
     /// changes how it runs (`setpriv` dropping capabilities, say). No wrapper: plain `cairn`.
-    pub fn start_wrapped(&self, wrapper: &[&str], args: &[&str]) -> Daemon {
+    pub(crate) fn start_wrapped(&self, wrapper: &[&str], args: &[&str]) -> Daemon {
         let n = self.daemons_started.fetch_add(1, Ordering::SeqCst) + 1;
         let stderr_path = self.aux(&format!("daemon-{n}.stderr"));
         Daemon::start(
@@ -282,7 +286,7 @@ impl TestQueue {
     /// Start `cairn run <args>` on this queue under `strace <strace_args>` (which name strace's
     /// output, `-o`), to see the daemon's system calls or inject faults into them. The
     /// [`Daemon`] is strace; signal the daemon itself through [`TestQueue::daemon_pid`].
-    pub fn start_under_strace(&self, strace_args: &[&str], args: &[&str]) -> Daemon {
+    pub(crate) fn start_under_strace(&self, strace_args: &[&str], args: &[&str]) -> Daemon {
         let mut wrapper = vec!["strace"];
         wrapper.extend_from_slice(strace_args);
         wrapper.push("--");
@@ -291,7 +295,7 @@ impl TestQueue {
 
     /// The pid of the daemon that holds the queue's lock, once one does: under a wrapper such
     /// as strace, the process the test started is the wrapper, not the daemon.
-    pub fn daemon_pid(&self) -> i32 {
+    pub(crate) fn daemon_pid(&self) -> i32 {
         wait_for("a daemon has locked the queue", DEADLINE, || {
             let pid: i32 = fs::read_to_string(self.path(".lock"))
                 .ok()?
@@ -305,12 +309,12 @@ impl TestQueue {
 
     /// Wait until nothing holds the queue's `.lock` any more (taking it for a moment to see):
     /// a SIGKILLed daemon's lock can outlive it for a moment.
-    pub fn wait_lock_released(&self) {
+    pub(crate) fn wait_lock_released(&self) {
         wait_flock_free(&self.path(".lock"), "the queue's lock");
     }
 
     /// Run `cairn run --exit-when-idle <args>` and expect it to drain the queue and exit 0.
-    pub fn run_until_idle(&self, args: &[&str]) {
+    pub(crate) fn run_until_idle(&self, args: &[&str]) {
         let mut all = vec!["--exit-when-idle"];
         all.extend_from_slice(args);
         let mut daemon = self.start(&all);
@@ -324,26 +328,26 @@ impl TestQueue {
     }
 
     /// Drop a task file into the inbox the way users are told to: write a dot-file, rename it.
-    pub fn drop_task(&self, name: &str, task: &Value) {
+    pub(crate) fn drop_task(&self, name: &str, task: &Value) {
         self.drop_bytes(name, &serde_json::to_vec_pretty(task).unwrap(), false);
     }
 
     /// Put a task file into the inbox of a queue whose daemon is not running, dated ten minutes
     /// back, as a file copied in long ago: the daemon's first scan takes it at once instead of
     /// waiting for a fresh file to settle.
-    pub fn seed_task(&self, name: &str, task: &Value) {
+    pub(crate) fn seed_task(&self, name: &str, task: &Value) {
         self.drop_bytes(name, &serde_json::to_vec_pretty(task).unwrap(), true);
     }
 
     /// Put `bytes` into `inbox/<name>` atomically (temp dot-file, then rename); `backdate`
     /// dates the file ten minutes back, as if it had been there for a while.
-    pub fn drop_bytes(&self, name: &str, bytes: &[u8], backdate: bool) {
+    pub(crate) fn drop_bytes(&self, name: &str, bytes: &[u8], backdate: bool) {
         self.drop_bytes_owned_by(name, bytes, backdate, None);
     }
 
     /// [`TestQueue::drop_bytes`], the file given to user `owner` (`None`: this process's user)
     /// before it is renamed in, as a submitter's own file would be.
-    pub fn drop_bytes_owned_by(
+    pub(crate) fn drop_bytes_owned_by(
         &self,
         name: &str,
         bytes: &[u8],
@@ -372,17 +376,17 @@ impl TestQueue {
     }
 
     /// `done/<id>.json`, if it exists.
-    pub fn done(&self, id: &str) -> Option<Value> {
+    pub(crate) fn done(&self, id: &str) -> Option<Value> {
         read_json_if_exists(&self.path(&format!("done/{id}.json")))
     }
 
     /// `failed/<id>.json`, if it exists.
-    pub fn failed(&self, id: &str) -> Option<Value> {
+    pub(crate) fn failed(&self, id: &str) -> Option<Value> {
         read_json_if_exists(&self.path(&format!("failed/{id}.json")))
     }
 
     /// Wait for `done/<id>.json`; fail at once if the task lands in `failed/` instead.
-    pub fn wait_done(&self, id: &str) -> Value {
+    pub(crate) fn wait_done(&self, id: &str) -> Value {
         wait_for(&format!("task {id} is in done/"), DEADLINE, || {
             if let Some(failed) = self.failed(id) {
                 panic!("task {id} failed instead of finishing: {failed:#}");
@@ -392,7 +396,7 @@ impl TestQueue {
     }
 
     /// Wait for `failed/<id>.json`; fail at once if the task lands in `done/` instead.
-    pub fn wait_failed(&self, id: &str) -> Value {
+    pub(crate) fn wait_failed(&self, id: &str) -> Value {
         wait_for(&format!("task {id} is in failed/"), DEADLINE, || {
             if let Some(done) = self.done(id) {
                 panic!("task {id} finished but was expected to fail: {done:#}");
@@ -402,7 +406,7 @@ impl TestQueue {
     }
 
     /// The task's latest iteration checkpoint, `incremental/<id>.json.gz`, decoded.
-    pub fn checkpoint(&self, id: &str) -> IterationCheckpoint {
+    pub(crate) fn checkpoint(&self, id: &str) -> IterationCheckpoint {
         let path = self.path(&format!("incremental/{id}.json.gz"));
         let bytes = fs::read(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
         decode_checkpoint(&bytes).unwrap_or_else(|e| panic!("decoding {}: {e}", path.display()))
@@ -410,13 +414,13 @@ impl TestQueue {
 
     /// The task's entry in the work state (`current_work.json` and the log of writes since),
     /// if it has one.
-    pub fn active_entry(&self, id: &str) -> Option<Value> {
+    pub(crate) fn active_entry(&self, id: &str) -> Option<Value> {
         work_entry(self.root(), id)
     }
 
     /// The rejection records in `failed/`, by the inbox file they were made for
     /// (`inbox/<name>`).
-    pub fn rejections(&self) -> BTreeMap<String, Value> {
+    pub(crate) fn rejections(&self) -> BTreeMap<String, Value> {
         let mut found = BTreeMap::new();
         let Ok(entries) = fs::read_dir(self.path("failed")) else {
             return found;
@@ -435,7 +439,7 @@ impl TestQueue {
     }
 
     /// The names in a directory of the queue (empty if it does not exist), sorted.
-    pub fn list(&self, rel: &str) -> Vec<String> {
+    pub(crate) fn list(&self, rel: &str) -> Vec<String> {
         list_dir(&self.path(rel))
     }
 }
@@ -475,7 +479,7 @@ impl Drop for TestQueue {
 }
 
 /// A running `cairn run`. Dropping it kills it (SIGKILL) if it is still running.
-pub struct Daemon {
+pub(crate) struct Daemon {
     child: Child,
     status: Option<ExitStatus>,
     stderr_path: PathBuf,
@@ -486,7 +490,7 @@ impl Daemon {
     /// Start `<wrapper...> cairn --queue <queue> run <args>` (no wrapper: plain `cairn`), its
     /// stderr to `stderr_path`. [`TestQueue::start`] is the usual way; this is for a queue
     /// somewhere else (on a small tmpfs, say).
-    pub fn start(
+    pub(crate) fn start(
         queue: &Path,
         wrapper: &[&str],
         args: &[&str],
@@ -522,12 +526,12 @@ impl Daemon {
         }
     }
 
-    pub fn pid(&self) -> i32 {
+    pub(crate) fn pid(&self) -> i32 {
         self.child.id() as i32
     }
 
     /// Send a real signal to the daemon process.
-    pub fn signal(&self, signal: Signal) {
+    pub(crate) fn signal(&self, signal: Signal) {
         kill(Pid::from_raw(self.pid()), signal)
             .unwrap_or_else(|e| panic!("sending {signal} to {}: {e}", self.name));
     }
@@ -535,12 +539,12 @@ impl Daemon {
     /// Whether the daemon is still running. The one test of it: the daemon is this process's
     /// child, so waiting for it (without blocking) is exact, and reaps it once it has exited, so
     /// a zombie does not count as running.
-    pub fn is_running(&mut self) -> bool {
+    pub(crate) fn is_running(&mut self) -> bool {
         self.try_status().is_none()
     }
 
     /// The exit status, if it has exited.
-    pub fn try_status(&mut self) -> Option<ExitStatus> {
+    pub(crate) fn try_status(&mut self) -> Option<ExitStatus> {
         if self.status.is_none() {
             self.status = self.child.try_wait().expect("checking on the daemon");
         }
@@ -548,19 +552,19 @@ impl Daemon {
     }
 
     /// Wait for the daemon to exit; panic (with its stderr) after `timeout`.
-    pub fn wait_exit(&mut self, timeout: Duration) -> ExitStatus {
+    pub(crate) fn wait_exit(&mut self, timeout: Duration) -> ExitStatus {
         let name = self.name.clone();
         wait_for(&format!("{name} exits"), timeout, || self.try_status())
     }
 
     /// SIGKILL the daemon and reap it.
-    pub fn kill_hard(&mut self) -> ExitStatus {
+    pub(crate) fn kill_hard(&mut self) -> ExitStatus {
         self.signal(SIGKILL);
         self.wait_exit(DEADLINE)
     }
 
     /// What the daemon has written on stderr so far.
-    pub fn stderr(&self) -> String {
+    pub(crate) fn stderr(&self) -> String {
         fs::read_to_string(&self.stderr_path).unwrap_or_default()
     }
 }
@@ -577,7 +581,7 @@ impl Drop for Daemon {
 /// Wait until nothing holds the `flock` of the file at `path` (taking it for a moment to see).
 /// A SIGKILLed daemon's locks can outlive it for a moment: a command it was starting holds a
 /// copy of its descriptors until that command's `exec` closes them.
-pub fn wait_flock_free(path: &Path, what: &str) {
+pub(crate) fn wait_flock_free(path: &Path, what: &str) {
     wait_until(&format!("{what} is free"), DEADLINE, || {
         let file =
             fs::File::open(path).unwrap_or_else(|e| panic!("opening {}: {e}", path.display()));
@@ -586,7 +590,7 @@ pub fn wait_flock_free(path: &Path, what: &str) {
 }
 
 /// True while a process with this pid exists and is not a zombie.
-pub fn process_alive(pid: i32) -> bool {
+pub(crate) fn process_alive(pid: i32) -> bool {
     if kill(Pid::from_raw(pid), None).is_err() {
         return false;
     }
@@ -600,7 +604,7 @@ pub fn process_alive(pid: i32) -> bool {
 }
 
 /// The process group of a live (non-zombie) process.
-pub fn process_group_of(pid: i32) -> Option<i32> {
+pub(crate) fn process_group_of(pid: i32) -> Option<i32> {
     let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // Fields after the command name: state ppid pgrp ...
     let (_, rest) = stat.rsplit_once(") ")?;
@@ -612,7 +616,7 @@ pub fn process_group_of(pid: i32) -> Option<i32> {
 }
 
 /// How many live (non-zombie) processes are in the process group `pgid`.
-pub fn group_members(pgid: i32) -> usize {
+pub(crate) fn group_members(pgid: i32) -> usize {
     if killpg(Pid::from_raw(pgid), None) == Err(Errno::ESRCH) {
         return 0;
     }
@@ -624,13 +628,13 @@ pub fn group_members(pgid: i32) -> usize {
 }
 
 /// True while any process of the process group `pgid` is alive (zombies excepted).
-pub fn group_alive(pgid: i32) -> bool {
+pub(crate) fn group_alive(pgid: i32) -> bool {
     group_members(pgid) > 0
 }
 
 /// SIGKILLs a process group when dropped, so a test that fails does not leave its commands
 /// running behind it.
-pub struct KillGroupOnDrop(pub i32);
+pub(crate) struct KillGroupOnDrop(pub i32);
 
 impl Drop for KillGroupOnDrop {
     fn drop(&mut self) {
@@ -638,14 +642,14 @@ impl Drop for KillGroupOnDrop {
     }
 }
 
-pub fn read_json(path: &Path) -> Value {
+pub(crate) fn read_json(path: &Path) -> Value {
     let bytes = fs::read(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
     serde_json::from_slice(&bytes).unwrap_or_else(|e| panic!("parsing {}: {e}", path.display()))
 }
 
 /// Task `id`'s entry in the work state of the queue at `root`, as the CLI reads it
 /// (`current_work.json` and the log of writes since), if it has one.
-pub fn work_entry(root: &Path, id: &str) -> Option<Value> {
+pub(crate) fn work_entry(root: &Path, id: &str) -> Option<Value> {
     let work = cairn::queue::QueueReader::open(root)
         .current_work()
         .unwrap_or_else(|e| panic!("reading the work state: {e}"));
@@ -656,11 +660,11 @@ pub fn work_entry(root: &Path, id: &str) -> Option<Value> {
     Some(serde_json::to_value(entry).unwrap())
 }
 
-pub fn read_json_if_exists(path: &Path) -> Option<Value> {
+pub(crate) fn read_json_if_exists(path: &Path) -> Option<Value> {
     path.exists().then(|| read_json(path))
 }
 
-pub fn list_dir(dir: &Path) -> Vec<String> {
+pub(crate) fn list_dir(dir: &Path) -> Vec<String> {
     let mut names: Vec<String> = match fs::read_dir(dir) {
         Ok(entries) => entries
             .filter_map(|e| e.ok())
@@ -674,7 +678,7 @@ pub fn list_dir(dir: &Path) -> Vec<String> {
 
 /// A loop task whose command is `tests/fixtures/logging_loop.py`: `iterations` iterations of
 /// `sleep` seconds each, logging to `side_file`. Change the returned JSON for variants.
-pub fn loop_task(id: &str, side_file: &Path, iterations: u64, sleep: f64) -> Value {
+pub(crate) fn loop_task(id: &str, side_file: &Path, iterations: u64, sleep: f64) -> Value {
     json!({
         "id": id,
         "phases": [{
@@ -693,13 +697,13 @@ pub fn loop_task(id: &str, side_file: &Path, iterations: u64, sleep: f64) -> Val
 }
 
 /// Append arguments to the command of the task's first phase.
-pub fn add_args(task: &mut Value, args: &[&str]) {
+pub(crate) fn add_args(task: &mut Value, args: &[&str]) {
     let run = task["phases"][0]["run"].as_array_mut().expect("a run list");
     run.extend(args.iter().map(|a| json!(a)));
 }
 
 /// What `logging_loop.py` returns after an uninterrupted run of `iterations` iterations.
-pub fn loop_result(iterations: u64) -> Value {
+pub(crate) fn loop_result(iterations: u64) -> Value {
     json!({
         "sum": (0..iterations).map(|i| i * i).sum::<u64>(),
         "seen": (0..iterations).collect::<Vec<_>>(),
@@ -709,7 +713,7 @@ pub fn loop_result(iterations: u64) -> Value {
 /// Start an uninterrupted run of a task in a fresh queue, as the reference to compare an
 /// interrupted run with. `make_task` builds the task given a side file of the reference's own.
 /// Wait for it with [`Daemon::wait_exit`], then read its result with [`TestQueue::wait_done`].
-pub fn start_reference(make_task: impl FnOnce(&Path) -> Value) -> (TestQueue, Daemon) {
+pub(crate) fn start_reference(make_task: impl FnOnce(&Path) -> Value) -> (TestQueue, Daemon) {
     let queue = TestQueue::new();
     let task = make_task(&queue.aux("reference.side"));
     let id = task["id"].as_str().expect("the task has an id").to_string();
@@ -719,7 +723,7 @@ pub fn start_reference(make_task: impl FnOnce(&Path) -> Value) -> (TestQueue, Da
 }
 
 /// Wait for a reference run started by [`start_reference`] and return the task's result.
-pub fn reference_result(reference: &mut (TestQueue, Daemon), id: &str) -> Value {
+pub(crate) fn reference_result(reference: &mut (TestQueue, Daemon), id: &str) -> Value {
     let status = reference.1.wait_exit(DEADLINE);
     assert_eq!(
         status.code(),
@@ -730,7 +734,7 @@ pub fn reference_result(reference: &mut (TestQueue, Daemon), id: &str) -> Value 
 }
 
 /// A one-phase task whose `once` command replies `reply` (JSON without single quotes).
-pub fn once_task(id: &str, reply: &Value) -> Value {
+pub(crate) fn once_task(id: &str, reply: &Value) -> Value {
     json!({
         "id": id,
         "phases": [{"name": "say", "run": ["sh", "-c", format!("printf '%s' '{reply}'")]}],

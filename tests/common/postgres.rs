@@ -25,11 +25,11 @@ const PG_CTL_WAIT_SECONDS: &str = "120";
 
 /// The superuser `initdb` creates, whom the tests connect as (trust authentication on the
 /// socket, which only the temp dir's owner can reach).
-pub const SUPERUSER: &str = "cairn";
+pub(crate) const SUPERUSER: &str = "cairn";
 
 /// A running throwaway cluster; dropping it stops the postmaster it started and removes its
 /// files.
-pub struct PgCluster {
+pub(crate) struct PgCluster {
     dir: TempDir,
     bin: PathBuf,
     /// The user the cluster runs as, when the tests run as root.
@@ -41,7 +41,7 @@ pub struct PgCluster {
 impl PgCluster {
     /// Start a new cluster, or (outside CI) say loudly that `test` is skipped and return
     /// `None` when PostgreSQL is not installed.
-    pub fn start(test: &str) -> Option<PgCluster> {
+    pub(crate) fn start(test: &str) -> Option<PgCluster> {
         let Some(bin) = server_bindir() else {
             prerequisite_missing(
                 test,
@@ -86,7 +86,7 @@ impl PgCluster {
 
     /// A connection string for cairn: the socket directory, the superuser, the `postgres`
     /// database.
-    pub fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         format!(
             "postgresql:///postgres?host={}&user={SUPERUSER}",
             self.dir.path().display()
@@ -94,19 +94,19 @@ impl PgCluster {
     }
 
     /// The temp dir holding the data directory, the socket and the server log.
-    pub fn dir(&self) -> &Path {
+    pub(crate) fn dir(&self) -> &Path {
         self.dir.path()
     }
 
     /// The postmaster's pid.
-    pub fn postmaster_pid(&self) -> i32 {
+    pub(crate) fn postmaster_pid(&self) -> i32 {
         self.postmaster.as_raw()
     }
 
     /// Restart the server with `pg_ctl restart -m <mode>` (`fast`: connections are ended;
     /// `immediate`: the server dies without a checkpoint and recovers), waiting until it
     /// accepts connections again.
-    pub fn restart(&mut self, mode: &str) {
+    pub(crate) fn restart(&mut self, mode: &str) {
         self.run_pg_ctl(
             &["restart", "-m", mode, "-w", "-t", PG_CTL_WAIT_SECONDS, "-l"],
             true,
@@ -116,7 +116,7 @@ impl PgCluster {
 
     /// Stop the server (`pg_ctl stop -m <mode>`) for an outage; [`PgCluster::resume`] starts
     /// it again.
-    pub fn stop(&mut self, mode: &str) {
+    pub(crate) fn stop(&mut self, mode: &str) {
         let output = self.run_pg_ctl(
             &["stop", "-m", mode, "-w", "-t", PG_CTL_WAIT_SECONDS],
             false,
@@ -129,13 +129,13 @@ impl PgCluster {
     }
 
     /// Start the server again after [`PgCluster::stop`].
-    pub fn resume(&mut self) {
+    pub(crate) fn resume(&mut self) {
         self.run_pg_ctl(&["start", "-w", "-t", PG_CTL_WAIT_SECONDS, "-l"], true);
         self.postmaster = self.read_postmaster_pid();
     }
 
     /// Create a database and return the connection string of it, for tests that want several.
-    pub fn create_database(&self, name: &str) -> String {
+    pub(crate) fn create_database(&self, name: &str) -> String {
         let psql = self.bin.join("psql");
         let output = self
             .command(&psql)
@@ -280,7 +280,7 @@ fn cluster_parent(other_user: bool) -> PathBuf {
 /// The directory of PostgreSQL's server programs: `pg_config --bindir` when it holds
 /// `initdb`, else the newest `/usr/lib/postgresql/<version>/bin` (Debian keeps them off
 /// `PATH`), else wherever `initdb` is on `PATH`.
-pub fn server_bindir() -> Option<PathBuf> {
+pub(crate) fn server_bindir() -> Option<PathBuf> {
     let has_server = |dir: &Path| dir.join("initdb").is_file() && dir.join("pg_ctl").is_file();
     if let Ok(output) = Command::new("pg_config").arg("--bindir").output() {
         let dir = PathBuf::from(String::from_utf8_lossy(&output.stdout).trim());
@@ -318,7 +318,7 @@ fn check(what: &str, output: &Output) {
 
 /// Rows of text columns (`NULL` as `None`) of `statement` run with text parameters, on a
 /// connection of its own (for looking at a shared queue's tables from a test).
-pub fn query_texts(url: &str, statement: &str, params: &[&str]) -> Vec<Vec<Option<String>>> {
+pub(crate) fn query_texts(url: &str, statement: &str, params: &[&str]) -> Vec<Vec<Option<String>>> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -344,7 +344,7 @@ pub fn query_texts(url: &str, statement: &str, params: &[&str]) -> Vec<Vec<Optio
 
 /// Put `task` (a task file's JSON, with an `id`) into the shared queue at `url`, creating the
 /// schema if needed: what `cairn submit --db` does.
-pub fn submit_task(url: &str, task: &serde_json::Value) {
+pub(crate) fn submit_task(url: &str, task: &serde_json::Value) {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -368,7 +368,7 @@ pub fn submit_task(url: &str, task: &serde_json::Value) {
 }
 
 /// The final record of task `id` in the shared queue, if it has one.
-pub fn final_record(url: &str, id: &str) -> Option<serde_json::Value> {
+pub(crate) fn final_record(url: &str, id: &str) -> Option<serde_json::Value> {
     query_texts(
         url,
         "SELECT record::text FROM cairn_records WHERE task_id = $1",
@@ -382,7 +382,7 @@ pub fn final_record(url: &str, id: &str) -> Option<serde_json::Value> {
 
 /// `cairn ARGS` with the database in `CAIRN_DATABASE_URL` (as operators set it), run in a
 /// directory with no queue: with `--db` the queue directory is not used.
-pub fn cairn_db(url: &str, args: &[&str]) -> std::process::Command {
+pub(crate) fn cairn_db(url: &str, args: &[&str]) -> std::process::Command {
     let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_cairn"));
     command
         .args(args)

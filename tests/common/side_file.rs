@@ -7,13 +7,13 @@ use std::path::Path;
 
 /// One complete line of a side file: its first word (the event) and the rest.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SideLine {
+pub(crate) struct SideLine {
     pub event: String,
     pub rest: String,
 }
 
 impl SideLine {
-    pub fn new(event: &str, rest: &str) -> SideLine {
+    pub(crate) fn new(event: &str, rest: &str) -> SideLine {
         SideLine {
             event: event.to_string(),
             rest: rest.to_string(),
@@ -23,7 +23,7 @@ impl SideLine {
 
 /// The side file's complete lines (a missing file has none; a line still being written is
 /// left out).
-pub fn side_lines(path: &Path) -> Vec<SideLine> {
+pub(crate) fn side_lines(path: &Path) -> Vec<SideLine> {
     let text = fs::read_to_string(path).unwrap_or_default();
     let complete = match text.rfind('\n') {
         Some(end) => &text[..=end],
@@ -40,7 +40,7 @@ pub fn side_lines(path: &Path) -> Vec<SideLine> {
 
 /// The iterations logged for `event` (`start`, `end`) by the worker fixtures, whose lines are
 /// `<event> <iteration> ...`, in order.
-pub fn logged_iterations(lines: &[SideLine], event: &str) -> Vec<u64> {
+pub(crate) fn logged_iterations(lines: &[SideLine], event: &str) -> Vec<u64> {
     lines
         .iter()
         .filter(|line| line.event == event)
@@ -55,7 +55,7 @@ pub fn logged_iterations(lines: &[SideLine], event: &str) -> Vec<u64> {
 
 /// One line of a `logging_loop.py` side file.
 #[derive(Debug, Clone, PartialEq)]
-pub struct SideEvent {
+pub(crate) struct SideEvent {
     /// `start` or `end`.
     pub event: String,
     pub task: String,
@@ -68,7 +68,7 @@ pub struct SideEvent {
 
 /// Who ran a logged iteration of a shared queue's task, and when.
 #[derive(Debug, Clone, PartialEq)]
-pub struct SideLease {
+pub(crate) struct SideLease {
     pub node: String,
     pub epoch: u64,
     pub at: f64,
@@ -76,7 +76,7 @@ pub struct SideLease {
 
 /// The side file's complete lines (a missing file has none; a line still being written is
 /// left out).
-pub fn side_events(path: &Path) -> Vec<SideEvent> {
+pub(crate) fn side_events(path: &Path) -> Vec<SideEvent> {
     side_lines(path)
         .into_iter()
         .map(|line| {
@@ -99,7 +99,7 @@ pub fn side_events(path: &Path) -> Vec<SideEvent> {
 }
 
 /// The iterations that ran to their end, in order, per the side file.
-pub fn ended_iterations(path: &Path) -> Vec<u64> {
+pub(crate) fn ended_iterations(path: &Path) -> Vec<u64> {
     side_events(path)
         .into_iter()
         .filter(|e| e.event == "end")
@@ -108,7 +108,7 @@ pub fn ended_iterations(path: &Path) -> Vec<u64> {
 }
 
 /// How many times each iteration was started, per the side file.
-pub fn start_counts(path: &Path) -> BTreeMap<u64, usize> {
+pub(crate) fn start_counts(path: &Path) -> BTreeMap<u64, usize> {
     let mut counts = BTreeMap::new();
     for e in side_events(path) {
         if e.event == "start" {

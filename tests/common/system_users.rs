@@ -6,7 +6,7 @@ use std::process::Command;
 
 /// One user of a [`SystemUsers`] group.
 #[derive(Debug, Clone)]
-pub struct SystemUser {
+pub(crate) struct SystemUser {
     pub name: String,
     pub uid: u32,
 }
@@ -14,7 +14,7 @@ pub struct SystemUser {
 /// A group and its members (and any other groups made with [`SystemUsers::add_group`]),
 /// removed on drop.
 #[derive(Debug)]
-pub struct SystemUsers {
+pub(crate) struct SystemUsers {
     pub group: String,
     pub gid: u32,
     pub users: Vec<SystemUser>,
@@ -27,7 +27,7 @@ impl SystemUsers {
     /// primary group, no home directory and `/bin/sh` as shell. Names are `ct<random>` and the
     /// member's letter (short: login names are at most 32 bytes). Panics naming the command
     /// that failed; whatever was created before is removed.
-    pub fn create(members: &[&str]) -> SystemUsers {
+    pub(crate) fn create(members: &[&str]) -> SystemUsers {
         let tag = format!("ct{:08x}", fastrand::u32(..));
         let group = format!("{tag}g");
         run(Command::new("groupadd").arg(&group));
@@ -63,7 +63,7 @@ impl SystemUsers {
 impl SystemUsers {
     /// Another group (`<tag><suffix>`), with `members` added to it as a supplementary group;
     /// returns its name and gid.
-    pub fn add_group(&mut self, suffix: &str, members: &[&SystemUser]) -> (String, u32) {
+    pub(crate) fn add_group(&mut self, suffix: &str, members: &[&SystemUser]) -> (String, u32) {
         let name = format!("{}{suffix}", self.tag);
         run(Command::new("groupadd").arg(&name));
         self.other_groups.push(name.clone());

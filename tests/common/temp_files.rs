@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 /// Every temp file cairn made under `root` (names ending in `.cairn.tmp`), recursively; a
 /// missing directory has none.
-pub fn temp_files(root: &Path) -> Vec<PathBuf> {
+pub(crate) fn temp_files(root: &Path) -> Vec<PathBuf> {
     let mut found = Vec::new();
     let mut dirs = vec![root.to_path_buf()];
     while let Some(dir) = dirs.pop() {

@@ -19,7 +19,7 @@ use crate::web_dashboard::{fails_while, start_listening, ChildGuard};
 const TEST: &str = "the_dashboard_in_chromium_follows_and_steers_the_queue";
 
 /// Poll `probe` in the browser until it gives a value, or fail after [`DEADLINE`].
-pub async fn eventually<T, F, Fut>(what: &str, mut probe: F) -> T
+pub(crate) async fn eventually<T, F, Fut>(what: &str, mut probe: F) -> T
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Option<T>>,
@@ -34,17 +34,17 @@ where
     }
 }
 
-pub async fn text_of(client: &Client, css: &str) -> Option<String> {
+pub(crate) async fn text_of(client: &Client, css: &str) -> Option<String> {
     client.find(Locator::Css(css)).await.ok()?.text().await.ok()
 }
 
 /// The iteration the page shows for a task (`12/1000000` → 12).
-pub async fn shown_iteration(client: &Client, id: &str) -> Option<u64> {
+pub(crate) async fn shown_iteration(client: &Client, id: &str) -> Option<u64> {
     let text = text_of(client, &format!("tr[data-id='{id}'] td.iteration")).await?;
     text.split('/').next()?.trim().parse().ok()
 }
 
-pub async fn click(client: &Client, css: &str) {
+pub(crate) async fn click(client: &Client, css: &str) {
     client
         .wait()
         .at_most(DEADLINE)
@@ -74,7 +74,7 @@ async fn fetch_from_page(client: &Client, url: &str, token: &str, mode: &str) ->
 /// Run `steps` in a fresh headless chromium (its profile under `queue`), driven through a
 /// chromedriver that is ended, with the browsers it started, however the steps end. `false`
 /// when chromium or chromedriver is missing (the test is skipped, said so by `require_tool`).
-pub fn in_chromium<F, Fut>(test: &str, queue: &TestQueue, steps: F) -> bool
+pub(crate) fn in_chromium<F, Fut>(test: &str, queue: &TestQueue, steps: F) -> bool
 where
     F: FnOnce(Client) -> Fut,
     Fut: std::future::Future<Output = ()>,

@@ -11,11 +11,11 @@ use serde_json::{json, Value};
 use crate::common::http::{free_port, get, request, HttpAnswer};
 use crate::common::*;
 
-pub const SECRET: &str = "hunter2-not-for-any-page";
+pub(crate) const SECRET: &str = "hunter2-not-for-any-page";
 
 /// A daemon with `--listen` (and `--allow-actions` when `actions`) on a free loopback port:
 /// the daemon, the address, and the token it printed.
-pub fn start_listening(
+pub(crate) fn start_listening(
     queue: &TestQueue,
     actions: bool,
     extra: &[&str],
@@ -46,7 +46,7 @@ pub fn start_listening(
 }
 
 /// POST an action as the page does, with extra headers.
-pub fn post_action(
+pub(crate) fn post_action(
     addr: SocketAddr,
     action: &str,
     body: &Value,
@@ -66,7 +66,7 @@ pub fn post_action(
 }
 
 /// A task whose one command fails while `flag` exists, and succeeds once it is gone.
-pub fn fails_while(id: &str, flag: &std::path::Path) -> Value {
+pub(crate) fn fails_while(id: &str, flag: &std::path::Path) -> Value {
     json!({
         "id": id,
         "retry": {"max_attempts": 1},
@@ -336,7 +336,7 @@ fn cairn_serve_shows_a_queue_whose_daemon_is_stopped() {
 }
 
 /// A child process killed and reaped when the test ends.
-pub struct ChildGuard(pub std::process::Child);
+pub(crate) struct ChildGuard(pub std::process::Child);
 
 impl Drop for ChildGuard {
     fn drop(&mut self) {

@@ -15,7 +15,7 @@ use super::App;
 
 /// The secret an action must carry (`X-Cairn-Token`), so that a page of another site cannot act.
 #[derive(Clone)]
-pub struct Token {
+pub(crate) struct Token {
     pub secret: String,
     /// Made at start (and printed), rather than read from a file.
     pub generated: bool,
@@ -24,7 +24,7 @@ pub struct Token {
 /// What an action's body may carry.
 #[derive(Debug, Default, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct ActionBody {
+pub(super) struct ActionBody {
     /// The task (pause, resume, cancel, retry, fork).
     #[serde(default)]
     id: Option<String>,
@@ -46,7 +46,7 @@ pub struct ActionBody {
 /// browser says where a request comes from in `Sec-Fetch-Site` and `Origin`), only as JSON
 /// (which a page of another site cannot send without a preflight this listener never
 /// grants), and only with the token.
-pub async fn act(
+pub(super) async fn act(
     State(app): State<App>,
     UrlPath(action): UrlPath<String>,
     headers: HeaderMap,
@@ -113,7 +113,7 @@ pub async fn act(
 }
 
 /// The header an action's token travels in.
-pub const TOKEN_HEADER: &str = "x-cairn-token";
+pub(super) const TOKEN_HEADER: &str = "x-cairn-token";
 
 fn refuse(status: StatusCode, why: &str) -> Response {
     (status, format!("{why}\n")).into_response()
@@ -267,7 +267,7 @@ fn bulk(
 }
 
 /// 32 random bytes from the kernel, as hex.
-pub fn fresh_token() -> crate::cli::error::CliResult<Token> {
+pub(super) fn fresh_token() -> crate::cli::error::CliResult<Token> {
     let mut bytes = [0u8; 32];
     std::fs::File::open("/dev/urandom")
         .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut bytes))
@@ -284,7 +284,7 @@ pub fn fresh_token() -> crate::cli::error::CliResult<Token> {
 }
 
 /// The token in `file`'s first line; a file every user may read is refused.
-pub fn token_from_file(file: &std::path::Path) -> crate::cli::error::CliResult<Token> {
+pub(super) fn token_from_file(file: &std::path::Path) -> crate::cli::error::CliResult<Token> {
     use std::os::unix::fs::MetadataExt;
     let named = |what: String| {
         crate::cli::error::CliError::failure(format_args!(

@@ -25,19 +25,19 @@ fn page(body: &'static str, kind: &'static str) -> Response {
         .into_response()
 }
 
-pub async fn index() -> Response {
+pub(super) async fn index() -> Response {
     page(INDEX, "text/html; charset=utf-8")
 }
 
 /// The task page is the same document; the script shows the task the address names.
-pub async fn task_page() -> Response {
+pub(super) async fn task_page() -> Response {
     page(INDEX, "text/html; charset=utf-8")
 }
 
-pub async fn script() -> Response {
+pub(super) async fn script() -> Response {
     page(SCRIPT, "text/javascript; charset=utf-8")
 }
 
-pub async fn style() -> Response {
+pub(super) async fn style() -> Response {
     page(STYLE, "text/css; charset=utf-8")
 }

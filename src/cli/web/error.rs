@@ -6,7 +6,7 @@ use crate::client::ClientError;
 /// A request the listener could not answer, or an action it did not take. Cloned: one status
 /// document's error is the answer of every request until the next refresh.
 #[derive(Debug, Clone, thiserror::Error)]
-pub enum WebError {
+pub(super) enum WebError {
     #[error("the dashboard's reader is gone")]
     ReaderGone,
     #[error("reading the status: {0}")]
@@ -33,7 +33,7 @@ pub enum WebError {
 
 impl WebError {
     /// The error of a command of the command line.
-    pub fn command(error: crate::cli::error::CliError) -> WebError {
+    pub(super) fn command(error: crate::cli::error::CliError) -> WebError {
         WebError::Command(error.message())
     }
 }

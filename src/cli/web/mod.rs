@@ -13,7 +13,7 @@ mod error;
 mod page;
 mod queue_metrics;
 mod reader;
-pub mod serve;
+pub(super) mod serve;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -27,11 +27,11 @@ use axum::Router;
 use crate::observe::{Liveness, Observer};
 use error::WebError;
 
-pub use actions::Token;
-pub use reader::ReadSource;
+pub(super) use actions::Token;
+pub(super) use reader::ReadSource;
 
 /// What the listener serves from.
-pub struct WebConfig {
+pub(super) struct WebConfig {
     pub listen: SocketAddr,
     /// A running daemon's metrics and health (`cairn run`); `None` for `cairn serve`, whose
     /// metrics are the queue's counts.
@@ -52,7 +52,7 @@ struct App {
 
 /// Bind the listener now (so that an address in use is an error at start), and return the
 /// future that serves it, with the address it bound.
-pub async fn bind(
+pub(super) async fn bind(
     config: WebConfig,
 ) -> std::io::Result<(SocketAddr, impl std::future::Future<Output = ()>)> {
     let listener = tokio::net::TcpListener::bind(config.listen).await?;
@@ -73,7 +73,7 @@ pub async fn bind(
 }
 
 /// What the start message says about who can reach the address.
-pub fn reach(addr: SocketAddr) -> &'static str {
+pub(super) fn reach(addr: SocketAddr) -> &'static str {
     if addr.ip().is_loopback() {
         "loopback only: this host's users"
     } else {
@@ -218,7 +218,7 @@ fn json_response(json: &str) -> Response {
 
 /// `--listen`, `--allow-actions` and `--token-file`, of `cairn run` and `cairn serve`.
 #[derive(Debug, Clone, clap::Args)]
-pub struct ListenArgs {
+pub(super) struct ListenArgs {
     /// Serve Prometheus metrics (/metrics), health (/healthz, /readyz) and the dashboard on
     /// this address, e.g. 127.0.0.1:9464 (off by default). A non-loopback address lets every
     /// host that reaches it read the queue: see docs/web.md.
@@ -237,14 +237,14 @@ pub struct ListenArgs {
 }
 
 /// A listener configured and not bound yet.
-pub struct Listener {
+pub(super) struct Listener {
     pub observer: Arc<Observer>,
     config: WebConfig,
 }
 
 impl ListenArgs {
     /// The listener `--listen` asks for with a daemon, if any; `db`: the shared queue's URL.
-    pub fn config(
+    pub(super) fn config(
         &self,
         queue: &std::path::Path,
         db: Option<String>,
@@ -268,7 +268,7 @@ impl ListenArgs {
     }
 
     /// The action token: none without --allow-actions, else --token-file's or a fresh one.
-    pub fn token(&self) -> crate::cli::error::CliResult<Option<Token>> {
+    pub(super) fn token(&self) -> crate::cli::error::CliResult<Option<Token>> {
         if !self.allow_actions {
             return Ok(None);
         }
@@ -281,13 +281,15 @@ impl ListenArgs {
 
 impl Listener {
     /// Bind, say where and who can reach it, and return the serving future.
-    pub async fn bind(self) -> crate::cli::error::CliResult<impl std::future::Future<Output = ()>> {
+    pub(super) async fn bind(
+        self,
+    ) -> crate::cli::error::CliResult<impl std::future::Future<Output = ()>> {
         start(self.config).await
     }
 }
 
 /// Bind the configured listener and announce it on stderr.
-pub async fn start(
+pub(super) async fn start(
     config: WebConfig,
 ) -> crate::cli::error::CliResult<impl std::future::Future<Output = ()>> {
     let listen = config.listen;

@@ -10,11 +10,11 @@ use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
 /// The most rows one answer carries.
-pub const MAX_LIMIT: usize = 1000;
+pub(super) const MAX_LIMIT: usize = 1000;
 
 /// `/api/status?state=…&submitter=…&offset=…&limit=…`; without `limit`, the whole document.
 #[derive(Debug, Clone, Default, Deserialize)]
-pub struct PageQuery {
+pub(super) struct PageQuery {
     pub state: Option<String>,
     pub submitter: Option<String>,
     pub offset: Option<usize>,
@@ -23,13 +23,13 @@ pub struct PageQuery {
 
 impl PageQuery {
     /// Whether the query asks for a page rather than the whole document.
-    pub fn is_page(&self) -> bool {
+    pub(super) fn is_page(&self) -> bool {
         self.limit.is_some()
     }
 }
 
 /// How the page names a submitter: the user name, else the uid.
-pub fn submitter_name(task: &Value) -> Option<String> {
+pub(super) fn submitter_name(task: &Value) -> Option<String> {
     let by = &task["submitted_by"];
     by["user"]
         .as_str()
@@ -38,14 +38,14 @@ pub fn submitter_name(task: &Value) -> Option<String> {
 }
 
 /// Whether `who` (a user name or a uid) submitted the task.
-pub fn submitted_by(task: &Value, who: &str) -> bool {
+pub(super) fn submitted_by(task: &Value, who: &str) -> bool {
     let by = &task["submitted_by"];
     by["user"].as_str() == Some(who)
         || by["uid"].as_u64().map(|u| u.to_string()).as_deref() == Some(who)
 }
 
 /// The page `query` asks for, of the status `document`.
-pub fn page(document: &Value, query: &PageQuery) -> Value {
+pub(super) fn page(document: &Value, query: &PageQuery) -> Value {
     let tasks: &[Value] = document["tasks"].as_array().map_or(&[], Vec::as_slice);
     let mut counts: BTreeMap<String, u64> = BTreeMap::new();
     let mut submitters = BTreeSet::new();

@@ -14,7 +14,7 @@ use serde_json::Value;
 type Labels = Vec<(String, String)>;
 
 /// The exposition of a `cairn status --json` document.
-pub fn render(status: &Value) -> String {
+pub(super) fn render(status: &Value) -> String {
     let mut registry = Registry::with_prefix("cairn");
     let tasks = Family::<Labels, Gauge>::default();
     let mut counts: BTreeMap<String, i64> = BTreeMap::new();

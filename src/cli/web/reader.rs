@@ -26,7 +26,7 @@ use crate::task_id::TaskId;
 
 /// Where the dashboard reads: a queue directory, or a shared queue's database.
 #[derive(Debug, Clone)]
-pub struct ReadSource {
+pub(crate) struct ReadSource {
     pub queue: PathBuf,
     pub db: Option<String>,
 }
@@ -51,7 +51,7 @@ const RECENT_REJECTED: usize = 10;
 
 /// The status document of one moment, shared by every request until the next refresh.
 #[derive(Debug)]
-pub struct Snapshot {
+pub(super) struct Snapshot {
     pub at: Instant,
     pub document: Result<Value, WebError>,
     /// The whole document as text, made once, when first asked for.
@@ -60,7 +60,7 @@ pub struct Snapshot {
 
 impl Snapshot {
     /// The whole document as text (the same for every request of this moment).
-    pub fn text(&self) -> Result<&str, WebError> {
+    pub(super) fn text(&self) -> Result<&str, WebError> {
         let document = self.document.as_ref().map_err(Clone::clone)?;
         Ok(self.text.get_or_init(|| document.to_string()))
     }
@@ -98,7 +98,7 @@ impl Shared {
 
 /// The handle requests send their reads through.
 #[derive(Clone)]
-pub struct Reader {
+pub(super) struct Reader {
     refreshes: mpsc::Sender<Refresh>,
     tasks: mpsc::Sender<TaskJob>,
     shared: Arc<Shared>,
@@ -110,7 +110,7 @@ impl Reader {
     /// database reader runs a runtime of its own, which must not start inside the
     /// listener's); the status thread reads the status once at its start, so that the first
     /// screen finds the views kept.
-    pub fn start(source: ReadSource) -> Reader {
+    pub(super) fn start(source: ReadSource) -> Reader {
         let (refreshes, refresh_jobs) = mpsc::channel();
         let (tasks, task_jobs) = mpsc::channel();
         let shared = Arc::new(Shared::default());
@@ -145,7 +145,7 @@ impl Reader {
     }
 
     /// The latest status document: at most [`SERVE_FOR`] old, else refreshed first.
-    pub async fn snapshot(&self) -> Result<Arc<Snapshot>, WebError> {
+    pub(super) async fn snapshot(&self) -> Result<Arc<Snapshot>, WebError> {
         *self.shared.wanted.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
         if let Some(latest) = self.shared.latest().filter(|s| s.at.elapsed() < SERVE_FOR) {
             return Ok(latest);
@@ -155,7 +155,7 @@ impl Reader {
 
     /// The `cairn show --json` document of a task, with its checkpoint generations, its latest
     /// checkpoint decoded and the tail of each phase log (a queue directory's).
-    pub async fn task(&self, id: String) -> Result<Option<String>, WebError> {
+    pub(super) async fn task(&self, id: String) -> Result<Option<String>, WebError> {
         let (answer, answered) = oneshot::channel();
         self.tasks
             .send(TaskJob(id, answer))
@@ -386,7 +386,7 @@ fn tail(path: &std::path::Path, bytes: u64) -> std::io::Result<String> {
 
 /// Replace the value of every variable under an `env` object: task definitions carry secrets
 /// there, and no response of the listener shows them (their names stay, for people).
-pub fn hide_env_values(value: &mut Value) {
+pub(super) fn hide_env_values(value: &mut Value) {
     match value {
         Value::Object(map) => {
             for (key, item) in map.iter_mut() {

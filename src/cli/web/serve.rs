@@ -14,7 +14,7 @@ use crate::cli::error::{CliError, CliResult};
 use crate::cli::source::DbArg;
 
 #[derive(Debug, Args)]
-pub struct ServeArgs {
+pub(crate) struct ServeArgs {
     #[command(flatten)]
     pub listen: ListenArgs,
 
@@ -22,7 +22,7 @@ pub struct ServeArgs {
     pub db: DbArg,
 }
 
-pub fn run(queue: &Path, args: ServeArgs) -> CliResult {
+pub(crate) fn run(queue: &Path, args: ServeArgs) -> CliResult {
     let Some(listen) = args.listen.listen else {
         return Err(CliError::usage(
             "cairn serve needs --listen ADDR (e.g. 127.0.0.1:9464)",

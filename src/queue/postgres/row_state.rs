@@ -8,7 +8,7 @@ use tokio_postgres::types::{FromSql, Type};
 
 /// Where a task stands in the database.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum RowState {
+pub(super) enum RowState {
     /// Waiting to be claimed (never started, interrupted, or waiting for a retry).
     Queued,
     /// Claimed under a lease (which may have expired).
@@ -23,7 +23,7 @@ pub enum RowState {
 
 impl RowState {
     /// Every state, in the schema's order.
-    pub const ALL: [RowState; 6] = [
+    pub(super) const ALL: [RowState; 6] = [
         RowState::Queued,
         RowState::Running,
         RowState::Paused,
@@ -32,7 +32,7 @@ impl RowState {
         RowState::Cancelled,
     ];
 
-    pub fn as_str(self) -> &'static str {
+    pub(super) fn as_str(self) -> &'static str {
         match self {
             RowState::Queued => "queued",
             RowState::Running => "running",
@@ -43,14 +43,14 @@ impl RowState {
         }
     }
 
-    pub fn parse(text: &str) -> Option<RowState> {
+    pub(super) fn parse(text: &str) -> Option<RowState> {
         RowState::ALL
             .into_iter()
             .find(|state| state.as_str() == text)
     }
 
     /// Whether the task has its final record: no daemon claims it again (but a retry).
-    pub fn is_final(self) -> bool {
+    pub(super) fn is_final(self) -> bool {
         matches!(
             self,
             RowState::Done | RowState::Failed | RowState::Cancelled
@@ -61,7 +61,7 @@ impl RowState {
 /// A state the schema does not allow (a newer schema's, or a hand-edited row).
 #[derive(Debug, thiserror::Error)]
 #[error("a task row's state {0:?} is none this cairn knows")]
-pub struct UnknownRowState(String);
+pub(super) struct UnknownRowState(String);
 
 impl<'a> FromSql<'a> for RowState {
     fn from_sql(ty: &Type, raw: &'a [u8]) -> Result<Self, Box<dyn Error + Sync + Send>> {

@@ -10,7 +10,7 @@ use crate::safe_fs::{list_names, open_no_follow};
 use crate::store::journal::JournalEvent;
 
 /// The stems of `dir/*.json`, dot-files left out, sorted.
-pub fn json_stems(dir: &Path) -> Vec<String> {
+pub(crate) fn json_stems(dir: &Path) -> Vec<String> {
     let mut stems: Vec<String> = list_names(dir)
         .into_iter()
         .filter(|name| !name.starts_with('.'))
@@ -21,7 +21,7 @@ pub fn json_stems(dir: &Path) -> Vec<String> {
 }
 
 /// A file's modification time (of a link itself, not its target).
-pub fn mtime(path: &Path) -> Option<DateTime<Utc>> {
+pub(crate) fn mtime(path: &Path) -> Option<DateTime<Utc>> {
     fs::symlink_metadata(path)
         .and_then(|m| m.modified())
         .ok()
@@ -29,7 +29,7 @@ pub fn mtime(path: &Path) -> Option<DateTime<Utc>> {
 }
 
 /// The latest modification time of a directory and the entries directly in it.
-pub fn newest_mtime(dir: &Path) -> Option<DateTime<Utc>> {
+pub(crate) fn newest_mtime(dir: &Path) -> Option<DateTime<Utc>> {
     let mut newest = mtime(dir)?;
     for name in list_names(dir) {
         if let Some(at) = mtime(&dir.join(name)) {
@@ -40,7 +40,7 @@ pub fn newest_mtime(dir: &Path) -> Option<DateTime<Utc>> {
 }
 
 /// Bytes under a path (a file's size, a directory's files summed; links are not followed).
-pub fn disk_size(path: &Path) -> u64 {
+pub(crate) fn disk_size(path: &Path) -> u64 {
     let Ok(meta) = fs::symlink_metadata(path) else {
         return 0;
     };
@@ -55,13 +55,13 @@ pub fn disk_size(path: &Path) -> u64 {
 
 /// The most the read model reads of one queue file (`current_work.json` of a very busy queue
 /// is the largest): more is refused, so a planted huge file cannot exhaust memory.
-pub const MAX_QUEUE_FILE_BYTES: u64 = 256 * 1024 * 1024;
+pub(crate) const MAX_QUEUE_FILE_BYTES: u64 = 256 * 1024 * 1024;
 
 /// A queue file's bytes, for commands that may run as root on a queue other users can write:
 /// opened without following a link (a link is refused: `ELOOP`) or blocking (a FIFO), refused
 /// unless a regular file of at most [`MAX_QUEUE_FILE_BYTES`] (`/dev/zero`, a device, a FIFO
 /// planted in its place), and read through a cap. A missing file is `NotFound`, as `fs::read`.
-pub fn read_queue_file(path: impl AsRef<Path>) -> io::Result<Vec<u8>> {
+pub(crate) fn read_queue_file(path: impl AsRef<Path>) -> io::Result<Vec<u8>> {
     let path = path.as_ref();
     let file = open_no_follow(path)?;
     let meta = file.metadata()?;
@@ -87,7 +87,7 @@ pub fn read_queue_file(path: impl AsRef<Path>) -> io::Result<Vec<u8>> {
 
 /// The events at the end of a journal file (at most about `max_bytes` of it; a line cut by
 /// the start of the window is skipped, as are torn lines).
-pub fn read_journal_tail(path: &Path, max_bytes: u64) -> io::Result<Vec<JournalEvent>> {
+pub(crate) fn read_journal_tail(path: &Path, max_bytes: u64) -> io::Result<Vec<JournalEvent>> {
     let mut file = match open_no_follow(path) {
         Ok(file) => file,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
@@ -116,6 +116,6 @@ pub fn read_journal_tail(path: &Path, max_bytes: u64) -> io::Result<Vec<JournalE
 }
 
 /// Run `f` with tracing silenced (the store logs what the read model reports itself).
-pub fn quietly<T>(f: impl FnOnce() -> T) -> T {
+pub(crate) fn quietly<T>(f: impl FnOnce() -> T) -> T {
     tracing::subscriber::with_default(tracing::subscriber::NoSubscriber::default(), f)
 }

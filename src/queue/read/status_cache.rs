@@ -33,7 +33,7 @@ use crate::task_id::TaskId;
 
 /// How long after its last change a file is trusted not to change unseen: longer than the
 /// coarsest tick of a file system's clock, with room for a network file system's.
-pub const SETTLE: Duration = Duration::from_secs(2);
+pub(super) const SETTLE: Duration = Duration::from_secs(2);
 
 /// Where a task stands in the queue's shared files: a change means its view is out of date.
 #[derive(Debug, Clone, PartialEq)]

@@ -195,7 +195,7 @@ pub(super) struct Listing<'a> {
 }
 
 impl Listing<'_> {
-    pub fn read(reader: &QueueReader) -> Listing<'_> {
+    pub(super) fn read(reader: &QueueReader) -> Listing<'_> {
         let mut warnings = Vec::new();
         let (work, work_problem) = match reader.current_work() {
             Ok(work) => (work, None),

@@ -59,7 +59,7 @@ impl TaskFacts for DbFacts {
 }
 
 /// How messages name a checkpoint generation of the database (as the owner's backend does).
-pub fn checkpoint_key(task_id: &str, generation: u64) -> String {
+pub(super) fn checkpoint_key(task_id: &str, generation: u64) -> String {
     format!("cairn_checkpoints/{task_id}/{generation}")
 }
 
